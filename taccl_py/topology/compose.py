@@ -1,0 +1,99 @@
+"""Join copies of one machine into a multi-node topology through a non-blocking network switch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from taccl_py.errors import ArgumentError, TopologyError
+from taccl_py.topology.model import Link, Topology, Vertex, VertexKind, make_topology
+
+__all__ = ["NETWORK_SWITCH", "compose_nodes", "node_prefix"]
+
+# The one vertex every NIC of a composed topology is cabled to.
+NETWORK_SWITCH = "netswitch"
+
+
+def node_prefix(node: int) -> str:
+    """Return the prefix of machine ``node``'s vertex names in a composed topology (``"n1."``)."""
+    return f"n{node}."
+
+
+def compose_nodes(machine: Topology, nodes: int) -> Topology:
+    """Return ``nodes`` copies of a one-machine topology joined by one network switch.
+
+    Copy k's vertices are named ``n{k}.<name>`` and its GPUs get ranks
+    ``k * gpus_per_node + local rank`` (node-major). A vertex ``netswitch`` (kind
+    ``net_switch``) gets, for each NIC, a link NIC -> switch carrying the NIC's network figures
+    (kind ``net_kind``, ``net_alpha_us``, ``net_bandwidth_GBps``) and a link switch -> NIC with
+    the same bandwidth and α 0: a non-blocking network whose one-way NIC-to-NIC latency is the
+    sending NIC's ``net_alpha_us``.
+
+    Parameters
+    ----------
+    machine : Topology
+        A one-node topology, as ``read_topology`` returns.
+    nodes : int
+        The number of machines, >= 1; 1 returns ``machine`` itself.
+
+    Returns
+    -------
+    Topology
+        The topology named ``f"{machine.name}x{nodes}"`` with ``nodes`` nodes.
+
+    Raises
+    ------
+    ArgumentError
+        If ``nodes < 1`` or ``machine`` already spans several nodes.
+    TopologyError
+        If ``nodes > 1`` and the machine has no NIC, or a NIC lacks ``net_kind``,
+        ``net_bandwidth_GBps`` or ``net_alpha_us``.
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> pair = compose_nodes(load_topology("ndv2"), 2)
+    >>> pair.name, pair.num_ranks, pair.gpu(9).name
+    ('ndv2x2', 16, 'n1.gpu1')
+    """
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ArgumentError(machine.name, "nodes", f"{nodes!r} nodes", "an integer >= 1")
+    if machine.nodes != 1:
+        raise ArgumentError(machine.name, "nodes", f"topology already spans {machine.nodes} nodes", "a one-machine topology to compose")
+    if nodes == 1:
+        return machine
+    _check_nics(machine)
+    per_node = machine.num_ranks
+    vertices: list[Vertex] = []
+    links: list[Link] = []
+    for node in range(nodes):
+        prefix = node_prefix(node)
+        for vertex in machine.vertices:
+            rank = None if vertex.rank is None else node * per_node + vertex.rank
+            vertices.append(replace(vertex, name=prefix + vertex.name, node=node, rank=rank))
+        links.extend(replace(link, src=prefix + link.src, dst=prefix + link.dst) for link in machine.links)
+    vertices.append(Vertex(name=NETWORK_SWITCH, kind=VertexKind.NET_SWITCH))
+    for nic in (v for v in vertices if v.kind is VertexKind.NIC):
+        links.append(Link(nic.name, NETWORK_SWITCH, nic.net_kind, nic.net_alpha_us, nic.net_bandwidth_GBps))
+        links.append(Link(NETWORK_SWITCH, nic.name, nic.net_kind, 0.0, nic.net_bandwidth_GBps))
+    description = f"{nodes} x {machine.name} joined by a non-blocking network switch"
+    if machine.description:
+        description += f"; each: {machine.description}"
+    return make_topology(
+        f"{machine.name}x{nodes}",
+        vertices,
+        links,
+        nodes=nodes,
+        description=description,
+        sources=machine.sources,
+        source=machine.name,
+    )
+
+
+def _check_nics(machine: Topology) -> None:
+    nics = machine.nics()
+    if not nics:
+        raise TopologyError(machine.name, "vertices", "no NIC to join machines through", "at least one vertex of kind 'nic' with net_* figures")
+    for nic in nics:
+        for field in ("net_kind", "net_bandwidth_GBps", "net_alpha_us"):
+            if getattr(nic, field) is None:
+                raise TopologyError(machine.name, f"{nic.name}.{field}", "NIC without its network figure", "net_kind, net_bandwidth_GBps and net_alpha_us on every NIC")

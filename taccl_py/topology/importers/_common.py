@@ -1,0 +1,106 @@
+"""Figures and small builders the topology importers share.
+
+Every default rate and latency an importer falls back on is named here once, with its
+source. Bandwidths are GB/s per direction (1 GB/s = 1e3 bytes/µs), latencies µs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from taccl_py.topology.model import Link, LinkKind
+
+__all__ = [
+    "NVLINK_ALPHA_US",
+    "NVSWITCH_HOP_ALPHA_US",
+    "PCIE_ALPHA_US",
+    "HOST_ALPHA_US",
+    "DEFAULT_NET_BANDWIDTH_GBPS",
+    "DEFAULT_NET_ALPHA_US",
+    "NCCL_PCI_BW_GBPS",
+    "NCCL_LOC_BW_GBPS",
+    "MAX_NVLINKS_PER_GPU",
+    "nccl_nvlink_bw_GBps",
+    "pcie_bw_GBps",
+    "net_kind_from_name",
+    "duplex",
+]
+
+# NVLink α: TACCL's shipped NDv2/DGX-2 profiles (microsoft/taccl taccl/examples/topo/*.json,
+# alpha 0.3 µs at 1 MB chunks); DESIGN.md's cost-model table uses the same figure.
+NVLINK_ALPHA_US = 0.3
+# GPU -> NVSwitch -> GPU crosses two links; half of the NVLink α on each keeps the GPU-to-GPU
+# route at NVLINK_ALPHA_US, as TACCL's DGX-2 profile (alpha 0.3 between any two GPUs) has it.
+NVSWITCH_HOP_ALPHA_US = NVLINK_ALPHA_US / 2
+# NCCL's PCI hardware latency for the LL protocol is 1.0 µs per GPU-to-GPU hop
+# (NVIDIA/nccl src/graph/tuning.cc hwLat[NCCL_HW_PCI]); a hop is GPU -> switch -> GPU, two links.
+PCIE_ALPHA_US = 0.5
+# The SMP interconnect (QPI/UPI/xGMI) between sockets: one more PCIe-like hop (model choice).
+HOST_ALPHA_US = 0.5
+# A NIC whose rate the source does not state: HDR InfiniBand, 200 Gb/s = 25 GB/s per direction
+# (the DGX A100 / NDv4 row of DESIGN.md's cost-model table).
+DEFAULT_NET_BANDWIDTH_GBPS = 25.0
+# TACCL's remote_alpha for NDv2 and DGX-2 (taccl/examples/topo/topo-*-1MB.json): 2.6 µs.
+DEFAULT_NET_ALPHA_US = 2.6
+# NVIDIA/nccl src/graph/topo.h: PCI_BW 12.0 (PCIe Gen3 x16) and LOC_BW 5000.0 (a local link).
+NCCL_PCI_BW_GBPS = 12.0
+NCCL_LOC_BW_GBPS = 5000.0
+# The most NVLinks one GPU has (H100 and B200: 18). A same-count all-to-all NVLink matrix whose
+# per-GPU total exceeds this cannot be point-to-point cabling: it goes through NVSwitches.
+MAX_NVLINKS_PER_GPU = 18
+
+# NVIDIA/nccl src/graph/topo.h ncclTopoNVLinkBw: effective GB/s per NVLink by compute capability
+# (SM60_NVLINK_BW 18.0, SM70 20.0, SM80 20.0, SM86 12.0, SM90 20.6, SM100 40.1).
+_NCCL_NVLINK_BW_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
+_NCCL_SM86_NVLINK_BW = 12.0  # SM86 (GA10x) is the one exception to "at least this SM"
+_NCCL_NVLINK_BW_DEFAULT = 20.0  # ncclTopoNVLinkBw's fallback for older or unknown SMs (SM80_NVLINK_BW)
+
+# NVIDIA/nccl src/graph/topo.cc kvDictPciGen: per-lane rate in units of 100 Mb/s by link speed;
+# the PCI link bandwidth is width * value / 80 GB/s (so Gen3 x16 = 12, Gen4 x16 = 24 GB/s).
+PCI_GEN_LANE_100MBPS = {2.5: 15, 5.0: 30, 8.0: 60, 16.0: 120, 32.0: 240, 64.0: 480}
+PCI_GEN_LANE_FALLBACK_100MBPS = 60  # kvDictPciGen's default when the speed is unknown (Gen3)
+PCI_WIDTH_FALLBACK = 16  # ncclTopoAddPci: "if (width == 0) width = 16"
+
+
+def nccl_nvlink_bw_GBps(sm: int) -> float:
+    """Return NCCL's effective bandwidth (GB/s per direction) of one NVLink of an SM ``sm`` GPU.
+
+    >>> nccl_nvlink_bw_GBps(70), nccl_nvlink_bw_GBps(90)
+    (20.0, 20.6)
+    """
+    if sm == 86:
+        return _NCCL_SM86_NVLINK_BW
+    for floor, bandwidth in _NCCL_NVLINK_BW_BY_SM:
+        if sm >= floor:
+            return bandwidth
+    return _NCCL_NVLINK_BW_DEFAULT
+
+
+def pcie_bw_GBps(width: int, lane_100Mbps: int) -> float:
+    """Return NCCL's PCIe link bandwidth (GB/s): width (0 read as 16) x lane rate / 80.
+
+    >>> pcie_bw_GBps(16, 60), pcie_bw_GBps(0, 240)
+    (12.0, 48.0)
+    """
+    lanes = width or PCI_WIDTH_FALLBACK
+    return lanes * lane_100Mbps / 80.0
+
+
+def net_kind_from_name(name: str) -> LinkKind:
+    """Return the network class a NIC name suggests: Ethernet for ``eth*``, else InfiniBand.
+
+    >>> net_kind_from_name("mlx5_eth0").value, net_kind_from_name("mlx5_ib3").value
+    ('ethernet', 'ib')
+    """
+    lowered = name.lower()
+    if "eth" in lowered or lowered.startswith(("en", "bond")):
+        return LinkKind.ETHERNET
+    return LinkKind.IB
+
+
+def duplex(a: str, b: str, kind: LinkKind, alpha_us: float, bandwidth_GBps: float, count: int = 1) -> Iterable[Link]:
+    """Return the two directed links a <-> b with the same kind, α, bandwidth and lane count."""
+    return (
+        Link(a, b, kind, alpha_us, bandwidth_GBps, count),
+        Link(b, a, kind, alpha_us, bandwidth_GBps, count),
+    )

@@ -1,0 +1,309 @@
+"""The topology model: vertices (GPUs, NICs, switches, CPUs) and directed α-β links.
+
+A ``Topology`` is immutable. ``route(topology, src_rank, dst_rank)`` is the one definition of
+which links a GPU-to-GPU transfer holds and what it costs; the simulator, the bounds and the
+synthesizer all use it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+import networkx as nx
+
+from taccl_py.errors import ArgumentError, TopologyError
+
+__all__ = [
+    "VertexKind",
+    "LinkKind",
+    "Vertex",
+    "Link",
+    "Topology",
+    "Route",
+    "route",
+    "transfer_time_us",
+    "ROUTE_REFERENCE_BYTES",
+]
+
+# Routes are chosen as shortest paths under alpha_us + ROUTE_REFERENCE_BYTES / bandwidth: at 1 MB
+# both terms matter, so a low-latency PCIe hop does not win over a fast NVLink one.
+ROUTE_REFERENCE_BYTES = 1_000_000
+_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/µs
+
+
+class VertexKind(str, Enum):
+    """What a vertex is; values are the strings of the topology file."""
+
+    GPU = "gpu"
+    NIC = "nic"
+    NVSWITCH = "nvswitch"
+    PCIE_SWITCH = "pcie_switch"
+    NET_SWITCH = "net_switch"
+    CPU = "cpu"
+
+
+class LinkKind(str, Enum):
+    """The physical class of a link; values are the strings of the topology file."""
+
+    NVLINK = "nvlink"
+    NVSWITCH = "nvswitch"
+    PCIE = "pcie"
+    HOST = "host"  # CPU-to-CPU interconnect (QPI/UPI/xGMI between sockets)
+    IB = "ib"
+    ETHERNET = "ethernet"
+    XGMI = "xgmi"  # AMD GPU-to-GPU Infinity Fabric
+
+
+SWITCHING_KINDS = frozenset({VertexKind.NVSWITCH, VertexKind.PCIE_SWITCH, VertexKind.NET_SWITCH, VertexKind.CPU, VertexKind.NIC})
+
+
+@dataclass(frozen=True)
+class Vertex:
+    """A device of the machine; GPUs carry a node-major global ``rank``.
+
+    NICs carry the rate and latency of their network port (``net_bandwidth_GBps`` per
+    direction, ``net_alpha_us``), used when machines are joined through a network switch.
+    """
+
+    name: str
+    kind: VertexKind
+    node: int = 0
+    local_index: int | None = None
+    rank: int | None = None
+    pci_bus_id: str | None = None
+    numa: int | None = None
+    net_kind: LinkKind | None = None
+    net_bandwidth_GBps: float | None = None
+    net_alpha_us: float | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed link; sending b bytes over it alone takes ``alpha_us + b / bandwidth``.
+
+    ``count`` is the number of physical lanes folded into ``bandwidth_GBps`` (e.g. NVLinks).
+    """
+
+    src: str
+    dst: str
+    kind: LinkKind
+    alpha_us: float
+    bandwidth_GBps: float
+    count: int = 1
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Return the (src, dst) pair that names this link as a resource."""
+        return (self.src, self.dst)
+
+    def time_us(self, size_bytes: float) -> float:
+        """Return the time (µs) to send ``size_bytes`` over this link alone."""
+        return self.alpha_us + size_bytes / (self.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+
+
+def transfer_time_us(alpha_us: float, bandwidth_GBps: float, size_bytes: float) -> float:
+    """Return α + size / bandwidth in µs for ``size_bytes`` at ``bandwidth_GBps`` (per direction)."""
+    return alpha_us + size_bytes / (bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+
+
+@dataclass(frozen=True)
+class Route:
+    """The links a transfer from ``src_rank`` to ``dst_rank`` holds, with its α (sum) and bottleneck."""
+
+    src_rank: int
+    dst_rank: int
+    links: tuple[Link, ...]
+
+    @property
+    def alpha_us(self) -> float:
+        """Return the route's latency (µs): the sum of its links' α."""
+        return sum(link.alpha_us for link in self.links)
+
+    @property
+    def bandwidth_GBps(self) -> float:
+        """Return the route's bottleneck bandwidth (GB/s per direction)."""
+        return min(link.bandwidth_GBps for link in self.links)
+
+    @property
+    def resources(self) -> tuple[tuple[str, str], ...]:
+        """Return the keys of the links (NIC and switch ports included) this route holds."""
+        return tuple(link.key for link in self.links)
+
+    def time_us(self, size_bytes: float) -> float:
+        """Return the time (µs) to move ``size_bytes`` along this route with nothing else on it."""
+        return transfer_time_us(self.alpha_us, self.bandwidth_GBps, size_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """GPUs, NICs and switches of one or more machines joined by directed α-β links.
+
+    ``nodes`` is the number of machines; GPU ranks are node-major
+    (rank = node * gpus_per_node + local_index). Build one with ``make_topology`` or the
+    loaders in ``taccl_py.topology``; the constructor only stores.
+    """
+
+    name: str
+    vertices: tuple[Vertex, ...]
+    links: tuple[Link, ...]
+    nodes: int = 1
+    description: str = ""
+    sources: tuple[str, ...] = field(default=())
+
+    # -- derived views (computed once; the dataclass is frozen) --------------------------------
+    @functools.cached_property
+    def _vertex_by_name(self) -> Mapping[str, Vertex]:
+        return {v.name: v for v in self.vertices}
+
+    @functools.cached_property
+    def gpus(self) -> tuple[Vertex, ...]:
+        """Return the GPU vertices ordered by rank."""
+        return tuple(sorted((v for v in self.vertices if v.kind is VertexKind.GPU), key=lambda v: v.rank))
+
+    @property
+    def num_ranks(self) -> int:
+        """Return the number of GPUs (ranks)."""
+        return len(self.gpus)
+
+    @property
+    def gpus_per_node(self) -> int:
+        """Return the number of GPUs in each machine."""
+        return self.num_ranks // self.nodes
+
+    @functools.cached_property
+    def graph(self) -> nx.DiGraph:
+        """Return a networkx view: vertices carry ``vertex``, edges carry ``link``."""
+        graph = nx.DiGraph()
+        for vertex in self.vertices:
+            graph.add_node(vertex.name, vertex=vertex)
+        for link in self.links:
+            graph.add_edge(link.src, link.dst, link=link)
+        return graph
+
+    def vertex(self, name: str) -> Vertex:
+        """Return the vertex called ``name``; raise ``ArgumentError`` if there is none."""
+        try:
+            return self._vertex_by_name[name]
+        except KeyError:
+            raise ArgumentError(self.name, "vertex", f"no vertex {name!r}", "one of the topology's vertex names") from None
+
+    def gpu(self, rank: int) -> Vertex:
+        """Return the GPU vertex of ``rank``."""
+        if not 0 <= rank < self.num_ranks:
+            raise ArgumentError(self.name, "rank", f"rank {rank} out of range", f"0..{self.num_ranks - 1}")
+        return self.gpus[rank]
+
+    def node_of(self, rank: int) -> int:
+        """Return the machine index holding ``rank``."""
+        return self.gpu(rank).node
+
+    def link(self, src: str, dst: str) -> Link | None:
+        """Return the link src -> dst, or None."""
+        data = self.graph.get_edge_data(src, dst)
+        return data["link"] if data else None
+
+    def nics(self, node: int | None = None) -> tuple[Vertex, ...]:
+        """Return the NIC vertices (of machine ``node`` if given), in file order."""
+        return tuple(v for v in self.vertices if v.kind is VertexKind.NIC and (node is None or v.node == node))
+
+    @functools.cached_property
+    def _routes(self) -> dict[tuple[int, int], Route]:
+        return {}
+
+    def __repr__(self) -> str:
+        return f"Topology({self.name!r}, nodes={self.nodes}, ranks={self.num_ranks}, links={len(self.links)})"
+
+
+def make_topology(
+    name: str,
+    vertices: Iterable[Vertex],
+    links: Iterable[Link],
+    nodes: int = 1,
+    description: str = "",
+    sources: Iterable[str] = (),
+    source: str | None = None,
+) -> Topology:
+    """Return a validated ``Topology``; raise ``TopologyError`` naming ``source`` on a fault.
+
+    Checks: unique vertex names, links between known vertices with a known kind, positive
+    bandwidth, non-negative α, GPUs numbered 0..N-1 without repeats, equal GPUs per node.
+    """
+    origin = source or name
+    vertices = tuple(vertices)
+    links = tuple(links)
+    seen: dict[str, Vertex] = {}
+    for index, vertex in enumerate(vertices):
+        if vertex.name in seen:
+            raise TopologyError(origin, f"vertices[{index}].name", f"vertex {vertex.name!r} listed twice", "unique names")
+        seen[vertex.name] = vertex
+    ranks = sorted(v.rank for v in vertices if v.kind is VertexKind.GPU and v.rank is not None)
+    gpu_count = sum(1 for v in vertices if v.kind is VertexKind.GPU)
+    if ranks != list(range(gpu_count)):
+        raise TopologyError(origin, "vertices", f"GPU ranks {ranks} are not 0..{gpu_count - 1} each once", "one GPU per rank")
+    if gpu_count == 0:
+        raise TopologyError(origin, "vertices", "no GPU", "at least one vertex of kind 'gpu'")
+    if gpu_count % nodes:
+        raise TopologyError(origin, "nodes", f"{gpu_count} GPUs do not split into {nodes} equal nodes", "the same GPU count in every node")
+    pairs: set[tuple[str, str]] = set()
+    for index, link in enumerate(links):
+        where = f"links[{index}]"
+        for end in (link.src, link.dst):
+            if end not in seen:
+                raise TopologyError(origin, where, f"unknown vertex {end!r}", "a name listed under vertices")
+        if link.src == link.dst:
+            raise TopologyError(origin, where, f"link from {link.src!r} to itself", "two different vertices")
+        if not isinstance(link.kind, LinkKind):
+            raise TopologyError(origin, f"{where}.kind", f"unknown link kind {link.kind!r}", "one of " + ", ".join(k.value for k in LinkKind))
+        if not link.bandwidth_GBps > 0:
+            raise TopologyError(origin, f"{where}.bandwidth_GBps", f"bandwidth {link.bandwidth_GBps} is not positive", "GB/s > 0")
+        if not link.alpha_us >= 0:
+            raise TopologyError(origin, f"{where}.alpha_us", f"alpha {link.alpha_us} is negative", "µs >= 0")
+        if link.key in pairs:
+            raise TopologyError(origin, where, f"link {link.src}->{link.dst} listed twice", "one link per direction (use count for lanes)")
+        pairs.add(link.key)
+    return Topology(name=name, vertices=vertices, links=links, nodes=nodes, description=description, sources=tuple(sources))
+
+
+def _route_weight(src: str, dst: str, data: Mapping[str, Link]) -> float:
+    link = data["link"]
+    return link.time_us(ROUTE_REFERENCE_BYTES)
+
+
+def route(topology: Topology, src_rank: int, dst_rank: int) -> Route:
+    """Return the route a transfer from GPU ``src_rank`` to GPU ``dst_rank`` takes.
+
+    The route is the direct link when there is one, else the cheapest path (α plus 1 MB at the
+    link's bandwidth, summed) whose inner vertices are switches, CPUs or NICs: GPUs do not
+    forward in hardware. Raises ``TopologyError`` when no such path exists.
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> r = route(load_topology("ndv2"), 0, 1)
+    >>> [link.kind.value for link in r.links], r.alpha_us
+    (['nvlink'], 0.3)
+    """
+    if src_rank == dst_rank:
+        raise ArgumentError(topology.name, "route", f"route from rank {src_rank} to itself", "two different ranks")
+    cache = topology._routes
+    key = (src_rank, dst_rank)
+    if key not in cache:
+        cache[key] = _find_route(topology, src_rank, dst_rank)
+    return cache[key]
+
+
+def _find_route(topology: Topology, src_rank: int, dst_rank: int) -> Route:
+    src, dst = topology.gpu(src_rank).name, topology.gpu(dst_rank).name
+    direct = topology.link(src, dst)
+    if direct is not None:
+        return Route(src_rank, dst_rank, (direct,))
+    allowed = {v.name for v in topology.vertices if v.kind in SWITCHING_KINDS} | {src, dst}
+    view = topology.graph.subgraph(allowed)
+    try:
+        path = nx.dijkstra_path(view, src, dst, weight=_route_weight)
+    except nx.NetworkXNoPath:
+        raise TopologyError(topology.name, "links", f"no path from GPU rank {src_rank} to rank {dst_rank}", "every GPU to reach every other") from None
+    return Route(src_rank, dst_rank, tuple(topology.link(a, b) for a, b in zip(path, path[1:])))

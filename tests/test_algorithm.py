@@ -1,0 +1,98 @@
+"""The IR's JSON form: stable round trip and clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from taccl_py.algorithm import (
+    Algorithm,
+    Buffer,
+    OpType,
+    RankProgram,
+    Step,
+    Threadblock,
+    generate_algorithm_json,
+    input_slot,
+    output_slot,
+    parse_algorithm_json,
+    read_algorithm,
+    write_algorithm,
+)
+from taccl_py.collectives import Collective
+from taccl_py.errors import FormatError
+
+
+def _exchange(collective: Collective = Collective.ALLGATHER, inplace: bool = False) -> Algorithm:
+    """Return a 2-rank allgather where each rank sends its input to the other."""
+    programs = []
+    for rank in range(2):
+        peer = 1 - rank
+        tbs = (
+            Threadblock(0, (Step(OpType.SEND, Buffer.INPUT, 0, None, 0, 1),), send_peer=peer),
+            Threadblock(1, (Step(OpType.RECV, None, 0, Buffer.OUTPUT, peer, 1),), recv_peer=peer),
+            Threadblock(2, (Step(OpType.COPY, Buffer.INPUT, 0, Buffer.OUTPUT, rank, 1, depends=((0, 0),)),)),
+        )
+        programs.append(RankProgram(rank, tbs, 1, 2))
+    return Algorithm("exchange", collective, 2, 2, tuple(programs), inplace=inplace, metadata=(("topology", "toy"),))
+
+
+def test_json_round_trip_is_exact_and_stable():
+    algorithm = _exchange()
+    text = generate_algorithm_json(algorithm)
+    assert parse_algorithm_json(text) == algorithm
+    assert generate_algorithm_json(parse_algorithm_json(text)) == text
+    json.loads(text)  # valid JSON
+
+
+def test_write_then_read(tmp_path):
+    path = tmp_path / "a.json"
+    write_algorithm(_exchange(), str(path))
+    assert read_algorithm(str(path)) == _exchange()
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda obj: obj.pop("collective"), r"collective: missing"),
+        (lambda obj: obj.update(collective="gather"), r"collective: unknown value 'gather'"),
+        (lambda obj: obj.update(schema="other"), r"schema"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(op="xx"), r"steps\[0\]\.op: unknown value 'xx'"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(src=["q", 0]), r"steps\[0\]\.src: unknown value 'q'"),
+        (lambda obj: obj["ranks"][1].pop("input_chunks"), r"ranks\[1\]\.input_chunks: missing"),
+    ],
+)
+def test_malformed_json_names_the_field(mutate, match):
+    obj = json.loads(generate_algorithm_json(_exchange()))
+    mutate(obj)
+    with pytest.raises(FormatError, match=match):
+        parse_algorithm_json(json.dumps(obj), "bad.json")
+
+
+def test_truncated_json_names_file_and_line():
+    text = generate_algorithm_json(_exchange())
+    with pytest.raises(FormatError, match=r"^bad\.json: line \d+: invalid JSON"):
+        parse_algorithm_json(text[: len(text) // 2], "bad.json")
+
+
+def test_unreadable_file_is_a_format_error(tmp_path):
+    with pytest.raises(FormatError, match="cannot read"):
+        read_algorithm(str(tmp_path / "missing.json"))
+
+
+def test_inplace_slots_alias_buffers():
+    ag = _exchange(inplace=True)
+    assert input_slot(ag, 1, 0) == (Buffer.OUTPUT, 1)
+    assert output_slot(ag, 1, 0) == (Buffer.OUTPUT, 0)
+    ar = Algorithm("ar", Collective.ALLREDUCE, 2, 2, (), inplace=True)
+    assert output_slot(ar, 1, 1) == (Buffer.INPUT, 1)
+    rs = Algorithm("rs", Collective.REDUCESCATTER, 2, 4, (), inplace=True)
+    assert output_slot(rs, 1, 1) == (Buffer.INPUT, 3)
+
+
+def test_metadata_merges_sorted():
+    algorithm = _exchange().with_metadata(solver="highs", chunks="2")
+    assert algorithm.meta("solver") == "highs"
+    assert [key for key, _ in algorithm.metadata] == sorted(key for key, _ in algorithm.metadata)
