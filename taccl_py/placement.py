@@ -10,8 +10,8 @@ through a NIC on the same PCIe switch is the cheapest one the cost model offers.
 The family of placements searched: one GPU per stage, each node hosting one contiguous
 block of stages (possibly empty), nodes visited in index order. This is how pipeline
 launchers lay stages out (consecutive stages per machine, so only block boundaries cross
-the network); for identical nodes joined by one network switch the order of the nodes
-does not change the cost.
+the network); for identical nodes joined by one network switch (``compose_nodes``) the
+order of the nodes does not change the cost, so the result is exact over every node order.
 
 Method: ``"exact"`` (the default up to ``EXACT_MAX_GPUS_PER_NODE`` GPUs per node) runs a
 Held-Karp dynamic programme over subsets of each node's GPUs, giving the cheapest simple
@@ -24,7 +24,6 @@ than the naive order.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taccl_py.errors import ArgumentError
+from taccl_py.placement_chains import ChainTable, exact_chains, heuristic_chains, path_cost
 from taccl_py.topology.model import Topology, route
 
 __all__ = [
@@ -52,6 +52,8 @@ DEFAULT_ACTIVATION_BYTES = 16_000_000
 # Held-Karp over 2**16 subsets x 16 last GPUs x 16 first GPUs stays around a second in numpy.
 EXACT_MAX_GPUS_PER_NODE = 16
 _METHODS = ("auto", "exact", "heuristic")
+# A placement within this relative margin of the naive order's time is no gain (float noise).
+_TIE_RELATIVE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -191,7 +193,8 @@ def place_pipeline(
     -----
     Exact within the family of node-ordered contiguous blocks (module docstring). Cost:
     N^2 route look-ups, then per node O(g^2 2^g) for the subset DP (exact) or O(g^4) for the
-    chains (heuristic), then O(n S g^3) for the node DP.
+    chains (heuristic), then O(n S g^3) for the node DP. When no order beats the naive one
+    (e.g. an NVSwitch machine with a NIC next to every GPU) the naive order is returned.
 
     Examples
     --------
@@ -203,7 +206,7 @@ def place_pipeline(
     ...          for a in ("gpu0", "gpu1", "gpu2") for b in ("gpu0", "gpu1", "gpu2") if a != b]
     >>> result = place_pipeline(make_topology("toy", gpus, links), 3, activation_bytes=1_000_000)
     >>> result.stage_ranks, result.time_us, result.naive_time_us
-    ((0, 2, 1), 42.0, 122.0)
+    ((1, 2, 0), 42.0, 122.0)
     """
     _check_bytes(activation_bytes)
     if not isinstance(stages, int) or not 1 <= stages <= topology.num_ranks:
@@ -218,8 +221,8 @@ def place_pipeline(
     costs = stage_cost_matrix_us(topology, activation_bytes)
     order, total = _place(costs, groups, stages, chosen, progress)
     naive = tuple(range(stages))
-    naive_total = _path_cost(costs, naive)
-    if naive_total < total:  # only the heuristic can lose to the naive order
+    naive_total = path_cost(costs, naive)
+    if naive_total <= total * (1 + _TIE_RELATIVE):  # no gain: keep the order users expect
         order, total = naive, naive_total
     _log.info("placed %d stages on %s: %.1f us (naive %.1f us, %s)", stages, topology.name, total, naive_total, chosen)
     return _result(topology, costs, order, total, naive_total, activation_bytes, chosen)
@@ -240,10 +243,6 @@ def _node_groups(topology: Topology) -> list[list[int]]:
     for rank in range(topology.num_ranks):
         groups.setdefault(topology.node_of(rank), []).append(rank)
     return [groups[node] for node in sorted(groups)]
-
-
-def _path_cost(costs: np.ndarray, order: Sequence[int]) -> float:
-    return float(sum(costs[a, b] for a, b in zip(order, order[1:])))
 
 
 def _result(topology: Topology, costs: np.ndarray, order: tuple[int, ...], total: float, naive_total: float, activation_bytes: int, method: str) -> PlacementResult:
@@ -273,31 +272,21 @@ def _local_index(topology: Topology, rank: int) -> int:
     return rank - vertex.node * topology.gpus_per_node
 
 
-# -- per-node chain tables --------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _ChainTable:
-    """Cheapest simple paths inside one node: ``cost[f, l, m]`` over m GPUs from f to l."""
-
-    cost: np.ndarray
-    paths: Callable[[int, int, int], tuple[int, ...]]
-
-
 def _place(costs: np.ndarray, groups: list[list[int]], stages: int, method: str, progress: Callable[[str], None] | None) -> tuple[tuple[int, ...], float]:
-    tables: list[_ChainTable] = []
-    cache: dict[bytes, _ChainTable] = {}
+    tables: list[ChainTable] = []
+    cache: dict[bytes, ChainTable] = {}
     for node, group in enumerate(groups):
         local = costs[np.ix_(group, group)]
         key = local.tobytes()
         if key not in cache:
-            cache[key] = _exact_chains(local) if method == "exact" else _heuristic_chains(local)
+            cache[key] = exact_chains(local) if method == "exact" else heuristic_chains(local)
         tables.append(cache[key])
         if progress is not None:
             progress(f"node {node}: chain table over {len(group)} GPUs ({method})")
     return _node_dp(costs, groups, tables, stages)
 
 
-def _node_dp(costs: np.ndarray, groups: list[list[int]], tables: list[_ChainTable], stages: int) -> tuple[tuple[int, ...], float]:
+def _node_dp(costs: np.ndarray, groups: list[list[int]], tables: list[ChainTable], stages: int) -> tuple[tuple[int, ...], float]:
     """Choose each node's block length and boundary GPUs; return the best order and its cost."""
     # history[k]: states before node k, (stages placed, last global rank or -1) -> (cost, back)
     # with back = (key in history[node], node, first, last, length) of the block that made it.
@@ -313,10 +302,10 @@ def _node_dp(costs: np.ndarray, groups: list[list[int]], tables: list[_ChainTabl
         blocks.append(tuple(groups[node][i] for i in tables[node].paths(f_idx, l_idx, m)))
         back = history[node][prev_key][1]
     order = tuple(rank for block in reversed(blocks) for rank in block)
-    return order, _path_cost(costs, order)
+    return order, path_cost(costs, order)
 
 
-def _extend_states(costs: np.ndarray, group: list[int], table: _ChainTable, node: int, states: dict, stages: int) -> dict:
+def _extend_states(costs: np.ndarray, group: list[int], table: ChainTable, node: int, states: dict, stages: int) -> dict:
     """Return the node-DP states after ``node`` takes a block of 0..len(group) stages."""
     nxt = dict(states)  # an empty block leaves every state as it was
     members = np.array(group)
@@ -331,98 +320,3 @@ def _extend_states(costs: np.ndarray, group: list[int], table: _ChainTable, node
                 if np.isfinite(value) and (key not in nxt or value < nxt[key][0]):
                     nxt[key] = (value, ((placed, last), node, int(f_idx), l_idx, m))
     return nxt
-
-
-def _subset_layers(size: int) -> list[np.ndarray]:
-    """Return, for p = 0..size, the bit masks over ``size`` items with p bits set."""
-    masks = np.arange(1 << size, dtype=np.int64)
-    popcount = np.zeros(1 << size, dtype=np.int64)
-    for bit in range(size):
-        popcount += (masks >> bit) & 1
-    return [masks[popcount == p] for p in range(size + 1)]
-
-
-def _held_karp(local: np.ndarray, first: int, layers: list[np.ndarray]) -> np.ndarray:
-    """Return dp[mask, last]: the cheapest path from ``first`` through exactly ``mask`` to ``last``."""
-    g = len(local)
-    dp = np.full((1 << g, g), np.inf)
-    dp[1 << first, first] = 0.0
-    for p in range(2, g + 1):
-        masks = layers[p][(layers[p] >> first) & 1 == 1]
-        for j in range(g):
-            if j == first:
-                continue
-            with_j = masks[(masks >> j) & 1 == 1]
-            if len(with_j):
-                dp[with_j, j] = np.min(dp[with_j ^ (1 << j)] + local[:, j], axis=1)
-    return dp
-
-
-def _exact_chains(local: np.ndarray) -> _ChainTable:
-    """Return the cheapest simple path for every (first, last, length) by Held-Karp."""
-    g = len(local)
-    layers = _subset_layers(g)
-    cost = np.full((g, g, g + 1), np.inf)
-    best_mask = np.zeros((g, g, g + 1), dtype=np.int64)
-    for first in range(g):
-        dp = _held_karp(local, first, layers)
-        for p in range(1, g + 1):
-            masks = layers[p][(layers[p] >> first) & 1 == 1]
-            values = dp[masks]
-            pick = np.argmin(values, axis=0)
-            cost[first, :, p] = values[pick, np.arange(g)]
-            best_mask[first, :, p] = masks[pick]
-
-    def paths(first: int, last: int, length: int) -> tuple[int, ...]:
-        dp = _held_karp(local, first, layers)
-        mask, current, path = int(best_mask[first, last, length]), last, [last]
-        while mask != 1 << first:
-            previous = mask ^ (1 << current)
-            current = int(np.argmin(dp[previous] + local[:, current]))
-            path.append(current)
-            mask = previous
-        return tuple(reversed(path))
-
-    return _ChainTable(cost, paths)
-
-
-def _heuristic_chains(local: np.ndarray) -> _ChainTable:
-    """Return greedy nearest-neighbour chains from every first GPU (full ones improved by 2-opt)."""
-    g = len(local)
-    cost = np.full((g, g, g + 1), np.inf)
-    chains: dict[tuple[int, int, int], tuple[int, ...]] = {}
-    for first in range(g):
-        chain = _greedy_chain(local, first)
-        for length in range(1, g + 1):
-            prefix = chain if length < g else _two_opt(local, chain)
-            prefix = prefix[:length]
-            value = _path_cost(local, prefix)
-            key = (first, prefix[-1], length)
-            if value < cost[key]:
-                cost[key] = value
-                chains[key] = prefix
-    return _ChainTable(cost, lambda first, last, length: chains[(first, last, length)])
-
-
-def _greedy_chain(local: np.ndarray, first: int) -> tuple[int, ...]:
-    chain, unused = [first], set(range(len(local))) - {first}
-    while unused:
-        nxt = min(unused, key=lambda j: (local[chain[-1], j], j))
-        chain.append(nxt)
-        unused.discard(nxt)
-    return tuple(chain)
-
-
-def _two_opt(local: np.ndarray, chain: tuple[int, ...], max_passes: int = 4) -> tuple[int, ...]:
-    """Return ``chain`` improved by reversing inner segments (first GPU kept) until no gain."""
-    best, best_value = chain, _path_cost(local, chain)
-    for _ in range(max_passes):
-        improved = False
-        for i, j in itertools.combinations(range(1, len(best)), 2):
-            candidate = best[:i] + best[i:j + 1][::-1] + best[j + 1:]
-            value = _path_cost(local, candidate)
-            if value < best_value - 1e-9:
-                best, best_value, improved = candidate, value, True
-        if not improved:
-            break
-    return best

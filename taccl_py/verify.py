@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from taccl_py.algorithm import Algorithm, Buffer, input_slot, output_slot
-from taccl_py.collectives import Contribution, Collective, expected_output, initial_value
+from taccl_py.collectives import Contribution, expected_output, initial_value
 from taccl_py.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
 from taccl_py.errors import VerificationError, Violation
 from taccl_py.happens_before import AccessLog, find_races
@@ -159,7 +159,10 @@ def _sum(replay: _Replay, action: Action, operands: Sequence[Contribution], chun
     """Return the sum of ``operands``; report pairs a sum counts more often than any operand did."""
     if any(op == _POISON for op in operands):
         return _POISON
-    total = Counter(pair for op in operands for pair in op)
+    merged = sorted(pair for op in operands for pair in op)
+    if len(set(merged)) == len(merged):
+        return tuple(merged)
+    total = Counter(merged)
     most_in_one = Counter()
     for op in operands:
         for pair, count in Counter(op).items():
@@ -173,7 +176,7 @@ def _sum(replay: _Replay, action: Action, operands: Sequence[Contribution], chun
             f"the sum into {_where(action.target, chunk)} counts input {index} of rank {rank}{extra} twice",
             action.rank, action.threadblock, action.step, chunk if action.target.buffer is not None else None,
         ))
-    return tuple(sorted(total.elements()))
+    return tuple(merged)
 
 
 def _compute(replay: _Replay, action: Action) -> None:
@@ -247,7 +250,8 @@ def _postcondition(replay: _Replay) -> None:
 
 
 def _replay_actions(flow: Dataflow, actions: Iterable[Action]) -> _Replay:
-    replay = _Replay(flow, _initial_values(flow.algorithm), {}, [], set(), AccessLog())
+    log = AccessLog({action.id: (action.rank, action.threadblock) for action in flow.actions})
+    replay = _Replay(flow, _initial_values(flow.algorithm), {}, [], set(), log)
     for action in actions:
         if action.kind is ActionKind.SEND:
             replay.snapshots[action.id] = _read(replay, action, action.sources[0])
@@ -279,6 +283,7 @@ def verify_algorithm(algorithm: Algorithm) -> VerificationReport:
 
     Examples
     --------
+    >>> from taccl_py.collectives import Collective
     >>> from taccl_py.lowering import Transfer, lower_plan
     >>> plan = [Transfer(0, 1, (Buffer.INPUT, 0), (Buffer.OUTPUT, 0)),
     ...         Transfer(1, 0, (Buffer.INPUT, 0), (Buffer.OUTPUT, 1))]

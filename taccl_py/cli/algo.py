@@ -1,11 +1,83 @@
-"""``taccl`` subcommands of this group (being written)."""
+"""``taccl verify`` and ``taccl convert``: check an algorithm file, translate between formats."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
-__all__ = ["register"]
+from taccl_py.algorithm_io import read_any_algorithm, write_any_algorithm
+from taccl_py.msccl import Dialect
+from taccl_py.verify import VerificationReport, verify_algorithm
+
+__all__ = ["register", "format_report"]
+
+SHOWN_VIOLATIONS = 5  # violations printed by default; --all prints every one
+
+
+def format_report(report: VerificationReport, collective: str, num_ranks: int, limit: int | None = SHOWN_VIOLATIONS) -> str:
+    """Return the human-readable verdict: one ``ok`` line, or the first violations and a count."""
+    if report.ok:
+        return f"ok: {report.name}: {collective}, {num_ranks} ranks, {report.rounds} rounds"
+    count = len(report.violations)
+    lines = [f"FAILED: {report.name}: {collective}, {num_ranks} ranks: {count} violation{'s' if count != 1 else ''}"]
+    shown = report.violations if limit is None else report.violations[:limit]
+    lines += [f"  {violation}" for violation in shown]
+    if len(shown) < count:
+        lines.append(f"  ... and {count - len(shown)} more (--all shows every one)")
+    return "\n".join(lines)
+
+
+def _report_json(report: VerificationReport, collective: str, num_ranks: int) -> str:
+    return json.dumps({
+        "name": report.name,
+        "collective": collective,
+        "num_ranks": num_ranks,
+        "ok": report.ok,
+        "rounds": report.rounds,
+        "violations": [
+            {"kind": v.kind, "message": v.message, "rank": v.rank, "threadblock": v.threadblock, "step": v.step, "chunk": v.chunk}
+            for v in report.violations
+        ],
+    }, indent=2)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    algorithm = read_any_algorithm(args.file)
+    report = verify_algorithm(algorithm)
+    collective = algorithm.collective.value
+    if args.json:
+        print(_report_json(report, collective, algorithm.num_ranks))
+    else:
+        print(format_report(report, collective, algorithm.num_ranks, None if args.all else SHOWN_VIOLATIONS))
+    return 0 if report.ok else 1
+
+
+def _convert(args: argparse.Namespace) -> int:
+    algorithm = read_any_algorithm(args.input)
+    write_any_algorithm(algorithm, args.output, args.dialect)
+    if args.output != "-":
+        print(f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks)", file=sys.stderr)
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's subcommands to ``subparsers``."""
+    """Add ``verify`` and ``convert`` to ``subparsers``."""
+    verify = subparsers.add_parser(
+        "verify", help="check that an algorithm file (JSON or MSCCL XML) implements its collective",
+        description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, 2 if the file is malformed.",
+    )
+    verify.add_argument("file", metavar="FILE", help="algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)")
+    verify.add_argument("--all", action="store_true", help="print every violation, not only the first few")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.set_defaults(func=_verify)
+
+    convert = subparsers.add_parser(
+        "convert", help="translate an algorithm between taccl JSON and MSCCL-IR XML",
+        description="Read IN (JSON or XML), verify it, and write OUT in the format its extension names; nothing is written on failure.",
+    )
+    convert.add_argument("input", metavar="IN", help="algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)")
+    convert.add_argument("-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for stdout)")
+    convert.add_argument("--dialect", choices=[d.value for d in Dialect], default=None,
+                         help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)")
+    convert.set_defaults(func=_convert)

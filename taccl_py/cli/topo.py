@@ -1,11 +1,198 @@
-"""``taccl`` subcommands of this group (being written)."""
+"""``taccl topo``: list, show, import and draw topologies (``probe`` and ``export-nccl`` live in topo_probe)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Sequence
+
+from taccl_py.cli import topo_probe
+from taccl_py.cli._output import format_table
+from taccl_py.collectives import Collective
+from taccl_py.topology.bounds import LowerBound, lower_bounds
+from taccl_py.topology.library import ALIASES, builtin_topology_names, load_topology, nic_affinity
+from taccl_py.topology.model import Topology
+from taccl_py.topology.schema import write_topology
+from taccl_py.units import format_size, parse_sizes
 
 __all__ = ["register"]
 
+_DEFAULT_SIZES = "1MB,64MB,1GB"
+_BOUND_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+_DESCRIPTION_CHARS = 90  # `topo list` trims longer descriptions
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's subcommands to ``subparsers``."""
+    """Add ``taccl topo`` and its subcommands to ``subparsers``."""
+    parser = subparsers.add_parser("topo", help="list, show, import and draw topologies", description="List, show, import and draw topologies.")
+    topo_subparsers = parser.add_subparsers(dest="topo_command", required=True, metavar="SUBCOMMAND")
+
+    listing = topo_subparsers.add_parser("list", help="list the built-in topologies")
+    listing.set_defaults(func=_run_list)
+
+    show = topo_subparsers.add_parser("show", help="show a topology's GPUs, NICs, link classes and lower bounds")
+    _add_topology_arguments(show)
+    show.add_argument("--sizes", default=_DEFAULT_SIZES, help=f"sizes for the lower bounds (default {_DEFAULT_SIZES})")
+    show.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    show.set_defaults(func=_run_show)
+
+    importer = topo_subparsers.add_parser("import", help="convert nvidia-smi topo -m text, NCCL topology XML or a TACCL profile to taccl-topology/1 JSON")
+    importer.add_argument("file", metavar="FILE", help="the file to import")
+    importer.add_argument("-o", "--output", required=True, help="the JSON file to write (- for stdout)")
+    importer.set_defaults(func=_run_import)
+
+    draw = topo_subparsers.add_parser("draw", help="draw a topology to PNG or SVG")
+    _add_topology_arguments(draw)
+    draw.add_argument("-o", "--output", required=True, help="the image to write (.png or .svg)")
+    draw.set_defaults(func=_run_draw)
+
+    topo_probe.register(topo_subparsers)
+
+
+def _add_topology_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topology", metavar="TOPO", help="a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import")
+    parser.add_argument("--nodes", type=int, default=1, help="join this many copies of the machine (default 1)")
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    aliases: dict[str, list[str]] = {}
+    for alias, name in ALIASES.items():
+        aliases.setdefault(name, []).append(alias)
+    rows = []
+    for name in builtin_topology_names():
+        topology = load_topology(name)
+        description = topology.description
+        if len(description) > _DESCRIPTION_CHARS:
+            description = description[: _DESCRIPTION_CHARS - 3] + "..."
+        rows.append((name, ",".join(sorted(aliases.get(name, []))) or "-", topology.num_ranks, len(topology.nics()), description))
+    print(format_table(("name", "aliases", "GPUs", "NICs", "description"), rows))
+    return 0
+
+
+def _link_classes(topology: Topology) -> list[dict[str, object]]:
+    """Return the links grouped by (kind, lanes, bandwidth, α), with how many directed links each."""
+    classes: dict[tuple, int] = {}
+    for link in topology.links:
+        key = (link.kind.value, link.count, link.bandwidth_GBps, link.alpha_us)
+        classes[key] = classes.get(key, 0) + 1
+    return [
+        {"kind": kind, "lanes": lanes, "bandwidth_GBps": bandwidth, "alpha_us": alpha, "directed_links": count}
+        for (kind, lanes, bandwidth, alpha), count in classes.items()
+    ]
+
+
+def _format_time_us(time_us: float) -> str:
+    if time_us >= 1e3:
+        return f"{time_us / 1e3:.4g} ms"
+    return f"{time_us:.4g} us"
+
+
+def _bound_record(bound: LowerBound) -> dict[str, object]:
+    return {
+        "collective": bound.collective.value,
+        "size_bytes": bound.size_bytes,
+        "time_us": bound.time_us,
+        "bandwidth_time_us": bound.bandwidth_time_us,
+        "latency_floor_us": bound.latency_floor_us,
+        "cut": list(bound.cut),
+        "cut_gpus": bound.cut_gpus,
+        "cut_capacity_GBps": bound.cut_capacity_GBps,
+        "description": bound.description,
+    }
+
+
+def _run_show(args: argparse.Namespace) -> int:
+    sizes = parse_sizes(args.sizes, "--sizes")
+    topology = load_topology(args.topology, nodes=args.nodes)
+    bounds = [bound for collective in _BOUND_COLLECTIVES for bound in lower_bounds(topology, collective, sizes)]
+    affinity = nic_affinity(topology)
+    nics = [
+        {
+            "name": nic.name,
+            "node": nic.node,
+            "net_kind": nic.net_kind.value if nic.net_kind else None,
+            "net_bandwidth_GBps": nic.net_bandwidth_GBps,
+            "net_alpha_us": nic.net_alpha_us,
+            "nearest_gpus": list(affinity[nic.name]),
+        }
+        for nic in topology.nics()
+    ]
+    if args.json:
+        document = {
+            "name": topology.name,
+            "description": topology.description,
+            "sources": list(topology.sources),
+            "nodes": topology.nodes,
+            "gpus": topology.num_ranks,
+            "gpus_per_node": topology.gpus_per_node,
+            "nics": nics,
+            "link_classes": _link_classes(topology),
+            "lower_bounds": [_bound_record(bound) for bound in bounds],
+        }
+        print(json.dumps(document, indent=2))
+        return 0
+    _print_show(topology, nics, bounds)
+    return 0
+
+
+def _print_show(topology: Topology, nics: Sequence[dict], bounds: Sequence[LowerBound]) -> None:
+    print(f"{topology.name}: {topology.description}")
+    print(f"GPUs: {topology.num_ranks} ({topology.nodes} node(s) x {topology.gpus_per_node}), NICs: {len(nics)}")
+    print()
+    nic_rows = [
+        (nic["name"], nic["net_kind"] or "-", _number(nic["net_bandwidth_GBps"]), _number(nic["net_alpha_us"]), _ranks(nic["nearest_gpus"]))
+        for nic in nics
+    ]
+    if nic_rows:
+        print(format_table(("NIC", "kind", "GB/s", "alpha_us", "nearest GPUs"), nic_rows))
+        print()
+    class_rows = [(c["kind"], c["lanes"], _number(c["bandwidth_GBps"]), _number(c["alpha_us"]), c["directed_links"]) for c in _link_classes(topology)]
+    print(format_table(("link class", "lanes", "GB/s", "alpha_us", "directed links"), class_rows))
+    print()
+    bound_rows = [
+        (b.collective.value, format_size(b.size_bytes), _format_time_us(b.time_us), _format_time_us(b.bandwidth_time_us), _format_time_us(b.latency_floor_us), b.description)
+        for b in bounds
+    ]
+    print("lower bounds (time = max(cut bound, latency floor)):")
+    print(_left_last(format_table(("collective", "size", "bound", "cut bound", "latency floor", "binding cut"), bound_rows)))
+
+
+def _left_last(table: str) -> str:
+    """Return the table with its last (text) column left-aligned."""
+    lines = table.splitlines()
+    start = lines[1].rfind(" ") + 1
+    return "\n".join(line[:start] + line[start:].strip() for line in lines)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """Return ranks as ``0-3`` runs: ``[0, 1, 2, 3, 8]`` -> ``0-3,8``."""
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs) or "-"
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    from taccl_py.topology.importers import import_topology
+
+    topology = import_topology(args.file)
+    write_topology(topology, args.output)
+    if args.output != "-":
+        print(f"wrote {args.output}: {topology.name}, {topology.num_ranks} GPUs, {len(topology.nics())} NICs, {len(topology.links)} links")
+    return 0
+
+
+def _run_draw(args: argparse.Namespace) -> int:
+    from taccl_py.topology.draw import draw_topology
+
+    topology = load_topology(args.topology, nodes=args.nodes)
+    draw_topology(topology, args.output)
+    print(f"wrote {args.output}")
+    return 0

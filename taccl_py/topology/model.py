@@ -210,7 +210,8 @@ class Topology:
         return tuple(v for v in self.vertices if v.kind is VertexKind.NIC and (node is None or v.node == node))
 
     @functools.cached_property
-    def _routes(self) -> dict[tuple[int, int], Route]:
+    def _routes(self) -> dict[tuple, object]:
+        # memo of route() results and per-source shortest paths; filled lazily, never exposed
         return {}
 
     def __repr__(self) -> str:
@@ -300,10 +301,26 @@ def _find_route(topology: Topology, src_rank: int, dst_rank: int) -> Route:
     direct = topology.link(src, dst)
     if direct is not None:
         return Route(src_rank, dst_rank, (direct,))
-    allowed = {v.name for v in topology.vertices if v.kind in SWITCHING_KINDS} | {src, dst}
-    view = topology.graph.subgraph(allowed)
-    try:
-        path = nx.dijkstra_path(view, src, dst, weight=_route_weight)
-    except nx.NetworkXNoPath:
-        raise TopologyError(topology.name, "links", f"no path from GPU rank {src_rank} to rank {dst_rank}", "every GPU to reach every other") from None
+    distances, paths = _paths_from(topology, src)
+    best: tuple[float, str] | None = None
+    for hop, _ in topology.graph.in_edges(dst):
+        if hop in distances and hop != src:
+            cost = distances[hop] + topology.link(hop, dst).time_us(ROUTE_REFERENCE_BYTES)
+            if best is None or cost < best[0]:
+                best = (cost, hop)
+    if best is None:
+        raise TopologyError(topology.name, "links", f"no path from GPU rank {src_rank} to rank {dst_rank}", "every GPU to reach every other")
+    path = paths[best[1]] + [dst]
     return Route(src_rank, dst_rank, tuple(topology.link(a, b) for a, b in zip(path, path[1:])))
+
+
+def _paths_from(topology: Topology, src: str) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Return shortest distances and paths from GPU ``src`` to every switching vertex, memoised."""
+    memo = topology._routes
+    key = ("paths", src)
+    if key not in memo:
+        # GPUs do not forward in hardware: only switches, CPUs and NICs may sit inside a route
+        allowed = {v.name for v in topology.vertices if v.kind in SWITCHING_KINDS} | {src}
+        view = topology.graph.subgraph(allowed)
+        memo[key] = nx.single_source_dijkstra(view, src, weight=_route_weight)
+    return memo[key]

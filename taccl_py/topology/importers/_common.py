@@ -7,6 +7,7 @@ source. Bandwidths are GB/s per direction (1 GB/s = 1e3 bytes/µs), latencies µ
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import MappingProxyType
 
 from taccl_py.topology.model import Link, LinkKind
 
@@ -20,6 +21,10 @@ __all__ = [
     "NCCL_PCI_BW_GBPS",
     "NCCL_LOC_BW_GBPS",
     "MAX_NVLINKS_PER_GPU",
+    "PCI_GEN_LANE_100MBPS",
+    "PCI_GEN_LANE_FALLBACK_100MBPS",
+    "PCI_WIDTH_FALLBACK",
+    "nccl_inter_cpu_bw_GBps",
     "nccl_nvlink_bw_GBps",
     "pcie_bw_GBps",
     "net_kind_from_name",
@@ -57,7 +62,7 @@ _NCCL_NVLINK_BW_DEFAULT = 20.0  # ncclTopoNVLinkBw's fallback for older or unkno
 
 # NVIDIA/nccl src/graph/topo.cc kvDictPciGen: per-lane rate in units of 100 Mb/s by link speed;
 # the PCI link bandwidth is width * value / 80 GB/s (so Gen3 x16 = 12, Gen4 x16 = 24 GB/s).
-PCI_GEN_LANE_100MBPS = {2.5: 15, 5.0: 30, 8.0: 60, 16.0: 120, 32.0: 240, 64.0: 480}
+PCI_GEN_LANE_100MBPS = MappingProxyType({2.5: 15, 5.0: 30, 8.0: 60, 16.0: 120, 32.0: 240, 64.0: 480})
 PCI_GEN_LANE_FALLBACK_100MBPS = 60  # kvDictPciGen's default when the speed is unknown (Gen3)
 PCI_WIDTH_FALLBACK = 16  # ncclTopoAddPci: "if (width == 0) width = 16"
 
@@ -74,6 +79,39 @@ def nccl_nvlink_bw_GBps(sm: int) -> float:
         if sm >= floor:
             return bandwidth
     return _NCCL_NVLINK_BW_DEFAULT
+
+
+# NVIDIA/nccl src/graph/topo.h: bandwidth between CPU sockets by CPU (GB/s).
+_BDW_QPI, _SKL_QPI, _SRP_QPI, _ERP_QPI = 6.0, 10.0, 22.0, 40.0
+_AMD_ZEN12, _AMD_ZEN34, _AMD_ZEN5 = 16.0, 24.0, 32.0
+_ZPI, _YONGFENG_ZPI, _P9, _ARM = 6.0, 9.0, 32.0, 6.0
+
+
+def nccl_inter_cpu_bw_GBps(arch: str | None, vendor: str | None, family: int, model: int) -> float:
+    """Return NCCL's bandwidth (GB/s) from a CPU to another socket (ncclTopoGetInterCpuBw).
+
+    Intel: family 6 model >= 0xCF (or 0xAD-0xAF) Emerald Rapids or later 40, >= 0x8F Sapphire
+    Rapids 22, >= 0x55 Skylake 10, else Broadwell 6. AMD by CPUID family: 23 Zen1/2 16, 25 Zen3/4 24,
+    26 Zen5 32. POWER 32, ARM 6; any other CPU LOC_BW (5000), as NCCL does.
+
+    >>> nccl_inter_cpu_bw_GBps("x86_64", "GenuineIntel", 6, 143), nccl_inter_cpu_bw_GBps("x86_64", "AuthenticAMD", 23, 49)
+    (22.0, 16.0)
+    """
+    if arch == "ppc64":
+        return _P9
+    if arch == "arm64":
+        return _ARM
+    if arch != "x86_64":
+        return NCCL_LOC_BW_GBPS
+    if vendor == "GenuineIntel":
+        if family == 6 and (model >= 0xCF or model in (0xAD, 0xAE, 0xAF)):
+            return _ERP_QPI
+        return _SRP_QPI if family == 6 and model >= 0x8F else _SKL_QPI if family == 6 and model >= 0x55 else _BDW_QPI
+    if vendor == "AuthenticAMD":  # NCCL also reads the codes 0x8F/0xAF/0xBF of injected topologies
+        return _AMD_ZEN5 if family in (26, 0xBF) else _AMD_ZEN34 if family in (25, 0xAF) else _AMD_ZEN12
+    if vendor in ("CentaurHauls", "  Shanghai  "):
+        return _YONGFENG_ZPI if family == 7 and model == 0x5B else _ZPI
+    return NCCL_LOC_BW_GBPS
 
 
 def pcie_bw_GBps(width: int, lane_100Mbps: int) -> float:

@@ -1,0 +1,94 @@
+"""Read and write algorithms in either file format: taccl JSON or MSCCL-IR XML.
+
+Readers tell the formats apart by content (XML starts with ``<``; JSON carries the schema tag),
+so ``-`` (stdin) works too. Writers pick the format by extension (``.json``, ``.xml``; ``-``
+writes JSON to stdout, or XML when a dialect is given), verify the algorithm first and write
+atomically, so nothing is written for an incorrect algorithm.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from taccl_py._io import read_text, write_text_atomic
+from taccl_py.algorithm import Algorithm, generate_algorithm_json, parse_algorithm_json
+from taccl_py.errors import ArgumentError
+from taccl_py.msccl import Dialect, generate_msccl_xml, looks_like_msccl_xml, parse_msccl_xml
+from taccl_py.verify import check_algorithm
+
+__all__ = ["parse_any_algorithm", "read_any_algorithm", "generate_any_algorithm", "write_any_algorithm", "algorithm_format"]
+
+_FORMATS = {".json": "json", ".xml": "xml"}
+
+
+def parse_any_algorithm(text: str, source: str = "<string>") -> Algorithm:
+    """Return the Algorithm in ``text``, MSCCL-IR XML or taccl JSON, chosen by its content."""
+    if looks_like_msccl_xml(text):
+        return parse_msccl_xml(text, source)
+    return parse_algorithm_json(text, source)
+
+
+def read_any_algorithm(path: str | Path) -> Algorithm:
+    """Return the Algorithm in the file at ``path`` (``-`` for stdin), JSON or XML.
+
+    Raises
+    ------
+    FormatError
+        When the file cannot be read or follows neither format (the message names the field
+        or element at fault).
+    """
+    return parse_any_algorithm(read_text(path), str(path))
+
+
+def algorithm_format(path: str | Path, dialect: Dialect | str | None = None) -> str:
+    """Return ``"json"`` or ``"xml"`` for an output ``path``; raise ``ArgumentError`` otherwise.
+
+    >>> algorithm_format("ring.xml"), algorithm_format("-"), algorithm_format("-", "old")
+    ('xml', 'json', 'xml')
+    """
+    if str(path) == "-":
+        return "json" if dialect is None else "xml"
+    suffix = Path(path).suffix.lower()
+    if suffix not in _FORMATS:
+        raise ArgumentError(str(path), "extension", f"{suffix or 'no extension'!r}", "'.json' (taccl) or '.xml' (MSCCL-IR)")
+    if _FORMATS[suffix] == "json" and dialect is not None:
+        raise ArgumentError(str(path), "dialect", f"dialect {dialect!s} given for a JSON file", "a dialect only with an .xml output")
+    return _FORMATS[suffix]
+
+
+def generate_any_algorithm(algorithm: Algorithm, fmt: str, dialect: Dialect | str | None = None) -> str:
+    """Return the text of ``algorithm`` in ``fmt`` (``"json"`` or ``"xml"``) without verifying it."""
+    if fmt == "xml":
+        return generate_msccl_xml(algorithm, dialect if dialect is not None else Dialect.NEW)
+    return generate_algorithm_json(algorithm)
+
+
+def write_any_algorithm(
+    algorithm: Algorithm,
+    path: str | Path,
+    dialect: Dialect | str | None = None,
+    *,
+    verify: bool = True,
+) -> None:
+    """Verify ``algorithm`` and write it to ``path`` in the format its extension names.
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+        What to write; with ``verify`` (the default) it must pass ``check_algorithm``.
+    path : str or Path
+        ``*.json`` for taccl JSON, ``*.xml`` for MSCCL-IR XML, ``-`` for stdout.
+    dialect : {"new", "old"} or None
+        XML dialect (default ``new``); an error for JSON.
+
+    Raises
+    ------
+    VerificationError
+        When the algorithm is incorrect (nothing is written).
+    ArgumentError
+        For an unknown extension, a dialect with JSON, or an MSCCL runtime limit.
+    """
+    fmt = algorithm_format(path, dialect)
+    if verify:
+        check_algorithm(algorithm)
+    write_text_atomic(path, generate_any_algorithm(algorithm, fmt, dialect))

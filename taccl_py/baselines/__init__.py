@@ -1,0 +1,139 @@
+"""Baseline algorithms to compare against: NCCL-like rings, double binary trees, hierarchical rings.
+
+Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved
+it implements its collective. ``best_baseline`` simulates the applicable ones at a size and
+returns the fastest, which is what a synthesized algorithm's time is compared with.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from taccl_py.algorithm import Algorithm
+from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
+from taccl_py.baselines.ring import ring_algorithm, ring_orders
+from taccl_py.baselines.tree import default_tree_chunks, tree_algorithm, tree_parents
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+from taccl_py.simulate import SimulationResult, simulate_sizes
+from taccl_py.topology.model import Topology
+
+__all__ = [
+    "BaselineKind",
+    "applicable_kinds",
+    "build_baseline",
+    "all_baselines",
+    "best_baseline",
+    "ring_algorithm",
+    "ring_orders",
+    "tree_algorithm",
+    "tree_parents",
+    "hierarchical_algorithm",
+    "local_rings",
+]
+
+
+class BaselineKind(str, Enum):
+    """The baseline families; values are the CLI's spelling."""
+
+    RING = "ring"
+    TREE = "tree"
+    HIERARCHICAL = "hierarchical"
+
+
+def _kind(kind: BaselineKind | str) -> BaselineKind:
+    try:
+        return BaselineKind(kind)
+    except ValueError:
+        raise ArgumentError(None, "baseline", f"unknown baseline {kind!r}", "ring, tree or hierarchical") from None
+
+
+def _collective(collective: Collective | str) -> Collective:
+    try:
+        return Collective(collective)
+    except ValueError:
+        raise ArgumentError(None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce") from None
+
+
+def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[BaselineKind, ...]:
+    """Return the baselines worth comparing for ``collective`` on ``topology``.
+
+    Trees only reduce (allreduce); hierarchical equals the ring on one machine, so it is
+    listed only across machines.
+    """
+    collective = _collective(collective)
+    kinds = [BaselineKind.RING]
+    if collective is Collective.ALLREDUCE:
+        kinds.append(BaselineKind.TREE)
+    if topology.nodes > 1:
+        kinds.append(BaselineKind.HIERARCHICAL)
+    return tuple(kinds)
+
+
+def build_baseline(
+    kind: BaselineKind | str,
+    topology: Topology,
+    collective: Collective | str,
+    chunks: int | None = None,
+    *,
+    channels: int | None = None,
+    size_bytes: int | None = None,
+) -> Algorithm:
+    """Return the verified baseline ``kind`` for ``collective`` on ``topology``.
+
+    Parameters
+    ----------
+    kind : BaselineKind or str
+        ``ring``, ``tree`` (allreduce only) or ``hierarchical``.
+    topology : Topology
+        The machine(s) the orders are built for.
+    collective : Collective or str
+        allgather, reducescatter or allreduce.
+    chunks : int, optional
+        Pieces per channel (pipeline depth). Default: 1 for rings and hierarchical (their links
+        are busy on every step, so more pieces only add latency in the α-β model); for trees
+        tuned to ``size_bytes`` when given.
+    channels : int, optional
+        Parallel rings or trees; default as the builder finds on the topology.
+    size_bytes : int, optional
+        The size a tree's pipeline depth is tuned for.
+
+    Raises
+    ------
+    ArgumentError
+        For an unknown kind or collective, a tree for anything but allreduce, alltoall, or
+        counts out of range.
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> build_baseline("ring", load_topology("dgx2"), "allgather").name
+    'ring-2ch-1p'
+    """
+    kind, collective = _kind(kind), _collective(collective)
+    if kind is BaselineKind.RING:
+        return ring_algorithm(topology, collective, channels=channels, chunks=chunks)
+    if kind is BaselineKind.TREE:
+        return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
+    return hierarchical_algorithm(topology, collective, channels=channels, chunks=chunks)
+
+
+def all_baselines(topology: Topology, collective: Collective | str, size_bytes: int | None = None) -> tuple[Algorithm, ...]:
+    """Return every applicable baseline (``applicable_kinds``) with default settings.
+
+    ``size_bytes`` tunes the tree's pipeline depth when given.
+    """
+    return tuple(build_baseline(kind, topology, collective, size_bytes=size_bytes) for kind in applicable_kinds(topology, collective))
+
+
+def best_baseline(topology: Topology, collective: Collective | str, size_bytes: int) -> tuple[Algorithm, SimulationResult]:
+    """Return the baseline with the smallest simulated time at ``size_bytes``, with its result.
+
+    Ties go to the earlier of ring, tree, hierarchical.
+    """
+    best: tuple[Algorithm, SimulationResult] | None = None
+    for algorithm in all_baselines(topology, collective, size_bytes):
+        result = simulate_sizes(algorithm, topology, (size_bytes,))[0]
+        if best is None or result.time_us < best[1].time_us:
+            best = (algorithm, result)
+    return best

@@ -1,0 +1,163 @@
+"""NCCL-like ring baselines: AllGather, ReduceScatter and AllReduce (ReduceScatter + AllGather).
+
+Each channel is a ring over all ranks; a rank's data is split evenly over the channels, and
+each channel's share into ``chunks`` pieces that follow each other around its ring.
+
+Ring orders follow what NCCL builds on the machine:
+
+* One machine: Hamiltonian cycles over the fastest GPU pairs, each further cycle on links the
+  earlier ones leave free (on NDv2/DGX-1 the double-NVLink cycle 0-1-3-2-6-7-5-4 and the
+  single-NVLink one), each run in both directions (the two directions of a link are separate
+  resources). A cycle whose bottleneck is k times the slowest chosen one gets k channels per
+  direction, so every channel carries about the same time's worth of data.
+* Several machines: channel c crosses between machines through NIC ``c mod nics``: in every
+  machine the ring enters at a GPU next to that NIC and leaves at another GPU next to the same
+  NIC, with a Hamiltonian path over the fastest pairs in between, so the hop between machines
+  stays on one NIC index (one rail) and different channels use different NICs. With one NIC a
+  second channel runs the same ring in the opposite direction.
+"""
+
+from __future__ import annotations
+
+from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
+from taccl_py.baselines._plans import ring_allgather_items, ring_reducescatter_items
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.topology.model import Topology
+from taccl_py.verify import check_algorithm
+
+__all__ = ["ring_orders", "ring_algorithm", "MAX_CHANNELS", "MAX_WEIGHT"]
+
+MAX_CHANNELS = 32  # MSCCL/NCCL limit on channels (MAXCHANNELS 32)
+MAX_WEIGHT = 4  # at most this many channels per cycle direction when link speeds differ
+
+I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
+
+
+def _single_node_rings(topology: Topology) -> list[tuple[int, ...]]:
+    cycles = disjoint_cycles(topology, node_ranks(topology, 0))
+    slowest = min(bandwidth for _, bandwidth in cycles)
+    weights = [min(MAX_WEIGHT, max(1, round(bandwidth / slowest))) for _, bandwidth in cycles]
+    rings: list[tuple[int, ...]] = []
+    for copy in range(max(weights)):
+        for (order, _), weight in zip(cycles, weights):
+            if copy < weight:
+                rings.append(order)
+                if len(order) > 2:
+                    rings.append((order[0],) + tuple(reversed(order[1:])))
+    return rings
+
+
+def _multi_node_rings(topology: Topology) -> list[tuple[int, ...]]:
+    orders = [nic_orders(topology, node) for node in range(topology.nodes)]
+    rings: list[tuple[int, ...]] = []
+    entries: list[set[int]] = [set() for _ in range(topology.nodes)]
+    for nic in range(len(orders[0])):
+        ring: list[int] = []
+        for node in range(topology.nodes):
+            near = orders[node][nic]
+            exit_rank = near[0]
+            # the nearest other GPU no earlier channel enters by: with one NIC per GPU this
+            # spreads the entries (and the NICs their inbound routes use) over all GPUs
+            others = [r for r in near[1:] if r not in entries[node]] or list(near[1:]) or [exit_rank]
+            entry_rank = others[0]
+            entries[node].add(entry_rank)
+            ring += best_path(topology, node_ranks(topology, node), entry_rank, exit_rank)[0]
+        rings.append(tuple(ring))
+    if len(rings) == 1:
+        rings.append((rings[0][0],) + tuple(reversed(rings[0][1:])))
+    return rings
+
+
+def ring_orders(topology: Topology, channels: int | None = None) -> tuple[tuple[int, ...], ...]:
+    """Return one ring (ranks in sending order) per channel, built as NCCL would on ``topology``.
+
+    ``channels`` defaults to the number of distinct rings found (see the module notes); more
+    channels reuse them cyclically. Raises ``ArgumentError`` for a channel count outside
+    1..``MAX_CHANNELS`` or a topology with fewer than 2 GPUs.
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> ring_orders(load_topology("ndv2"))[:2]
+    ((0, 1, 3, 2, 6, 7, 5, 4), (0, 4, 5, 7, 6, 2, 3, 1))
+    """
+    if topology.num_ranks < 2:
+        raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs for a ring")
+    candidates = _single_node_rings(topology) if topology.nodes == 1 else _multi_node_rings(topology)
+    count = len(candidates) if channels is None else channels
+    if not 1 <= count <= MAX_CHANNELS:
+        raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_CHANNELS}")
+    return tuple(candidates[k % len(candidates)] for k in range(count))
+
+
+def _owned(ring: tuple[int, ...], units: int, channel: int, chunks: int) -> list[list[tuple[int, int]]]:
+    """Return per ring position the chunks of its rank this channel carries (one piece each)."""
+    return [[(rank * units + channel * chunks + piece, 1) for piece in range(chunks)] for rank in ring]
+
+
+def _ring_items(collective: Collective, rings: tuple[tuple[int, ...], ...], n: int, chunks: int) -> list[Transfer | LocalCopy]:
+    units = len(rings) * chunks
+    total = n * units
+    if collective is Collective.ALLGATHER:
+        items: list[Transfer | LocalCopy] = [LocalCopy(r, (I, 0), (O, r * units), units) for r in range(n)]
+        for channel, ring in enumerate(rings):
+            items += ring_allgather_items(ring, _owned(ring, units, channel, chunks), O, channel)
+        return items
+    if collective is Collective.REDUCESCATTER:
+        items = [LocalCopy(r, (I, 0), (S, 0), total) for r in range(n)]
+        for channel, ring in enumerate(rings):
+            items += ring_reducescatter_items(ring, _owned(ring, units, channel, chunks), S, channel)
+        return items + [LocalCopy(r, (S, r * units), (O, 0), units) for r in range(n)]
+    items = [LocalCopy(r, (I, 0), (O, 0), total) for r in range(n)]
+    for channel, ring in enumerate(rings):
+        owned = _owned(ring, units, channel, chunks)
+        items += ring_reducescatter_items(ring, owned, O, channel)
+        items += ring_allgather_items(ring, owned, O, channel)
+    return items
+
+
+def ring_algorithm(topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None) -> Algorithm:
+    """Return a verified NCCL-like ring algorithm for ``collective`` on ``topology``.
+
+    Parameters
+    ----------
+    topology : Topology
+        The machine(s); ring orders come from ``ring_orders``.
+    collective : Collective
+        allgather, reducescatter or allreduce (reduce-scatter then allgather on each ring).
+    channels : int, optional
+        Rings run in parallel (default: as many as ``ring_orders`` finds).
+    chunks : int, optional
+        Pieces each channel's share is cut into (pipeline depth; default 1). In the α-β model a
+        ring's links are busy on every step, so deeper pipelines only add latency.
+
+    Returns
+    -------
+    Algorithm
+        With ``chunks_per_loop = ranks * channels * chunks``; checked by ``check_algorithm``.
+
+    Raises
+    ------
+    ArgumentError
+        For alltoall, fewer than 2 GPUs, or channel or chunk counts out of range.
+    """
+    collective = Collective(collective)
+    if collective is Collective.ALLTOALL:
+        raise ArgumentError(topology.name, "collective", "no ring baseline for alltoall", "allgather, reducescatter or allreduce")
+    pieces = 1 if chunks is None else chunks
+    if pieces < 1:
+        raise ArgumentError(topology.name, "chunks", f"{pieces} chunks", "at least 1 chunk per channel")
+    rings = ring_orders(topology, channels)
+    n = topology.num_ranks
+    metadata = (
+        ("baseline", "ring"), ("topology", topology.name), ("channels", str(len(rings))), ("chunks", str(pieces)),
+        ("rings", "; ".join(" ".join(map(str, ring)) for ring in rings)),
+    )
+    algorithm = lower_plan(
+        f"ring-{len(rings)}ch-{pieces}p", collective, n, n * len(rings) * pieces, _ring_items(collective, rings, n, pieces),
+        metadata=metadata,
+    )
+    return check_algorithm(algorithm)

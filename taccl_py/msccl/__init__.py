@@ -1,0 +1,35 @@
+"""MSCCL-IR XML: export an Algorithm for the MSCCL runtimes and import their files.
+
+``generate_msccl_xml``/``write_msccl_xml`` write either dialect (``"new"`` for
+Azure/msccl-executor-nccl and RCCL, ``"old"`` for microsoft/msccl); ``parse_msccl_xml``/
+``read_msccl_xml`` read both. Export and import are inverse up to normalisation: exporting what
+an import returned reproduces the exported text.
+"""
+
+from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, DIALECTS, Dialect, Protocol
+from taccl_py.msccl.export import generate_msccl_xml, write_msccl_xml
+from taccl_py.msccl.limits import (
+    MAX_CHANNELS,
+    MAX_COUNT,
+    MAX_STEPS_PER_THREADBLOCK,
+    MAX_THREADBLOCKS_PER_CHANNEL,
+    MAX_THREADBLOCKS_PER_GPU,
+)
+from taccl_py.msccl.parse import looks_like_msccl_xml, parse_msccl_xml, read_msccl_xml
+
+__all__ = [
+    "Dialect",
+    "Protocol",
+    "DIALECTS",
+    "COLLECTIVE_SPELLINGS",
+    "generate_msccl_xml",
+    "write_msccl_xml",
+    "parse_msccl_xml",
+    "read_msccl_xml",
+    "looks_like_msccl_xml",
+    "MAX_STEPS_PER_THREADBLOCK",
+    "MAX_THREADBLOCKS_PER_GPU",
+    "MAX_THREADBLOCKS_PER_CHANNEL",
+    "MAX_COUNT",
+    "MAX_CHANNELS",
+]

@@ -1,0 +1,94 @@
+"""The MSCCL-IR XML vocabulary and the one table of differences between its two dialects.
+
+Two runtimes read MSCCL-IR: the original microsoft/msccl ("old" dialect, written by
+microsoft/msccl-tools) and the current Azure/msccl-executor-nccl and RCCL ("new" dialect, written
+by Azure/msccl-tools). They differ only in what ``DIALECTS`` lists: the spelling of the
+reduce-scatter collective and whether ``<algo>`` carries ``outofplace``, ``minBytes`` and
+``maxBytes`` (RCCL's ``mscclGetAlgoFromXmlFile`` requires them). Step types and buffer names are
+``taccl_py.algorithm.OpType`` and ``Buffer``, whose values are the on-disk strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+from typing import Mapping
+
+from taccl_py.algorithm import OpType
+from taccl_py.collectives import Collective
+
+__all__ = [
+    "Dialect",
+    "Protocol",
+    "DialectSpec",
+    "DIALECTS",
+    "COLLECTIVE_SPELLINGS",
+    "NO_PEER",
+    "NO_DEPENDENCY",
+    "NOP_OFFSET",
+    "STEP_OPERANDS",
+]
+
+
+class Dialect(str, Enum):
+    """Which MSCCL runtime a file is written for."""
+
+    NEW = "new"
+    OLD = "old"
+
+
+class Protocol(str, Enum):
+    """NCCL's wire protocols, spelled as the ``proto`` attribute."""
+
+    SIMPLE = "Simple"
+    LL = "LL"
+    LL128 = "LL128"
+
+
+@dataclass(frozen=True)
+class DialectSpec:
+    """What one dialect writes: collective spellings and whether the size band is present."""
+
+    collective_names: Mapping[Collective, str]
+    size_band: bool
+    runtime: str
+
+
+_CURRENT_NAMES = MappingProxyType({c: c.value for c in Collective})
+
+# The one table of dialect differences (sources: microsoft/msccl-tools ncclize and Azure/msccl-tools
+# ir.py emit these spellings; RCCL src/misc/msccl/msccl_parser.cc reads the new one).
+DIALECTS: Mapping[Dialect, DialectSpec] = MappingProxyType({
+    Dialect.NEW: DialectSpec(_CURRENT_NAMES, True, "Azure/msccl-executor-nccl, RCCL"),
+    Dialect.OLD: DialectSpec(
+        MappingProxyType({**_CURRENT_NAMES, Collective.REDUCESCATTER: "reduce_scatter"}),
+        False,
+        "microsoft/msccl",
+    ),
+})
+
+# Every spelling either dialect uses, for reading.
+COLLECTIVE_SPELLINGS: Mapping[str, Collective] = MappingProxyType({
+    name: collective for spec in DIALECTS.values() for collective, name in spec.collective_names.items()
+})
+
+NO_PEER = -1  # send/recv attribute of a threadblock without that peer
+NO_DEPENDENCY = -1  # depid/deps of a step that waits for nothing
+NOP_OFFSET = -1  # srcoff/dstoff msccl-tools writes for a nop step (RCCL accepts offset -1)
+
+# Which of (srcbuf/srcoff, dstbuf/dstoff) each step type uses; the runtime ignores the other pair
+# (msccl-tools writes the peer's location there). Source: the interpreter in RCCL's
+# msccl_kernel_impl.h: send(src), recv(dst), recvCopySend(dst), recvReduceSend(src),
+# recvReduceCopy(src, dst), recvReduceCopySend(src, dst), localCopy(src, dst), reduce(src into dst).
+STEP_OPERANDS: Mapping[OpType, tuple[bool, bool]] = MappingProxyType({
+    OpType.SEND: (True, False),
+    OpType.RECV: (False, True),
+    OpType.RECV_COPY_SEND: (False, True),
+    OpType.RECV_REDUCE_SEND: (True, False),
+    OpType.RECV_REDUCE_COPY: (True, True),
+    OpType.RECV_REDUCE_COPY_SEND: (True, True),
+    OpType.COPY: (True, True),
+    OpType.REDUCE: (True, True),
+    OpType.NOP: (False, False),
+})

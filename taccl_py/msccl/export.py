@@ -1,0 +1,240 @@
+"""Write an Algorithm as MSCCL-IR XML for the MSCCL runtimes.
+
+The IR lets a step wait for several steps of other threadblocks and move any number of chunks;
+MSCCL-IR allows one dependency per step and fewer than ``MAX_COUNT`` chunks. Export therefore
+rewrites each threadblock: runs of ``nop`` steps are folded into the next real step's
+dependencies, dependencies are reduced to the latest step per threadblock (waiting for a step
+implies its predecessors), every dependency but the last goes on an inserted ``nop`` before the
+step (the runtime attaches a nop's dependency to the next real step and requires that step to
+carry one itself), counts too large for one step are split into consecutive steps, threadblocks
+are renumbered 0..n-1, and every reference is remapped to the new indices. ``hasdep`` marks the
+steps some dependency names. Reading the result back and writing it again gives the same text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from xml.sax.saxutils import escape
+
+from taccl_py._io import write_text_atomic
+from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.errors import ArgumentError
+from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol
+from taccl_py.msccl.limits import MAX_COUNT, check_gpu_limits
+
+__all__ = ["generate_msccl_xml", "write_msccl_xml", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
+
+METADATA_COMMENT = "taccl-metadata"  # <!-- taccl-metadata {json} --> carries Algorithm.metadata
+BOTH_PLACES_KEY = "msccl_inplace_and_outofplace"  # metadata: the file declared inplace="1" outofplace="1"
+_MAX_PIECE = MAX_COUNT - 1
+
+Dep = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _XmlStep:
+    op: OpType
+    src: tuple[Buffer, int]
+    dst: tuple[Buffer, int]
+    count: int
+    dep: Dep | None
+    hasdep: bool = False
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A real IR step with its normalized dependencies (old ids) and count pieces."""
+
+    step: Step
+    deps: tuple[Dep, ...]
+    pieces: tuple[int, ...]
+
+
+def _as_dialect(dialect: Dialect | str) -> Dialect:
+    try:
+        return Dialect(dialect)
+    except ValueError:
+        raise ArgumentError(None, "dialect", f"{dialect!r}", "'new' (msccl-executor-nccl, RCCL) or 'old' (microsoft/msccl)") from None
+
+
+def _pieces(count: int) -> tuple[int, ...]:
+    """Return ``count`` cut into the fewest near-equal parts below ``MAX_COUNT``."""
+    if count <= _MAX_PIECE:
+        return (count,)
+    parts = -(-count // _MAX_PIECE)
+    base, extra = divmod(count, parts)
+    return tuple(base + (1 if i < extra else 0) for i in range(parts))
+
+
+def _normalize(deps: list[Dep], own: int, index: int, nop_only: set[int]) -> tuple[Dep, ...]:
+    """Return ``deps`` as the latest step per other threadblock, dropping waits implied by program order."""
+    latest: dict[int, int] = {}
+    for tb, step in deps:
+        if tb in nop_only or (tb == own and step < index):
+            continue  # waiting for a threadblock of nops, or for an own earlier step, waits for nothing
+        latest[tb] = max(latest.get(tb, step), step)
+    return tuple(sorted(latest.items()))
+
+
+def _plan_threadblock(tb: Threadblock, nop_only: set[int]) -> tuple[list[_Unit], dict[int, int]]:
+    """Return the real steps of ``tb`` as units and the map old step index -> new XML index."""
+    units: list[_Unit] = []
+    index_map: dict[int, int] = {}
+    pending: list[Dep] = []
+    waiting: list[int] = []
+    next_index = 0
+    for index, step in enumerate(tb.steps):
+        if step.op is OpType.NOP:
+            pending.extend(step.depends)
+            waiting.append(index)
+            continue
+        deps = _normalize(pending + list(step.depends), tb.id, index, nop_only)
+        unit = _Unit(step, deps, _pieces(step.count))
+        last = next_index + max(0, len(deps) - 1) + len(unit.pieces) - 1
+        for old in waiting + [index]:
+            index_map[old] = last
+        units.append(unit)
+        next_index = last + 1
+        pending, waiting = [], []
+    for old in waiting:  # trailing nops wait for nothing that follows; they end with the last real step
+        if next_index:
+            index_map[old] = next_index - 1
+    return units, index_map
+
+
+def _fill(slot: tuple[Buffer | None, int], other: tuple[Buffer | None, int]) -> tuple[Buffer, int]:
+    """Return ``slot``, or ``other`` in its place when the step does not use it."""
+    return slot if slot[0] is not None else other  # type: ignore[return-value]
+
+
+def _emit_unit(unit: _Unit, deps: list[Dep]) -> list[_XmlStep]:
+    out = [_XmlStep(OpType.NOP, (Buffer.INPUT, NOP_OFFSET), (Buffer.OUTPUT, NOP_OFFSET), 0, dep) for dep in deps[:-1]]
+    step = unit.step
+    src, dst = (step.src_buffer, step.src_offset), (step.dst_buffer, step.dst_offset)
+    src, dst = _fill(src, dst), _fill(dst, src)
+    if src[0] is None:
+        raise ArgumentError(None, "step", f"{step.op.value} step names no buffer", "a source or destination buffer")
+    moved = 0
+    for piece_index, piece in enumerate(unit.pieces):
+        dep = deps[-1] if deps and piece_index == 0 else None
+        out.append(_XmlStep(step.op, (src[0], src[1] + moved), (dst[0], dst[1] + moved), piece, dep))
+        moved += piece
+    return out
+
+
+def _rank_threadblocks(algorithm: Algorithm, prog: RankProgram) -> list[tuple[Threadblock, list[_XmlStep]]]:
+    """Return the threadblocks of one rank (renumbered 0..n-1) with their XML steps."""
+    ordered = sorted(prog.threadblocks, key=lambda tb: tb.id)
+    new_id = {tb.id: index for index, tb in enumerate(ordered)}
+    nop_only = {tb.id for tb in ordered if all(s.op is OpType.NOP for s in tb.steps)}
+    plans = {tb.id: _plan_threadblock(tb, nop_only) for tb in ordered}
+    result = []
+    for tb in ordered:
+        steps: list[_XmlStep] = []
+        for unit in plans[tb.id][0]:
+            translated = []
+            for dep_tb, dep_step in unit.deps:
+                target = plans.get(dep_tb, ({}, {}))[1].get(dep_step)
+                if target is None:
+                    raise ArgumentError(algorithm.name, f"rank {prog.rank} tb {tb.id}",
+                                        f"depends on tb {dep_tb} step {dep_step}, which does not exist", "dependencies on existing steps")
+                translated.append((new_id[dep_tb], target))
+            steps.extend(_emit_unit(unit, sorted(translated)))
+        result.append((tb, steps))
+    marked = {step.dep for _, steps in result for step in steps if step.dep is not None}
+    return [
+        (Threadblock(new_id[tb.id], (), tb.send_peer, tb.recv_peer, tb.channel),
+         [_XmlStep(s.op, s.src, s.dst, s.count, s.dep, (new_id[tb.id], i) in marked) for i, s in enumerate(steps)])
+        for tb, steps in result
+    ]
+
+
+def _attr(value: object) -> str:
+    return escape(str(value), {'"': "&quot;"})
+
+
+def _header(algorithm: Algorithm, dialect: Dialect) -> str:
+    spec = DIALECTS[dialect]
+    both = algorithm.meta(BOTH_PLACES_KEY) == "1"
+    attrs = [
+        ("name", algorithm.name), ("proto", algorithm.protocol), ("nchannels", algorithm.num_channels),
+        ("nchunksperloop", algorithm.chunks_per_loop), ("ngpus", algorithm.num_ranks),
+        ("coll", spec.collective_names[algorithm.collective]), ("inplace", int(algorithm.inplace or both)),
+    ]
+    if spec.size_band:
+        attrs += [("outofplace", int(not algorithm.inplace or both)), ("minBytes", algorithm.min_bytes), ("maxBytes", algorithm.max_bytes or 0)]
+    return "<algo " + " ".join(f'{key}="{_attr(value)}"' for key, value in attrs) + ">"
+
+
+def _step_line(index: int, step: _XmlStep) -> str:
+    depid, deps = step.dep if step.dep is not None else (NO_DEPENDENCY, NO_DEPENDENCY)
+    return (
+        f'      <step s="{index}" type="{step.op.value}" srcbuf="{step.src[0].value}" srcoff="{step.src[1]}" '
+        f'dstbuf="{step.dst[0].value}" dstoff="{step.dst[1]}" cnt="{step.count}" depid="{depid}" deps="{deps}" '
+        f'hasdep="{int(step.hasdep)}"/>'
+    )
+
+
+def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NEW) -> str:
+    """Return the MSCCL-IR XML text of ``algorithm`` for the runtime ``dialect``.
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+        The schedule; it should have passed ``check_algorithm`` (it is not modified).
+    dialect : {"new", "old"}
+        ``new`` for Azure/msccl-executor-nccl and RCCL, ``old`` for microsoft/msccl.
+
+    Returns
+    -------
+    str
+        The XML document, one element per line.
+
+    Raises
+    ------
+    ArgumentError
+        For an unknown dialect or protocol, a dependency on a missing step, or a GPU beyond the
+        runtime limits of ``taccl_py.msccl.limits`` (threadblocks, steps, channels, peers).
+
+    Examples
+    --------
+    >>> from taccl_py.collectives import Collective
+    >>> from taccl_py.lowering import Transfer, LocalCopy, lower_plan
+    >>> I, O = Buffer.INPUT, Buffer.OUTPUT
+    >>> plan = [Transfer(0, 1, (I, 0), (O, 0)), Transfer(1, 0, (I, 0), (O, 1)),
+    ...         LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1))]
+    >>> text = generate_msccl_xml(lower_plan("ag2", Collective.ALLGATHER, 2, 2, plan))
+    >>> text.splitlines()[0]
+    '<algo name="ag2" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
+    """
+    dialect = _as_dialect(dialect)
+    if algorithm.protocol not in {p.value for p in Protocol}:
+        raise ArgumentError(algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol))
+    lines = []
+    if algorithm.metadata:
+        blob = json.dumps(dict(algorithm.metadata), sort_keys=True).replace("--", "-\\u002d")
+        lines.append(f"<!-- {METADATA_COMMENT} {blob} -->")
+    lines.append(_header(algorithm, dialect))
+    for prog in algorithm.ranks:
+        tbs = _rank_threadblocks(algorithm, prog)
+        check_gpu_limits(algorithm.name, prog.rank, [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs])
+        lines.append(f'  <gpu id="{prog.rank}" i_chunks="{prog.input_chunks}" o_chunks="{prog.output_chunks}" s_chunks="{prog.scratch_chunks}">')
+        for tb, steps in tbs:
+            send = NO_PEER if tb.send_peer is None else tb.send_peer
+            recv = NO_PEER if tb.recv_peer is None else tb.recv_peer
+            lines.append(f'    <tb id="{tb.id}" send="{send}" recv="{recv}" chan="{tb.channel}">')
+            lines.extend(_step_line(index, step) for index, step in enumerate(steps))
+            lines.append("    </tb>")
+        lines.append("  </gpu>")
+    lines.append("</algo>")
+    return "\n".join(lines) + "\n"
+
+
+def write_msccl_xml(algorithm: Algorithm, path: str, dialect: Dialect | str = Dialect.NEW) -> None:
+    """Write ``algorithm`` as MSCCL-IR XML to ``path`` atomically (``-`` for stdout).
+
+    The text is generated completely before anything is written, so a limit violation leaves
+    no file behind. Callers should run ``check_algorithm`` first.
+    """
+    write_text_atomic(path, generate_msccl_xml(algorithm, dialect))

@@ -1,0 +1,201 @@
+"""Time our collectives against torch.distributed's own on the same group: ``taccl bench``.
+
+Every rank runs :func:`bench_sizes`; each iteration times one call of ours and one of torch's,
+alternately, after a barrier, and takes the slowest rank's time; a size reports the median over
+iterations, so both sides see the same machine noise. :func:`executor_overhead_us` measures
+what the executor itself costs per round, over a transport that moves nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.executor import Executor, block_layout
+from taccl_py.runtime.transport import Message, Pending, Transport
+
+__all__ = ["BenchRow", "bench_sizes", "executor_overhead_us", "ring_algorithm", "DEFAULT_ITERS", "BENCH_COLLECTIVES"]
+
+#: Timed iterations per size (each: one call of ours and one of torch's).
+DEFAULT_ITERS = 10
+#: Collectives ``taccl bench`` times.
+BENCH_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+_I, _O = Buffer.INPUT, Buffer.OUTPUT
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One size: the median time (µs, slowest rank) of our collective and of torch's."""
+
+    collective: str
+    size_bytes: int
+    algorithm: str
+    ours_time_us: float
+    torch_time_us: float
+
+    @property
+    def ours_algbw_GBps(self) -> float:
+        """Return size / our time in GB/s (1 GB = 1e9 bytes)."""
+        return self.size_bytes / self.ours_time_us / 1e3
+
+    @property
+    def torch_algbw_GBps(self) -> float:
+        """Return size / torch's time in GB/s."""
+        return self.size_bytes / self.torch_time_us / 1e3
+
+    @property
+    def speedup(self) -> float:
+        """Return torch's time over ours (> 1: we are faster)."""
+        return self.torch_time_us / self.ours_time_us
+
+
+def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int = 1) -> Algorithm:
+    """Return a one-channel ring over ranks 0..N-1 in rank order (allreduce in place: RS then AG).
+
+    >>> ring_algorithm(Collective.ALLGATHER, 4).chunks_per_loop
+    4
+    """
+    n, k = num_ranks, chunks_per_rank
+    items: list[Transfer | LocalCopy] = []
+    buffer = _O if collective is Collective.ALLGATHER else _I
+    if collective is Collective.ALLGATHER:
+        items += [LocalCopy(r, (_I, j), (_O, r * k + j)) for r in range(n) for j in range(k)]
+    if collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
+        for step in range(n - 1):
+            for r in range(n):
+                block = (r - step - 1) % n
+                items += [Transfer(r, (r + 1) % n, (_I, block * k + j), (_I, block * k + j), reduce=True) for j in range(k)]
+    if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
+        shift = 0 if collective is Collective.ALLGATHER else 1
+        for step in range(n - 1):
+            for r in range(n):
+                block = (r - step + shift) % n
+                items += [Transfer(r, (r + 1) % n, (buffer, block * k + j), (buffer, block * k + j)) for j in range(k)]
+    if collective is Collective.REDUCESCATTER:
+        items += [LocalCopy(r, (_I, r * k + j), (_O, j)) for r in range(n) for j in range(k)]
+    if collective not in BENCH_COLLECTIVES:
+        raise ArgumentError(None, "collective", f"{collective.value}", "allgather, reducescatter or allreduce")
+    inplace = collective is Collective.ALLREDUCE
+    return lower_plan(f"ring-{collective.value}-{n}x{k}", collective, n, n * k, items, inplace=inplace)
+
+
+def _tensors(collective: Collective, size_bytes: int, world_size: int, dtype: Any, device: Any) -> tuple[Any, Any]:
+    """Return (output, input) for a call of nccl-tests size ``size_bytes`` (rounded down to whole shards)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    shard = max(1, size_bytes // element // (1 if collective is Collective.ALLREDUCE else world_size))
+    generator = torch.Generator().manual_seed(world_size)
+    if collective is Collective.ALLGATHER:
+        return torch.empty(shard * world_size, dtype=dtype, device=device), torch.randn(shard, generator=generator).to(dtype).to(device)
+    if collective is Collective.REDUCESCATTER:
+        return torch.empty(shard, dtype=dtype, device=device), torch.randn(shard * world_size, generator=generator).to(dtype).to(device)
+    tensor = torch.randn(shard, generator=generator).to(dtype).to(device)
+    return tensor, tensor
+
+
+def _time_pair(ours: Callable[[], None], theirs: Callable[[], None], group: Any, iters: int) -> tuple[float, float]:
+    """Return the median slowest-rank time (µs) of ``ours`` and ``theirs``, timed alternately."""
+    samples: list[tuple[float, float]] = []
+    for _ in range(iters):
+        times = []
+        for fn in (ours, theirs):
+            dist.barrier(group)
+            start = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - start) * 1e6)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        samples.append((float(slowest[0]), float(slowest[1])))
+    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+
+
+def bench_sizes(
+    comm: Communicator,
+    collective: Collective,
+    sizes: Sequence[int],
+    *,
+    dtype: Any = torch.float32,
+    iters: int = DEFAULT_ITERS,
+    warmup: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Time ``collective`` at each size (bytes, nccl-tests convention) with ``comm`` and with torch.
+
+    Every rank of ``comm``'s group must call this with the same arguments; all get the same rows.
+    A size with no algorithm in ``comm``'s library reports torch against itself (algorithm "torch").
+    """
+    rows = []
+    device = comm.transport.device
+    for size_bytes in sizes:
+        output, input = _tensors(collective, size_bytes, comm.world_size, dtype, device)
+        actual = output.numel() * output.element_size() if collective is Collective.ALLGATHER else input.numel() * input.element_size()
+        algorithm = comm.algorithm_for(collective, actual)
+        ours = _caller(comm, collective, output, input, use_torch=False)
+        theirs = _caller(comm, collective, output, input, use_torch=True)
+        for _ in range(warmup):
+            ours()
+            theirs()
+        ours_us, torch_us = _time_pair(ours, theirs, comm.group, iters)
+        rows.append(BenchRow(collective.value, actual, algorithm.name if algorithm else "torch", ours_us, torch_us))
+        if progress is not None:
+            progress(f"{collective.value} {actual} B: ours {ours_us:.0f} us, torch {torch_us:.0f} us")
+    return rows
+
+
+def _caller(comm: Communicator, collective: Collective, output: Any, input: Any, use_torch: bool) -> Callable[[], None]:
+    if use_torch:
+        return lambda: comm._torch_collective(collective, output, input, "sum")
+    if collective is Collective.ALLGATHER:
+        return lambda: comm.all_gather(output, input)
+    if collective is Collective.REDUCESCATTER:
+        return lambda: comm.reduce_scatter(output, input)
+    return lambda: comm.all_reduce(output)
+
+
+class _Done(Pending):
+    __slots__ = ()
+
+    def wait(self, timeout_s: float) -> None:
+        return None
+
+
+class _NullTransport(Transport):
+    """A transport whose messages complete at once and move nothing (to time the executor alone)."""
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size, self.device, self.name = rank, world_size, torch.device("cpu"), "null"
+        self._done = _Done()
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
+        return [self._done] * len(sends), [self._done] * len(recvs)
+
+
+def executor_overhead_us(algorithm: Algorithm, rank: int = 0, iters: int = 200) -> tuple[float, float]:
+    """Return (µs per round, µs per message) the executor spends itself, with one element per chunk.
+
+    Runs rank ``rank``'s plan over a transport that completes every message at once, so what is
+    timed is the replay loop, the view bookkeeping and the torch calls on one-element chunks.
+    """
+    _in_blocks, _out_blocks, per_block = block_layout(algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop)
+    executor = Executor(algorithm, rank, torch.float32, per_block)
+    want_in, want_out = executor.expected_numels()
+    input, output = torch.ones(want_in), torch.zeros(want_out)
+    transport = _NullTransport(rank, algorithm.num_ranks)
+    executor.run(output, input, transport)
+    start = time.perf_counter()
+    for _ in range(iters):
+        executor.run(output, input, transport)
+    per_call_us = (time.perf_counter() - start) / iters * 1e6
+    rounds = max(1, len(executor.plan.rounds))
+    messages = max(1, sum(len(r.sends) + len(r.recvs) for r in executor.plan.rounds))
+    return per_call_us / rounds, per_call_us / messages

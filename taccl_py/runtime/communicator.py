@@ -1,0 +1,239 @@
+"""taccl_py.Communicator: all_gather, reduce_scatter and all_reduce with synthesized algorithms.
+
+Built on an initialised torch.distributed process group. For each call it picks an algorithm by
+collective, world size and message size from its library, compiles an :class:`Executor` once per
+(algorithm, dtype, element count) and replays it over the transport; when no algorithm fits it
+runs torch.distributed's own collective on the same group and says so in one log line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections import OrderedDict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taccl_py.algorithm import Algorithm
+from taccl_py.collectives import Collective
+from taccl_py.dataflow import Dataflow, build_dataflow
+from taccl_py.errors import ArgumentError, TransportError
+from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
+from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
+from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
+
+__all__ = ["Communicator", "MAX_CACHED_EXECUTORS", "DEFAULT_TIMEOUT_S"]
+
+logger = logging.getLogger(__name__)
+
+#: Compiled executors kept per Communicator (least recently used dropped first): enough for
+#: every gradient bucket size of a large DDP model.
+MAX_CACHED_EXECUTORS = 64
+_SOURCE = "Communicator"
+_TORCH_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
+_ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _op_name(op: Any) -> str:
+    """Return the op as one of REDUCE_OPS; accept torch.distributed.ReduceOp members too."""
+    name = op if isinstance(op, str) else str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+    name = name.lower()
+    if name not in REDUCE_OPS:
+        raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
+    return name
+
+
+def _make_transport(transport: Any, group: Any) -> Transport:
+    if isinstance(transport, Transport):
+        return transport
+    if transport in (None, "torch"):
+        from taccl_py.runtime.transports.torch_dist import TorchDistTransport
+
+        return TorchDistTransport(group)
+    if transport == "cupy":
+        from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport
+
+        return CupyNcclTransport(group)
+    raise ArgumentError(_SOURCE, "transport", f"{transport!r}", "None, 'torch', 'cupy' or a Transport")
+
+
+class Communicator:
+    """Collectives on a torch.distributed group, run with taccl_py algorithms where one fits.
+
+    Parameters
+    ----------
+    process_group : ProcessGroup, optional
+        An initialised group (None: the default group). Its ranks are the algorithms' ranks.
+    library : Algorithm, AlgorithmLibrary, str, PathLike or a sequence of these, optional
+        A built-in topology name (its shipped algorithms), a ``*.library.json`` written by
+        ``taccl synthesize --sizes``, or one algorithm file (``.json`` or MSCCL ``.xml``).
+    topology : str, optional
+        A built-in topology name whose shipped algorithms to use (after ``library``'s).
+    nodes : int, optional
+        The node count for a topology name (None: whichever fits the world size).
+    transport : None, "torch", "cupy" or Transport
+        How messages move; None picks torch.distributed point-to-point on the group's backend.
+    timeout_s : float
+        Longest wait for one message; a peer silent for longer fails the call.
+
+    Raises
+    ------
+    ArgumentError
+        An explicitly given algorithm or library is for another world size, or ``library`` names
+        nothing readable.
+    TransportError
+        torch.distributed is not initialised or its backend has no transport.
+
+    Notes
+    -----
+    All collectives are synchronous and take contiguous tensors of one dtype (float32, float16,
+    bfloat16, float64, int32, int64) on the transport's device; ``op`` is "sum", "avg", "max" or
+    "min" (or a ``torch.distributed.ReduceOp``). avg divides the sum by the world size (integers:
+    truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
+    The Communicator must be the only user of its group while a call runs.
+    """
+
+    __slots__ = ("group", "rank", "world_size", "transport", "timeout_s", "choices", "_executors", "_dataflows", "_logged")
+
+    def __init__(
+        self,
+        process_group: Any = None,
+        library: Any = None,
+        *,
+        topology: str | None = None,
+        nodes: int | None = None,
+        transport: Any = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise TransportError("torch.distributed is not initialised; call init_process_group first or use Communicator.from_env()")
+        if not timeout_s > 0:
+            raise ArgumentError(_SOURCE, "timeout_s", f"{timeout_s!r}", "a positive number of seconds")
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.choices: AlgorithmChoices = collect_algorithms(library, self.world_size, topology=topology, nodes=nodes)
+        self.transport = _make_transport(transport, process_group)
+        if (self.transport.rank, self.transport.world_size) != (self.rank, self.world_size):
+            raise ArgumentError(_SOURCE, "transport", f"rank {self.transport.rank} of {self.transport.world_size}", f"rank {self.rank} of {self.world_size} as in the group")
+        self.timeout_s = float(timeout_s)
+        self._executors: OrderedDict[tuple, Executor] = OrderedDict()
+        self._dataflows: dict[int, Dataflow] = {}
+        self._logged: set[tuple] = set()
+
+    def __getstate__(self) -> None:
+        raise TypeError("a Communicator holds a process group and cannot be pickled; build one in each process")
+
+    @classmethod
+    def from_env(cls, library: Any = None, *, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> Communicator:
+        """Return a Communicator on the default group, initialising it from torchrun's env vars if needed.
+
+        Reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (and LOCAL_RANK for the CUDA device);
+        ``backend`` defaults to "nccl" with CUDA, else "gloo". Other keywords go to the constructor.
+        """
+        if not dist.is_initialized():
+            missing = [name for name in _ENV_VARS if name not in os.environ]
+            if missing:
+                raise ArgumentError("environment", ", ".join(missing), "not set", "the variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(None, library, timeout_s=timeout_s, **kwargs)
+
+    # -- selection --------------------------------------------------------------------------------
+
+    def algorithm_for(self, collective: Collective | str, size_bytes: int) -> Algorithm | None:
+        """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's)."""
+        candidate = self.choices.select(Collective(collective), int(size_bytes))
+        return None if candidate is None else candidate.algorithm
+
+    def _executor(self, algorithm: Algorithm, dtype: Any, numel: int, device: Any) -> Executor:
+        key = (id(algorithm), dtype, numel, str(device))
+        executor = self._executors.get(key)
+        if executor is None:
+            flow = self._dataflows.get(id(algorithm))
+            if flow is None:
+                flow = self._dataflows[id(algorithm)] = build_dataflow(algorithm)
+            executor = self._executors[key] = Executor(algorithm, self.rank, dtype, numel, device, flow)
+            while len(self._executors) > MAX_CACHED_EXECUTORS:
+                self._executors.popitem(last=False)
+        else:
+            self._executors.move_to_end(key)
+        return executor
+
+    # -- checks -----------------------------------------------------------------------------------
+
+    def _check(self, what: str, output: Any, input: Any, ratio: tuple[int, int]) -> None:
+        """Raise ArgumentError unless the tensors fit: numel(output) * ratio[0] == numel(input) * ratio[1]."""
+        for role, tensor in (("output", output), ("input", input)):
+            if not isinstance(tensor, torch.Tensor):
+                raise ArgumentError(_SOURCE, f"{what}.{role}", f"{type(tensor).__name__} is not a tensor", "a torch.Tensor")
+            if tensor.dtype not in SUPPORTED_DTYPES:
+                raise ArgumentError(_SOURCE, f"{what}.{role}", f"dtype {tensor.dtype} is not supported", ", ".join(str(d) for d in SUPPORTED_DTYPES))
+            if not tensor.is_contiguous():
+                raise ArgumentError(_SOURCE, f"{what}.{role}", "tensor is not contiguous", "a contiguous tensor (call .contiguous())")
+            if tensor.device != self.transport.device:
+                raise ArgumentError(_SOURCE, f"{what}.{role}", f"tensor on {tensor.device}", f"a tensor on {self.transport.device} for the {self.transport.name} transport")
+        if output.dtype != input.dtype:
+            raise ArgumentError(_SOURCE, what, f"output is {output.dtype} but input is {input.dtype}", "one dtype")
+        if output.numel() * ratio[0] != input.numel() * ratio[1]:
+            want = input.numel() * ratio[1] // ratio[0]
+            raise ArgumentError(_SOURCE, f"{what}.output", f"{output.numel()} elements for an input of {input.numel()} on {self.world_size} ranks", f"{want} elements")
+
+    # -- collectives ------------------------------------------------------------------------------
+
+    def all_gather(self, output: Any, input: Any) -> None:
+        """Gather every rank's ``input`` into ``output`` (rank-major); ``output`` has world_size times its elements."""
+        self._check("all_gather", output, input, (1, self.world_size))
+        self._run(Collective.ALLGATHER, output, input, "sum", input.numel())
+
+    def reduce_scatter(self, output: Any, input: Any, op: Any = "sum") -> None:
+        """Reduce ``input`` over ranks and keep block ``rank`` in ``output`` (world_size times fewer elements)."""
+        name = _op_name(op)
+        self._check("reduce_scatter", output, input, (self.world_size, 1))
+        self._run(Collective.REDUCESCATTER, output, input, name, output.numel())
+
+    def all_reduce(self, tensor: Any, op: Any = "sum") -> None:
+        """Reduce ``tensor`` over ranks in place."""
+        name = _op_name(op)
+        self._check("all_reduce", tensor, tensor, (1, 1))
+        self._run(Collective.ALLREDUCE, tensor, tensor, name, tensor.numel())
+
+    def _run(self, collective: Collective, output: Any, input: Any, op: str, numel: int) -> None:
+        if numel == 0:
+            return
+        size_bytes = collective_size_bytes(collective, input.numel() * input.element_size(), output.numel() * output.element_size())
+        candidate = self.choices.select(collective, size_bytes)
+        if candidate is None:
+            self._log_fallback(collective, size_bytes)
+            self._torch_collective(collective, output, input, op)
+            return
+        executor = self._executor(candidate.algorithm, input.dtype, numel, input.device)
+        executor.run(output, input, self.transport, op, self.timeout_s)
+
+    def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
+        key = (collective, size_bytes.bit_length())
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.info("no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own", collective.value, size_bytes, self.world_size)
+
+    def _torch_collective(self, collective: Collective, output: Any, input: Any, op: str) -> None:
+        """Run torch.distributed's own collective on the group (avg as sum then divide, like the executor)."""
+        reduce_op = getattr(dist.ReduceOp, _TORCH_OPS[op])
+        if collective is Collective.ALLGATHER:
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            gather(output, input, group=self.group)
+        elif collective is Collective.REDUCESCATTER:
+            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+            scatter(output, input, op=reduce_op, group=self.group)
+        else:
+            dist.all_reduce(output, op=reduce_op, group=self.group)
+        if op == "avg":
+            if output.dtype.is_floating_point:
+                output.div_(self.world_size)
+            else:
+                output.div_(self.world_size, rounding_mode="trunc")

@@ -1,0 +1,205 @@
+"""DDP communication hook: all-reduce gradient buckets with a taccl_py Communicator.
+
+``register(ddp_model)`` is all most users need::
+
+    model = DistributedDataParallel(net)
+    state = register(model, library="ndv2")   # before the first backward
+    ...train...
+    state.close()
+
+How it works: DDP calls :func:`allreduce_hook` once per gradient bucket, in bucket order, from the
+autograd thread. The hook divides the bucket's flat buffer by the world size (first, as torch's
+own ``allreduce_hook`` does, so fp16 sums cannot overflow) and queues its all-reduce on the state's
+:class:`~taccl_py.runtime.ordered_worker.OrderedWorker`; the returned future completes when the
+worker is done, so communication overlaps the rest of backward. Any bucket layout works: the
+Communicator takes a buffer of any length and any of float32, float16, bfloat16 and float64, and
+buckets are served strictly in launch order, which is the same on every rank.
+
+Which process group: by default :func:`register` creates a dedicated group (``dist.new_group``
+over the DDP group's ranks) for the Communicator. The worker thread talks on it while the
+autograd thread may issue DDP's own collectives (the unused-parameter map, buffer broadcasts) on the
+DDP group; on one shared group the two threads' messages could pair up in a different order on
+different ranks. A Communicator passed in must likewise be the only user of its group.
+"""
+
+# No ``from __future__ import annotations`` here: DistributedDataParallel.register_comm_hook compares
+# the hook's annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
+
+import logging
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taccl_py.errors import ArgumentError
+from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker
+
+__all__ = ["HookState", "allreduce_hook", "register", "GRADIENT_DTYPES"]
+
+logger = logging.getLogger(__name__)
+
+#: Gradient dtypes the hook accepts (those the Communicator reduces in floating point).
+GRADIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+_SOURCE = "taccl_py.ddp"
+
+
+class HookState:
+    """Hold the Communicator and the worker thread that serve one DDP model's buckets.
+
+    Parameters
+    ----------
+    communicator : Communicator
+        Runs the all-reduces; it must be the only user of its process group (see the module notes).
+    background : bool, default True
+        Serve buckets on a background thread so they overlap backward. ``False`` all-reduces each
+        bucket on the calling thread before the hook returns (no overlap; useful to debug).
+    owned_group : ProcessGroup or None
+        A group this state created for ``communicator`` and destroys in :meth:`close`.
+
+    Notes
+    -----
+    Not picklable: the state owns a thread and a live communicator. Register a new hook after
+    unpickling a model.
+    """
+
+    __slots__ = ("communicator", "world_size", "background", "buckets_reduced", "_worker", "_owned_group")
+
+    def __init__(self, communicator: Communicator, *, background: bool = True, owned_group: Any = None) -> None:
+        if not isinstance(communicator, Communicator):
+            raise ArgumentError(_SOURCE, "communicator", f"got {type(communicator).__name__}", "a Communicator")
+        self.communicator = communicator
+        self.world_size = int(communicator.world_size)
+        self.background = bool(background)
+        self.buckets_reduced = 0
+        self._owned_group = owned_group
+        self._worker = OrderedWorker(f"taccl-ddp-rank{communicator.rank}") if self.background else None
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"{type(self).__name__}: owns a thread and a communicator and cannot be pickled")
+
+    def __enter__(self) -> "HookState":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def average_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+        """Return a Future of ``tensor`` averaged over the ranks, in place (on the worker if any).
+
+        Raises
+        ------
+        ArgumentError
+            If ``tensor``'s dtype is not a gradient dtype or the state is closed.
+        """
+        if tensor.dtype not in GRADIENT_DTYPES:
+            raise ArgumentError(_SOURCE, "bucket.dtype", f"got {tensor.dtype}", "float32, float16, bfloat16 or float64")
+        job = partial(_average_in_place, self, tensor)
+        if self._worker is not None:
+            return self._worker.submit(job)
+        future: torch.futures.Future = torch.futures.Future()
+        future.set_result(job())
+        return future
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Finish the queued buckets, stop the worker and destroy the group this state created."""
+        if self._worker is not None:
+            self._worker.close(timeout_s)
+        if self._owned_group is not None:
+            group, self._owned_group = self._owned_group, None
+            if dist.is_initialized():
+                dist.destroy_process_group(group)
+
+
+def _average_in_place(state: HookState, tensor: torch.Tensor) -> torch.Tensor:
+    # Divide first, as torch's default_hooks._allreduce_fut does: a float16 sum of
+    # undivided gradients can overflow where the average would not.
+    tensor.div_(state.world_size)
+    state.communicator.all_reduce(tensor, op="sum")
+    state.buckets_reduced += 1
+    return tensor
+
+
+def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Return a Future of ``bucket.buffer()`` averaged over the ranks with the state's Communicator.
+
+    The signature is what ``DistributedDataParallel.register_comm_hook(state, hook)`` expects
+    (the second parameter must be named ``bucket``). The buffer is reduced in place; with the
+    same inputs the result equals DDP's default all-reduce up to the order of floating-point sums.
+
+    Parameters
+    ----------
+    state : HookState
+        Made by :func:`register` (or by hand with a Communicator).
+    bucket : torch.distributed.GradBucket
+        The bucket DDP hands over; any length and any dtype in ``GRADIENT_DTYPES``.
+
+    Returns
+    -------
+    torch.futures.Future
+        Completes with the averaged buffer; holds a :class:`~taccl_py.errors.TransportError`
+        instead when the collective failed (DDP raises it from ``backward``).
+
+    Raises
+    ------
+    ArgumentError
+        If the bucket's dtype is not a floating-point gradient dtype.
+    """
+    return state.average_async(bucket.buffer())
+
+
+def register(
+    model: torch.nn.parallel.DistributedDataParallel,
+    communicator: Communicator | None = None,
+    library: Any = None,
+    *,
+    background: bool = True,
+) -> HookState:
+    """Register :func:`allreduce_hook` on a DDP model; return its state (close it when done).
+
+    Parameters
+    ----------
+    model : DistributedDataParallel
+        The wrapped model, before its first backward (DDP accepts one hook, registered once).
+    communicator : Communicator or None
+        Use this Communicator (it must be the only user of its group). None: create a dedicated
+        process group over the DDP group's ranks and a Communicator on it with ``library``.
+        Collective call: with None, every rank of the DDP group must call ``register`` together.
+    library : optional
+        Passed to :class:`Communicator` when ``communicator`` is None (a topology name, library
+        file, Algorithm, ...); None runs torch's own all-reduce on the dedicated group.
+    background : bool, default True
+        Serve buckets on a worker thread that overlaps backward (see :class:`HookState`).
+
+    Returns
+    -------
+    HookState
+        Call ``close()`` (or use it as a context manager) after training.
+
+    Raises
+    ------
+    ArgumentError
+        If ``model`` is not a DistributedDataParallel, or both ``communicator`` and ``library`` are given.
+    """
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise ArgumentError(_SOURCE, "model", f"got {type(model).__name__}", "a torch.nn.parallel.DistributedDataParallel")
+    owned_group = None
+    if communicator is None:
+        owned_group = _dedicated_group(model)
+        communicator = Communicator(owned_group, library)
+    elif library is not None:
+        raise ArgumentError(_SOURCE, "library", "given together with a communicator", "one of the two")
+    state = HookState(communicator, background=background, owned_group=owned_group)
+    model.register_comm_hook(state, allreduce_hook)
+    logger.info("registered the taccl_py all-reduce hook on %d ranks (background=%s)", state.world_size, background)
+    return state
+
+
+def _dedicated_group(model: torch.nn.parallel.DistributedDataParallel) -> Any:
+    # A group of its own, so the worker thread's messages never meet DDP's (see module notes).
+    ranks = dist.get_process_group_ranks(model.process_group)
+    device_type = next(model.module.parameters()).device.type
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    return dist.new_group(ranks=ranks, backend=backend)

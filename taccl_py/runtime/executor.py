@@ -1,0 +1,325 @@
+"""Run one rank's part of an Algorithm on tensors: compile once, replay over a Transport.
+
+An :class:`Executor` is built for one (algorithm, rank, dtype, element count, device). It compiles
+the rank's :class:`~taccl_py.runtime.plan.RankPlan` (rounds of messages and chunk computations),
+allocates the scratch, temporary and snapshot buffers, and on each call binds the plan to tensor
+views (cached per pair of user tensors) and replays it: per round, snapshot copies, all sends and
+receives posted together, the receives waited, the lazily placed send waits, then the reductions
+with torch on whole chunks. Python does work per message and per chunk range, never per element.
+
+Element layout: the collective's unit ``numel`` is the length of a rank's shard (allgather:
+the input; reducescatter: the output; allreduce: the tensor; alltoall: one peer's block). A user
+tensor is one or ``num_ranks`` blocks of ``numel`` elements, each cut into the algorithm's chunks
+of ``ceil(numel / chunks_per_block)`` elements. When ``numel`` does not divide, the executor works
+on padded buffers and copies in and out; otherwise it works on views of the user's tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from taccl_py.algorithm import Algorithm
+from taccl_py.collectives import Collective
+from taccl_py.dataflow import Dataflow
+from taccl_py.errors import ArgumentError, TacclError, TransportError
+from taccl_py.runtime.plan import RankPlan, Span, Storage, compile_rank_plan
+from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, TAG_BASE, Message, Transport
+
+__all__ = ["Executor", "SUPPORTED_DTYPES", "REDUCE_OPS", "block_layout"]
+
+#: dtypes the executor runs (those torch reduces on CPU and GPU alike).
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
+#: Reduction operators; avg is sum followed by a division by the rank count.
+REDUCE_OPS = ("sum", "avg", "max", "min")
+_COMBINE: dict[str, Callable[..., Any]] = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}
+_SOURCE = "executor"
+
+
+def block_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -> tuple[int, int, int]:
+    """Return (input blocks, output blocks, chunks per block) of a collective's user tensors.
+
+    >>> block_layout(Collective.ALLGATHER, 4, 8)
+    (1, 4, 2)
+    """
+    per_rank = max(chunks_per_loop // num_ranks, 1)
+    if collective is Collective.ALLGATHER:
+        return 1, num_ranks, per_rank
+    if collective is Collective.REDUCESCATTER:
+        return num_ranks, 1, per_rank
+    if collective is Collective.ALLREDUCE:
+        return 1, 1, chunks_per_loop
+    return num_ranks, num_ranks, per_rank
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Return True when two tensors share memory."""
+    a_start, b_start = a.data_ptr(), b.data_ptr()
+    return a_start < b_start + b.numel() * b.element_size() and b_start < a_start + a.numel() * a.element_size()
+
+
+@dataclass
+class _Round:
+    """A round bound to tensors."""
+
+    index: int
+    snapshots: list[tuple[Any, Any]]
+    sends: list[Message]
+    send_ids: list[int]
+    send_steps: list[tuple[int, int, int]]
+    recvs: list[Message]
+    recv_steps: list[tuple[int, int, int]]
+    send_waits: list[int]
+    computes: list[tuple[Any, Any, Any, bool]]  # (target, source, second source or None, copy sources first)
+
+
+@dataclass
+class _Binding:
+    """The plan bound to one pair of user tensors."""
+
+    keep: tuple[Any, ...]  # the user tensors, held so their addresses stay theirs
+    copy_in: list[tuple[Any, Any]]
+    rounds: list[_Round]
+    copy_out: list[tuple[Any, Any]]
+    final_waits: list[int]
+
+
+class Executor:
+    """Replay ``algorithm``'s part for ``rank`` on tensors of ``dtype`` with shard length ``numel``.
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+        A structurally sound algorithm (see :func:`taccl_py.dataflow.build_dataflow`).
+    rank : int
+        This process's rank in the algorithm (the transport's rank).
+    dtype : torch.dtype
+        One of :data:`SUPPORTED_DTYPES`.
+    numel : int
+        Elements of one rank's shard (see the module notes); any positive count.
+    device : torch.device or str, default "cpu"
+        Where the scratch buffers live (the transport's device).
+    dataflow : Dataflow, optional
+        ``build_dataflow(algorithm)`` when already computed.
+
+    Raises
+    ------
+    ArgumentError
+        Unsupported dtype, non-positive ``numel``, a rank outside the algorithm.
+    VerificationError
+        The algorithm is structurally broken.
+
+    Examples
+    --------
+    >>> import threading
+    >>> from taccl_py.algorithm import Buffer
+    >>> from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+    >>> from taccl_py.runtime.transports.local import LocalHub
+    >>> I, O = Buffer.INPUT, Buffer.OUTPUT
+    >>> algo = lower_plan("ag2", Collective.ALLGATHER, 2, 2, [
+    ...     LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1)),
+    ...     Transfer(0, 1, (I, 0), (O, 0)), Transfer(1, 0, (I, 0), (O, 1))])
+    >>> hub, outs = LocalHub(2), [torch.zeros(6), torch.zeros(6)]
+    >>> def run(rank):
+    ...     Executor(algo, rank, torch.float32, 3).run(outs[rank], torch.full((3,), float(rank)), hub.transport(rank))
+    >>> threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+    >>> _ = [t.start() for t in threads]; _ = [t.join() for t in threads]
+    >>> outs[1].tolist()
+    [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    """
+
+    __slots__ = ("algorithm", "plan", "rank", "dtype", "numel", "device", "chunk_elems", "blocks", "padded", "_scratch", "_bindings")
+
+    def __init__(self, algorithm: Algorithm, rank: int, dtype: Any, numel: int, device: Any = "cpu", dataflow: Dataflow | None = None) -> None:
+        if dtype not in SUPPORTED_DTYPES:
+            raise ArgumentError(_SOURCE, "dtype", f"{dtype} is not supported", ", ".join(str(d) for d in SUPPORTED_DTYPES))
+        if not isinstance(numel, int) or numel < 1:
+            raise ArgumentError(_SOURCE, "numel", f"{numel!r}", "a positive element count")
+        self.algorithm, self.rank, self.dtype, self.numel = algorithm, rank, dtype, numel
+        self.device = torch.device(device)
+        self.plan: RankPlan = compile_rank_plan(algorithm, rank, dataflow)
+        in_blocks, out_blocks, per_block = block_layout(algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop)
+        self.blocks = (in_blocks, out_blocks, per_block)
+        self.chunk_elems = math.ceil(numel / per_block)
+        self.padded = self.chunk_elems * per_block != numel
+        self._scratch = {
+            storage: torch.zeros(self.plan.chunks(storage) * self.chunk_elems, dtype=dtype, device=self.device)
+            for storage in (Storage.SCRATCH, Storage.TEMP, Storage.SNAP)
+        }
+        self._bindings: list[_Binding] = []
+
+    # -- shapes -----------------------------------------------------------------------------------
+
+    def expected_numels(self) -> tuple[int, int]:
+        """Return the element counts (input, output) of the user tensors ``run`` takes."""
+        return self.blocks[0] * self.numel, self.blocks[1] * self.numel
+
+    def check(self, output: Any, input: Any) -> None:
+        """Raise ArgumentError unless ``output`` and ``input`` fit this executor."""
+        want_in, want_out = self.expected_numels()
+        for role, tensor, want in (("input", input, want_in), ("output", output, want_out)):
+            if not isinstance(tensor, torch.Tensor):
+                raise ArgumentError(_SOURCE, role, f"{type(tensor).__name__} is not a tensor", "a torch.Tensor")
+            if tensor.dtype != self.dtype or tensor.device != self.device:
+                raise ArgumentError(_SOURCE, role, f"{tensor.dtype} on {tensor.device}", f"{self.dtype} on {self.device}")
+            if tensor.numel() != want:
+                raise ArgumentError(_SOURCE, role, f"{tensor.numel()} elements", f"{want} elements for {self.algorithm.name}")
+            if not tensor.is_contiguous():
+                raise ArgumentError(_SOURCE, role, "not contiguous", "a contiguous tensor")
+
+    # -- binding ----------------------------------------------------------------------------------
+
+    def _binding(self, output: Any, input: Any) -> _Binding:
+        key = (output.data_ptr(), input.data_ptr())
+        for binding in self._bindings:
+            if (binding.keep[0].data_ptr(), binding.keep[1].data_ptr()) == key:
+                return binding
+        binding = self._bind(output, input)
+        self._bindings = [binding] + self._bindings[:1]  # the last two pairs (a DDP bucket alternates)
+        return binding
+
+    def _user_blocks(self, tensor: Any, blocks: int) -> list[Any]:
+        flat = tensor.view(-1)
+        return [flat[b * self.numel:(b + 1) * self.numel] for b in range(blocks)]
+
+    def _work_blocks(self, work: Any, blocks: int) -> list[Any]:
+        stride = self.blocks[2] * self.chunk_elems
+        return [work[b * stride:b * stride + self.numel] for b in range(blocks)]
+
+    def _work(self, tensor: Any, blocks: int, chunks: int) -> tuple[Any, list[tuple[Any, Any]]]:
+        """Return a padded work buffer for a user tensor of ``blocks`` blocks and its (work, user) block pairs."""
+        work = torch.zeros(chunks * self.chunk_elems, dtype=self.dtype, device=self.device)
+        return work, list(zip(self._work_blocks(work, blocks), self._user_blocks(tensor, blocks)))
+
+    def _bind(self, output: Any, input: Any) -> _Binding:
+        plan, (in_blocks, out_blocks, _per) = self.plan, self.blocks
+        storages: dict[Storage, Any] = dict(self._scratch)
+        copy_in: list[tuple[Any, Any]] = []
+        copy_out: list[tuple[Any, Any]] = []
+        if plan.inplace and plan.collective is not Collective.REDUCESCATTER:
+            # one buffer: allgather's input sits in block `rank` of the output; allreduce/alltoall reduce in place
+            storage = Storage.OUTPUT if plan.collective is Collective.ALLGATHER else Storage.INPUT
+            if self.padded:
+                storages[storage], pairs = self._work(output, out_blocks, max(plan.input_chunks, plan.output_chunks))
+                copy_out += [(user, work) for work, user in pairs]
+                targets = [work for work, _user in pairs]
+            else:
+                storages[storage], targets = output.view(-1), self._user_blocks(output, out_blocks)
+            if plan.collective is Collective.ALLGATHER:
+                copy_in.append((targets[self.rank], input.view(-1)))
+            else:
+                copy_in += list(zip(targets, self._user_blocks(input, in_blocks)))
+        elif plan.inplace:  # reducescatter in place: reduce in a copy of the input, the result is block `rank`
+            storages[Storage.INPUT], pairs = self._work(input, in_blocks, plan.input_chunks)
+            copy_in += pairs
+            copy_out.append((output.view(-1), pairs[self.rank][0]))
+        else:
+            if self.padded or plan.writes_input or _overlap(output, input):
+                storages[Storage.INPUT], pairs = self._work(input, in_blocks, plan.input_chunks)
+                copy_in += pairs
+            else:
+                storages[Storage.INPUT] = input.view(-1)
+            if self.padded:
+                storages[Storage.OUTPUT], pairs = self._work(output, out_blocks, plan.output_chunks)
+                copy_out += [(user, work) for work, user in pairs]
+            else:
+                storages[Storage.OUTPUT] = output.view(-1)
+        copy_in = [(dst, src) for dst, src in copy_in if dst.data_ptr() != src.data_ptr()]
+        rounds = [self._bind_round(r, storages) for r in plan.rounds]
+        return _Binding((output, input), copy_in, rounds, copy_out, list(plan.final_send_waits))
+
+    def _view(self, storages: dict[Storage, Any], span: Span) -> Any:
+        ce = self.chunk_elems
+        return storages[span.storage][span.offset * ce:(span.offset + span.count) * ce]
+
+    def _bind_round(self, rnd: Any, storages: dict[Storage, Any]) -> _Round:
+        view = self._view
+        computes = []
+        for op in rnd.computes:
+            target = view(storages, op.target)
+            sources = [view(storages, s) for s in op.sources]
+            # a source that partly overlaps its target is read into a copy before the target is written
+            staged = any(span != op.target and span.overlaps(op.target) for span in op.sources)
+            computes.append((target, sources[0], sources[1] if len(sources) > 1 else None, staged))
+        return _Round(
+            rnd.index,
+            [(view(storages, copy), view(storages, src)) for copy, src in rnd.snapshots],
+            [Message(m.peer, TAG_BASE + m.channel, view(storages, m.span)) for m in rnd.sends],
+            [m.index for m in rnd.sends],
+            [(m.peer, m.threadblock, m.step) for m in rnd.sends],
+            [Message(m.peer, TAG_BASE + m.channel, view(storages, m.span)) for m in rnd.recvs],
+            [(m.peer, m.threadblock, m.step) for m in rnd.recvs],
+            list(rnd.send_waits),
+            computes,
+        )
+
+    # -- replay -----------------------------------------------------------------------------------
+
+    def run(self, output: Any, input: Any, transport: Transport, op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """Run the collective: ``output`` receives the result of ``input`` over all ranks.
+
+        For allreduce pass the same tensor twice to reduce in place. ``op`` applies when the
+        collective reduces. Raises ArgumentError for tensors that do not fit (before anything is
+        sent) and TransportError, naming the peer and the step, when a message fails.
+        """
+        if op not in REDUCE_OPS:
+            raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
+        self.check(output, input)
+        if transport.rank != self.rank or transport.world_size != self.algorithm.num_ranks:
+            raise ArgumentError(_SOURCE, "transport", f"rank {transport.rank} of {transport.world_size}", f"rank {self.rank} of {self.algorithm.num_ranks} for {self.algorithm.name}")
+        binding = self._binding(output, input)
+        for dst, src in binding.copy_in:
+            dst.copy_(src)
+        self._replay(binding, transport, _COMBINE[op], timeout_s)
+        for dst, src in binding.copy_out:
+            dst.copy_(src)
+        if op == "avg" and self.algorithm.collective.reduces:
+            if self.dtype.is_floating_point:
+                output.div_(self.algorithm.num_ranks)
+            else:  # integer average truncates toward zero, as NCCL's ncclAvg does
+                output.div_(self.algorithm.num_ranks, rounding_mode="trunc")
+
+    def _replay(self, binding: _Binding, transport: Transport, combine: Callable[..., Any], timeout_s: float) -> None:
+        pending: list[Any] = [None] * self.plan.num_sends
+        for rnd in binding.rounds:
+            for dst, src in rnd.snapshots:
+                dst.copy_(src)
+            if rnd.sends or rnd.recvs:
+                try:
+                    send_pending, recv_pending = transport.post(rnd.sends, rnd.recvs)
+                except TacclError as error:
+                    raise self._failure("post", rnd.index, (rnd.send_steps + rnd.recv_steps)[0], error) from error
+                for index, handle, where in zip(rnd.send_ids, send_pending, rnd.send_steps):
+                    pending[index] = (handle, rnd.index, where)
+                for handle, where in zip(recv_pending, rnd.recv_steps):
+                    self._wait(handle, "receive from", rnd.index, where, timeout_s)
+            for index in rnd.send_waits:
+                handle, level, where = pending[index]
+                self._wait(handle, "send to", level, where, timeout_s)
+            for target, a, b, staged in rnd.computes:
+                if staged:
+                    a, b = a.clone(), (None if b is None else b.clone())
+                if b is None:
+                    target.copy_(a)
+                else:
+                    combine(a, b, out=target)
+        for index in binding.final_waits:
+            handle, level, where = pending[index]
+            self._wait(handle, "send to", level, where, timeout_s)
+
+    def _wait(self, handle: Any, what: str, level: int, where: tuple[int, int, int], timeout_s: float) -> None:
+        try:
+            handle.wait(timeout_s)
+        except TacclError as error:
+            raise self._failure(what, level, where, error) from error
+
+    def _failure(self, what: str, level: int, where: tuple[int, int, int], error: BaseException) -> TransportError:
+        peer, threadblock, step = where
+        return TransportError(
+            f"{self.algorithm.name}: rank {self.rank}: {what} rank {peer} failed in round {level} "
+            f"(threadblock {threadblock}, step {step}): {error}; expected every rank to run the same collective"
+        )

@@ -1,0 +1,163 @@
+"""Run a function on N local processes joined in a gloo (or NCCL) group: tests, benchmarks, ``taccl bench``.
+
+The parent opens a TCPStore on 127.0.0.1 with port 0 (the OS picks a free one); each child joins
+it, initialises torch.distributed with its rank and calls ``fn(rank, world_size, *args)``. The
+parent waits until every rank reported or the join deadline passed, and returns one
+:class:`RankOutcome` per rank: the value, or the traceback, exit code and time of a rank that
+failed, died or hung. :func:`run_local` raises when any rank failed, naming it.
+
+Children start from a fork server that has imported torch once, so N ranks start in well under
+a second each. ``fn`` must be importable by name (a module-level function).
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+import os
+import queue as queue_module
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from taccl_py.errors import ArgumentError, TransportError
+
+__all__ = ["RankOutcome", "launch_local", "run_local", "DEFAULT_JOIN_TIMEOUT_S", "FAILURE_GRACE_S"]
+
+#: How long the parent waits for all ranks by default (seconds).
+DEFAULT_JOIN_TIMEOUT_S = 120.0
+#: After one rank failed, how long the others get to report before they are terminated (seconds).
+FAILURE_GRACE_S = 15.0
+_PRELOAD = ["torch", "torch.distributed", "taccl_py.runtime"]
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What one rank did: ``value`` when ``ok``, else ``error`` (a traceback or why it vanished)."""
+
+    rank: int
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    exitcode: int | None = None
+    elapsed_s: float = 0.0
+
+
+def _child(rank: int, world_size: int, port: int, backend: str, pg_timeout_s: float, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    start = time.perf_counter()
+    try:
+        import torch
+        import torch.distributed as dist
+
+        if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
+            os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo on loopback
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        timeout = datetime.timedelta(seconds=pg_timeout_s)
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        value = fn(rank, world_size, *args)
+        results.put((rank, True, value, None, time.perf_counter() - start))
+    except BaseException:  # report everything, including SystemExit, to the parent
+        results.put((rank, False, None, traceback.format_exc(), time.perf_counter() - start))
+        return
+    try:
+        dist.destroy_process_group()
+    except RuntimeError:  # a peer already gone; the result is in
+        pass
+
+
+def _context() -> Any:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(_PRELOAD)
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _collect(processes: list[Any], results: Any, deadline: float) -> dict[int, RankOutcome]:
+    """Gather outcomes until all ranks reported, died, or the deadline (shortened after a failure)."""
+    outcomes: dict[int, RankOutcome] = {}
+    world_size = len(processes)
+    while len(outcomes) < world_size and time.monotonic() < deadline:
+        try:
+            rank, ok, value, error, elapsed_s = results.get(timeout=0.05)
+            outcomes[rank] = RankOutcome(rank, ok, value, error, None, elapsed_s)
+            if not ok:
+                deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+            continue
+        except queue_module.Empty:
+            pass
+        for rank, process in enumerate(processes):
+            if rank not in outcomes and process.exitcode is not None:
+                try:  # a result may still be in the pipe
+                    got = results.get(timeout=0.5)
+                    outcomes[got[0]] = RankOutcome(got[0], got[1], got[2], got[3], None, got[4])
+                except queue_module.Empty:
+                    outcomes[rank] = RankOutcome(rank, False, None, f"exited with code {process.exitcode} without a result", process.exitcode)
+                    deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+    return outcomes
+
+
+def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo", timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0) -> list[RankOutcome]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; return every rank's outcome.
+
+    Parameters
+    ----------
+    fn : callable
+        A module-level function (the children import it by name); its return value must pickle.
+    world_size : int
+        Number of processes (ranks).
+    args : sequence
+        Extra arguments for ``fn`` (picklable).
+    backend : str
+        torch.distributed backend, "gloo" by default.
+    timeout_s : float
+        Join deadline: ranks still running after it are terminated and reported as hung.
+    pg_timeout_s : float
+        The process group's timeout (store connection and collectives).
+
+    Returns
+    -------
+    list of RankOutcome
+        One per rank, in rank order.
+    """
+    import torch.distributed as dist
+
+    if world_size < 1:
+        raise ArgumentError(None, "world_size", f"{world_size}", "at least 1 process")
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=pg_timeout_s), wait_for_workers=False)
+    context = _context()
+    results = context.Queue()
+    processes = [
+        context.Process(target=_child, args=(rank, world_size, store.port, backend, pg_timeout_s, fn, tuple(args), results), daemon=True)
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        outcomes = _collect(processes, results, time.monotonic() + timeout_s)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(5)
+    for rank, process in enumerate(processes):
+        if rank not in outcomes:
+            outcomes[rank] = RankOutcome(rank, False, None, f"did not finish within {timeout_s:g} s (terminated)", process.exitcode)
+    del store
+    return [outcomes[rank] for rank in range(world_size)]
+
+
+def run_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), **kwargs: Any) -> list[Any]:
+    """Run ``fn`` like :func:`launch_local` and return the ranks' values; raise TransportError naming failed ranks."""
+    outcomes = launch_local(fn, world_size, args, **kwargs)
+    failed = [o for o in outcomes if not o.ok]
+    if failed:
+        first = failed[0]
+        others = f" (and ranks {[o.rank for o in failed[1:]]})" if len(failed) > 1 else ""
+        raise TransportError(f"rank {first.rank} of {world_size} failed{others}:\n{first.error}")
+    return [o.value for o in outcomes]

@@ -1,0 +1,170 @@
+"""Run collectives on one background thread, in submission order, and hand back futures.
+
+The DDP hook (:mod:`taccl_py.runtime.ddp`) and the ``taccl`` process group
+(:mod:`taccl_py.runtime.backend`) both launch a collective from the autograd thread and must not
+wait for it there, or communication could not overlap the rest of backward. An
+:class:`OrderedWorker` owns one daemon thread that takes submitted jobs first in, first out and
+completes each job's :class:`torch.futures.Future` with ``set_result`` or ``set_exception``.
+
+Why one thread, in order: every rank submits its collectives in the same order (DDP launches
+buckets by index; a process group sees its collectives in program order), so serving them first in,
+first out keeps the ranks matched. Two threads could start bucket 1 on one rank and bucket 2 on
+another, and both would wait forever. The jobs must also be the only users of their
+communicator's process group: a collective issued there from another thread (DDP's broadcast of
+buffers, say) could interleave with a job's messages in a different order on different ranks.
+
+After a job fails, the worker fails every later job at once with a :class:`TransportError` that
+names the first failure, so a broken peer surfaces as an exception in every rank's ``backward``
+instead of a hang; :meth:`OrderedWorker.close` stops the thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from taccl_py.errors import ArgumentError, TacclError, TransportError
+
+__all__ = ["OrderedWorker", "CLOSE_TIMEOUT_S"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds :meth:`OrderedWorker.close` waits for the jobs already queued to finish.
+CLOSE_TIMEOUT_S = 60.0
+
+_STOP = object()
+
+
+class OrderedWorker:
+    """Run submitted jobs on one daemon thread, first in, first out; each job gets a Future.
+
+    Parameters
+    ----------
+    name : str
+        Name of the thread (shown in tracebacks and ``threading.enumerate()``).
+
+    Notes
+    -----
+    A job is a callable with no arguments; its return value becomes the Future's result. A job
+    that raises completes its Future with that exception (a :class:`~taccl_py.errors.TacclError`
+    as it is, anything else wrapped in a :class:`~taccl_py.errors.TransportError`), and every job
+    submitted afterwards fails at once, because the peers' message order is lost.
+
+    Examples
+    --------
+    >>> worker = OrderedWorker("example")
+    >>> worker.submit(lambda: 6 * 7).wait()
+    42
+    >>> worker.close()
+    """
+
+    __slots__ = ("_name", "_queue", "_thread", "_lock", "_failure", "_closed")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(f"{type(self).__name__}: owns a thread and cannot be pickled")
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Return the exception of the first job that failed, or None."""
+        return self._failure
+
+    def in_worker_thread(self) -> bool:
+        """Return whether the caller is this worker's thread (a job calling back into its owner)."""
+        return threading.current_thread() is self._thread
+
+    @property
+    def closed(self) -> bool:
+        """Return whether :meth:`close` was called."""
+        return self._closed
+
+    def submit(self, job: Callable[[], Any]) -> torch.futures.Future:
+        """Queue ``job`` behind the jobs already submitted; return the Future of its result.
+
+        Raises
+        ------
+        ArgumentError
+            If the worker was closed.
+        """
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise ArgumentError(self._name, "submit", "the worker is closed", "a job before close()")
+            failure = self._failure
+            if failure is None:
+                self._queue.put((job, future))
+        if failure is not None:
+            future.set_exception(_after_failure(self._name, failure))
+        return future
+
+    def flush(self) -> torch.futures.Future:
+        """Return a Future that completes once every job submitted so far has finished."""
+        return self.submit(_no_op)
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Finish the queued jobs, stop the thread and wait up to ``timeout_s`` for it.
+
+        Closing twice is harmless. A thread still busy after ``timeout_s`` (a collective whose
+        peers never came) is left behind as a daemon and logged.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logger.warning("%s: worker still busy after %.1f s; leaving it as a daemon", self._name, timeout_s)
+
+    def _serve(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            job, future = item
+            failure = self._failure
+            if failure is not None:
+                future.set_exception(_after_failure(self._name, failure))
+                continue
+            try:
+                result = job()
+            except Exception as exc:  # noqa: BLE001 - every failure must reach the waiting rank
+                error = _as_taccl_error(self._name, exc)
+                with self._lock:
+                    self._failure = error
+                logger.error("%s: job failed: %s", self._name, error)
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+
+def _no_op() -> None:
+    return None
+
+
+def _as_taccl_error(name: str, exc: Exception) -> Exception:
+    if isinstance(exc, TacclError):
+        return exc
+    error = TransportError(f"{name}: collective failed: {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
+def _after_failure(name: str, failure: BaseException) -> TransportError:
+    error = TransportError(f"{name}: not run: an earlier collective failed ({failure})")
+    error.__cause__ = failure
+    return error

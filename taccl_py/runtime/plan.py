@@ -1,0 +1,305 @@
+"""Compile one rank's part of an Algorithm into a flat, replayable plan of rounds (chunk units).
+
+The plan follows the round semantics of :mod:`taccl_py.dataflow`: in round L a rank issues its
+SENDs of round L (their source as it is at the start of the round), posts its RECVs of round L,
+waits for them, then runs its COMPUTEs of round L in topological order. A RECV may meet a SEND its
+peer issued in an earlier round. The dataflow's sends are buffered; real transports (NCCL above
+all) are not, so each message goes on the wire in the round of its RECV on both ends — the
+*wire round* — and both ends issue the messages of one round to one peer in the same order
+(channel, then sequence number). Every message of a wire round is then matched inside that
+round, so posting everything before waiting cannot deadlock.
+
+Between a SEND's round and the end of its wire transfer its source must not change. The compiler
+finds the first later write to an overlapping region on the rank: when it falls before the
+transfer can safely be waited for (a RECV up to and including the wire round, or a COMPUTE
+before it), the SEND copies its source to a private *snapshot* at its round; otherwise the plan
+waits for the transfer right before that write (after the RECVs of a round completed, never
+while posting), or at the end of the collective.
+
+Everything here is pure Python over chunk indices; :mod:`taccl_py.runtime.executor` binds it to
+tensors.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from enum import Enum
+
+from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.collectives import Collective
+from taccl_py.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
+from taccl_py.errors import ArgumentError, VerificationError
+
+__all__ = ["Storage", "Span", "WireOp", "ComputeOp", "RoundPlan", "RankPlan", "compile_rank_plan"]
+
+
+class Storage(str, Enum):
+    """Where a span lives on the rank: the collective's buffers or the plan's private ones."""
+
+    INPUT = "input"
+    OUTPUT = "output"
+    SCRATCH = "scratch"
+    TEMP = "temp"  # the per-step temporaries of rrs/rrc/rrcs
+    SNAP = "snapshot"  # private copies of send sources
+
+
+@dataclass(frozen=True)
+class Span:
+    """``count`` chunks of ``storage`` from chunk ``offset``."""
+
+    storage: Storage
+    offset: int
+    count: int
+
+    def overlaps(self, other: Span) -> bool:
+        """Return True when both spans share a chunk of the same storage."""
+        return self.storage is other.storage and self.offset < other.offset + other.count and other.offset < self.offset + self.count
+
+
+@dataclass(frozen=True)
+class WireOp:
+    """One message to or from ``peer`` on ``channel`` (the transport's tag), with its origin step."""
+
+    peer: int
+    channel: int
+    span: Span
+    threadblock: int
+    step: int
+    index: int = 0  # sends: position in the plan's send list (for lazy waits)
+
+
+@dataclass(frozen=True)
+class ComputeOp:
+    """Store the copy (one source) or the reduction (two sources) of ``sources`` into ``target``."""
+
+    target: Span
+    sources: tuple[Span, ...]
+    threadblock: int
+    step: int
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What a rank does in one round, in order.
+
+    ``snapshots`` are (private copy, source) pairs copied first; then ``sends`` and ``recvs`` are
+    posted together; the round waits for its ``recvs``, then for the earlier sends listed in
+    ``send_waits`` (indices into the plan's sends), then runs ``computes``.
+    """
+
+    index: int
+    snapshots: tuple[tuple[Span, Span], ...]
+    sends: tuple[WireOp, ...]
+    recvs: tuple[WireOp, ...]
+    send_waits: tuple[int, ...]
+    computes: tuple[ComputeOp, ...]
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank's compiled schedule: its buffer sizes in chunks and its non-empty rounds."""
+
+    name: str
+    collective: Collective
+    rank: int
+    num_ranks: int
+    chunks_per_loop: int
+    inplace: bool
+    input_chunks: int
+    output_chunks: int
+    scratch_chunks: int
+    temp_chunks: int
+    snapshot_chunks: int
+    rounds: tuple[RoundPlan, ...]
+    num_sends: int
+    final_send_waits: tuple[int, ...]
+    writes_input: bool
+
+    def chunks(self, storage: Storage) -> int:
+        """Return how many chunks ``storage`` holds in this plan."""
+        return {
+            Storage.INPUT: self.input_chunks, Storage.OUTPUT: self.output_chunks, Storage.SCRATCH: self.scratch_chunks,
+            Storage.TEMP: self.temp_chunks, Storage.SNAP: self.snapshot_chunks,
+        }[storage]
+
+
+def _data_chunks(algorithm: Algorithm) -> tuple[int, int]:
+    """Return the (input, output) chunk counts of the buffers the plan keeps after aliasing."""
+    layout = algorithm.layout
+    if not algorithm.inplace:
+        return layout.input_chunks, layout.output_chunks
+    if algorithm.collective is Collective.ALLGATHER:
+        return 0, layout.output_chunks
+    return layout.input_chunks, 0
+
+
+def _alias(algorithm: Algorithm, rank: int, buffer: Buffer, offset: int) -> tuple[Storage, int]:
+    """Return the storage and chunk offset a buffer reference means after in-place aliasing."""
+    layout = algorithm.layout
+    if algorithm.inplace and algorithm.collective is Collective.ALLGATHER and buffer is Buffer.INPUT:
+        return Storage.OUTPUT, rank * layout.input_chunks + offset
+    if algorithm.inplace and algorithm.collective is not Collective.ALLGATHER and buffer is Buffer.OUTPUT:
+        base = rank * layout.output_chunks if algorithm.collective is Collective.REDUCESCATTER else 0
+        return Storage.INPUT, base + offset
+    return {Buffer.INPUT: Storage.INPUT, Buffer.OUTPUT: Storage.OUTPUT, Buffer.SCRATCH: Storage.SCRATCH}[buffer], offset
+
+
+@dataclass
+class _Spans:
+    """Maps dataflow regions of one rank to spans, allocating temporaries as they appear."""
+
+    algorithm: Algorithm
+    rank: int
+    temps: dict[tuple[int, int], Span]
+    temp_chunks: int = 0
+
+    def span(self, region: Region) -> Span:
+        if region.buffer is None:
+            if region.temp not in self.temps:
+                self.temps[region.temp] = Span(Storage.TEMP, self.temp_chunks, region.count)
+                self.temp_chunks += region.count
+            return self.temps[region.temp]
+        storage, offset = _alias(self.algorithm, self.rank, region.buffer, region.offset)
+        return Span(storage, offset, region.count)
+
+
+def _sequence_numbers(actions: tuple[Action, ...]) -> dict[int, int]:
+    """Return, for every SEND and RECV, its position among those on its (src, dst, channel)."""
+    counters: dict[tuple, int] = defaultdict(int)
+    seq: dict[int, int] = {}
+    for action in actions:  # the dataflow matches the k-th send with the k-th receive in id order
+        if action.kind is ActionKind.SEND:
+            key = (action.rank, action.peer, action.channel)
+        elif action.kind is ActionKind.RECV:
+            key = (action.peer, action.rank, action.channel)
+        else:
+            continue
+        seq[action.id] = counters[key]
+        counters[key] += 1
+    return seq
+
+
+def _checked_dataflow(algorithm: Algorithm, rank: int, dataflow: Dataflow | None) -> Dataflow:
+    if not 0 <= rank < algorithm.num_ranks:
+        raise ArgumentError(algorithm.name, "rank", f"rank {rank} outside 0..{algorithm.num_ranks - 1}", "a rank of the algorithm")
+    flow = dataflow if dataflow is not None else build_dataflow(algorithm)
+    if flow.violations or flow.rounds is None:
+        raise VerificationError(algorithm.name, flow.violations)
+    return flow
+
+
+@dataclass
+class _Write:
+    round: int
+    is_recv: bool
+    span: Span
+
+
+def _send_hazard(send_round: int, wire_round: int, source: Span, writes: list[_Write]) -> tuple[bool, int | None]:
+    """Return (needs a snapshot, round after whose RECV wait the send must be waited, None = at the end)."""
+    # Writes are in replay order; every write of the send's round or later comes after the send was
+    # issued (a SEND that follows a COMPUTE or RECV is placed a round later by the dataflow).
+    first = next((w for w in writes if w.round >= send_round and w.span.overlaps(source)), None)
+    if first is None:
+        return False, None
+    if (first.is_recv and first.round <= wire_round) or (not first.is_recv and first.round < wire_round):
+        return True, None
+    return False, first.round - 1 if first.is_recv else first.round
+
+
+def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None = None) -> RankPlan:
+    """Return the flat plan that runs ``rank``'s part of ``algorithm`` under the round semantics.
+
+    Parameters
+    ----------
+    algorithm : Algorithm
+        A structurally sound algorithm (no unmatched transfers, no circular waits).
+    rank : int
+        The rank whose plan to build.
+    dataflow : Dataflow, optional
+        ``build_dataflow(algorithm)`` when the caller already has it (compiling every rank).
+
+    Returns
+    -------
+    RankPlan
+        Rounds in order (empty rounds left out), with buffer sizes in chunks.
+
+    Raises
+    ------
+    ArgumentError
+        ``rank`` is not a rank of the algorithm.
+    VerificationError
+        The algorithm's structure is broken (the dataflow's violations).
+
+    Examples
+    --------
+    >>> from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+    >>> I, O = Buffer.INPUT, Buffer.OUTPUT
+    >>> algo = lower_plan("ag2", Collective.ALLGATHER, 2, 2, [
+    ...     LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1)),
+    ...     Transfer(0, 1, (I, 0), (O, 0)), Transfer(1, 0, (I, 0), (O, 1))])
+    >>> plan = compile_rank_plan(algo, 0)
+    >>> [(len(r.sends), len(r.recvs), len(r.computes)) for r in plan.rounds]
+    [(1, 1, 1)]
+    """
+    flow = _checked_dataflow(algorithm, rank, dataflow)
+    rounds = flow.rounds
+    seq = _sequence_numbers(flow.actions)
+    spans = _Spans(algorithm, rank, {})
+    mine = [a for a in flow.actions_in_round_order() if a.rank == rank]
+    writes = [_Write(rounds[a.id], a.kind is ActionKind.RECV, spans.span(a.target)) for a in mine if a.target is not None and a.kind is not ActionKind.SEND]
+    per_round: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    snapshot_chunks = 0
+    send_keys: list[tuple] = []
+    for action in mine:
+        level = rounds[action.id]
+        if action.kind is ActionKind.COMPUTE:
+            if action.target is not None:
+                sources = tuple(spans.span(region) for region in action.sources)
+                per_round[level]["computes"].append(ComputeOp(spans.span(action.target), sources, action.threadblock, action.step))
+        elif action.kind is ActionKind.RECV:
+            key = (action.channel, seq[action.id])
+            per_round[level]["recvs"].append((key, WireOp(action.peer, action.channel, spans.span(action.target), action.threadblock, action.step)))
+        else:
+            source = spans.span(action.sources[0])
+            wire_round = rounds[flow.match[action.id]]
+            snapshot, wait_round = _send_hazard(level, wire_round, source, writes)
+            if snapshot:
+                copy = Span(Storage.SNAP, snapshot_chunks, source.count)
+                snapshot_chunks += source.count
+                per_round[level]["snapshots"].append((copy, source))
+                source = copy
+            send_keys.append((wire_round, action.peer, action.channel, seq[action.id], source, action, wait_round))
+    return _assemble(algorithm, rank, spans, snapshot_chunks, per_round, send_keys, writes)
+
+
+def _assemble(algorithm: Algorithm, rank: int, spans: _Spans, snapshot_chunks: int, per_round: dict, send_keys: list[tuple], writes: list[_Write]) -> RankPlan:
+    """Order the wire sends, attach the lazy waits and build the RankPlan."""
+    send_keys.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
+    final_waits: list[int] = []
+    for index, (wire_round, peer, channel, _seq, source, action, wait_round) in enumerate(send_keys):
+        op = WireOp(peer, channel, source, action.threadblock, action.step, index)
+        per_round[wire_round]["sends"].append(((peer, channel, _seq), op))
+        if wait_round is None:
+            final_waits.append(index)
+        else:
+            per_round[wait_round]["send_waits"].append(index)
+    built = []
+    for level in sorted(per_round):
+        parts = per_round[level]
+        recvs = [op for _key, op in sorted(parts["recvs"], key=lambda item: (item[1].peer, item[0]))]
+        sends = [op for _key, op in parts["sends"]]
+        if not (parts["snapshots"] or sends or recvs or parts["send_waits"] or parts["computes"]):
+            continue
+        built.append(RoundPlan(level, tuple(parts["snapshots"]), tuple(sends), tuple(recvs), tuple(sorted(parts["send_waits"])), tuple(parts["computes"])))
+    input_chunks, output_chunks = _data_chunks(algorithm)
+    program = algorithm.ranks[rank]
+    return RankPlan(
+        name=algorithm.name, collective=algorithm.collective, rank=rank, num_ranks=algorithm.num_ranks,
+        chunks_per_loop=algorithm.chunks_per_loop, inplace=algorithm.inplace,
+        input_chunks=input_chunks, output_chunks=output_chunks, scratch_chunks=program.scratch_chunks,
+        temp_chunks=spans.temp_chunks, snapshot_chunks=snapshot_chunks, rounds=tuple(built),
+        num_sends=len(send_keys), final_send_waits=tuple(final_waits),
+        writes_input=any(write.span.storage is Storage.INPUT for write in writes),
+    )

@@ -1,0 +1,161 @@
+"""Which algorithm a Communicator runs: collect candidates from a library spec, pick by size.
+
+A spec is an Algorithm, an AlgorithmLibrary, a path (a ``*.library.json`` from ``taccl synthesize
+--sizes``, one algorithm ``.json``/``.xml``, or a folder of libraries), the name of a built-in
+topology (its shipped libraries), or a sequence of these. Pure Python: no torch here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from taccl_py.algorithm import Algorithm
+from taccl_py.algorithm_library import AlgorithmLibrary, read_library, shipped_library_dir
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+
+__all__ = ["Candidate", "AlgorithmChoices", "collect_algorithms", "collective_size_bytes"]
+
+_SOURCE = "Communicator"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An algorithm for ``min_bytes`` <= size < ``max_bytes`` (None: unbounded), with its origin."""
+
+    algorithm: Algorithm
+    min_bytes: int
+    max_bytes: int | None
+    origin: str
+
+    def covers(self, size_bytes: int) -> bool:
+        """Return True when ``size_bytes`` falls in the band."""
+        return self.min_bytes <= size_bytes and (self.max_bytes is None or size_bytes < self.max_bytes)
+
+
+@dataclass(frozen=True)
+class AlgorithmChoices:
+    """The candidates for one world size, in priority order."""
+
+    world_size: int
+    candidates: tuple[Candidate, ...]
+
+    def select(self, collective: Collective, size_bytes: int) -> Candidate | None:
+        """Return the first candidate for ``collective`` whose band covers ``size_bytes``, or None."""
+        for candidate in self.candidates:
+            if candidate.algorithm.collective is collective and candidate.covers(size_bytes):
+                return candidate
+        return None
+
+
+def collective_size_bytes(collective: Collective, input_bytes: int, output_bytes: int) -> int:
+    """Return the nccl-tests size of a call: allgather output, reducescatter input, allreduce buffer.
+
+    >>> collective_size_bytes(Collective.ALLGATHER, 100, 400)
+    400
+    """
+    if collective is Collective.ALLGATHER:
+        return output_bytes
+    return input_bytes
+
+
+def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
+    return [Candidate(band.algorithm, band.min_bytes, band.max_bytes, f"{origin} ({band.algorithm_file})") for band in library.bands]
+
+
+def _read_path(path: Path) -> list[Candidate]:
+    if path.is_dir():
+        found = sorted(path.glob("*.library.json"))
+        if not found:
+            raise ArgumentError(str(path), "library", "folder holds no *.library.json", "a library file, an algorithm file or a topology name")
+        return [c for item in found for c in _read_path(item)]
+    if path.name.endswith(".library.json"):
+        return _from_library(read_library(path), str(path))
+    from taccl_py.algorithm_io import read_any_algorithm  # imports the verifier; only when a file is given
+
+    algorithm = read_any_algorithm(path)
+    return [Candidate(algorithm, algorithm.min_bytes, algorithm.max_bytes, str(path))]
+
+
+def _topology_candidates(name: str, nodes: int | None, world_size: int) -> list[Candidate]:
+    """Return the shipped libraries of topology ``name`` that run on ``world_size`` ranks."""
+    folder = shipped_library_dir() / name
+    folders = [folder / f"n{nodes}"] if nodes is not None else sorted(folder.glob("n*"))
+    libraries = [read_library(path) for sub in folders for path in sorted(sub.glob("*.library.json"))]
+    fitting = [lib for lib in libraries if lib.num_ranks == world_size]
+    if libraries and not fitting:
+        counts = sorted({lib.num_ranks for lib in libraries})
+        where = f"{name} at {nodes} nodes" if nodes is not None else name
+        raise ArgumentError(_SOURCE, "world_size", f"{world_size} ranks, but the shipped algorithms of {where} run on {counts} ranks", "a world size of the topology")
+    return [c for lib in fitting for c in _from_library(lib, f"{name} n{lib.nodes}")]
+
+
+def _topology_name(text: str) -> str | None:
+    """Return the canonical built-in topology name ``text`` (any case, or an alias) names, or None."""
+    if (shipped_library_dir() / text).is_dir():
+        return text
+    try:
+        from taccl_py.topology.library import ALIASES, builtin_topology_names
+    except ImportError:  # the topology package is optional for the runtime
+        return None
+    name = ALIASES.get(text.lower(), text.lower())
+    return name if name in builtin_topology_names() or (shipped_library_dir() / name).is_dir() else None
+
+
+def _collect_one(spec: Any, nodes: int | None, world_size: int) -> list[Candidate]:
+    if isinstance(spec, Algorithm):
+        return [Candidate(spec, spec.min_bytes, spec.max_bytes, spec.name)]
+    if isinstance(spec, AlgorithmLibrary):
+        return _from_library(spec, f"library of {spec.topology}")
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if path.exists():
+            return _read_path(path)
+        name = _topology_name(spec) if isinstance(spec, str) and os.sep not in spec else None
+        if name is not None:
+            return _topology_candidates(name, nodes, world_size)
+        raise ArgumentError(str(spec), "library", "neither a file nor a built-in topology", "a library or algorithm file, or a topology name")
+    raise ArgumentError(_SOURCE, "library", f"{type(spec).__name__} {spec!r}", "an Algorithm, an AlgorithmLibrary, a path or a topology name")
+
+
+def collect_algorithms(library: Any, world_size: int, *, topology: str | None = None, nodes: int | None = None) -> AlgorithmChoices:
+    """Return the algorithms a Communicator on ``world_size`` ranks may run, in priority order.
+
+    Parameters
+    ----------
+    library : Algorithm, AlgorithmLibrary, str, PathLike, sequence of these, or None
+        Where the algorithms come from (see the module notes).
+    world_size : int
+        The process group's size.
+    topology : str, optional
+        A built-in topology whose shipped libraries come after ``library``'s entries.
+    nodes : int, optional
+        The node count of ``topology`` (or of a topology name in ``library``); None tries all.
+
+    Raises
+    ------
+    ArgumentError
+        A given algorithm or library is for another world size, a path does not exist and is
+        no topology name, or a topology's shipped algorithms are all for other world sizes.
+
+    Examples
+    --------
+    >>> collect_algorithms(None, 4).candidates
+    ()
+    """
+    specs: list[Any] = []
+    if library is not None:
+        specs += list(library) if isinstance(library, Sequence) and not isinstance(library, str) else [library]
+    if topology is not None:
+        specs.append(topology)
+    candidates: list[Candidate] = []
+    for spec in specs:
+        for candidate in _collect_one(spec, nodes, world_size):
+            if candidate.algorithm.num_ranks != world_size:
+                raise ArgumentError(candidate.origin, "num_ranks", f"{candidate.algorithm.name} runs on {candidate.algorithm.num_ranks} ranks, the group has {world_size}", "an algorithm for the group's world size")
+            candidates.append(candidate)
+    return AlgorithmChoices(world_size, tuple(candidates))

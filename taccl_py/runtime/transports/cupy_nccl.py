@@ -1,0 +1,162 @@
+"""CuPy NCCL transport: ``cupy.cuda.nccl.NcclCommunicator`` send/recv inside groupStart/groupEnd.
+
+The NCCL unique id is made on group rank 0 and handed to the others through a torch.distributed
+``Store`` (when one is given) or ``broadcast_object_list`` on the group. CuPy has returned the id
+as a tuple of signed byte values and, in some builds, as ``bytes``; it travels as bytes and is
+given back in the form the local CuPy accepts. Messages run on the current torch CUDA stream, so
+the executor's reductions on that stream are ordered after them without host waits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from taccl_py.errors import TransportError
+from taccl_py.runtime.transport import Message, Pending, Transport
+
+__all__ = ["CupyNcclTransport", "unique_id_to_bytes", "unique_id_candidates", "NCCL_UNIQUE_ID_BYTES"]
+
+#: Size of ncclUniqueId (nccl.h: NCCL_UNIQUE_ID_BYTES).
+NCCL_UNIQUE_ID_BYTES = 128
+_DTYPE_NAMES = {
+    "torch.float32": "NCCL_FLOAT32", "torch.float16": "NCCL_FLOAT16", "torch.bfloat16": "NCCL_BFLOAT16",
+    "torch.float64": "NCCL_FLOAT64", "torch.int32": "NCCL_INT32", "torch.int64": "NCCL_INT64",
+}
+
+
+def unique_id_to_bytes(uid: Any) -> bytes:
+    """Return a NCCL unique id (CuPy's tuple of signed bytes, or bytes) as bytes.
+
+    >>> unique_id_to_bytes((1, -1, 127))
+    b'\\x01\\xff\\x7f'
+    >>> unique_id_to_bytes(b"ab")
+    b'ab'
+    """
+    if isinstance(uid, (bytes, bytearray)):
+        return bytes(uid)
+    return bytes(int(value) & 0xFF for value in uid)
+
+
+def unique_id_candidates(raw: bytes) -> tuple[Any, ...]:
+    """Return the forms to try when handing ``raw`` to ``NcclCommunicator``: signed tuple, then bytes.
+
+    >>> unique_id_candidates(b"\\x01\\xff")[0]
+    (1, -1)
+    """
+    signed = tuple(value - 256 if value > 127 else value for value in raw)
+    return signed, bytes(raw)
+
+
+class _StreamOrdered(Pending):
+    """A message queued on the CUDA stream: later work on that stream already waits for it."""
+
+    __slots__ = ()
+
+    def wait(self, timeout_s: float) -> None:
+        return None
+
+
+def _import_nccl() -> Any:
+    try:
+        from cupy.cuda import nccl
+    except ImportError as error:
+        raise TransportError(f"CuPy with NCCL is not available ({error}); install cupy-cuda12x") from error
+    return nccl
+
+
+def _exchange_id(nccl: Any, rank: int, group: Any, store: Any, key: str) -> bytes:
+    import torch.distributed as dist
+
+    raw = unique_id_to_bytes(nccl.get_unique_id()) if rank == 0 else None
+    if store is not None:
+        if rank == 0:
+            store.set(key, raw)
+        return bytes(store.get(key))
+    box = [raw]
+    dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+    return bytes(box[0])
+
+
+class CupyNcclTransport(Transport):
+    """Point-to-point over a CuPy ``NcclCommunicator`` spanning ``group``'s ranks.
+
+    Parameters
+    ----------
+    group : ProcessGroup, optional
+        The torch.distributed group whose ranks form the communicator (default: the world).
+    device : int, optional
+        CUDA device index (default: torch's current device).
+    store : torch.distributed.Store, optional
+        Where rank 0 publishes the NCCL unique id under ``key``; without one the id is broadcast
+        on ``group``.
+    key : str
+        Store key of the id; use a fresh key for every transport built on one store.
+
+    Raises
+    ------
+    TransportError
+        CuPy, NCCL or CUDA is missing, or torch.distributed is not initialised.
+    """
+
+    def __init__(self, group: Any = None, device: int | None = None, store: Any = None, key: str = "taccl_py/cupy_nccl/unique_id") -> None:
+        import torch
+        import torch.distributed as dist
+
+        nccl = _import_nccl()
+        if not torch.cuda.is_available():
+            raise TransportError("CUDA is not available; the CuPy NCCL transport needs a GPU")
+        if not dist.is_initialized():
+            raise TransportError("torch.distributed is not initialised; it carries the NCCL unique id")
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        index = torch.cuda.current_device() if device is None else int(device)
+        self.device = torch.device("cuda", index)
+        self.name = "cupy-nccl"
+        self._nccl = nccl
+        raw = _exchange_id(nccl, self.rank, group, store, key)
+        self._comm = self._communicator(nccl, raw, index)
+
+    def _communicator(self, nccl: Any, raw: bytes, index: int) -> Any:
+        import cupy
+
+        last: Exception | None = None
+        with cupy.cuda.Device(index):
+            for candidate in unique_id_candidates(raw):
+                try:
+                    return nccl.NcclCommunicator(self.world_size, candidate, self.rank)
+                except (TypeError, OverflowError, ValueError) as error:  # the other id form
+                    last = error
+        raise TransportError(f"NcclCommunicator rejected the unique id: {last}")
+
+    def _dtype(self, tensor: Any) -> int:
+        name = _DTYPE_NAMES.get(str(tensor.dtype))
+        code = getattr(self._nccl, name, None) if name else None
+        if code is None:
+            raise TransportError(f"NCCL in this CuPy has no type for {tensor.dtype}")
+        return code
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
+        """Queue a round's messages as one NCCL group on the current torch CUDA stream."""
+        import torch
+
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        nccl = self._nccl
+        try:
+            nccl.groupStart()
+            try:
+                for m in sends:
+                    self._comm.send(m.tensor.data_ptr(), m.tensor.numel(), self._dtype(m.tensor), m.peer, stream)
+                for m in recvs:
+                    self._comm.recv(m.tensor.data_ptr(), m.tensor.numel(), self._dtype(m.tensor), m.peer, stream)
+            finally:
+                nccl.groupEnd()
+        except nccl.NcclError as error:
+            raise TransportError(f"NCCL: {error}") from error
+        done = _StreamOrdered()
+        return [done] * len(sends), [done] * len(recvs)
+
+    def close(self) -> None:
+        """Destroy the NCCL communicator."""
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.destroy()

@@ -1,0 +1,98 @@
+"""torch.distributed point-to-point transport: gloo on CPU, NCCL on GPU.
+
+gloo: every message is one ``isend``/``irecv`` (tag = the executor's tag), waited with a timeout.
+NCCL: a round's messages go through one ``batch_isend_irecv`` (a NCCL group), which also keeps
+the posting order NCCL matches by; ``wait`` orders the current CUDA stream after the transfer.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taccl_py.errors import TransportError
+from taccl_py.runtime.transport import Message, Pending, Transport
+
+__all__ = ["TorchDistTransport", "SUPPORTED_BACKENDS"]
+
+#: torch.distributed backends whose point-to-point operations this transport drives.
+SUPPORTED_BACKENDS = ("gloo", "nccl")
+
+
+class _WorkPending(Pending):
+    __slots__ = ("work",)
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+
+    def wait(self, timeout_s: float) -> None:
+        try:
+            completed = self.work.wait(datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as error:  # gloo and NCCL report peer failures and timeouts this way
+            raise TransportError(_first_line(error)) from error
+        if completed is False:
+            raise TransportError(f"not complete after {timeout_s:g} s")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+class TorchDistTransport(Transport):
+    """Send and receive with torch.distributed on ``group`` (None: the default group).
+
+    Parameters
+    ----------
+    group : ProcessGroup, optional
+        An initialised group whose backend is gloo (CPU tensors) or nccl (CUDA tensors).
+    device : torch.device or str, optional
+        Where the tensors live; default CPU for gloo and the current CUDA device for nccl.
+
+    Raises
+    ------
+    TransportError
+        torch.distributed is not initialised, or the group's backend is neither gloo nor nccl.
+    """
+
+    def __init__(self, group: Any = None, device: Any = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise TransportError("torch.distributed is not initialised; call init_process_group first (or Communicator.from_env)")
+        backend = str(dist.get_backend(group)).lower()
+        if backend not in SUPPORTED_BACKENDS:
+            raise TransportError(f"process group backend {backend!r} has no point-to-point transport here; expected one of {', '.join(SUPPORTED_BACKENDS)}")
+        self.group = group
+        self.backend = backend
+        self.name = f"torch-{backend}"
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        # p2p calls take global ranks on every torch version we support (group_dst is newer)
+        self._global = [r if group is None else dist.get_global_rank(group, r) for r in range(self.world_size)]
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = torch.device(device)
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
+        """Issue a round's messages together; NCCL as one batch, gloo one call per message."""
+        try:
+            if self.backend == "nccl":
+                return self._post_batched(sends, recvs)
+            send_works = [dist.isend(m.tensor, self._global[m.peer], self.group, m.tag) for m in sends]
+            recv_works = [dist.irecv(m.tensor, self._global[m.peer], self.group, m.tag) for m in recvs]
+        except RuntimeError as error:
+            raise TransportError(_first_line(error)) from error
+        return [_WorkPending(w) for w in send_works], [_WorkPending(w) for w in recv_works]
+
+    def _post_batched(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[list[Pending], list[Pending]]:
+        ops = [dist.P2POp(dist.isend, m.tensor, self._global[m.peer], self.group, m.tag) for m in sends]
+        ops += [dist.P2POp(dist.irecv, m.tensor, self._global[m.peer], self.group, m.tag) for m in recvs]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        if len(works) != len(ops):  # some torch versions return one work for the whole batch
+            shared = _WorkPending(works[-1]) if works else None
+            return [shared] * len(sends), [shared] * len(recvs)
+        pendings = [_WorkPending(w) for w in works]
+        return pendings[: len(sends)], pendings[len(sends):]

@@ -1,0 +1,357 @@
+"""Event-driven α-β replay of an Algorithm on a Topology, with max-min fair link sharing.
+
+The model
+---------
+* Sizes: a chunk holds ``size_bytes / chunks_per_loop`` bytes, with ``size_bytes`` the
+  nccl-tests size M (AllGather: total output; ReduceScatter: total input; AllReduce: the
+  buffer); a step over ``count`` chunks moves ``count`` times that.
+* The program is ``build_dataflow(algorithm)``: SEND, RECV and COMPUTE actions with their
+  predecessors (program order inside a threadblock, cross-threadblock dependencies, and the
+  SEND a RECV matches).
+* A transfer is a matched SEND and RECV. It is *ready* when the SEND's predecessors are done.
+  It then spends the latency α of its route (``route(topology, src, dst).alpha_us``, the sum of
+  the links' α) without using bandwidth, and then moves its bytes over every link of the route
+  at once (cut-through, a fluid flow).
+* Links are shared by max-min fairness (progressive filling): every active flow gets the same
+  rate unless a link elsewhere on its route limits it to less, in which case the others split
+  what it leaves. Rates are recomputed whenever a flow starts or ends, only for the flows that
+  share links (transitively) with it.
+* The SEND completes when the last byte arrives; so does the RECV, unless its own predecessors
+  finish later. COMPUTE actions (copies, reductions, nops) take 0 µs: memory bandwidth and
+  reduction cost are not modelled.
+* The collective's time is when the last action finishes.
+
+So a lone transfer of b bytes takes α + b / B, two transfers of b bytes started together on one
+link of B both take α + 2b / B, and a threadblock's consecutive sends each pay their α
+(a threadblock runs its steps one after the other).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from taccl_py.algorithm import Algorithm
+from taccl_py.dataflow import ActionKind, build_dataflow
+from taccl_py.errors import ArgumentError, VerificationError
+from taccl_py.topology.model import Topology, route
+
+__all__ = ["SimulationPlan", "ReplayOutcome", "prepare_simulation", "replay"]
+
+logger = logging.getLogger(__name__)
+
+_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/µs
+_START, _FINISH = 0, 1  # event kinds: a flow's bytes start moving / have all arrived
+# A flow never gets a rate below this fraction of its link's capacity: max-min shares are
+# positive in exact arithmetic, this only guards against float cancellation to 0.
+_MIN_RATE_FRACTION = 1e-12
+
+
+@dataclass(frozen=True)
+class SimulationPlan:
+    """The size-independent part of a simulation: actions, precedence and routes as integer tables.
+
+    Action ``a`` is a SEND when ``send_route[a] >= 0``; ``send_chunks[a]`` chunks then move along
+    route ``send_route[a]`` (``route_links`` index into ``link_keys``; capacities in bytes/µs).
+    """
+
+    algorithm: Algorithm
+    topology: Topology
+    successors: tuple[tuple[int, ...], ...]
+    num_predecessors: tuple[int, ...]
+    send_route: tuple[int, ...]
+    send_chunks: tuple[int, ...]
+    send_actions: tuple[int, ...]
+    route_ranks: tuple[tuple[int, int], ...]
+    route_alpha_us: tuple[float, ...]
+    route_links: tuple[tuple[int, ...], ...]
+    link_keys: tuple[tuple[str, str], ...]
+    link_capacity: tuple[float, ...]
+
+    @property
+    def num_transfers(self) -> int:
+        """Return the number of matched transfers."""
+        return len(self.send_actions)
+
+
+def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPlan:
+    """Return the integer tables the replay needs; reuse them to simulate several sizes.
+
+    Raises ``ArgumentError`` when the algorithm's rank count differs from the topology's, and
+    ``VerificationError`` when the algorithm is structurally broken (unmatched transfers,
+    circular waits, bad references): such a program has no finishing time.
+    """
+    if algorithm.num_ranks != topology.num_ranks:
+        raise ArgumentError(
+            algorithm.name, "num_ranks", f"{algorithm.num_ranks} ranks but topology {topology.name!r} has {topology.num_ranks} GPUs",
+            "an algorithm for the topology's rank count",
+        )
+    flow = build_dataflow(algorithm)
+    if flow.violations:
+        raise VerificationError(algorithm.name, flow.violations)
+    count = len(flow.actions)
+    successors: list[list[int]] = [[] for _ in range(count)]
+    for action_id, preds in enumerate(flow.predecessors):
+        for pred in preds:
+            successors[pred].append(action_id)
+    link_index: dict[tuple[str, str], int] = {}
+    link_capacity: list[float] = []
+    route_index: dict[tuple[int, int], int] = {}
+    route_alpha: list[float] = []
+    route_links: list[tuple[int, ...]] = []
+    send_route = [-1] * count
+    send_chunks = [0] * count
+    send_actions = []
+    for action in flow.actions:
+        if action.kind is not ActionKind.SEND:
+            continue
+        pair = (action.rank, action.peer)
+        if pair not in route_index:
+            path = route(topology, action.rank, action.peer)
+            for link in path.links:
+                if link.key not in link_index:
+                    link_index[link.key] = len(link_capacity)
+                    link_capacity.append(link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+            route_index[pair] = len(route_alpha)
+            route_alpha.append(path.alpha_us)
+            route_links.append(tuple(link_index[link.key] for link in path.links))
+        send_route[action.id] = route_index[pair]
+        send_chunks[action.id] = action.sources[0].count
+        send_actions.append(action.id)
+    return SimulationPlan(
+        algorithm=algorithm,
+        topology=topology,
+        successors=tuple(tuple(s) for s in successors),
+        num_predecessors=tuple(len(p) for p in flow.predecessors),
+        send_route=tuple(send_route),
+        send_chunks=tuple(send_chunks),
+        send_actions=tuple(send_actions),
+        route_ranks=tuple(sorted(route_index, key=route_index.__getitem__)),
+        route_alpha_us=tuple(route_alpha),
+        route_links=tuple(route_links),
+        link_keys=tuple(sorted(link_index, key=link_index.__getitem__)),
+        link_capacity=tuple(link_capacity),
+    )
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    """Raw replay output: total time (µs), per-link busy µs and bytes, per-SEND ready/start/end µs."""
+
+    time_us: float
+    link_busy_us: tuple[float, ...]
+    link_bytes: tuple[float, ...]
+    ready_us: tuple[float, ...] | None
+    start_us: tuple[float, ...] | None
+    end_us: tuple[float, ...] | None
+
+
+class _Replay:
+    """Mutable state of one replay (event heap, flow rates, link occupancy)."""
+
+    __slots__ = (
+        "plan", "links_of", "flow_bytes", "pending", "heap", "seq", "time_us", "remaining", "rate", "last_us",
+        "version", "link_flows", "busy_since", "busy_us", "link_bytes", "ready_us", "start_us", "end_us", "dirty",
+    )
+
+    def __init__(self, plan: SimulationPlan, chunk_bytes: float) -> None:
+        count = len(plan.send_route)
+        self.plan = plan
+        self.links_of = [plan.route_links[r] if r >= 0 else () for r in plan.send_route]
+        self.flow_bytes = [chunks * chunk_bytes for chunks in plan.send_chunks]
+        self.pending = list(plan.num_predecessors)
+        self.heap: list[tuple[float, int, int, int, int]] = []
+        self.seq = 0
+        self.time_us = 0.0
+        self.remaining = [0.0] * count
+        self.rate = [0.0] * count
+        self.last_us = [0.0] * count
+        self.version = [0] * count
+        links = len(plan.link_keys)
+        self.link_flows: list[set[int]] = [set() for _ in range(links)]
+        self.busy_since = [0.0] * links
+        self.busy_us = [0.0] * links
+        self.link_bytes = [0.0] * links
+        self.ready_us = [0.0] * count
+        self.start_us = [0.0] * count
+        self.end_us = [0.0] * count
+        self.dirty: set[int] = set()  # flows whose links changed since the last reshare
+
+    def push(self, time_us: float, kind: int, flow: int, version: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (time_us, self.seq, kind, flow, version))
+
+    def release(self, stack: list[int], now: float) -> None:
+        """Start every action on ``stack`` at ``now``; RECVs and COMPUTEs finish at once."""
+        send_route, alpha, pending, successors = self.plan.send_route, self.plan.route_alpha_us, self.pending, self.plan.successors
+        while stack:
+            action = stack.pop()
+            route_id = send_route[action]
+            if route_id >= 0:
+                self.ready_us[action] = now
+                if alpha[route_id] > 0:
+                    self.push(now + alpha[route_id], _START, action, 0)
+                else:
+                    self.start_flow(action, now, stack)
+                continue
+            if now > self.time_us:
+                self.time_us = now
+            for succ in successors[action]:
+                pending[succ] -= 1
+                if not pending[succ]:
+                    stack.append(succ)
+
+    def complete_send(self, action: int, now: float, stack: list[int]) -> None:
+        """Finish SEND ``action`` at ``now`` and queue the successors it frees."""
+        self.end_us[action] = now
+        if now > self.time_us:
+            self.time_us = now
+        pending = self.pending
+        for succ in self.plan.successors[action]:
+            pending[succ] -= 1
+            if not pending[succ]:
+                stack.append(succ)
+
+    def start_flow(self, flow: int, now: float, stack: list[int]) -> None:
+        """Put ``flow``'s bytes on its links at ``now`` (its rate is set by the next reshare)."""
+        self.start_us[flow] = now
+        size = self.flow_bytes[flow]
+        links = self.links_of[flow]
+        if size <= 0 or not links:
+            self.complete_send(flow, now, stack)
+            return
+        alone = True
+        for link in links:
+            flows = self.link_flows[link]
+            if flows:
+                alone = False
+            else:
+                self.busy_since[link] = now
+            flows.add(flow)
+            self.link_bytes[link] += size
+        self.remaining[flow] = size
+        self.last_us[flow] = now
+        self.rate[flow] = 0.0
+        if alone:  # idle links: the bottleneck rate, revised if another flow joins this instant
+            capacity = self.plan.link_capacity
+            self.set_rate(flow, min(capacity[link] for link in links), now)
+        else:
+            self.dirty.add(flow)
+
+    def finish_flow(self, flow: int, now: float, stack: list[int]) -> None:
+        """Take ``flow`` off its links at ``now`` and complete its SEND; its neighbours need a reshare."""
+        dirty = self.dirty
+        dirty.discard(flow)
+        for link in self.links_of[flow]:
+            flows = self.link_flows[link]
+            flows.discard(flow)
+            if flows:
+                dirty.update(flows)
+            else:
+                self.busy_us[link] += now - self.busy_since[link]
+        self.rate[flow] = 0.0
+        self.complete_send(flow, now, stack)
+
+    def set_rate(self, flow: int, new: float, now: float) -> None:
+        """Settle ``flow``'s bytes at its old rate up to ``now`` and reschedule its end at ``new``."""
+        old = self.rate[flow]
+        left = self.remaining[flow] - old * (now - self.last_us[flow])
+        left = left if left > 0.0 else 0.0
+        self.remaining[flow] = left
+        self.last_us[flow] = now
+        self.rate[flow] = new
+        self.version[flow] += 1
+        self.push(now + left / new, _FINISH, flow, self.version[flow])
+
+    def reshare(self, seeds: Sequence[int] | set[int], now: float) -> None:
+        """Recompute max-min fair rates for the flows sharing links (transitively) with ``seeds``."""
+        links_of, link_flows = self.links_of, self.link_flows
+        members = set(seeds)
+        frontier = list(members)
+        comp_links: set[int] = set()
+        while frontier:
+            for link in links_of[frontier.pop()]:
+                if link not in comp_links:
+                    comp_links.add(link)
+                    for other in link_flows[link]:
+                        if other not in members:
+                            members.add(other)
+                            frontier.append(other)
+        new_rate = _max_min_rates(comp_links, link_flows, links_of, self.plan.link_capacity)
+        rate = self.rate
+        for flow in members:
+            if new_rate[flow] != rate[flow]:
+                self.set_rate(flow, new_rate[flow], now)
+
+    def run(self) -> float:
+        """Replay the whole program; return the time (µs) the last action finishes.
+
+        Events at the same instant are applied together and the links re-shared once after
+        them, so flows that end and start at one instant cost one max-min computation.
+        """
+        stack = [a for a, n in enumerate(self.pending) if n == 0]
+        self.release(stack, 0.0)
+        heap, version, dirty = self.heap, self.version, self.dirty
+        while heap:
+            now = heap[0][0]
+            while heap and heap[0][0] == now:
+                _, _, kind, flow, flow_version = heapq.heappop(heap)
+                if kind == _START:
+                    self.start_flow(flow, now, stack)
+                elif flow_version == version[flow]:
+                    self.finish_flow(flow, now, stack)
+                self.release(stack, now)
+            if dirty:
+                self.reshare(dirty, now)
+                dirty.clear()
+        return self.time_us
+
+
+def _max_min_rates(links: set[int], link_flows: list[set[int]], links_of: list[tuple[int, ...]], capacity: Sequence[float]) -> dict[int, float]:
+    """Return max-min fair rates (bytes/µs) by progressive filling over ``links``.
+
+    The link with the smallest fair share (spare capacity / unfrozen flows) fixes its flows at
+    that share; shares only grow as flows freeze, so a lazy heap finds the next bottleneck.
+    """
+    spare = {link: capacity[link] for link in links}
+    unfrozen = {link: len(link_flows[link]) for link in links}
+    heap = [(spare[link] / unfrozen[link], link) for link in links if unfrozen[link]]
+    heapq.heapify(heap)
+    rates: dict[int, float] = {}
+    while heap:
+        share, link = heapq.heappop(heap)
+        if not unfrozen[link] or share != spare[link] / unfrozen[link]:
+            continue
+        share = max(share, capacity[link] * _MIN_RATE_FRACTION)
+        for flow in link_flows[link]:
+            if flow in rates:
+                continue
+            rates[flow] = share
+            for other in links_of[flow]:
+                spare[other] -= share
+                unfrozen[other] -= 1
+                if unfrozen[other] and other != link:
+                    heapq.heappush(heap, (spare[other] / unfrozen[other], other))
+    return rates
+
+
+def replay(plan: SimulationPlan, size_bytes: float, *, record: bool = False) -> ReplayOutcome:
+    """Return the raw outcome of replaying ``plan`` at nccl-tests size ``size_bytes``.
+
+    ``record`` keeps every SEND's ready, start and end times (µs) for a timeline.
+    """
+    if not size_bytes > 0:
+        raise ArgumentError(plan.algorithm.name, "size_bytes", f"size {size_bytes!r}", "a positive number of bytes")
+    state = _Replay(plan, size_bytes / plan.algorithm.chunks_per_loop)
+    time_us = state.run()
+    logger.debug("%s: replayed %d transfers at %d bytes: %.3f us", plan.algorithm.name, plan.num_transfers, size_bytes, time_us)
+    return ReplayOutcome(
+        time_us=time_us,
+        link_busy_us=tuple(state.busy_us),
+        link_bytes=tuple(state.link_bytes),
+        ready_us=tuple(state.ready_us) if record else None,
+        start_us=tuple(state.start_us) if record else None,
+        end_us=tuple(state.end_us) if record else None,
+    )

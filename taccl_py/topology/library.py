@@ -1,0 +1,154 @@
+"""The built-in machines (``topologies/*.json``) and the one loader the CLI and the library use."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import MappingProxyType
+
+import taccl_py
+from taccl_py._io import read_text
+from taccl_py.errors import ArgumentError, TopologyError
+from taccl_py.topology.compose import compose_nodes
+from taccl_py.topology.model import Topology, VertexKind
+from taccl_py.topology.schema import parse_topology
+
+__all__ = ["ALIASES", "builtin_topology_dir", "builtin_topology_names", "load_topology", "nic_affinity"]
+
+logger = logging.getLogger(__name__)
+
+# Other names users know the built-in machines by (lower case) -> file stem in topologies/.
+ALIASES = MappingProxyType(
+    {
+        "ndv4": "dgx-a100",
+        "dgxa100": "dgx-a100",
+        "dgxh100": "dgx-h100",
+        "ndv5": "dgx-h100",
+        "dgx-1": "dgx1",
+        "dgx-2": "dgx2",
+    }
+)
+
+
+def builtin_topology_dir() -> Path:
+    """Return the folder holding the built-in topology files (``<repository>/topologies``)."""
+    return Path(taccl_py.__file__).resolve().parents[1] / "topologies"
+
+
+def builtin_topology_names() -> tuple[str, ...]:
+    """Return the names of the built-in topologies, sorted (aliases not included).
+
+    >>> "ndv2" in builtin_topology_names()
+    True
+    """
+    folder = builtin_topology_dir()
+    return tuple(sorted(path.stem for path in folder.glob("*.json")))
+
+
+def load_topology(name_or_path: str | Path, nodes: int = 1) -> Topology:
+    """Return a topology: a built-in machine, a topology file or an imported description.
+
+    Parameters
+    ----------
+    name_or_path : str or Path
+        A built-in name or alias, any case (``"ndv2"``, ``"NDv4"``); a path to a
+        ``taccl-topology/1`` JSON file; or a path to any file ``import_topology`` reads
+        (``nvidia-smi topo -m`` output, NCCL topology XML, TACCL profile JSON).
+    nodes : int
+        Machines to join with ``compose_nodes`` (default 1: the machine itself).
+
+    Returns
+    -------
+    Topology
+        The machine, or ``nodes`` copies of it joined by a network switch.
+
+    Raises
+    ------
+    ArgumentError
+        If ``name_or_path`` is neither a built-in name nor an existing file (the message lists
+        the built-in names), or ``nodes < 1``.
+    TopologyError
+        If the file is malformed, or ``nodes > 1`` for a machine without NIC figures.
+
+    Examples
+    --------
+    >>> load_topology("ndv2").num_ranks
+    8
+    >>> load_topology("NDv4", nodes=2).name
+    'dgx-a100x2'
+    """
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ArgumentError(None, "nodes", f"{nodes!r} nodes", "an integer >= 1")
+    machine = _load_machine(str(name_or_path))
+    return compose_nodes(machine, nodes)
+
+
+def _load_machine(name_or_path: str) -> Topology:
+    names = builtin_topology_names()
+    key = name_or_path.lower()
+    key = ALIASES.get(key, key)
+    if key in names:
+        path = builtin_topology_dir() / f"{key}.json"
+        return parse_topology(read_text(path, TopologyError), source=str(path))
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ArgumentError(
+            name_or_path,
+            None,
+            "no such built-in topology or file",
+            "one of " + ", ".join(names + tuple(sorted(ALIASES))) + ", or a topology file",
+        )
+    text = read_text(path, TopologyError)
+    if _is_taccl_topology(path, text):
+        return parse_topology(text, source=str(path))
+    from taccl_py.topology.importers import import_topology
+
+    logger.info("importing %s", path)
+    return import_topology(path)
+
+
+def _is_taccl_topology(path: Path, text: str) -> bool:
+    """Return True when ``text`` is meant as our format: a JSON object with a ``schema`` key.
+
+    A ``.json`` file that is not valid JSON is ours too, so that its error names the line.
+    """
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return path.suffix.lower() == ".json"
+    return isinstance(document, dict) and "schema" in document
+
+
+def nic_affinity(topology: Topology) -> dict[str, tuple[int, ...]]:
+    """Return, for each NIC, the ranks of the GPUs fewest PCIe/host hops away from it.
+
+    Hops count links in either direction through switches and CPUs (not through GPUs,
+    NVSwitches or the network switch): on ndv2 the one NIC is nearest GPUs 0-3 (same NUMA
+    node), on dgx1 each NIC is nearest the GPU pair on its PCIe switch.
+
+    >>> nic_affinity(load_topology("dgx1"))["nic1"]
+    (2, 3)
+    """
+    skip = {VertexKind.GPU, VertexKind.NVSWITCH, VertexKind.NET_SWITCH}
+    undirected = topology.graph.to_undirected(as_view=True)
+    affinity = {}
+    for nic in topology.nics():
+        distance = {nic.name: 0}
+        frontier = [nic.name]
+        found: list[int] = []
+        while frontier and not found:
+            following = []
+            for name in frontier:
+                for neighbour in undirected.neighbors(name):
+                    if neighbour in distance:
+                        continue
+                    distance[neighbour] = distance[name] + 1
+                    vertex = topology.vertex(neighbour)
+                    if vertex.kind is VertexKind.GPU:
+                        found.append(vertex.rank)
+                    elif vertex.kind not in skip:
+                        following.append(neighbour)
+            frontier = following
+        affinity[nic.name] = tuple(sorted(found))
+    return affinity

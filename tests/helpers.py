@@ -1,0 +1,112 @@
+"""Checkers and small algorithm builders shared by the tests (import, never copy).
+
+``assert_valid_algorithm(algorithm)`` is the one check every synthesizer, baseline and importer
+output goes through; the ``ring_*`` builders give correct reference schedules for 2..N ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.collectives import Collective
+from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.verify import VerificationReport, verify_algorithm
+
+__all__ = [
+    "assert_valid_algorithm",
+    "ring_allgather_plan",
+    "ring_reducescatter_plan",
+    "ring_allreduce_plan",
+    "direct_alltoall_plan",
+    "ring_algorithm",
+    "FIXTURES",
+    "msccl_fixture_paths",
+    "BROKEN_MSCCL_FIXTURES",
+]
+
+FIXTURES = Path(__file__).parent / "fixtures"
+# Reference files known to be incorrect, with the fault the verifier must name first.
+BROKEN_MSCCL_FIXTURES = {"sccl_allreduce_dgx1_composed.xml": "uninitialized read"}
+
+
+def msccl_fixture_paths() -> list[Path]:
+    """Return every reference MSCCL-IR XML under tests/fixtures/msccl, sorted."""
+    return sorted((FIXTURES / "msccl").rglob("*.xml"))
+
+I, O = Buffer.INPUT, Buffer.OUTPUT
+
+
+def assert_valid_algorithm(algorithm: Algorithm, *, max_shown: int = 5) -> VerificationReport:
+    """Assert that ``algorithm`` is well formed and implements its collective; return the report.
+
+    The failure message lists the first ``max_shown`` violations and how many there are.
+    """
+    assert isinstance(algorithm, Algorithm), f"not an Algorithm: {type(algorithm).__name__}"
+    assert len(algorithm.ranks) == algorithm.num_ranks, "one RankProgram per rank expected"
+    assert [p.rank for p in algorithm.ranks] == list(range(algorithm.num_ranks)), "rank programs out of order"
+    report = verify_algorithm(algorithm)
+    if not report.ok:
+        shown = "\n  ".join(str(v) for v in report.violations[:max_shown])
+        more = f"\n  ... and {len(report.violations) - max_shown} more" if len(report.violations) > max_shown else ""
+        raise AssertionError(f"{algorithm.name}: {len(report.violations)} violations:\n  {shown}{more}")
+    assert report.rounds >= 1 or not any(tb.steps for p in algorithm.ranks for tb in p.threadblocks)
+    return report
+
+
+def ring_allgather_plan(num_ranks: int, channel: int = 0) -> list:
+    """Return the items of a ring allgather, one chunk per rank, in causal order."""
+    n = num_ranks
+    items: list = [LocalCopy(r, (I, 0), (O, r)) for r in range(n)]
+    for k in range(n - 1):
+        for r in range(n):
+            chunk = (r - k) % n
+            items.append(Transfer(r, (r + 1) % n, (O, chunk), (O, chunk), channel=channel))
+    return items
+
+
+def ring_reducescatter_plan(num_ranks: int, channel: int = 0) -> list:
+    """Return the items of a ring reduce-scatter that reduces in the input buffer and copies out."""
+    n = num_ranks
+    items: list = []
+    for k in range(n - 1):
+        for r in range(n):
+            chunk = (r - k - 1) % n
+            items.append(Transfer(r, (r + 1) % n, (I, chunk), (I, chunk), reduce=True, channel=channel))
+    items += [LocalCopy(r, (I, r), (O, 0)) for r in range(n)]
+    return items
+
+
+def ring_allreduce_plan(num_ranks: int, inplace: bool = False, channel: int = 0) -> list:
+    """Return a ring allreduce: reduce-scatter in the input buffer, then allgather of the sums."""
+    n = num_ranks
+    items = [item for item in ring_reducescatter_plan(n, channel) if isinstance(item, Transfer)]
+    for k in range(n - 1):
+        for r in range(n):
+            chunk = (r - k) % n
+            items.append(Transfer(r, (r + 1) % n, (I, chunk), (I, chunk), channel=channel))
+    if not inplace:
+        items += [LocalCopy(r, (I, c), (O, c)) for r in range(n) for c in range(n)]
+    return items
+
+
+def direct_alltoall_plan(num_ranks: int) -> list:
+    """Return an alltoall where every rank sends each block straight to its owner."""
+    n = num_ranks
+    items: list = [LocalCopy(r, (I, r), (O, r)) for r in range(n)]
+    items += [Transfer(r, q, (I, q), (O, r)) for r in range(n) for q in range(n) if q != r]
+    return items
+
+
+def ring_algorithm(collective: Collective, num_ranks: int, *, inplace: bool = False) -> Algorithm:
+    """Return a correct lowered ring (direct for alltoall) algorithm, one chunk per rank."""
+    n = num_ranks
+    if collective is Collective.ALLGATHER:
+        items = ring_allgather_plan(n)
+    elif collective is Collective.REDUCESCATTER:
+        items = ring_reducescatter_plan(n)
+    elif collective is Collective.ALLREDUCE:
+        return lower_plan(f"ring_allreduce_{n}", collective, n, n, ring_allreduce_plan(n, inplace), inplace=inplace)
+    else:
+        items = direct_alltoall_plan(n)
+    return lower_plan(f"ring_{collective.value}_{n}", collective, n, n, items)

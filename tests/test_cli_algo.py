@@ -1,0 +1,93 @@
+"""Tests of ``taccl verify`` and ``taccl convert``, in-process through taccl_py.cli.main."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from helpers import FIXTURES, ring_algorithm
+from taccl_py.algorithm import generate_algorithm_json, read_algorithm
+from taccl_py.cli import main
+from taccl_py.collectives import Collective
+from taccl_py.msccl import read_msccl_xml
+
+GOOD_XML = FIXTURES / "msccl/microsoft/allgather_ring_4gpu_1ch_simple.xml"
+BROKEN_XML = FIXTURES / "msccl/microsoft/sccl_allreduce_dgx1_composed.xml"
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ")
+    return err[0]
+
+
+def test_verify_ok(capsys) -> None:
+    assert main(["verify", str(GOOD_XML)]) == 0
+    assert capsys.readouterr().out.strip() == "ok: allgather_ring_1channelsperring: allgather, 4 ranks, 3 rounds"
+
+
+def test_verify_json_file_from_stdin(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO(generate_algorithm_json(ring_algorithm(Collective.ALLREDUCE, 3))))
+    assert main(["verify", "-"]) == 0
+    assert capsys.readouterr().out.startswith("ok: ring_allreduce_3: allreduce, 3 ranks, ")
+
+
+def test_verify_incorrect_lists_first_violations(capsys) -> None:
+    assert main(["verify", str(BROKEN_XML)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "FAILED: Allreduce(n=8)-DGX1-steps=4: allreduce, 8 ranks: 46 violations"
+    assert lines[1] == "  uninitialized read (rank 0, tb 5, step 0, chunk 1): send reads s[1], which nothing wrote before"
+    assert len(lines) == 7 and lines[-1] == "  ... and 41 more (--all shows every one)"
+    assert main(["verify", "--all", str(BROKEN_XML)]) == 1
+    assert len(capsys.readouterr().out.strip().splitlines()) == 47
+
+
+def test_verify_json_report(capsys) -> None:
+    assert main(["verify", "--json", str(BROKEN_XML)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["num_ranks"] == 8
+    assert report["violations"][0] == {"kind": "uninitialized read", "message": "send reads s[1], which nothing wrote before",
+                                       "rank": 0, "threadblock": 5, "step": 0, "chunk": 1}
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("bad_xml/non_integer.xml", "step[1]@cnt (line 5): 'one' is not an integer"),
+    ("bad_xml/truncated.xml", "line 6, column 7: malformed XML"),
+    ("does/not/exist.xml", "cannot read"),
+])
+def test_verify_malformed_exits_2(capsys, name, fragment) -> None:
+    assert main(["verify", str(FIXTURES / name)]) == 2
+    assert fragment in _error_line(capsys)
+
+
+def test_convert_xml_json_xml(tmp_path, capsys) -> None:
+    as_json, as_xml = tmp_path / "ring.json", tmp_path / "ring.xml"
+    assert main(["convert", str(GOOD_XML), "-o", str(as_json)]) == 0
+    assert main(["convert", str(as_json), "-o", str(as_xml), "--dialect", "old"]) == 0
+    assert "wrote" in capsys.readouterr().err
+    assert read_algorithm(str(as_json)) == read_msccl_xml(str(GOOD_XML))
+    text = as_xml.read_text()
+    assert 'inplace="1">' in text and "outofplace" not in text
+    assert read_msccl_xml(str(as_xml)).ranks == read_msccl_xml(str(GOOD_XML)).ranks
+
+
+def test_convert_to_stdout(capsys) -> None:
+    assert main(["convert", str(GOOD_XML), "-o", "-", "--dialect", "new"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('<algo name="allgather_ring_1channelsperring"') and 'outofplace="0"' in out
+
+
+@pytest.mark.parametrize("source, output, fragment", [
+    (BROKEN_XML, "out.json", "incorrect: uninitialized read (rank 0, tb 5, step 0, chunk 1)"),
+    (GOOD_XML, "out.yaml", "extension: '.yaml'"),
+    (GOOD_XML, "out.json --dialect old", "dialect old given for a JSON file"),
+    (FIXTURES / "bad_xml/unknown_step_type.xml", "out.xml", "unknown value 'xchg'"),
+])
+def test_convert_failures_write_nothing(tmp_path, capsys, source, output, fragment) -> None:
+    out, *extra = output.split()
+    assert main(["convert", str(source), "-o", str(tmp_path / out), *extra]) == 2
+    assert fragment in _error_line(capsys)
+    assert list(tmp_path.iterdir()) == []

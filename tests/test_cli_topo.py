@@ -1,0 +1,116 @@
+"""Tests of ``taccl topo list|show|import|draw`` run in-process through ``taccl_py.cli.main``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from taccl_py.cli import main
+from taccl_py.topology import import_topology, load_topology, read_topology
+from taccl_py.topology.draw import draw_topology
+
+FIXTURES = Path(__file__).parent / "fixtures"
+BAD = FIXTURES / "bad_topologies"
+SMI_V100 = FIXTURES / "topo" / "v100-sxm2-8gpu-dgx1-style.txt"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def test_list(capsys):
+    assert main(["topo", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("ndv2", "ndv2-teccl", "dgx1", "dgx2", "dgx-a100", "dgx-h100", "pcie-8gpu"):
+        assert f"\n{name:>10}  " in out
+    assert "ndv4" in out
+
+
+def test_show_two_ndv2_names_the_nic_cut(capsys):
+    assert main(["topo", "show", "ndv2", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.split()[:2] == ["allgather", "1GB"]]
+    assert "52.5 ms" in line and "NIC cut: node 0 (8 GPUs)" in line
+    assert "n0.nic0" in out and "0-3" in out  # the NIC and the GPUs next to it
+    assert "nvlink" in out and "43.48" in out
+
+
+def test_show_one_dgx2_names_the_ingress_cut(capsys):
+    assert main(["topo", "show", "dgx2"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.split()[:2] == ["allgather", "1GB"]]
+    assert "7.5 ms" in line and "per-GPU ingress cut" in line
+
+
+def test_show_json(capsys):
+    assert main(["topo", "show", "ndv2", "--nodes", "2", "--json", "--sizes", "1GB"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert (document["name"], document["gpus"], document["nodes"]) == ("ndv2x2", 16, 2)
+    assert [nic["nearest_gpus"] for nic in document["nics"]] == [[0, 1, 2, 3], [8, 9, 10, 11]]
+    bounds = {b["collective"]: b for b in document["lower_bounds"]}
+    assert set(bounds) == {"allgather", "reducescatter", "allreduce"}
+    assert bounds["allgather"]["time_us"] == pytest.approx(52_500, rel=1e-6)
+    assert bounds["allreduce"]["time_us"] == pytest.approx(105_000, rel=1e-6)
+    assert sum(c["directed_links"] for c in document["link_classes"]) == len(load_topology("ndv2", nodes=2).links)
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in BAD.glob("*.json")))
+def test_show_malformed_file_is_one_error_line(fixture, capsys):
+    path = BAD / fixture
+    assert main(["topo", "show", str(path)]) == 2
+    assert one_error_line(capsys).startswith(f"error: {path}: ")
+
+
+def test_show_unknown_topology(capsys):
+    assert main(["topo", "show", "ndv9"]) == 2
+    assert "no such built-in topology or file; expected one of dgx-a100" in one_error_line(capsys)
+
+
+def test_show_bad_sizes(capsys):
+    assert main(["topo", "show", "ndv2", "--sizes", "lots"]) == 2
+    assert "--sizes: cannot read size 'lots'" in one_error_line(capsys)
+
+
+def test_import_writes_the_imported_machine(tmp_path, capsys):
+    target = tmp_path / "v100.json"
+    assert main(["topo", "import", str(SMI_V100), "-o", str(target)]) == 0
+    assert "8 GPUs" in capsys.readouterr().out
+    expected = import_topology(SMI_V100)
+    written = read_topology(target)
+    assert (written.vertices, written.links) == (expected.vertices, expected.links)
+
+
+def test_import_of_an_unreadable_format_writes_nothing(tmp_path, capsys):
+    source = tmp_path / "notes.txt"
+    source.write_text("not a topology\n", encoding="utf-8")
+    target = tmp_path / "out.json"
+    assert main(["topo", "import", str(source), "-o", str(target)]) == 2
+    one_error_line(capsys)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_draw(tmp_path, capsys, suffix):
+    target = tmp_path / f"topo{suffix}"
+    assert main(["topo", "draw", "ndv2", "--nodes", "2", "-o", str(target)]) == 0
+    data = target.read_bytes()
+    assert data.startswith(PNG_MAGIC) if suffix == ".png" else b"<svg" in data
+    assert [p.name for p in tmp_path.iterdir()] == [target.name]
+
+
+def test_draw_two_dgx2(tmp_path):
+    target = tmp_path / "dgx2x2.png"
+    draw_topology(load_topology("dgx2", nodes=2), target)
+    assert target.read_bytes().startswith(PNG_MAGIC) and target.stat().st_size > 10_000
+
+
+def test_draw_refuses_an_unknown_format(tmp_path, capsys):
+    target = tmp_path / "topo.gif"
+    assert main(["topo", "draw", "ndv2", "-o", str(target)]) == 2
+    assert "unknown image format '.gif'; expected a .png or .svg file name" in one_error_line(capsys)
+    assert not target.exists()
