@@ -6,12 +6,14 @@ needs torch and is imported on demand.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 __all__ = ["__version__"]
 
 __version__ = "0.1.0"
 
 # Names resolved on first use so that ``import taccl_py`` does not import torch (PEP 562).
-_LAZY = {"Communicator": "taccl_py.runtime.communicator"}
+_LAZY = MappingProxyType({"Communicator": "taccl_py.runtime.communicator"})
 
 
 def __getattr__(name: str) -> object:

@@ -33,7 +33,7 @@ from enum import Enum
 from typing import Any
 
 from taccl_py._io import read_text, write_text_atomic
-from taccl_py.errors import SketchError
+from taccl_py.errors import SketchError, TopologyError
 from taccl_py.topology.model import Topology, VertexKind, route
 
 __all__ = [
@@ -347,8 +347,8 @@ def _nic_cost_us(topology: Topology, gpu: str, nic: str) -> float | None:
         return None
 
 
-def _relay_groups(topology: Topology) -> tuple[tuple[int, ...], ...]:
-    """Return, per NIC of node 0, the local GPUs nearest to it (the NIC's relays)."""
+def _relay_groups(topology: Topology) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Return (NIC name, the local GPUs nearest to it) for each NIC of node 0 some GPU reaches."""
     nics = topology.nics(0)
     gpus = [g for g in topology.gpus if g.node == 0]
     costs = {(g.local_index, n.name): _nic_cost_us(topology, g.name, n.name) for g in gpus for n in nics}
@@ -361,21 +361,55 @@ def _relay_groups(topology: Topology) -> tuple[tuple[int, ...], ...]:
         nearest = [g for g, c in reachable.items() if c <= best * (1 + 1e-6)]
         # A GPU relays through the NIC it is nearest to; drop GPUs closer to another NIC.
         own = [g for g in nearest if all((costs[(g, m.name)] or float("inf")) >= best * (1 - 1e-6) for m in nics)]
-        groups.append(tuple(sorted(own or nearest)))
+        groups.append((nic.name, tuple(sorted(own or nearest))))
     return tuple(groups)
+
+
+def _shares_first_hop(topology: Topology, local: int, nic: str) -> bool:
+    """Return True when GPU ``local``'s way to ``nic`` starts on the link its best GPU route uses.
+
+    On a PCIe-only machine a GPU reaches its peers and its NIC through the same uplink, so
+    relaying other GPUs' chunks through one sender would cross that uplink twice.
+    """
+    import networkx as nx
+
+    from taccl_py.topology.model import ROUTE_REFERENCE_BYTES
+
+    gpu = topology.gpus[local]
+    allowed = {v.name for v in topology.vertices if v.kind is not VertexKind.GPU} | {gpu.name}
+    path = nx.dijkstra_path(topology.graph.subgraph(allowed), gpu.name, nic, weight=lambda a, b, d: d["link"].time_us(ROUTE_REFERENCE_BYTES))
+    peers = [r for r in range(topology.gpus_per_node) if r != local]
+    if not peers:
+        return False
+    best = max((route(topology, local, r) for r in peers), key=lambda r: r.bandwidth_GBps)
+    return best.links[0].key == (path[0], path[1])
 
 
 def nic_relays(topology: Topology) -> tuple[tuple[int, int], ...]:
     """Return the automatic (local sender, local receiver) pairs across machines, from NIC affinity.
 
-    The GPUs nearest each NIC send through it to the GPUs nearest the same NIC on other machines.
+    Per NIC, the first GPU nearest to it sends, to the first two GPUs nearest the same NIC on
+    the other machine (TACCL's shipped sketches relay the same way). One sender per NIC keeps
+    its transfers in the schedule's order (the plan chains a rank's sends through one NIC)
+    instead of several senders sharing it; two receivers let both GPUs of a NIC's pair take
+    network data over their own PCIe link, which on NVSwitch machines relieves their switch
+    ports, the busiest resource of a two-machine AllGather. Where GPUs reach each other over
+    the same uplink as the NIC (PCIe-only machines), every GPU near the NIC sends and receives.
     """
-    pairs = {(a, b) for group in _relay_groups(topology) for a in group for b in group}
+    pairs = set()
+    for nic, group in _relay_groups(topology):
+        if _shares_first_hop(topology, group[0], nic):
+            pairs.update((a, b) for a in group for b in group)
+        else:
+            pairs.update((group[0], group[i]) for i in range(min(2, len(group))))
     return tuple(sorted(pairs))
 
 
-def _pair_signature(topology: Topology, src: int, dst: int) -> tuple[float, float, int]:
-    r = route(topology, src, dst)
+def _pair_signature(topology: Topology, src: int, dst: int) -> tuple[float, float, int] | None:
+    try:
+        r = route(topology, src, dst)
+    except TopologyError:  # no path that avoids relaying through a GPU
+        return None
     return (round(r.alpha_us, 9), round(r.bandwidth_GBps, 9), len(r.links))
 
 
@@ -401,7 +435,7 @@ def find_symmetry(topology: Topology) -> tuple[tuple[int, int], ...]:
     """
     gpn, n = topology.gpus_per_node, topology.num_ranks
     signatures = {(a, b): _pair_signature(topology, a, b) for a in range(gpn) for b in range(gpn) if a != b}
-    relays = _relay_groups(topology) if topology.nodes > 1 else ()
+    relays = tuple(group for _, group in _relay_groups(topology)) if topology.nodes > 1 else ()
     rotations = []
     for offset in range(1, gpn):
         if gpn % offset == 0 and _is_node_rotation(topology, offset, signatures, relays):
@@ -417,7 +451,7 @@ def auto_sketch(topology: Topology) -> Sketch:
 
     >>> from taccl_py.topology import load_topology
     >>> s = auto_sketch(load_topology("ndv2", nodes=2))
-    >>> s.symmetry, s.internode_conn[:2]
+    >>> s.symmetry, s.internode_conn
     (((8, 16),), ((0, 0), (0, 1)))
     """
     return check_sketch(Sketch(name=f"auto-{topology.name}", nodes=topology.nodes, source=f"<auto sketch for {topology.name}>"), topology)

@@ -41,15 +41,18 @@ def require_gloo() -> None:
         pytest.skip("torch.distributed with gloo is not available in this torch build")
 
 
-def launch_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0) -> list[RankOutcome]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return every outcome."""
+def launch_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0, backend: str | None = "gloo") -> list[RankOutcome]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return every outcome.
+
+    With ``backend=None`` the ranks get torchrun's environment but no initialised group.
+    """
     require_gloo()
-    return launch_local(fn, world_size, args, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s)
+    return launch_local(fn, world_size, args, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s, backend=backend)
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S, backend: str | None = "gloo") -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo ranks and return their values; fail naming each failed rank."""
-    outcomes = launch_ranks(fn, world_size, *args, timeout_s=timeout_s)
+    outcomes = launch_ranks(fn, world_size, *args, timeout_s=timeout_s, backend=backend)
     failed = [o for o in outcomes if not o.ok]
     if failed:
         report = "\n".join(f"--- rank {o.rank} of {world_size} failed (exit code {o.exitcode}):\n{o.error}" for o in failed)
@@ -75,6 +78,7 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 class Case:
     """One run of an algorithm: shard length ``numel`` of ``dtype`` reduced with ``op``.
 
+    ``algorithm`` is the Algorithm to run (or just a label when a Communicator chooses).
     ``real`` draws normal values compared with a tolerance; otherwise small random integers
     (in -8..8) whose sums are exact in every dtype, compared exactly.
     """
@@ -85,9 +89,10 @@ class Case:
     op: str = "sum"
     seed: int = 0
     real: bool = False
+    segment_bytes: int | None = None  # executor's message segment size (None: whole messages)
 
     def label(self) -> str:
-        return f"{self.algorithm.name} {self.dtype} numel={self.numel} op={self.op}{' real' if self.real else ''}"
+        return f"{getattr(self.algorithm, 'name', self.algorithm)} {self.dtype} numel={self.numel} op={self.op}{' real' if self.real else ''}{f' segments of {self.segment_bytes} B' if self.segment_bytes else ''}"
 
 
 def random_input(case: Case, rank: int, numel: int) -> Any:
@@ -156,7 +161,8 @@ def check_executor_cases(rank: int, world_size: int, cases: Sequence[Case], time
         data = random_input(case, rank, in_blocks * case.numel)
         keep = data.clone()
         output = torch.full((out_blocks * case.numel,), 99, dtype=data.dtype)
-        Executor(algorithm, rank, data.dtype, case.numel).run(output, data, transport, case.op, timeout_s)
+        executor = Executor(algorithm, rank, data.dtype, case.numel, prepost_receives=transport.independent_messages, segment_bytes=case.segment_bytes)
+        executor.run(output, data, transport, case.op, timeout_s)
         if not torch.equal(data, keep):
             problems.append(f"{case.label()}: the input was modified")
         reference = torch_collective(algorithm.collective.value, keep, case.op, world_size)

@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch", reason="the DDP hook needs torch")
 
 #: fp32 agreement with default DDP after 20 steps (the issue's bar).
 FP32_TOLERANCE = 1e-6
-#: fp16/bf16: a few units in the last place of the parameters (|p| < 1) after 20 steps.
-HALF_TOLERANCE = {"float16": 4e-3, "bfloat16": 3e-2}
+#: fp16/bf16: 2-4 units in the last place of parameters below 1 after 20 steps (measured: 1).
+HALF_TOLERANCE = {"float16": 1e-3, "bfloat16": 8e-3}
 
 
 # -- multi-process scenarios (run inside the ranks) -----------------------------------------------
@@ -34,14 +34,17 @@ class _Recorder:
     def __init__(self, state: Any) -> None:
         self.state = state
         self.buckets: list[tuple[int, str]] = []
+        self.pending_at_return = 0
 
 
-def _recording_hook(recorder: _Recorder, bucket: Any) -> Any:
+def _recording_hook(recorder, bucket):  # noqa: ANN001, ANN201 - DDP checks annotations as objects
     from taccl_py.runtime.ddp import allreduce_hook
 
     buffer = bucket.buffer()
     recorder.buckets.append((buffer.numel(), str(buffer.dtype).removeprefix("torch.")))
-    return allreduce_hook(recorder.state, bucket)
+    future = allreduce_hook(recorder.state, bucket)
+    recorder.pending_at_return += not future.done()  # still running while backward goes on
+    return future
 
 
 def _uneven_buckets(rank: int, library: list[Any]) -> dict[str, Any]:
@@ -65,7 +68,15 @@ def _uneven_buckets(rank: int, library: list[Any]) -> dict[str, Any]:
             pickled = "pickled"
         except TypeError as error:
             pickled = str(error)
-    return {"diff": max_difference(reference, hooked), "sizes": sizes, "calls": len(recorder.buckets), "reduced": state.buckets_reduced, "runs_taccl": runs_taccl, "pickle": pickled}
+    return {
+        "diff": max_difference(reference, hooked),
+        "sizes": sizes,
+        "calls": len(recorder.buckets),
+        "pending": recorder.pending_at_return,
+        "reduced": state.buckets_reduced,
+        "runs_taccl": runs_taccl,
+        "pickle": pickled,
+    }
 
 
 def _register_scenario(rank: int, library: list[Any], *, unused: bool = False, dtype: Any = None, background: bool = True) -> dict[str, Any]:
@@ -115,7 +126,7 @@ def _failure_scenario(rank: int) -> dict[str, Any]:
     try:
         later.wait()
         after = "nothing"
-    except TransportError as error:
+    except RuntimeError as error:  # torch names the TransportError the future failed with
         after = str(error)
     start = time.perf_counter()
     state.close()
@@ -151,6 +162,7 @@ def test_hook_matches_default_ddp_with_uneven_buckets(hook_results: list[dict[st
         assert any(n % WORLD_SIZE for n in uneven["sizes"]), f"rank {rank}: every bucket divides evenly: {uneven['sizes']}"
         assert uneven["calls"] == uneven["reduced"] > 20, f"rank {rank}: {uneven['calls']} hook calls, {uneven['reduced']} reduced"
         assert uneven["runs_taccl"], f"rank {rank}: some bucket fell back to torch's all-reduce"
+        assert uneven["pending"] > 0, f"rank {rank}: every bucket was reduced before the hook returned"
 
 
 @pytest.mark.multiprocess
@@ -180,7 +192,8 @@ def test_failed_collective_raises_from_backward_and_closes(hook_results: list[di
     for rank, result in enumerate(hook_results):
         failure = result["failure"]
         assert "injected failure of the third bucket" in failure["raised"], f"rank {rank}: {failure['raised']}"
-        assert "an earlier collective failed" in failure["after"], f"rank {rank}: {failure['after']}"
+        assert "TransportError: taccl-ddp-rank" in failure["after"], f"rank {rank}: {failure['after']}"
+        assert "not run: an earlier collective failed" in failure["after"], f"rank {rank}: {failure['after']}"
         assert failure["close_s"] < 5 and not failure["alive"], f"rank {rank}: {failure}"
 
 
@@ -219,11 +232,11 @@ def test_ordered_worker_failure_reaches_later_jobs() -> None:
 
     worker = OrderedWorker("test-failure")
     first, second = worker.submit(fail), worker.submit(lambda: 1)
-    with pytest.raises(TransportError, match="test-failure: collective failed: ValueError: peer vanished"):
+    with pytest.raises(RuntimeError, match="TransportError: test-failure: collective failed: ValueError: peer vanished"):
         first.wait()
-    with pytest.raises(TransportError, match="not run: an earlier collective failed"):
+    with pytest.raises(RuntimeError, match="TransportError: test-failure: not run: an earlier collective failed"):
         second.wait()
-    with pytest.raises(TransportError, match="earlier collective failed"):
+    with pytest.raises(RuntimeError, match="earlier collective failed"):
         worker.submit(lambda: 2).wait()
     assert isinstance(worker.failure, TransportError)
     worker.close()

@@ -7,15 +7,17 @@ returns the fastest, which is what a synthesized algorithm's time is compared wi
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
 from taccl_py.algorithm import Algorithm
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
-from taccl_py.baselines.tree import default_tree_chunks, tree_algorithm, tree_parents
+from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm, tree_parents
 from taccl_py.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.simulate import SimulationResult, simulate_sizes
+from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "build_baseline",
     "all_baselines",
     "best_baseline",
+    "best_baselines",
     "ring_algorithm",
     "ring_orders",
     "tree_algorithm",
@@ -126,14 +129,51 @@ def all_baselines(topology: Topology, collective: Collective | str, size_bytes: 
     return tuple(build_baseline(kind, topology, collective, size_bytes=size_bytes) for kind in applicable_kinds(topology, collective))
 
 
+def _simulate_all(algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float]) -> list[SimulationResult]:
+    plan = prepare_simulation(algorithm, topology)
+    return [simulate_plan(plan, size, bound_time_us=bounds[size]) for size in sizes]
+
+
+def best_baselines(
+    topology: Topology,
+    collective: Collective | str,
+    sizes_bytes: Iterable[int],
+    progress: Callable[[str], None] | None = None,
+) -> tuple[tuple[Algorithm, SimulationResult], ...]:
+    """Return, per size, the baseline with the smallest simulated time and its result.
+
+    Rings and hierarchical algorithms are built once; trees once per pipeline depth the sizes
+    call for. Ties go to the earlier of ring, tree, hierarchical. ``progress`` receives one
+    line per baseline built.
+    """
+    collective = _collective(collective)
+    sizes = tuple(sizes_bytes)
+    if not sizes:
+        return ()
+    if collective is Collective.ALLTOALL:
+        raise ArgumentError(topology.name, "collective", "no baselines for alltoall", "allgather, reducescatter or allreduce")
+    bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
+    best: dict[int, tuple[Algorithm, SimulationResult]] = {}
+    for kind in applicable_kinds(topology, collective):
+        groups: dict[int | None, list[int]] = {None: list(sizes)}
+        if kind is BaselineKind.TREE:
+            channels = default_tree_channels(topology)
+            groups = {}
+            for size in sizes:
+                groups.setdefault(default_tree_chunks(topology, size, channels), []).append(size)
+        for chunks, group in groups.items():
+            algorithm = build_baseline(kind, topology, collective, chunks)
+            if progress is not None:
+                progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
+            for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):
+                if size not in best or result.time_us < best[size][1].time_us:
+                    best[size] = (algorithm, result)
+    return tuple(best[size] for size in sizes)
+
+
 def best_baseline(topology: Topology, collective: Collective | str, size_bytes: int) -> tuple[Algorithm, SimulationResult]:
     """Return the baseline with the smallest simulated time at ``size_bytes``, with its result.
 
-    Ties go to the earlier of ring, tree, hierarchical.
+    See ``best_baselines`` to compare at several sizes at once (cheaper).
     """
-    best: tuple[Algorithm, SimulationResult] | None = None
-    for algorithm in all_baselines(topology, collective, size_bytes):
-        result = simulate_sizes(algorithm, topology, (size_bytes,))[0]
-        if best is None or result.time_us < best[1].time_us:
-            best = (algorithm, result)
-    return best
+    return best_baselines(topology, collective, (size_bytes,))[0]

@@ -7,17 +7,17 @@
   machine (each GPU forwards what it gathered from the other machines).
 * ReduceScatter: the reverse, reduce-scatter inside every machine, then across machines.
 
-Inside a machine channel c follows the c-th ring of ``ring_orders`` on one machine (NVLink
-cycles on NDv2/DGX-1, both directions); a rank's data is split over the channels and each
+Inside a machine channel c follows the c-th of ``machine_rings`` (NVLink cycles on
+NDv2/DGX-1, both directions, the double-NVLink one twice); a rank's data is split over the channels and each
 channel's share into ``chunks`` pieces. With one machine this is the ring algorithm.
 """
 
 from __future__ import annotations
 
 from taccl_py.algorithm import Algorithm, Buffer
-from taccl_py.baselines._orders import disjoint_cycles, node_ranks
+from taccl_py.baselines._orders import node_ranks
 from taccl_py.baselines._plans import Piece, ring_allgather_items, ring_reducescatter_items
-from taccl_py.baselines.ring import MAX_CHANNELS
+from taccl_py.baselines.ring import MAX_CHANNELS, machine_rings
 from taccl_py.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.lowering import LocalCopy, Transfer, lower_plan
@@ -33,17 +33,11 @@ Items = list[Transfer | LocalCopy]
 def local_rings(topology: Topology, channels: int | None = None) -> tuple[tuple[int, ...], ...]:
     """Return one ring of local indices per channel, the same in every machine.
 
-    The rings are the link-disjoint cycles of machine 0 in both directions (see
-    ``disjoint_cycles``); ``channels`` defaults to their number and reuses them cyclically.
+    The rings are ``machine_rings`` (machine 0's link-disjoint cycles, both ways, weighted by
+    speed); ``channels`` defaults to their number and reuses them cyclically.
     """
     local = {rank: i for i, rank in enumerate(node_ranks(topology, 0))}
-    if len(local) < 3:
-        candidates = [tuple(range(len(local)))]
-    else:
-        candidates = []
-        for order, _ in disjoint_cycles(topology, tuple(local)):
-            candidates.append(tuple(local[r] for r in order))
-            candidates.append((candidates[-1][0],) + tuple(reversed(candidates[-1][1:])))
+    candidates = [tuple(local[r] for r in ring) for ring in machine_rings(topology)]
     count = len(candidates) if channels is None else channels
     if not 1 <= count <= MAX_CHANNELS:
         raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_CHANNELS}")

@@ -28,7 +28,7 @@ from taccl_py.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
-__all__ = ["ring_orders", "ring_algorithm", "MAX_CHANNELS", "MAX_WEIGHT"]
+__all__ = ["machine_rings", "ring_orders", "ring_algorithm", "MAX_CHANNELS", "MAX_WEIGHT"]
 
 MAX_CHANNELS = 32  # MSCCL/NCCL limit on channels (MAXCHANNELS 32)
 MAX_WEIGHT = 4  # at most this many channels per cycle direction when link speeds differ
@@ -36,18 +36,24 @@ MAX_WEIGHT = 4  # at most this many channels per cycle direction when link speed
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 
 
-def _single_node_rings(topology: Topology) -> list[tuple[int, ...]]:
-    cycles = disjoint_cycles(topology, node_ranks(topology, 0))
+def machine_rings(topology: Topology) -> tuple[tuple[int, ...], ...]:
+    """Return the rings over machine 0's ranks: its link-disjoint cycles, both ways, weighted.
+
+    A cycle whose bottleneck is k times the slowest chosen one appears k times per direction
+    (at most ``MAX_WEIGHT``); the first copies of every ring come first.
+    """
+    ranks = node_ranks(topology, 0)
+    if len(ranks) < 3:
+        return (ranks,)
+    cycles = disjoint_cycles(topology, ranks)
     slowest = min(bandwidth for _, bandwidth in cycles)
     weights = [min(MAX_WEIGHT, max(1, round(bandwidth / slowest))) for _, bandwidth in cycles]
     rings: list[tuple[int, ...]] = []
     for copy in range(max(weights)):
         for (order, _), weight in zip(cycles, weights):
             if copy < weight:
-                rings.append(order)
-                if len(order) > 2:
-                    rings.append((order[0],) + tuple(reversed(order[1:])))
-    return rings
+                rings += [order, (order[0],) + tuple(reversed(order[1:]))]
+    return tuple(rings)
 
 
 def _multi_node_rings(topology: Topology) -> list[tuple[int, ...]]:
@@ -86,7 +92,7 @@ def ring_orders(topology: Topology, channels: int | None = None) -> tuple[tuple[
     """
     if topology.num_ranks < 2:
         raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs for a ring")
-    candidates = _single_node_rings(topology) if topology.nodes == 1 else _multi_node_rings(topology)
+    candidates = list(machine_rings(topology)) if topology.nodes == 1 else _multi_node_rings(topology)
     count = len(candidates) if channels is None else channels
     if not 1 <= count <= MAX_CHANNELS:
         raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_CHANNELS}")

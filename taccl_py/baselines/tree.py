@@ -9,7 +9,10 @@ each other so the climb of one overlaps the descent of the previous one (a pipel
   and the head talks to the heads of the parent and child machines. Channel k runs tree
   ``k mod 2`` through NIC ``(k // 2) mod nics``, so the default ``2 * nics`` channels use
   every NIC.
-* One machine: the trees span the GPUs directly, in the order of the fastest ring.
+* One machine: when every GPU pair is equally fast (a switch, a uniform mesh) the trees span
+  the GPUs directly, in the order of the fastest ring; otherwise (NVLink meshes, PCIe trees),
+  as NCCL does inside a machine, each tree is a chain along the fastest Hamiltonian cycle, the
+  second one running the other way round.
 
 The default pipeline depth balances latency against bandwidth for a size: the climb takes
 about (depth + chunks - 1) hops of (α + share / (chunks * bandwidth)), smallest at
@@ -30,10 +33,13 @@ from taccl_py.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology, route
 from taccl_py.verify import check_algorithm
 
-__all__ = ["tree_parents", "tree_algorithm", "default_tree_chunks", "DEFAULT_TREE_CHUNKS", "MAX_TREE_CHUNKS"]
+__all__ = ["tree_parents", "tree_algorithm", "default_tree_chunks", "default_tree_channels", "DEFAULT_TREE_CHUNKS", "MAX_TREE_CHUNKS"]
 
 DEFAULT_TREE_CHUNKS = 4  # pipeline depth when no size is given
 MAX_TREE_CHUNKS = 32  # MSCCL allows 64 steps per threadblock; a head's upward one holds `chunks`
+
+# Pairs within 1% of each other count as equal: one machine is then treated as a switch.
+_UNIFORM_TOLERANCE = 1.01
 
 I, O = Buffer.INPUT, Buffer.OUTPUT
 _BYTES_PER_US_PER_GBPS = 1e3
@@ -56,8 +62,13 @@ def tree_parents(topology: Topology, channel: int) -> dict[int, int | None]:
     shape = binary_tree_parents if channel % 2 == 0 else complement_tree_parents
     if topology.nodes == 1:
         ranks = node_ranks(topology, 0)
-        order = list(disjoint_cycles(topology, ranks)[0][0]) if len(ranks) > 1 else list(ranks)
-        return _positions_to_parents(order, shape(len(order)))
+        cycles = disjoint_cycles(topology, ranks)
+        order = list(cycles[(channel // 2) % len(cycles)][0])
+        if _uniform(topology, ranks):
+            return _positions_to_parents(order, shape(len(order)))
+        if channel % 2:  # the second chain runs the cycle the other way: the other link directions
+            order = order[::-1]
+        return {rank: previous for previous, rank in zip([None] + order, order)}
     parents: dict[int, int | None] = {}
     heads = []
     for node in range(topology.nodes):
@@ -68,6 +79,14 @@ def tree_parents(topology: Topology, channel: int) -> dict[int, int | None]:
         heads.append(head)
     parents.update(_positions_to_parents(heads, shape(topology.nodes)))
     return parents
+
+
+def _uniform(topology: Topology, ranks: tuple[int, ...]) -> bool:
+    """Return True when every pair of ``ranks`` has the same route bandwidth and α (a switch)."""
+    routes = [route(topology, a, b) for a in ranks for b in ranks if a != b]
+    bandwidths = [r.bandwidth_GBps for r in routes]
+    alphas = [r.alpha_us for r in routes]
+    return max(bandwidths) <= min(bandwidths) * _UNIFORM_TOLERANCE and max(alphas) <= min(alphas) * _UNIFORM_TOLERANCE + 1e-12
 
 
 def _depth(parents: dict[int, int | None]) -> int:
@@ -95,7 +114,8 @@ def default_tree_chunks(topology: Topology, size_bytes: int, channels: int) -> i
     return int(min(MAX_TREE_CHUNKS, max(1, round(best))))
 
 
-def _default_channels(topology: Topology) -> int:
+def default_tree_channels(topology: Topology) -> int:
+    """Return the default number of trees: 2 on one machine, 2 per NIC across machines (<= 32)."""
     return 2 if topology.nodes == 1 else min(MAX_CHANNELS, 2 * max(1, len(topology.nics(0))))
 
 
@@ -134,7 +154,7 @@ def tree_algorithm(
         raise ArgumentError(topology.name, "collective", f"no tree baseline for {collective.value}", "allreduce (trees reduce and broadcast)")
     if topology.num_ranks < 2:
         raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs for a tree")
-    count = _default_channels(topology) if channels is None else channels
+    count = default_tree_channels(topology) if channels is None else channels
     if not 1 <= count <= MAX_CHANNELS:
         raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_CHANNELS}")
     if chunks is None:

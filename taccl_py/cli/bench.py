@@ -1,11 +1,106 @@
-"""``taccl`` subcommands of this group (being written)."""
+"""``taccl bench``: time an algorithm or library against torch.distributed's own collectives.
+
+Run it under ``torchrun --nproc-per-node N taccl bench ...`` (every rank runs, rank 0 prints), or
+let it start N local gloo ranks itself with ``--nproc N``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from dataclasses import asdict
 
-__all__ = ["register"]
+from taccl_py.cli._output import format_table
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+from taccl_py.units import format_size, parse_sizes
+
+__all__ = ["register", "format_rows", "DEFAULT_SIZES"]
+
+#: Sizes timed when --sizes is not given (nccl-tests convention: AG output, RS input, AR buffer).
+DEFAULT_SIZES = "64KB-64MB"
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
+
+
+def format_rows(rows: list) -> str:
+    """Return the benchmark table: per size, our time and torch's (µs), algbw (GB/s) and speedup."""
+    headers = ["collective", "size", "algorithm", "ours_us", "torch_us", "ours_GBps", "torch_GBps", "speedup"]
+    body = [
+        [r.collective, format_size(r.size_bytes), r.algorithm, f"{r.ours_time_us:.0f}", f"{r.torch_time_us:.0f}",
+         f"{r.ours_algbw_GBps:.3f}", f"{r.torch_algbw_GBps:.3f}", f"{r.speedup:.2f}x"]
+        for r in rows
+    ]
+    return format_table(headers, body)
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _spec(args: argparse.Namespace):
+    from taccl_py.runtime.bench import BenchSpec
+
+    if args.iters < 1 or args.warmup < 0:
+        raise ArgumentError(None, "--iters/--warmup", f"{args.iters}/{args.warmup}", "at least 1 timed iteration and 0 or more warm-up ones")
+    library = (args.algorithm,) if args.algorithm else tuple(args.library)
+    collectives = tuple(Collective(c).value for c in args.collective) if args.collective else None
+    return BenchSpec(library, collectives, parse_sizes(args.sizes), args.dtype, args.iters, args.warmup, args.timeout_s, _progress if args.progress else None)
+
+
+def _check_library(spec, world_size: int) -> None:
+    """Fail before starting any process when the library cannot serve ``world_size`` ranks."""
+    from taccl_py.runtime.selection import collect_algorithms
+
+    collect_algorithms(list(spec.library), world_size)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    spec = _spec(args)
+    under_torchrun = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    if args.nproc is not None:
+        if args.nproc < 2:
+            raise ArgumentError(None, "--nproc", f"{args.nproc}", "2 or more local ranks")
+        _check_library(spec, args.nproc)
+        from taccl_py.runtime.bench import bench_worker
+        from taccl_py.runtime.launch import run_local
+
+        rows = run_local(bench_worker, args.nproc, (spec,), timeout_s=args.join_timeout_s)[0]
+    elif under_torchrun:
+        from taccl_py.runtime.bench import run_bench
+
+        rows = run_bench(spec)
+        if int(os.environ["RANK"]) != 0:
+            return 0
+    else:
+        raise ArgumentError(None, "launch", "not started by torchrun and no --nproc", "torchrun --nproc-per-node N taccl bench ..., or taccl bench --nproc N ...")
+    if args.json:
+        print(json.dumps([asdict(row) for row in rows], indent=2))
+    else:
+        print(format_rows(rows))
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this group's subcommands to ``subparsers``."""
+    """Add ``bench`` to ``subparsers``."""
+    bench = subparsers.add_parser(
+        "bench", help="time an algorithm or library against torch.distributed's own collectives",
+        description="Run under torchrun (every rank runs, rank 0 prints) or with --nproc N local gloo ranks. "
+        "Each size reports the median over iterations of the slowest rank's time, ours and torch's timed alternately.",
+    )
+    source = bench.add_mutually_exclusive_group(required=True)
+    source.add_argument("--algorithm", metavar="FILE", help="one algorithm file (taccl JSON or MSCCL-IR XML)")
+    source.add_argument("--library", metavar="L", nargs="+", help="a built-in topology name, a *.library.json, or algorithm files")
+    bench.add_argument("--collective", action="append", choices=[c.value for c in Collective if c.reduces or c is Collective.ALLGATHER],
+                       help="collective to time (repeatable; default: those the library has)")
+    bench.add_argument("--sizes", default=DEFAULT_SIZES, help=f"sizes: a list '1MB,4MB' or a range growing x4 (default {DEFAULT_SIZES})")
+    bench.add_argument("--dtype", default="float32", choices=_DTYPES, help="element type (default float32)")
+    bench.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
+    bench.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
+    bench.add_argument("--nproc", type=int, metavar="N", help="start N local gloo ranks instead of running under torchrun")
+    bench.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for one message, seconds (default 60)")
+    bench.add_argument("--join-timeout-s", type=float, default=1800.0, help="with --nproc: deadline for all ranks, seconds")
+    bench.add_argument("--json", action="store_true", help="print the rows as JSON")
+    bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")
+    bench.set_defaults(func=_bench)

@@ -25,108 +25,38 @@ from __future__ import annotations
 import datetime
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from taccl_py.collectives import Collective
-from taccl_py.errors import ArgumentError, TransportError
+from taccl_py.errors import ArgumentError
+from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
 from taccl_py.runtime.ordered_worker import OrderedWorker
-from taccl_py.runtime.selection import collect_algorithms, collective_size_bytes
-from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.selection import collect_algorithms
 
-__all__ = ["BACKEND_NAME", "TacclProcessGroup", "BackendTransport", "register_backend"]
+__all__ = ["BACKEND_NAME", "TacclProcessGroup", "register_backend"]
 
 logger = logging.getLogger(__name__)
 
 #: The name ``init_process_group`` takes.
 BACKEND_NAME = "taccl"
 _DEVICES = ["cpu", "cuda"]
-_SOURCE = "taccl backend"
 # torch ReduceOp -> Communicator op; others (PRODUCT, PREMUL_SUM, bitwise) go to the inner backend
 _OPS = (("SUM", "sum"), ("AVG", "avg"), ("MAX", "max"), ("MIN", "min"))
 
 
-class _WorkPending(Pending):
-    __slots__ = ("_work",)
-
-    def __init__(self, work: Any) -> None:
-        self._work = work
-
-    def wait(self, timeout_s: float) -> None:
-        try:
-            done = self._work.wait(datetime.timedelta(seconds=timeout_s))
-        except RuntimeError as error:  # gloo and NCCL report dead peers and timeouts this way
-            raise TransportError(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__) from error
-        if done is False:
-            raise TransportError(f"not complete after {timeout_s:g} s")
-
-
-class BackendTransport(Transport):
-    """Send and receive on a c10d backend object (gloo or NCCL) that no process group registry knows.
-
-    Parameters
-    ----------
-    backend : torch._C._distributed_c10d.Backend
-        A ``ProcessGroupGloo`` or ``ProcessGroupNCCL`` of the group; peers are group ranks.
-    device : torch.device
-        Where the tensors live.
-
-    Notes
-    -----
-    NCCL matches messages by posting order, so a round's messages go out inside one coalesced
-    group (``_start_coalescing``/``_end_coalescing``), as ``batch_isend_irecv`` does.
-    """
-
-    def __init__(self, backend: Any, device: torch.device) -> None:
-        self._backend = backend
-        self.rank = int(backend.rank())
-        self.world_size = int(backend.size())
-        self.device = torch.device(device)
-        self.name = f"taccl-{backend.name().lower()}"
-        self._coalesce = self.device.type == "cuda"
-
-    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
-        """Issue a round's sends and receives without blocking; return their Pending, in order."""
-        try:
-            if self._coalesce and (sends or recvs):
-                self._backend._start_coalescing(self.device)
-                for m in sends:
-                    self._backend.send([m.tensor], m.peer, m.tag)
-                for m in recvs:
-                    self._backend.recv([m.tensor], m.peer, m.tag)
-                shared = _WorkPending(self._backend._end_coalescing(self.device))
-                return [shared] * len(sends), [shared] * len(recvs)
-            send_works = [self._backend.send([m.tensor], m.peer, m.tag) for m in sends]
-            recv_works = [self._backend.recv([m.tensor], m.peer, m.tag) for m in recvs]
-        except RuntimeError as error:
-            raise TransportError(f"{self.name}: {error}") from error
-        return [_WorkPending(w) for w in send_works], [_WorkPending(w) for w in recv_works]
-
-    def close(self) -> None:
-        """Shut the backend down."""
-        self._backend.shutdown()
-
-
-def _make_backend(kind: str, store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> tuple[Any, Any]:
-    """Return (BackendType, backend) of a fresh gloo or NCCL backend on ``store``."""
-    if kind == "gloo":
-        return dist.ProcessGroup.BackendType.GLOO, dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return dist.ProcessGroup.BackendType.NCCL, dist.ProcessGroupNCCL(store, rank, world_size, options)
-
-
-def _device_kinds() -> dict[str, str]:
-    kinds = {"cpu": "gloo"}
+def _device_kinds() -> dict[str, tuple[str, torch.device]]:
+    """Return device type -> (inner backend kind, the device routed tensors must be on)."""
+    kinds = {"cpu": ("gloo", torch.device("cpu"))}
     if torch.cuda.is_available() and dist.is_nccl_available():
-        kinds["cuda"] = "nccl"
+        # the device the process chose (torch.cuda.set_device) before creating the group
+        kinds["cuda"] = ("nccl", torch.device("cuda", torch.cuda.current_device()))
     return kinds
 
 
@@ -167,13 +97,13 @@ class TacclProcessGroup(dist.ProcessGroup):
         self.routed: Counter = Counter()
         self.delegated: Counter = Counter()
         default_type = None
-        for device_type, kind in _device_kinds().items():
-            inner_type, inner = _make_backend(kind, dist.PrefixStore(f"{device_type}/inner/", store), rank, world_size, timeout)
+        for device_type, (kind, device) in _device_kinds().items():
+            inner_type, inner = make_backend(kind, dist.PrefixStore(f"{device_type}/inner/", store), rank, world_size, timeout)
             self._register_backend(torch.device(device_type), inner_type, inner)
             default_type = default_type or inner_type
             if self._has_algorithms:
-                _, link = _make_backend(kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout)
-                self._links[device_type] = BackendTransport(link, torch.device(device_type))
+                _, link = make_backend(kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout)
+                self._links[device_type] = BackendTransport(link, device)
         self._set_default_backend(default_type)
         self._worker = OrderedWorker(f"taccl-pg-rank{rank}")
 
@@ -186,47 +116,46 @@ class TacclProcessGroup(dist.ProcessGroup):
 
     # -- routing ----------------------------------------------------------------------------------
 
-    def _inner(self, tensor: torch.Tensor) -> Any:
-        return self._get_backend(tensor.device)
+    def _communicator(self, collective: Collective, tensors: tuple[torch.Tensor, ...], size_bytes: int) -> Communicator | None:
+        """Return the Communicator that runs this call, or None when the inner backend should.
 
-    def _communicator(self, tensor: torch.Tensor, collective: Collective, output: torch.Tensor, input: torch.Tensor) -> Communicator | None:
-        """Return the Communicator that runs this call, or None when the inner backend should."""
-        link = self._links.get(tensor.device.type)
-        if link is None or self._worker.in_worker_thread() or tensor.numel() == 0:
+        ``size_bytes`` is the call's nccl-tests size (all-gather: output, reduce-scatter: input).
+        """
+        link = self._links.get(tensors[0].device.type)
+        if link is None or size_bytes == 0 or self._worker.in_worker_thread():
             return None
-        if any(t.layout != torch.strided or t.dtype not in SUPPORTED_DTYPES or not t.is_contiguous() or t.device != link.device for t in (output, input)):
+        if any(t.layout != torch.strided or t.dtype not in SUPPORTED_DTYPES or not t.is_contiguous() or t.device != link.device for t in tensors):
             return None
-        communicator = self._communicators.get(tensor.device.type)
+        communicator = self._communicators.get(link.device.type)
         if communicator is None:
             library, topology, nodes = self._spec
             communicator = Communicator(self, library, topology=topology, nodes=nodes, transport=link, timeout_s=self._timeout_s)
-            self._communicators[tensor.device.type] = communicator
-        size_bytes = collective_size_bytes(collective, input.numel() * input.element_size(), output.numel() * output.element_size())
+            self._communicators[link.device.type] = communicator
         return communicator if communicator.algorithm_for(collective, size_bytes) is not None else None
 
     def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]]) -> Any:
         self.routed[collective.value] += 1
-        return _create_work_from_future(self._worker.submit(job))
+        return FutureWork(self._worker.submit(job))
 
     def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
         self.delegated[collective.value] += 1
-        return getattr(self._inner(tensor), method)(*args)
+        return getattr(self._get_backend(tensor.device), method)(*args)
 
     # -- routed collectives -----------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """All-reduce ``tensors[0]`` in place; return its Work."""
         opts = dist.AllreduceOptions() if opts is None else opts
-        op = _op_name(opts)
-        tensor = tensors[0]
-        communicator = self._communicator(tensor, Collective.ALLREDUCE, tensor, tensor) if len(tensors) == 1 and op else None
+        op, tensor = _op_name(opts), tensors[0]
+        routable = len(tensors) == 1 and op is not None
+        communicator = self._communicator(Collective.ALLREDUCE, (tensor,), _nbytes(tensor)) if routable else None
         if communicator is None:
             return self._delegate(Collective.ALLREDUCE, "allreduce", tensor, tensors, opts)
         return self._submit(Collective.ALLREDUCE, partial(_all_reduce, communicator, tensor, op))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """Gather every rank's ``input`` into ``output`` (rank-major); return the Work."""
-        communicator = self._communicator(input, Collective.ALLGATHER, output, input)
+        communicator = self._communicator(Collective.ALLGATHER, (output, input), _nbytes(output))
         if communicator is None:
             return self._delegate(Collective.ALLGATHER, "_allgather_base", input, output, input, opts or dist.AllgatherOptions())
         return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input))
@@ -238,18 +167,17 @@ class TacclProcessGroup(dist.ProcessGroup):
         opts = dist.AllgatherOptions() if opts is None else opts
         input = input_tensors[0]
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
-        fits = len(input_tensors) == 1 and len(outputs) == self.size() and all(_same_kind(t, input) for t in outputs)
-        flat = torch.empty(input.numel() * self.size(), dtype=input.dtype, device=input.device) if fits else None
-        communicator = self._communicator(input, Collective.ALLGATHER, flat, input) if fits else None
+        routable = len(input_tensors) == 1 and len(outputs) == self.size() and all(_same_kind(t, input) for t in outputs)
+        communicator = self._communicator(Collective.ALLGATHER, (input, *outputs), _nbytes(input) * self.size()) if routable else None
         if communicator is None:
             return self._delegate(Collective.ALLGATHER, "allgather", input, output_tensors, input_tensors, opts)
-        return self._submit(Collective.ALLGATHER, partial(_all_gather_list, communicator, flat, outputs, input))
+        return self._submit(Collective.ALLGATHER, partial(_all_gather_list, communicator, outputs, input))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """Reduce ``input`` over ranks and keep this rank's block in ``output``; return the Work."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
         op = _op_name(opts)
-        communicator = self._communicator(input, Collective.REDUCESCATTER, output, input) if op else None
+        communicator = self._communicator(Collective.REDUCESCATTER, (output, input), _nbytes(input)) if op else None
         if communicator is None:
             return self._delegate(Collective.REDUCESCATTER, "_reduce_scatter_base", input, output, input, opts)
         return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter, communicator, output, input, op))
@@ -259,15 +187,13 @@ class TacclProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
         """Reduce the list ``input_tensors[0]`` over ranks into ``output_tensors[0]``; return the Work."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        op = _op_name(opts)
-        output = output_tensors[0]
+        op, output = _op_name(opts), output_tensors[0]
         inputs = input_tensors[0] if len(input_tensors) == 1 else []
-        fits = op is not None and len(output_tensors) == 1 and len(inputs) == self.size() and all(_same_kind(t, output) for t in inputs)
-        flat = torch.empty(output.numel() * self.size(), dtype=output.dtype, device=output.device) if fits else None
-        communicator = self._communicator(output, Collective.REDUCESCATTER, output, flat) if fits else None
+        routable = op is not None and len(output_tensors) == 1 and len(inputs) == self.size() and all(_same_kind(t, output) for t in inputs)
+        communicator = self._communicator(Collective.REDUCESCATTER, (output, *inputs), _nbytes(output) * self.size()) if routable else None
         if communicator is None:
             return self._delegate(Collective.REDUCESCATTER, "reduce_scatter", output, output_tensors, input_tensors, opts)
-        return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, flat, inputs, op))
+        return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, inputs, op))
 
     # -- ordering and lifetime --------------------------------------------------------------------
 
@@ -286,6 +212,10 @@ class TacclProcessGroup(dist.ProcessGroup):
         dist.ProcessGroup.shutdown(self)
 
 
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
 def _same_kind(tensor: torch.Tensor, like: torch.Tensor) -> bool:
     return tensor.numel() == like.numel() and tensor.dtype == like.dtype and tensor.device == like.device
 
@@ -300,8 +230,9 @@ def _all_gather(communicator: Communicator, output: torch.Tensor, input: torch.T
     return [output]
 
 
-def _all_gather_list(communicator: Communicator, flat: torch.Tensor, outputs: list[torch.Tensor], input: torch.Tensor) -> list[torch.Tensor]:
-    communicator.all_gather(flat, input)
+def _all_gather_list(communicator: Communicator, outputs: list[torch.Tensor], input: torch.Tensor) -> list[torch.Tensor]:
+    flat = torch.empty(input.numel() * len(outputs), dtype=input.dtype, device=input.device)
+    communicator.all_gather(flat, input.contiguous())
     for block, out in zip(flat.chunk(len(outputs)), outputs):
         out.copy_(block.view_as(out))
     return list(outputs)
@@ -312,8 +243,8 @@ def _reduce_scatter(communicator: Communicator, output: torch.Tensor, input: tor
     return [output]
 
 
-def _reduce_scatter_list(communicator: Communicator, output: torch.Tensor, flat: torch.Tensor, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
-    torch.cat([t.reshape(-1) for t in inputs], out=flat)
+def _reduce_scatter_list(communicator: Communicator, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
+    flat = torch.cat([t.reshape(-1) for t in inputs])
     communicator.reduce_scatter(output, flat, op)
     return [output]
 

@@ -25,7 +25,17 @@ from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import Executor, block_layout
 from taccl_py.runtime.transport import Message, Pending, Transport
 
-__all__ = ["BenchRow", "bench_sizes", "executor_overhead_us", "ring_algorithm", "DEFAULT_ITERS", "BENCH_COLLECTIVES"]
+__all__ = [
+    "BENCH_COLLECTIVES",
+    "DEFAULT_ITERS",
+    "BenchRow",
+    "BenchSpec",
+    "bench_sizes",
+    "bench_worker",
+    "executor_overhead_us",
+    "ring_algorithm",
+    "run_bench",
+]
 
 #: Timed iterations per size (each: one call of ours and one of torch's).
 DEFAULT_ITERS = 10
@@ -60,11 +70,53 @@ class BenchRow:
         return self.torch_time_us / self.ours_time_us
 
 
+@dataclass(frozen=True)
+class BenchSpec:
+    """What ``taccl bench`` measures: the library, the collectives (None: those it has), the sizes."""
+
+    library: tuple[str, ...]
+    collectives: tuple[str, ...] | None
+    sizes: tuple[int, ...]
+    dtype: str = "float32"
+    iters: int = DEFAULT_ITERS
+    warmup: int = 2
+    timeout_s: float = 60.0
+    progress: Callable[[str], None] | None = None  # hears each size on rank 0; module-level so it pickles
+
+
+def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> list[BenchRow]:
+    """Time ``spec`` on this rank of the group torchrun's environment describes; every rank must call it.
+
+    Initialises torch.distributed from the environment when needed (``Communicator.from_env``).
+    ``progress`` (default ``spec.progress``) hears about each size on rank 0.
+    """
+    progress = progress if progress is not None else spec.progress
+    comm = Communicator.from_env(list(spec.library), timeout_s=spec.timeout_s)
+    if spec.collectives is not None:
+        collectives = tuple(Collective(c) for c in spec.collectives)
+    else:
+        present = {c.algorithm.collective for c in comm.choices.candidates}
+        collectives = tuple(c for c in BENCH_COLLECTIVES if c in present) or BENCH_COLLECTIVES
+    dtype = getattr(torch, spec.dtype)
+    rows: list[BenchRow] = []
+    for collective in collectives:
+        rows += bench_sizes(comm, collective, spec.sizes, dtype=dtype, iters=spec.iters, warmup=spec.warmup, progress=progress if comm.rank == 0 else None)
+    return rows
+
+
+def bench_worker(rank: int, world_size: int, spec: BenchSpec) -> list[BenchRow]:
+    """Entry point of one local rank started by :func:`taccl_py.runtime.launch.launch_local`."""
+    return run_bench(spec)
+
+
 def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int = 1) -> Algorithm:
     """Return a one-channel ring over ranks 0..N-1 in rank order (allreduce in place: RS then AG).
 
-    >>> ring_algorithm(Collective.ALLGATHER, 4).chunks_per_loop
-    4
+    Each rank's block is cut into ``chunks_per_rank`` chunks that travel as separate messages.
+
+    >>> from taccl_py.verify import verify_algorithm
+    >>> verify_algorithm(ring_algorithm(Collective.ALLREDUCE, 4, 2)).ok
+    True
     """
     n, k = num_ranks, chunks_per_rank
     items: list[Transfer | LocalCopy] = []
@@ -77,10 +129,10 @@ def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int 
                 block = (r - step - 1) % n
                 items += [Transfer(r, (r + 1) % n, (_I, block * k + j), (_I, block * k + j), reduce=True) for j in range(k)]
     if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
-        shift = 0 if collective is Collective.ALLGATHER else 1
+        # rank r holds block r whole (its own, or the reduce-scatter's result) and passes it on
         for step in range(n - 1):
             for r in range(n):
-                block = (r - step + shift) % n
+                block = (r - step) % n
                 items += [Transfer(r, (r + 1) % n, (buffer, block * k + j), (buffer, block * k + j)) for j in range(k)]
     if collective is Collective.REDUCESCATTER:
         items += [LocalCopy(r, (_I, r * k + j), (_O, j)) for r in range(n) for j in range(k)]

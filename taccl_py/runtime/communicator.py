@@ -12,6 +12,7 @@ import datetime
 import logging
 import os
 from collections import OrderedDict
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from taccl_py.algorithm import Algorithm
 from taccl_py.collectives import Collective
 from taccl_py.dataflow import Dataflow, build_dataflow
 from taccl_py.errors import ArgumentError, TransportError
+from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
@@ -33,7 +35,7 @@ logger = logging.getLogger(__name__)
 #: every gradient bucket size of a large DDP model.
 MAX_CACHED_EXECUTORS = 64
 _SOURCE = "Communicator"
-_TORCH_OPS = {"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"}
+_TORCH_OPS = MappingProxyType({"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"})
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -78,12 +80,16 @@ class Communicator:
         How messages move; None picks torch.distributed point-to-point on the group's backend.
     timeout_s : float
         Longest wait for one message; a peer silent for longer fails the call.
+    verify : bool
+        Prove every algorithm correct (``taccl_py.verify.check_algorithm``) before it may run.
 
     Raises
     ------
     ArgumentError
         An explicitly given algorithm or library is for another world size, or ``library`` names
         nothing readable.
+    VerificationError
+        With ``verify``, an algorithm does not implement its collective.
     TransportError
         torch.distributed is not initialised or its backend has no transport.
 
@@ -107,6 +113,7 @@ class Communicator:
         nodes: int | None = None,
         transport: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        verify: bool = True,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TransportError("torch.distributed is not initialised; call init_process_group first or use Communicator.from_env()")
@@ -116,6 +123,11 @@ class Communicator:
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self.choices: AlgorithmChoices = collect_algorithms(library, self.world_size, topology=topology, nodes=nodes)
+        if verify:
+            from taccl_py.verify import check_algorithm
+
+            for algorithm in {id(c.algorithm): c.algorithm for c in self.choices.candidates}.values():
+                check_algorithm(algorithm)
         self.transport = _make_transport(transport, process_group)
         if (self.transport.rank, self.transport.world_size) != (self.rank, self.world_size):
             raise ArgumentError(_SOURCE, "transport", f"rank {self.transport.rank} of {self.transport.world_size}", f"rank {self.rank} of {self.world_size} as in the group")
@@ -158,7 +170,12 @@ class Communicator:
             flow = self._dataflows.get(id(algorithm))
             if flow is None:
                 flow = self._dataflows[id(algorithm)] = build_dataflow(algorithm)
-            executor = self._executors[key] = Executor(algorithm, self.rank, dtype, numel, device, flow)
+            independent = self.transport.independent_messages
+            executor = Executor(
+                algorithm, self.rank, dtype, numel, device, flow,
+                prepost_receives=independent, segment_bytes=DEFAULT_SEGMENT_BYTES if independent else None,
+            )
+            self._executors[key] = executor
             while len(self._executors) > MAX_CACHED_EXECUTORS:
                 self._executors.popitem(last=False)
         else:
@@ -216,10 +233,12 @@ class Communicator:
         executor.run(output, input, self.transport, op, self.timeout_s)
 
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
-        key = (collective, size_bytes.bit_length())
-        if key not in self._logged:
-            self._logged.add(key)
-            logger.info("no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own", collective.value, size_bytes, self.world_size)
+        if collective not in self._logged:  # one line per collective, not one per call
+            self._logged.add(collective)
+            logger.info(
+                "no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own (logged once per collective)",
+                collective.value, size_bytes, self.world_size,
+            )
 
     def _torch_collective(self, collective: Collective, output: Any, input: Any, op: str) -> None:
         """Run torch.distributed's own collective on the group (avg as sum then divide, like the executor)."""

@@ -4,8 +4,13 @@ An :class:`Executor` is built for one (algorithm, rank, dtype, element count, de
 the rank's :class:`~taccl_py.runtime.plan.RankPlan` (rounds of messages and chunk computations),
 allocates the scratch, temporary and snapshot buffers, and on each call binds the plan to tensor
 views (cached per pair of user tensors) and replays it: per round, snapshot copies, all sends and
-receives posted together, the receives waited, the lazily placed send waits, then the reductions
-with torch on whole chunks. Python does work per message and per chunk range, never per element.
+receives posted together, then the receives waited in order with each reduction (torch, on whole
+chunks or segments) run as soon as the data it reads is in, after the lazily placed send waits.
+Python does work per message and per chunk range, never per element.
+
+On transports that match every message on its own (gloo), the executor also posts receives a
+round ahead where nothing touches their target, cuts messages into segments, and forwards a
+segment of the next round as soon as it is final: the ring then runs as a pipeline.
 
 Element layout: the collective's unit ``numel`` is the length of a rank's shard (allgather:
 the input; reducescatter: the output; allreduce: the tensor; alltoall: one peer's block). A user
@@ -17,8 +22,9 @@ on padded buffers and copies in and out; otherwise it works on views of the user
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -27,8 +33,9 @@ from taccl_py.algorithm import Algorithm
 from taccl_py.collectives import Collective
 from taccl_py.dataflow import Dataflow
 from taccl_py.errors import ArgumentError, TacclError, TransportError
-from taccl_py.runtime.plan import RankPlan, Span, Storage, compile_rank_plan
-from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, TAG_BASE, Message, Transport
+from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
+from taccl_py.runtime.plan import RankPlan, Storage, compile_rank_plan
+from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
 __all__ = ["Executor", "SUPPORTED_DTYPES", "REDUCE_OPS", "block_layout"]
 
@@ -36,7 +43,7 @@ __all__ = ["Executor", "SUPPORTED_DTYPES", "REDUCE_OPS", "block_layout"]
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
 #: Reduction operators; avg is sum followed by a division by the rank count.
 REDUCE_OPS = ("sum", "avg", "max", "min")
-_COMBINE: dict[str, Callable[..., Any]] = {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}
+_COMBINE: Mapping[str, Callable[..., Any]] = MappingProxyType({"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum})
 _SOURCE = "executor"
 
 
@@ -56,34 +63,13 @@ def block_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -
     return num_ranks, num_ranks, per_rank
 
 
-def _overlap(a: Any, b: Any) -> bool:
-    """Return True when two tensors share memory."""
-    a_start, b_start = a.data_ptr(), b.data_ptr()
-    return a_start < b_start + b.numel() * b.element_size() and b_start < a_start + a.numel() * a.element_size()
-
-
-@dataclass
-class _Round:
-    """A round bound to tensors."""
-
-    index: int
-    snapshots: list[tuple[Any, Any]]
-    sends: list[Message]
-    send_ids: list[int]
-    send_steps: list[tuple[int, int, int]]
-    recvs: list[Message]
-    recv_steps: list[tuple[int, int, int]]
-    send_waits: list[int]
-    computes: list[tuple[Any, Any, Any, bool]]  # (target, source, second source or None, copy sources first)
-
-
 @dataclass
 class _Binding:
     """The plan bound to one pair of user tensors."""
 
     keep: tuple[Any, ...]  # the user tensors, held so their addresses stay theirs
     copy_in: list[tuple[Any, Any]]
-    rounds: list[_Round]
+    rounds: list[BoundRound]
     copy_out: list[tuple[Any, Any]]
     final_waits: list[int]
 
@@ -105,6 +91,14 @@ class Executor:
         Where the scratch buffers live (the transport's device).
     dataflow : Dataflow, optional
         ``build_dataflow(algorithm)`` when already computed.
+    prepost_receives : bool
+        Post receives a round early where safe, and a round's sends as soon as their data is
+        final; only for transports whose ``independent_messages`` is True (see
+        :func:`~taccl_py.runtime.plan.compile_rank_plan` and :mod:`taccl_py.runtime.binding`).
+    segment_bytes : int, optional
+        Cut longer messages into segments of at most this many bytes and reduce each segment as
+        it arrives (see :mod:`taccl_py.runtime.binding`); every rank must use the same value.
+        None sends every message whole.
 
     Raises
     ------
@@ -112,6 +106,14 @@ class Executor:
         Unsupported dtype, non-positive ``numel``, a rank outside the algorithm.
     VerificationError
         The algorithm is structurally broken.
+
+    Notes
+    -----
+    Scratch, per-step temporaries and send snapshots are allocated once, here. The views of the
+    user's tensors are built on the first run with a given (output, input) pair and reused; the
+    executor keeps the last two pairs alive for that (their addresses then stay theirs).
+    Temporaries are not shared between steps: a plan needs as many temporary chunks as its
+    reducing receives carry.
 
     Examples
     --------
@@ -132,16 +134,24 @@ class Executor:
     [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     """
 
-    __slots__ = ("algorithm", "plan", "rank", "dtype", "numel", "device", "chunk_elems", "blocks", "padded", "_scratch", "_bindings")
+    __slots__ = ("algorithm", "plan", "rank", "dtype", "numel", "device", "chunk_elems", "blocks", "padded", "segment_bytes", "eager_sends", "_scratch", "_bindings")
 
-    def __init__(self, algorithm: Algorithm, rank: int, dtype: Any, numel: int, device: Any = "cpu", dataflow: Dataflow | None = None) -> None:
+    def __init__(
+        self, algorithm: Algorithm, rank: int, dtype: Any, numel: int, device: Any = "cpu", dataflow: Dataflow | None = None, *,
+        prepost_receives: bool = False, segment_bytes: int | None = None,
+    ) -> None:
         if dtype not in SUPPORTED_DTYPES:
             raise ArgumentError(_SOURCE, "dtype", f"{dtype} is not supported", ", ".join(str(d) for d in SUPPORTED_DTYPES))
         if not isinstance(numel, int) or numel < 1:
             raise ArgumentError(_SOURCE, "numel", f"{numel!r}", "a positive element count")
-        self.algorithm, self.rank, self.dtype, self.numel = algorithm, rank, dtype, numel
+        if segment_bytes is not None and segment_bytes < 1:
+            raise ArgumentError(_SOURCE, "segment_bytes", f"{segment_bytes!r}", "a positive byte count or None")
+        self.algorithm, self.rank, self.dtype, self.numel, self.segment_bytes = algorithm, rank, dtype, numel, segment_bytes
+        self.eager_sends = prepost_receives  # both need a transport that matches messages one by one
         self.device = torch.device(device)
-        self.plan: RankPlan = compile_rank_plan(algorithm, rank, dataflow)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.plan: RankPlan = compile_rank_plan(algorithm, rank, dataflow, prepost_receives=prepost_receives)
         in_blocks, out_blocks, per_block = block_layout(algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop)
         self.blocks = (in_blocks, out_blocks, per_block)
         self.chunk_elems = math.ceil(numel / per_block)
@@ -218,7 +228,7 @@ class Executor:
             copy_in += pairs
             copy_out.append((output.view(-1), pairs[self.rank][0]))
         else:
-            if self.padded or plan.writes_input or _overlap(output, input):
+            if self.padded or plan.writes_input or overlaps(output, input):
                 storages[Storage.INPUT], pairs = self._work(input, in_blocks, plan.input_chunks)
                 copy_in += pairs
             else:
@@ -229,33 +239,9 @@ class Executor:
             else:
                 storages[Storage.OUTPUT] = output.view(-1)
         copy_in = [(dst, src) for dst, src in copy_in if dst.data_ptr() != src.data_ptr()]
-        rounds = [self._bind_round(r, storages) for r in plan.rounds]
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        rounds = bind_rounds(plan.rounds, storages, self.chunk_elems, self.segment_bytes, element_size, eager_sends=self.eager_sends)
         return _Binding((output, input), copy_in, rounds, copy_out, list(plan.final_send_waits))
-
-    def _view(self, storages: dict[Storage, Any], span: Span) -> Any:
-        ce = self.chunk_elems
-        return storages[span.storage][span.offset * ce:(span.offset + span.count) * ce]
-
-    def _bind_round(self, rnd: Any, storages: dict[Storage, Any]) -> _Round:
-        view = self._view
-        computes = []
-        for op in rnd.computes:
-            target = view(storages, op.target)
-            sources = [view(storages, s) for s in op.sources]
-            # a source that partly overlaps its target is read into a copy before the target is written
-            staged = any(span != op.target and span.overlaps(op.target) for span in op.sources)
-            computes.append((target, sources[0], sources[1] if len(sources) > 1 else None, staged))
-        return _Round(
-            rnd.index,
-            [(view(storages, copy), view(storages, src)) for copy, src in rnd.snapshots],
-            [Message(m.peer, TAG_BASE + m.channel, view(storages, m.span)) for m in rnd.sends],
-            [m.index for m in rnd.sends],
-            [(m.peer, m.threadblock, m.step) for m in rnd.sends],
-            [Message(m.peer, TAG_BASE + m.channel, view(storages, m.span)) for m in rnd.recvs],
-            [(m.peer, m.threadblock, m.step) for m in rnd.recvs],
-            list(rnd.send_waits),
-            computes,
-        )
 
     # -- replay -----------------------------------------------------------------------------------
 
@@ -284,32 +270,69 @@ class Executor:
                 output.div_(self.algorithm.num_ranks, rounding_mode="trunc")
 
     def _replay(self, binding: _Binding, transport: Transport, combine: Callable[..., Any], timeout_s: float) -> None:
-        pending: list[Any] = [None] * self.plan.num_sends
-        for rnd in binding.rounds:
+        pending: list[list[Any]] = [[] for _ in range(self.plan.num_sends)]  # per plan send: its segments
+        early: list[tuple[Any, tuple[int, int, int]]] = []  # receives posted ahead for the coming round
+        sent_ahead = 0  # leading sends of the coming round already posted
+        rounds = binding.rounds
+        for number, rnd in enumerate(rounds):
+            self._wait_sends(pending, rnd.pre_waits, timeout_s)
             for dst, src in rnd.snapshots:
                 dst.copy_(src)
-            if rnd.sends or rnd.recvs:
-                try:
-                    send_pending, recv_pending = transport.post(rnd.sends, rnd.recvs)
-                except TacclError as error:
-                    raise self._failure("post", rnd.index, (rnd.send_steps + rnd.recv_steps)[0], error) from error
-                for index, handle, where in zip(rnd.send_ids, send_pending, rnd.send_steps):
-                    pending[index] = (handle, rnd.index, where)
-                for handle, where in zip(recv_pending, rnd.recv_steps):
-                    self._wait(handle, "receive from", rnd.index, where, timeout_s)
-            for index in rnd.send_waits:
-                handle, level, where = pending[index]
-                self._wait(handle, "send to", level, where, timeout_s)
-            for target, a, b, staged in rnd.computes:
+            arrived, early = early, []
+            if len(rnd.sends) > sent_ahead or rnd.recvs:
+                send_pending, recv_pending = self._post(transport, rnd, rnd.sends[sent_ahead:], rnd.recvs)
+                for index, handle, where in zip(rnd.send_ids[sent_ahead:], send_pending, rnd.send_steps[sent_ahead:]):
+                    pending[index].append((handle, rnd.index, where))
+                cut = len(recv_pending) - rnd.num_early
+                arrived += list(zip(recv_pending[:cut], rnd.recv_steps[:cut]))
+                early = list(zip(recv_pending[cut:], rnd.recv_steps[cut:]))
+            following = rounds[number + 1] if number + 1 < len(rounds) else None
+            sent_ahead = self._progress(rnd, arrived, pending, combine, timeout_s, transport, following)
+        self._wait_sends(pending, binding.final_waits, timeout_s)
+
+    def _post(self, transport: Transport, rnd: BoundRound, sends: list, recvs: list) -> tuple[Any, Any]:
+        try:
+            return transport.post(sends, recvs)
+        except TacclError as error:
+            raise self._failure("post", rnd.index, (rnd.send_steps + rnd.recv_steps)[0], error) from error
+
+    def _progress(self, rnd: BoundRound, arrived: list, pending: list[list[Any]], combine: Callable[..., Any], timeout_s: float, transport: Transport, following: BoundRound | None) -> int:
+        """Wait for the round's receives in order, reducing each piece as soon as its data is in.
+
+        Posts the leading sends of ``following`` whose data became final; returns how many.
+        """
+        computes, next_compute, ahead = rnd.computes, 0, 0
+        eager = rnd.eager or []
+        for position in range(len(arrived) + 1):
+            if position == len(arrived):  # every receive is in: the sends the round overwrites may complete
+                self._wait_sends(pending, rnd.send_waits, timeout_s)
+            while next_compute < len(computes) and computes[next_compute][4] < position:
+                target, a, b, staged, _after = computes[next_compute]
                 if staged:
                     a, b = a.clone(), (None if b is None else b.clone())
                 if b is None:
                     target.copy_(a)
                 else:
                     combine(a, b, out=target)
-        for index in binding.final_waits:
-            handle, level, where = pending[index]
-            self._wait(handle, "send to", level, where, timeout_s)
+                next_compute += 1
+            ready = ahead
+            while ready < len(eager) and eager[ready][0] < next_compute and eager[ready][1] < position:
+                ready += 1
+            if ready > ahead:
+                handles, _ = self._post(transport, following, following.sends[ahead:ready], [])
+                for index, handle, where in zip(following.send_ids[ahead:ready], handles, following.send_steps[ahead:ready]):
+                    pending[index].append((handle, following.index, where))
+                ahead = ready
+            if position < len(arrived):
+                handle, where = arrived[position]
+                self._wait(handle, "receive from", rnd.index, where, timeout_s)
+        return ahead
+
+    def _wait_sends(self, pending: list[list[Any]], indices: list[int], timeout_s: float) -> None:
+        for index in indices:
+            for handle, level, where in pending[index]:
+                self._wait(handle, "send to", level, where, timeout_s)
+            pending[index] = []
 
     def _wait(self, handle: Any, what: str, level: int, where: tuple[int, int, int], timeout_s: float) -> None:
         try:

@@ -1,7 +1,9 @@
 """Run a function on N local processes joined in a gloo (or NCCL) group: tests, benchmarks, ``taccl bench``.
 
-The parent opens a TCPStore on 127.0.0.1 with port 0 (the OS picks a free one); each child joins
-it, initialises torch.distributed with its rank and calls ``fn(rank, world_size, *args)``. The
+The parent opens a TCPStore on 127.0.0.1 with port 0 (the OS picks a free one) and gives each
+child the environment torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT, with the parent's store
+as the agent store); the child initialises torch.distributed from it and calls
+``fn(rank, world_size, *args)``. The
 parent waits until every rank reported or the join deadline passed, and returns one
 :class:`RankOutcome` per rank: the value, or the traceback, exit code and time of a rank that
 failed, died or hung. :func:`run_local` raises when any rank failed, naming it.
@@ -46,27 +48,36 @@ class RankOutcome:
     elapsed_s: float = 0.0
 
 
-def _child(rank: int, world_size: int, port: int, backend: str, pg_timeout_s: float, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def _torchrun_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """Return the variables torchrun gives a worker, pointing at the parent's store (the agent store)."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+
+
+def _child(rank: int, world_size: int, port: int, backend: str | None, pg_timeout_s: float, fn: Callable[..., Any], args: tuple, results: Any) -> None:
     start = time.perf_counter()
     try:
         import torch
         import torch.distributed as dist
 
+        os.environ.update(_torchrun_environment(rank, world_size, port))
         if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # keep gloo on loopback
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-        timeout = datetime.timedelta(seconds=pg_timeout_s)
-        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        if backend is not None:
+            dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=pg_timeout_s))
         value = fn(rank, world_size, *args)
         results.put((rank, True, value, None, time.perf_counter() - start))
     except BaseException:  # report everything, including SystemExit, to the parent
         results.put((rank, False, None, traceback.format_exc(), time.perf_counter() - start))
         return
-    try:
-        dist.destroy_process_group()
-    except RuntimeError:  # a peer already gone; the result is in
-        pass
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except RuntimeError:  # a peer already gone; the result is in
+            pass
 
 
 def _context() -> Any:
@@ -101,7 +112,7 @@ def _collect(processes: list[Any], results: Any, deadline: float) -> dict[int, R
     return outcomes
 
 
-def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, backend: str = "gloo", timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0) -> list[RankOutcome]:
+def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, backend: str | None = "gloo", timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; return every rank's outcome.
 
     Parameters
@@ -112,8 +123,10 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
         Number of processes (ranks).
     args : sequence
         Extra arguments for ``fn`` (picklable).
-    backend : str
-        torch.distributed backend, "gloo" by default.
+    backend : str or None
+        torch.distributed backend the children initialise before calling ``fn`` ("gloo" by
+        default); None leaves it to ``fn`` (the environment is torchrun's, so ``init_method="env://"``
+        and :meth:`Communicator.from_env` work).
     timeout_s : float
         Join deadline: ranks still running after it are terminated and reported as hung.
     pg_timeout_s : float

@@ -14,8 +14,9 @@ communicator's process group: a collective issued there from another thread (DDP
 buffers, say) could interleave with a job's messages in a different order on different ranks.
 
 After a job fails, the worker fails every later job at once with a :class:`TransportError` that
-names the first failure, so a broken peer surfaces as an exception in every rank's ``backward``
-instead of a hang; :meth:`OrderedWorker.close` stops the thread.
+names the first failure, so a broken peer surfaces as an exception from ``backward`` (or from a
+Work's ``wait``) within the transport's timeout instead of a hang; :meth:`OrderedWorker.close`
+stops the thread.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ class OrderedWorker:
     Notes
     -----
     A job is a callable with no arguments; its return value becomes the Future's result. A job
-    that raises completes its Future with that exception (a :class:`~taccl_py.errors.TacclError`
-    as it is, anything else wrapped in a :class:`~taccl_py.errors.TransportError`), and every job
+    that raises fails its Future with that exception (a :class:`~taccl_py.errors.TacclError` as
+    it is, anything else wrapped in a :class:`~taccl_py.errors.TransportError`), and every job
     submitted afterwards fails at once, because the peers' message order is lost.
 
     Examples
@@ -94,12 +95,19 @@ class OrderedWorker:
     def submit(self, job: Callable[[], Any]) -> torch.futures.Future:
         """Queue ``job`` behind the jobs already submitted; return the Future of its result.
 
+        A failed job's Future holds a torch-level error, so C++ waiters (DDP's reducer, a
+        process group's Work) raise too; in Python ``wait()`` raises RuntimeError whose message
+        names the :class:`~taccl_py.errors.TransportError` (also kept in :attr:`failure`).
+
         Raises
         ------
         ArgumentError
             If the worker was closed.
         """
         future: torch.futures.Future = torch.futures.Future()
+        # torch.futures.Future.set_exception stores the exception as the *value* and re-raises it
+        # only from Python; a callback that raises gives a real error that C++ waiters see.
+        surfaced = future.then(_value_or_raise)
         with self._lock:
             if self._closed:
                 raise ArgumentError(self._name, "submit", "the worker is closed", "a job before close()")
@@ -108,7 +116,7 @@ class OrderedWorker:
                 self._queue.put((job, future))
         if failure is not None:
             future.set_exception(_after_failure(self._name, failure))
-        return future
+        return surfaced
 
     def flush(self) -> torch.futures.Future:
         """Return a Future that completes once every job submitted so far has finished."""
@@ -154,6 +162,10 @@ class OrderedWorker:
 
 def _no_op() -> None:
     return None
+
+
+def _value_or_raise(future: torch.futures.Future) -> Any:
+    return future.wait()
 
 
 def _as_taccl_error(name: str, exc: Exception) -> Exception:

@@ -16,6 +16,11 @@ before it), the SEND copies its source to a private *snapshot* at its round; oth
 waits for the transfer right before that write (after the RECVs of a round completed, never
 while posting), or at the end of the collective.
 
+With ``prepost_receives`` (transports that match each message on its own) a RECV is posted one
+round early when nothing on the rank touches its target in between; a send of an earlier round
+still reading that target is then waited for at the start of the posting round (it was matched
+in its own round, so that wait cannot deadlock).
+
 Everything here is pure Python over chunk indices; :mod:`taccl_py.runtime.executor` binds it to
 tensors.
 """
@@ -83,9 +88,12 @@ class ComputeOp:
 class RoundPlan:
     """What a rank does in one round, in order.
 
-    ``snapshots`` are (private copy, source) pairs copied first; then ``sends`` and ``recvs`` are
-    posted together; the round waits for its ``recvs``, then for the earlier sends listed in
-    ``send_waits`` (indices into the plan's sends), then runs ``computes``.
+    ``pre_waits`` (sends of earlier rounds) are waited for first, ``snapshots`` (private copy,
+    source) pairs copied next; then ``sends``, ``recvs`` and
+    ``early_recvs`` (receives of the next round, posted ahead) are posted together; the round
+    waits for the receives posted ahead for it by the previous round, then for its ``recvs``, then
+    for the earlier sends listed in ``send_waits`` (indices into the plan's sends), then runs
+    ``computes``.
     """
 
     index: int
@@ -94,6 +102,8 @@ class RoundPlan:
     recvs: tuple[WireOp, ...]
     send_waits: tuple[int, ...]
     computes: tuple[ComputeOp, ...]
+    early_recvs: tuple[WireOp, ...] = ()
+    pre_waits: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,7 +218,7 @@ def _send_hazard(send_round: int, wire_round: int, source: Span, writes: list[_W
     return False, first.round - 1 if first.is_recv else first.round
 
 
-def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None = None) -> RankPlan:
+def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None = None, *, prepost_receives: bool = False) -> RankPlan:
     """Return the flat plan that runs ``rank``'s part of ``algorithm`` under the round semantics.
 
     Parameters
@@ -219,6 +229,10 @@ def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None
         The rank whose plan to build.
     dataflow : Dataflow, optional
         ``build_dataflow(algorithm)`` when the caller already has it (compiling every rank).
+    prepost_receives : bool
+        Post a receive one round early where nothing touches its target in between, so the data
+        can land while this rank still computes. Only for transports that match every message on
+        its own (gloo): under NCCL's grouped rounds an early receive would join the wrong group.
 
     Returns
     -------
@@ -244,18 +258,27 @@ def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None
     [(1, 1, 1)]
     """
     flow = _checked_dataflow(algorithm, rank, dataflow)
-    rounds = flow.rounds
-    seq = _sequence_numbers(flow.actions)
     spans = _Spans(algorithm, rank, {})
     mine = [a for a in flow.actions_in_round_order() if a.rank == rank]
-    writes = [_Write(rounds[a.id], a.kind is ActionKind.RECV, spans.span(a.target)) for a in mine if a.target is not None and a.kind is not ActionKind.SEND]
+    writes = [_Write(flow.rounds[a.id], a.kind is ActionKind.RECV, spans.span(a.target)) for a in mine if a.target is not None and a.kind is not ActionKind.SEND]
+    per_round, send_keys, snapshot_chunks = _place_actions(flow, mine, spans, writes)
+    return _assemble(algorithm, rank, spans, snapshot_chunks, per_round, send_keys, writes, prepost_receives)
+
+
+def _place_actions(flow: Dataflow, mine: list[Action], spans: _Spans, writes: list[_Write]) -> tuple[dict, list[tuple], int]:
+    """Put each action of the rank in its round; sends go to their wire round, snapshotted where needed.
+
+    Returns the per-round parts, the sends as (wire round, peer, channel, sequence number, source,
+    action, round to wait after) and the snapshot size in chunks.
+    """
+    rounds, seq = flow.rounds, _sequence_numbers(flow.actions)
     per_round: dict[int, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     snapshot_chunks = 0
     send_keys: list[tuple] = []
     for action in mine:
         level = rounds[action.id]
         if action.kind is ActionKind.COMPUTE:
-            if action.target is not None:
+            if action.target is not None:  # a nop carries only dependencies
                 sources = tuple(spans.span(region) for region in action.sources)
                 per_round[level]["computes"].append(ComputeOp(spans.span(action.target), sources, action.threadblock, action.step))
         elif action.kind is ActionKind.RECV:
@@ -271,28 +294,83 @@ def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None
                 per_round[level]["snapshots"].append((copy, source))
                 source = copy
             send_keys.append((wire_round, action.peer, action.channel, seq[action.id], source, action, wait_round))
-    return _assemble(algorithm, rank, spans, snapshot_chunks, per_round, send_keys, writes)
+    return per_round, send_keys, snapshot_chunks
 
 
-def _assemble(algorithm: Algorithm, rank: int, spans: _Spans, snapshot_chunks: int, per_round: dict, send_keys: list[tuple], writes: list[_Write]) -> RankPlan:
-    """Order the wire sends, attach the lazy waits and build the RankPlan."""
-    send_keys.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
-    final_waits: list[int] = []
-    for index, (wire_round, peer, channel, _seq, source, action, wait_round) in enumerate(send_keys):
-        op = WireOp(peer, channel, source, action.threadblock, action.step, index)
-        per_round[wire_round]["sends"].append(((peer, channel, _seq), op))
-        if wait_round is None:
-            final_waits.append(index)
+def _busy_spans(parts: dict, a: int, b: int, arriving: list[WireOp], sends: dict[int, tuple[Span, int]], waits: dict[int, tuple[str, int | None]]) -> tuple[list[Span], dict[int, Span]]:
+    """Return what rank-local work touches between round ``a``'s post and round ``b``'s receive wait.
+
+    The second value holds the in-flight sends of rounds before ``a``: instead of blocking an early
+    receive they can be waited for at the start of round ``a``.
+    """
+    now, after = parts[a], parts[b]
+    busy = [m.span for m in list(now["recvs"]) + arriving] + [c.target for c in now["computes"]] + [x for c in now["computes"] for x in c.sources]
+    busy += [source for _copy, source in after["snapshots"]] + [op.span for _key, op in after["sends"]]
+    movable: dict[int, Span] = {}
+    for index, (source, wire_round) in sends.items():
+        kind, level = waits[index]
+        if wire_round > a or (kind == "pre" and level <= a) or (kind == "after" and level < a):
+            continue  # not yet issued, or already complete when round a posts
+        if wire_round < a:
+            movable[index] = source
         else:
-            per_round[wait_round]["send_waits"].append(index)
+            busy.append(source)
+    return busy, movable
+
+
+def _prepost(parts: dict, levels: list[int], sends: dict[int, tuple[Span, int]], waits: dict[int, tuple[str, int | None]]) -> None:
+    """Move each round's receives that nothing touches in between into the previous round's early list.
+
+    A send of an earlier round whose source an early receive would overwrite is waited for at the
+    start of the posting round instead (it was matched in its own round, so that cannot deadlock).
+    Receives from one (peer, channel) keep their order: once one stays, the later ones stay too.
+    """
+    arriving: list[WireOp] = []
+    for a, b in zip(levels, levels[1:]):
+        busy, movable = _busy_spans(parts, a, b, arriving, sends, waits)
+        early, late, blocked = [], [], set()
+        for op in parts[b]["recvs"]:
+            key = (op.peer, op.channel)
+            if key in blocked or any(op.span.overlaps(span) for span in busy):
+                blocked.add(key)
+                late.append(op)
+                continue
+            early.append(op)
+            for index, source in movable.items():
+                if source.overlaps(op.span) and waits[index] != ("pre", a):
+                    waits[index] = ("pre", a)
+        parts[a]["early"], parts[b]["recvs"], arriving = early, late, early
+
+
+def _assemble(algorithm: Algorithm, rank: int, spans: _Spans, snapshot_chunks: int, per_round: dict, send_keys: list[tuple], writes: list[_Write], prepost_receives: bool) -> RankPlan:
+    """Order the wire sends, place the lazy waits (and receives posted ahead) and build the RankPlan."""
+    send_keys.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
+    waits: dict[int, tuple[str, int | None]] = {}
+    sources: dict[int, tuple[Span, int]] = {}
+    for index, (wire_round, peer, channel, seq, source, action, wait_round) in enumerate(send_keys):
+        per_round[wire_round]["sends"].append(((peer, channel, seq), WireOp(peer, channel, source, action.threadblock, action.step, index)))
+        waits[index] = ("final", None) if wait_round is None else ("after", wait_round)
+        sources[index] = (source, wire_round)
+    for kind, level in waits.values():
+        if level is not None:
+            per_round.setdefault(level, defaultdict(list))  # a round may hold nothing but this wait
+    for parts in per_round.values():
+        parts["recvs"] = [op for _key, op in sorted(parts["recvs"], key=lambda item: (item[1].peer, item[0]))]
+    # every level here has work: an action, or a send wait (a round that loses all its receives
+    # to the round before still waits for them, so levels are fixed before receives move)
+    levels = sorted(per_round)
+    if prepost_receives:
+        _prepost(per_round, levels, sources, waits)
+    for index, (kind, level) in waits.items():
+        if kind != "final":
+            per_round[level]["pre_waits" if kind == "pre" else "send_waits"].append(index)
     built = []
-    for level in sorted(per_round):
+    for level in levels:
         parts = per_round[level]
-        recvs = [op for _key, op in sorted(parts["recvs"], key=lambda item: (item[1].peer, item[0]))]
-        sends = [op for _key, op in parts["sends"]]
-        if not (parts["snapshots"] or sends or recvs or parts["send_waits"] or parts["computes"]):
-            continue
-        built.append(RoundPlan(level, tuple(parts["snapshots"]), tuple(sends), tuple(recvs), tuple(sorted(parts["send_waits"])), tuple(parts["computes"])))
+        built.append(RoundPlan(
+            level, tuple(parts["snapshots"]), tuple(op for _key, op in parts["sends"]), tuple(parts["recvs"]),
+            tuple(sorted(parts["send_waits"])), tuple(parts["computes"]), tuple(parts["early"]), tuple(sorted(parts["pre_waits"])),
+        ))
     input_chunks, output_chunks = _data_chunks(algorithm)
     program = algorithm.ranks[rank]
     return RankPlan(
@@ -300,6 +378,6 @@ def _assemble(algorithm: Algorithm, rank: int, spans: _Spans, snapshot_chunks: i
         chunks_per_loop=algorithm.chunks_per_loop, inplace=algorithm.inplace,
         input_chunks=input_chunks, output_chunks=output_chunks, scratch_chunks=program.scratch_chunks,
         temp_chunks=spans.temp_chunks, snapshot_chunks=snapshot_chunks, rounds=tuple(built),
-        num_sends=len(send_keys), final_send_waits=tuple(final_waits),
+        num_sends=len(send_keys), final_send_waits=tuple(i for i, (kind, _l) in sorted(waits.items()) if kind == "final"),
         writes_input=any(write.span.storage is Storage.INPUT for write in writes),
     )

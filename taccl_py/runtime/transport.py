@@ -48,13 +48,16 @@ class Transport(ABC):
     """Point-to-point messaging among ``world_size`` ranks; this end is ``rank``.
 
     Subclasses set ``rank``, ``world_size``, ``device`` (the torch device their tensors live on)
-    and ``name`` in ``__init__``.
+    and ``name`` in ``__init__``. ``independent_messages`` is True when every message is matched
+    and progressed on its own (gloo), so a receive may be posted before the round it belongs to;
+    False when a round's messages form one group that completes together (NCCL).
     """
 
     rank: int
     world_size: int
     device: Any
     name: str
+    independent_messages: bool = False
 
     @abstractmethod
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:

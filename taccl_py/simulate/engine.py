@@ -149,17 +149,22 @@ class ReplayOutcome:
 
 
 class _Replay:
-    """Mutable state of one replay (event heap, flow rates, link occupancy)."""
+    """Mutable state of one replay: event heap, flow progress, and link occupancy by route.
+
+    Flows on the same route hold the same links, so max-min gives them the same rate: links
+    track which routes are active (with a flow count), and rates are computed per route.
+    """
 
     __slots__ = (
-        "plan", "links_of", "flow_bytes", "pending", "heap", "seq", "time_us", "remaining", "rate", "last_us",
-        "version", "link_flows", "busy_since", "busy_us", "link_bytes", "ready_us", "start_us", "end_us", "dirty",
+        "plan", "flow_bytes", "pending", "heap", "seq", "time_us", "remaining", "rate", "last_us", "version",
+        "route_flows", "link_routes", "link_count", "busy_since", "busy_us", "link_bytes",
+        "ready_us", "start_us", "end_us", "dirty",
     )
 
     def __init__(self, plan: SimulationPlan, chunk_bytes: float) -> None:
         count = len(plan.send_route)
+        links = len(plan.link_keys)
         self.plan = plan
-        self.links_of = [plan.route_links[r] if r >= 0 else () for r in plan.send_route]
         self.flow_bytes = [chunks * chunk_bytes for chunks in plan.send_chunks]
         self.pending = list(plan.num_predecessors)
         self.heap: list[tuple[float, int, int, int, int]] = []
@@ -169,15 +174,16 @@ class _Replay:
         self.rate = [0.0] * count
         self.last_us = [0.0] * count
         self.version = [0] * count
-        links = len(plan.link_keys)
-        self.link_flows: list[set[int]] = [set() for _ in range(links)]
+        self.route_flows: list[set[int]] = [set() for _ in plan.route_links]
+        self.link_routes: list[set[int]] = [set() for _ in range(links)]
+        self.link_count = [0] * links  # active flows on each link
         self.busy_since = [0.0] * links
         self.busy_us = [0.0] * links
         self.link_bytes = [0.0] * links
         self.ready_us = [0.0] * count
         self.start_us = [0.0] * count
         self.end_us = [0.0] * count
-        self.dirty: set[int] = set()  # flows whose links changed since the last reshare
+        self.dirty: set[int] = set()  # routes whose flow count changed since the last reshare
 
     def push(self, time_us: float, kind: int, flow: int, version: int) -> None:
         self.seq += 1
@@ -215,42 +221,56 @@ class _Replay:
                 stack.append(succ)
 
     def start_flow(self, flow: int, now: float, stack: list[int]) -> None:
-        """Put ``flow``'s bytes on its links at ``now`` (its rate is set by the next reshare)."""
+        """Put ``flow``'s bytes on its route's links at ``now``."""
         self.start_us[flow] = now
         size = self.flow_bytes[flow]
-        links = self.links_of[flow]
+        route_id = self.plan.send_route[flow]
+        links = self.plan.route_links[route_id]
         if size <= 0 or not links:
             self.complete_send(flow, now, stack)
             return
-        alone = True
-        for link in links:
-            flows = self.link_flows[link]
-            if flows:
-                alone = False
-            else:
-                self.busy_since[link] = now
-            flows.add(flow)
-            self.link_bytes[link] += size
         self.remaining[flow] = size
         self.last_us[flow] = now
         self.rate[flow] = 0.0
+        flows = self.route_flows[route_id]
+        flows.add(flow)
+        alone = len(flows) == 1
+        link_count = self.link_count
+        for link in links:
+            self.link_bytes[link] += size
+            link_count[link] += 1
+            routes = self.link_routes[link]
+            if routes:
+                alone = False
+            else:
+                self.busy_since[link] = now
+            routes.add(route_id)
         if alone:  # idle links: the bottleneck rate, revised if another flow joins this instant
             capacity = self.plan.link_capacity
             self.set_rate(flow, min(capacity[link] for link in links), now)
         else:
-            self.dirty.add(flow)
+            self.dirty.add(route_id)
 
     def finish_flow(self, flow: int, now: float, stack: list[int]) -> None:
         """Take ``flow`` off its links at ``now`` and complete its SEND; its neighbours need a reshare."""
+        route_id = self.plan.send_route[flow]
+        flows = self.route_flows[route_id]
+        flows.discard(flow)
         dirty = self.dirty
-        dirty.discard(flow)
-        for link in self.links_of[flow]:
-            flows = self.link_flows[link]
-            flows.discard(flow)
-            if flows:
-                dirty.update(flows)
-            else:
-                self.busy_us[link] += now - self.busy_since[link]
+        link_count = self.link_count
+        for link in self.plan.route_links[route_id]:
+            link_count[link] -= 1
+        if flows:
+            dirty.add(route_id)
+        else:
+            dirty.discard(route_id)
+            for link in self.plan.route_links[route_id]:
+                routes = self.link_routes[link]
+                routes.discard(route_id)
+                if routes:
+                    dirty.update(routes)
+                else:
+                    self.busy_us[link] += now - self.busy_since[link]
         self.rate[flow] = 0.0
         self.complete_send(flow, now, stack)
 
@@ -265,25 +285,28 @@ class _Replay:
         self.version[flow] += 1
         self.push(now + left / new, _FINISH, flow, self.version[flow])
 
-    def reshare(self, seeds: Sequence[int] | set[int], now: float) -> None:
-        """Recompute max-min fair rates for the flows sharing links (transitively) with ``seeds``."""
-        links_of, link_flows = self.links_of, self.link_flows
+    def reshare(self, seeds: set[int], now: float) -> None:
+        """Recompute max-min fair rates for the routes sharing links (transitively) with ``seeds``."""
+        route_links, link_routes = self.plan.route_links, self.link_routes
         members = set(seeds)
         frontier = list(members)
         comp_links: set[int] = set()
         while frontier:
-            for link in links_of[frontier.pop()]:
+            for link in route_links[frontier.pop()]:
                 if link not in comp_links:
                     comp_links.add(link)
-                    for other in link_flows[link]:
+                    for other in link_routes[link]:
                         if other not in members:
                             members.add(other)
                             frontier.append(other)
-        new_rate = _max_min_rates(comp_links, link_flows, links_of, self.plan.link_capacity)
-        rate = self.rate
-        for flow in members:
-            if new_rate[flow] != rate[flow]:
-                self.set_rate(flow, new_rate[flow], now)
+        route_flows, rate = self.route_flows, self.rate
+        counts = {route_id: len(route_flows[route_id]) for route_id in members}
+        new_rate = _max_min_rates(comp_links, link_routes, route_links, counts, self.link_count, self.plan.link_capacity)
+        for route_id in members:
+            new = new_rate[route_id]
+            for flow in route_flows[route_id]:
+                if rate[flow] != new:
+                    self.set_rate(flow, new, now)
 
     def run(self) -> float:
         """Replay the whole program; return the time (µs) the last action finishes.
@@ -294,6 +317,9 @@ class _Replay:
         stack = [a for a, n in enumerate(self.pending) if n == 0]
         self.release(stack, 0.0)
         heap, version, dirty = self.heap, self.version, self.dirty
+        if dirty:
+            self.reshare(dirty, 0.0)
+            dirty.clear()
         while heap:
             now = heap[0][0]
             while heap and heap[0][0] == now:
@@ -309,31 +335,40 @@ class _Replay:
         return self.time_us
 
 
-def _max_min_rates(links: set[int], link_flows: list[set[int]], links_of: list[tuple[int, ...]], capacity: Sequence[float]) -> dict[int, float]:
-    """Return max-min fair rates (bytes/µs) by progressive filling over ``links``.
+def _max_min_rates(
+    links: set[int],
+    link_routes: list[set[int]],
+    route_links: Sequence[tuple[int, ...]],
+    counts: dict[int, int],
+    link_count: Sequence[int],
+    capacity: Sequence[float],
+) -> dict[int, float]:
+    """Return the max-min fair rate (bytes/µs) of one flow on each route, by progressive filling.
 
-    The link with the smallest fair share (spare capacity / unfrozen flows) fixes its flows at
-    that share; shares only grow as flows freeze, so a lazy heap finds the next bottleneck.
+    ``counts[r]`` flows run on route r, ``link_count[l]`` on link l. The link with the smallest fair share (spare capacity /
+    flows not yet fixed) fixes its flows at that share; shares only grow as flows are fixed,
+    so a lazy heap finds the next bottleneck.
     """
     spare = {link: capacity[link] for link in links}
-    unfrozen = {link: len(link_flows[link]) for link in links}
-    heap = [(spare[link] / unfrozen[link], link) for link in links if unfrozen[link]]
+    unfixed = {link: link_count[link] for link in links}
+    heap = [(spare[link] / unfixed[link], link) for link in links if unfixed[link]]
     heapq.heapify(heap)
     rates: dict[int, float] = {}
     while heap:
         share, link = heapq.heappop(heap)
-        if not unfrozen[link] or share != spare[link] / unfrozen[link]:
+        if not unfixed[link] or share != spare[link] / unfixed[link]:
             continue
         share = max(share, capacity[link] * _MIN_RATE_FRACTION)
-        for flow in link_flows[link]:
-            if flow in rates:
+        for route_id in link_routes[link]:
+            if route_id in rates:
                 continue
-            rates[flow] = share
-            for other in links_of[flow]:
-                spare[other] -= share
-                unfrozen[other] -= 1
-                if unfrozen[other] and other != link:
-                    heapq.heappush(heap, (spare[other] / unfrozen[other], other))
+            rates[route_id] = share
+            flows = counts[route_id]
+            for other in route_links[route_id]:
+                spare[other] -= share * flows
+                unfixed[other] -= flows
+                if unfixed[other] and other != link:
+                    heapq.heappush(heap, (spare[other] / unfixed[other], other))
     return rates
 
 

@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, replace
 
-from taccl_py.errors import InfeasibleError, SketchError
+from taccl_py.errors import InfeasibleError, SketchError, TopologyError
 from taccl_py.sketch import AUTO_MIN_BANDWIDTH_FRACTION, IntranodeStrategy, Sketch, SwitchPolicy, check_sketch, rotate_rank
 from taccl_py.topology.model import Topology, route
 
@@ -170,7 +170,14 @@ def _intranode_pairs(topology: Topology, sketch: Sketch, node: int) -> list[tupl
         return [(a, b, p) for (a, b), p in sorted(pairs.items())]
     out = []
     for a in ranks:
-        routes = {b: route(topology, a, b) for b in ranks if b != a}
+        routes = {}
+        for b in ranks:
+            if b == a:
+                continue
+            try:
+                routes[b] = route(topology, a, b)
+            except TopologyError:  # no path without a GPU relaying: chunks may still hop through GPUs
+                continue
         best = max((r.bandwidth_GBps for r in routes.values()), default=0.0)
         for b, r in routes.items():
             if (a, b) in direct or r.bandwidth_GBps >= AUTO_MIN_BANDWIDTH_FRACTION * best:

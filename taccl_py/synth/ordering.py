@@ -4,30 +4,37 @@ Every routed chunk is cut into ``pieces`` pieces that follow the chunk's tree (p
 *send* is one piece crossing one logical link. The heuristic is list scheduling under the model
 the simulator uses (``taccl_py.simulate.engine``): a logical link is one threadblock, which runs
 its sends one after the other, each paying the link's α and then moving its bytes; the bytes
-hold every physical resource of the route (NVSwitch ports, PCIe links, NIC), which we serialise
-per resource (port serialisation on switches) at the resource's own bandwidth.
+load every physical resource of the route (NVSwitch ports, PCIe links, NIC), each of which
+serves its work in order at its own bandwidth (port serialisation on switches;
+``occupy_resources``).
 
-Whenever a link can start its next send, it takes, among the pieces already at its source, the
+Sends of one rank whose routes start on the same physical link wait in one queue
+(``send_lane``) served by ``lane_width`` channels; more channels hide one send's α behind
+another's bytes, but the simulator then shares the port between them while this model queues
+their bytes, so both settings are candidates. Whenever a queue can start its next send, it takes, among the pieces already at its source, the
 one with the longest remaining path below the link's far end (TACCL's rule), earlier pieces
-first on ties. Links are served in order of their earliest possible start, so no resource idles
-while a send could use it.
+first on ties. On a latency-bound link (α above a piece's transfer time) the other pieces
+already waiting for the same link travel with it as one transfer. Queues are served in order
+of their earliest possible start, so no resource idles while a send could use it.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from taccl_py.synth.logical import LogicalGraph, Resource
-from taccl_py.synth.routing import Routing
+from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
+from taccl_py.synth.routing import Routing, chunk_symmetry
 
-__all__ = ["Send", "Ordering", "order_sends", "remaining_path_us"]
+__all__ = ["Send", "Ordering", "order_sends", "remaining_path_us", "occupy_resources", "is_slow_link", "send_lane"]
 
 logger = logging.getLogger(__name__)
 
 _BYTES_PER_US_PER_GBPS = 1e3
 _EPS_US = 1e-9
+# Most pieces one transfer of a latency-bound link carries (MSCCL allows at most 71 per step).
+MAX_BATCH = 64
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,9 @@ class Send:
     """Piece ``piece`` of chunk ``chunk`` crossing logical link ``link`` from ``start_us`` to ``end_us``.
 
     ``parent`` is the index of the send that brought the piece to the link's source (None at
-    the chunk's root).
+    the chunk's root); ``lane`` the (queue, channel) it waited in (``send_lane``); ``batch``
+    the index of the first send of the transfer it travels in (several ready pieces of a
+    latency-bound link leave together).
     """
 
     chunk: int
@@ -44,6 +53,9 @@ class Send:
     start_us: float
     end_us: float
     parent: int | None
+    channel: int = 0
+    lane: tuple = ()
+    batch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -54,11 +66,37 @@ class Ordering:
     pieces: int
     piece_bytes: float
     sends: tuple[Send, ...]
+    lane_width: int = 1
 
     @property
     def makespan_us(self) -> float:
         """Return when the last piece arrives (µs)."""
         return max((s.end_us for s in self.sends), default=0.0)
+
+
+def is_slow_link(link: LogicalLink, piece_bytes: float) -> bool:
+    """Return True for a link across machines, or one whose α exceeds a piece's transfer time."""
+    return link.internode or link.alpha_us >= piece_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+
+
+def send_lane(graph: LogicalGraph, link: int) -> tuple:
+    """Return the key of the queue a link's sends wait in.
+
+    A rank's links to other machines whose routes start on the same physical link (the uplink
+    toward its NIC) share one queue: the plan chains their sends (``taccl_py.synth.plan``) so
+    that the NIC carries them one (or ``lane_width``) at a time in the schedule's order instead
+    of all at once at a fraction of its bandwidth each. Every other link is its own queue, one
+    threadblock: chaining a switch port's sends to different peers would let one congested
+    peer block the port.
+    """
+    return _lanes(graph)[link]
+
+
+def _lanes(graph: LogicalGraph) -> tuple[tuple, ...]:
+    return tuple(
+        ("hop", link.src, link.resources[0]) if link.internode else ("link", l)
+        for l, link in enumerate(graph.links)
+    )
 
 
 def remaining_path_us(graph: LogicalGraph, tree: tuple[int, ...], piece_bytes: float) -> dict[int, float]:
@@ -70,90 +108,171 @@ def remaining_path_us(graph: LogicalGraph, tree: tuple[int, ...], piece_bytes: f
     return below
 
 
+_Item = tuple[float, tuple, int, int, int, int]  # (ready, priority key, piece, chunk, link, parent send or -1)
+
+
+@dataclass
+class _Queue:
+    """Sends waiting for one lane: not yet ready (heap by ready time) and ready (heap by priority)."""
+
+    free: list[float]
+    future: list[_Item] = field(default_factory=list)
+    ready: list[tuple[float, int, int, int, int, float]] = field(default_factory=list)
+
+    def push(self, item: _Item) -> None:
+        heapq.heappush(self.future, item)
+
+    def earliest(self) -> float | None:
+        """Return when the lane can start its next send (µs), None when nothing waits."""
+        if self.ready:  # moved there when they were ready at a start no later than now
+            return min(self.free)
+        if self.future:
+            return max(min(self.free), self.future[0][0])
+        return None
+
+    def pop(self, start: float) -> _Item:
+        """Return the highest-priority send ready at ``start``."""
+        while self.future and self.future[0][0] <= start + _EPS_US:
+            ready, *rest = heapq.heappop(self.future)
+            heapq.heappush(self.ready, (*rest, ready))
+        *rest, ready = heapq.heappop(self.ready)
+        return (ready, *rest)
+
+    def pop_same_link(self, link: int, limit: int) -> list[_Item]:
+        """Return up to ``limit`` more ready sends of ``link``, by priority (they join a batch)."""
+        taken, kept = [], []
+        while self.ready and len(taken) < limit:
+            entry = heapq.heappop(self.ready)
+            (taken if entry[3] == link else kept).append(entry)
+        for entry in kept:
+            heapq.heappush(self.ready, entry)
+        return [(entry[-1], *entry[:-1]) for entry in taken]
+
+
 @dataclass
 class _State:
     """Mutable bookkeeping of the list scheduler (local to one ``order_sends`` call)."""
 
-    tb_free: list[float]
+    queues: dict[tuple, _Queue]
     res_free: dict[Resource, float]
-    pending: list[list[tuple[float, float, int, int, int]]]
     sends: list[Send]
 
 
-def _pick(state: _State, l: int, start: float) -> tuple[float, float, int, int, int]:
-    """Pop the send link ``l`` runs next: highest priority among those ready at ``start``."""
-    queue = state.pending[l]
-    ready = [item for item in queue if item[0] <= start + _EPS_US]
-    best = min(ready, key=lambda item: (item[1], item[2], item[3]))
-    queue.remove(best)
-    return best
+def occupy_resources(link: LogicalLink, start_us: float, size_bytes: float, res_free: dict[Resource, float]) -> float:
+    """Return when a send of ``size_bytes`` started at ``start_us`` on ``link`` is delivered (µs).
 
-
-def _earliest(state: _State, graph: LogicalGraph, l: int) -> float | None:
-    queue = state.pending[l]
-    if not queue:
-        return None
-    link = graph.links[l]
-    start = max(state.tb_free[l], min(item[0] for item in queue))
-    return max(start, max(state.res_free.get(res, 0.0) for res in link.resources) - link.alpha_us)
-
-
-def _commit(state: _State, graph: LogicalGraph, l: int, item: tuple[float, float, int, int, int], piece_bytes: float) -> Send:
-    ready, _, piece, chunk, parent = item
-    link = graph.links[l]
-    start = max(ready, state.tb_free[l], max(state.res_free.get(res, 0.0) for res in link.resources) - link.alpha_us)
-    bytes_start = start + link.alpha_us
-    end = bytes_start + piece_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+    Each resource is a queue of work at its own bandwidth: the send's bytes join every queue of
+    its route after α and are delivered when the last queue has served them (never sooner than
+    α plus the bytes at the bottleneck). ``res_free`` (resource -> µs its queue drains) is
+    updated. Unlike a strict reservation of all resources at once, this keeps every resource
+    busy while it has work, as the simulator's fluid sharing does.
+    """
+    bytes_start = start_us + link.alpha_us
+    end = bytes_start + size_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
     for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-        state.res_free[res] = bytes_start + piece_bytes / (bw * _BYTES_PER_US_PER_GBPS)
-    state.tb_free[l] = end
-    send = Send(chunk, piece, l, start, end, None if parent < 0 else parent)
-    state.sends.append(send)
-    return send
+        done = max(res_free.get(res, 0.0), bytes_start) + size_bytes / (bw * _BYTES_PER_US_PER_GBPS)
+        res_free[res] = done
+        end = max(end, done)
+    return end
 
 
-def order_sends(routing: Routing, pieces: int, piece_bytes: float) -> Ordering:
-    """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
+def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item], piece_bytes: float) -> list[Send]:
+    """Time ``items`` (all on one link) as one transfer in ``lane`` and record their sends."""
+    l = items[0][4]
+    free = state.queues[lane].free
+    channel = min(range(len(free)), key=free.__getitem__)
+    start = max(max(item[0] for item in items), free[channel])
+    end = occupy_resources(graph.links[l], start, piece_bytes * len(items), state.res_free)
+    free[channel] = end
+    first = len(state.sends)
+    sends = [Send(chunk, piece, l, start, end, None if parent < 0 else parent, channel, (lane, channel), first) for _, _, piece, chunk, _, parent in items]
+    state.sends.extend(sends)
+    return sends
 
-    Notes
-    -----
-    O(S log L + S * q) for S sends, L links and q sends queued on a link at once.
+
+def _trees(routing: Routing, piece_bytes: float) -> tuple[list[dict[int, list[int]]], list[dict[int, tuple]]]:
+    """Return per chunk its links by source rank, and each link's priority key (smaller goes first).
+
+    The key is the longest path below the link (µs, longest first), then the chunk's orbit
+    representative and the link's preimage under the symmetry that maps the representative to
+    the chunk: ties break the same way in every image, so symmetric routes get symmetric orders
+    (at any moment every machine sends to the machine the same offset away, and no NIC or
+    switch port receives from two senders at once).
     """
     graph = routing.graph
+    sym = chunk_symmetry(graph, routing.chunkup)
+    inverse = [tuple(sorted(range(len(p)), key=p.__getitem__)) for p in graph.group]
     children: list[dict[int, list[int]]] = []
-    priority: list[dict[int, float]] = []
-    for tree in routing.trees:
+    priority: list[dict[int, tuple]] = []
+    for c, tree in enumerate(routing.trees):
         kids: dict[int, list[int]] = {}
         for l in tree:
             kids.setdefault(graph.links[l].src, []).append(l)
         children.append(kids)
         below = remaining_path_us(graph, tree, piece_bytes)
-        priority.append({l: graph.links[l].time_us(piece_bytes) + below.get(graph.links[l].dst, 0.0) for l in tree})
-    state = _State([0.0] * len(graph.links), {}, [[] for _ in graph.links], [])
-    heap: list[tuple[float, int]] = []
-    touched: set[int] = set()
+        rep, p_index = sym.rep_of[c]
+        inv = inverse[p_index]
+        keys = {}
+        for l in tree:
+            link = graph.links[l]
+            canonical = graph.index.get((inv[link.src], inv[link.dst]), l)
+            keys[l] = (-(link.time_us(piece_bytes) + below.get(link.dst, 0.0)), rep, canonical)
+        priority.append(keys)
+    return children, priority
+
+
+def _relist(heap: list[tuple[float, tuple]], listed: dict[tuple, float], lane: tuple, queue: _Queue) -> None:
+    """List ``lane`` in ``heap`` under its earliest start, unless it is listed no later already."""
+    earliest = queue.earliest()
+    if earliest is None or listed.get(lane, float("inf")) <= earliest:
+        return
+    listed[lane] = earliest
+    heapq.heappush(heap, (earliest, lane))
+
+
+def order_sends(routing: Routing, pieces: int, piece_bytes: float, lane_width: int = 1) -> Ordering:
+    """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
+
+    ``lane_width`` channels serve each shared queue (``send_lane``); a link of its own has one.
+
+    Notes
+    -----
+    O(S log Q + S * q) for S sends, Q queues and q sends waiting in a queue at once.
+    """
+    graph = routing.graph
+    children, priority = _trees(routing, piece_bytes)
+    lane_of = list(_lanes(graph))
+    latency_bound = [link.alpha_us >= piece_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS) for link in graph.links]
+    state = _State({lane: _Queue([0.0] * (lane_width if lane[0] != "link" else 1)) for lane in lane_of}, {}, [])
     for c in range(len(routing.trees)):
         for l in children[c].get(routing.root(c), []):
             for j in range(pieces):
-                state.pending[l].append((0.0, -priority[c][l], j, c, -1))
-                touched.add(l)
-    for l in touched:
-        heapq.heappush(heap, (0.0, l))
+                state.queues[lane_of[l]].push((0.0, priority[c][l], j, c, l, -1))
+    heap: list[tuple[float, tuple]] = []
+    listed: dict[tuple, float] = {}  # the key each lane is listed under in ``heap`` (older entries are stale)
+    for lane, queue in state.queues.items():
+        _relist(heap, listed, lane, queue)
     while heap:
-        key, l = heapq.heappop(heap)
-        earliest = _earliest(state, graph, l)
+        key, lane = heapq.heappop(heap)
+        if listed.get(lane) != key:
+            continue
+        del listed[lane]
+        queue = state.queues[lane]
+        earliest = queue.earliest()
         if earliest is None:
             continue
         if earliest > key + _EPS_US:
-            heapq.heappush(heap, (earliest, l))
+            _relist(heap, listed, lane, queue)
             continue
-        item = _pick(state, l, earliest)
-        send = _commit(state, graph, l, item, piece_bytes)
-        index = len(state.sends) - 1
-        for nxt in children[send.chunk].get(graph.links[l].dst, []):
-            state.pending[nxt].append((send.end_us, -priority[send.chunk][nxt], send.piece, send.chunk, index))
-            heapq.heappush(heap, (_earliest(state, graph, nxt), nxt))
-        follow = _earliest(state, graph, l)
-        if follow is not None:
-            heapq.heappush(heap, (follow, l))
-    return Ordering(routing, pieces, piece_bytes, tuple(state.sends))
+        first = queue.pop(earliest)
+        batch = [first]
+        if latency_bound[first[4]]:
+            batch += queue.pop_same_link(first[4], MAX_BATCH - 1)
+        base = len(state.sends)
+        for offset, send in enumerate(_commit(state, graph, lane, batch, piece_bytes)):
+            for nxt in children[send.chunk].get(graph.links[send.link].dst, []):
+                target = state.queues[lane_of[nxt]]
+                target.push((send.end_us, priority[send.chunk][nxt], send.piece, send.chunk, nxt, base + offset))
+                _relist(heap, listed, lane_of[nxt], target)
+        _relist(heap, listed, lane, queue)
+    return Ordering(routing, pieces, piece_bytes, tuple(state.sends), lane_width)

@@ -14,80 +14,149 @@ collective, and ``chunks_per_loop = ranks * chunkup * pieces``.
 * AllReduce: that ReduceScatter, accumulating in the output buffer (output g on every rank),
   followed by the AllGather of the reduced pieces from their owners' output slots.
 
-Items are emitted in start order, which is causal (a piece leaves a rank only after it arrived).
+A merged group (several pieces as one transfer, ``taccl_py.synth.scheduling``) whose pieces are
+contiguous in both buffers is one step; otherwise it is staged: the sender copies the pieces to
+consecutive scratch chunks, one transfer moves them, and the receiver copies (or, reducing,
+adds) them out. Copies cost nothing in the α-β model and little beside a network transfer.
+
+Items are emitted in time order (copies out at the arrival time, before the sends that forward
+their data), which is causal. The simulator (and the hardware) share a link between
+concurrently running threadblocks, while the schedule queues a rank's sends that start on one
+physical link (an NVSwitch port, the uplink to a NIC) on a few channels in a chosen order
+(``taccl_py.synth.ordering.send_lane``); ``lower_schedule`` keeps that order by making each such
+send depend on the previous send of its queue and channel. These dependencies point from
+earlier items to later ones, so they cannot create a deadlock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
-from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.algorithm import Algorithm, Buffer, Step
 from taccl_py.collectives import Collective
 from taccl_py.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.synth.scheduling import Schedule
 
-__all__ = ["allgather_items", "reducescatter_items", "allreduce_items", "lower_schedule"]
+__all__ = ["TimedItem", "allgather_items", "reduction_items", "lower_schedule"]
 
 Item = Transfer | LocalCopy
+Slot = tuple[Buffer, int]
+# Order of items at equal times: copies out of a landing area (or adds, reducing), then copies
+# into a staging area, then the transfers that read what they wrote.
+_UNSTAGE_ORDER, _COPY_ORDER, _TRANSFER_ORDER = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class TimedItem:
+    """A lowering item, the time (µs) it happens in the schedule, and the queue it is chained in."""
+
+    time_us: float
+    order: int
+    item: Item
+    serial: tuple = ()
+
+
+@dataclass
+class _Scratch:
+    """Next free scratch chunk per rank (staging areas are never reused)."""
+
+    next_free: dict[int, int]
+
+    def take(self, rank: int, count: int) -> int:
+        base = self.next_free.get(rank, 0)
+        self.next_free[rank] = base + count
+        return base
 
 
 def _per_rank(schedule: Schedule) -> int:
     return schedule.routing.chunkup * schedule.ordering.pieces
 
 
-def _groups_by_start(schedule: Schedule) -> list[tuple[int, ...]]:
-    """Return the send groups in the order they start (ties: the one that ends first)."""
-    return sorted(schedule.groups, key=lambda g: (schedule.start_us[g[0]], schedule.end_us[g[0]], g[0]))
+def _serial_key(schedule: Schedule, send_index: int) -> tuple:
+    """Return the (queue, channel) a send is chained in, or () for a link of its own."""
+    lane = schedule.ordering.sends[send_index].lane
+    return (lane,) if lane and lane[0][0] == "hop" else ()
 
 
-def allgather_items(schedule: Schedule, *, output_only: bool = False) -> list[Item]:
-    """Return the AllGather items of ``schedule`` (``output_only``: roots send from their output)."""
-    routing, pieces = schedule.routing, schedule.ordering.pieces
-    graph, per_rank = routing.graph, _per_rank(schedule)
-    items: list[Item] = []
-    if not output_only:
-        items.extend(LocalCopy(r, (Buffer.INPUT, 0), (Buffer.OUTPUT, r * per_rank), per_rank) for r in range(graph.num_ranks))
-    for group in _groups_by_start(schedule):
-        first = schedule.ordering.sends[group[0]]
-        link = graph.links[first.link]
-        g = first.chunk * pieces + first.piece
-        root = routing.root(first.chunk)
-        src = (Buffer.INPUT, g - root * per_rank) if link.src == root and not output_only else (Buffer.OUTPUT, g)
-        items.append(Transfer(link.src, link.dst, src, (Buffer.OUTPUT, g), len(group)))
+def _contiguous(slots: Sequence[Slot]) -> bool:
+    return all(s[0] == slots[0][0] and s[1] == slots[0][1] + i for i, s in enumerate(slots))
+
+
+def _group_items(
+    ranks: tuple[int, int, int], srcs: Sequence[Slot], dsts: Sequence[Slot], reduce: bool,
+    times: tuple[float, float], serial: tuple, scratch: _Scratch,
+) -> list[TimedItem]:
+    """Return the items moving ``srcs`` to ``dsts`` as one transfer over (src rank, dst rank, channel)."""
+    src_rank, dst_rank, channel = ranks
+    start, end = times
+    if _contiguous(srcs) and _contiguous(dsts):
+        return [TimedItem(start, _TRANSFER_ORDER, Transfer(src_rank, dst_rank, srcs[0], dsts[0], len(srcs), reduce, channel), serial)]
+    m = len(srcs)
+    out_base, in_base = scratch.take(src_rank, m), scratch.take(dst_rank, m)
+    items = [TimedItem(start, _COPY_ORDER, LocalCopy(src_rank, slot, (Buffer.SCRATCH, out_base + i))) for i, slot in enumerate(srcs)]
+    items.append(TimedItem(start, _TRANSFER_ORDER, Transfer(src_rank, dst_rank, (Buffer.SCRATCH, out_base), (Buffer.SCRATCH, in_base), m, channel=channel), serial))
+    items.extend(TimedItem(end, _UNSTAGE_ORDER, LocalCopy(dst_rank, (Buffer.SCRATCH, in_base + i), slot, reduce=reduce)) for i, slot in enumerate(dsts))
     return items
 
 
-def _reduction_items(schedule: Schedule, accumulate: Buffer, output_at_root: bool) -> list[Item]:
-    """Return the reduction items: the reversed-graph AllGather schedule run backwards in time."""
-    routing, pieces = schedule.routing, schedule.ordering.pieces
+def allgather_items(schedule: Schedule, scratch: _Scratch, *, output_only: bool = False, offset_us: float = 0.0) -> list[TimedItem]:
+    """Return the AllGather items of ``schedule`` (``output_only``: roots send from their output)."""
+    routing, pieces, sends = schedule.routing, schedule.ordering.pieces, schedule.ordering.sends
     graph, per_rank = routing.graph, _per_rank(schedule)
+    items: list[TimedItem] = []
+    if not output_only:
+        items.extend(TimedItem(0.0, _COPY_ORDER, LocalCopy(r, (Buffer.INPUT, 0), (Buffer.OUTPUT, r * per_rank), per_rank)) for r in range(graph.num_ranks))
+    for group in schedule.groups:
+        link = graph.links[sends[group[0]].link]
+        srcs, dsts = [], []
+        for i in group:
+            g = sends[i].chunk * pieces + sends[i].piece
+            root = routing.root(sends[i].chunk)
+            srcs.append((Buffer.INPUT, g - root * per_rank) if link.src == root and not output_only else (Buffer.OUTPUT, g))
+            dsts.append((Buffer.OUTPUT, g))
+        times = (offset_us + schedule.start_us[group[0]], offset_us + schedule.end_us[group[0]])
+        ranks = (link.src, link.dst, sends[group[0]].channel)
+        items.extend(_group_items(ranks, srcs, dsts, False, times, _serial_key(schedule, group[0]), scratch))
+    return items
+
+
+def reduction_items(schedule: Schedule, scratch: _Scratch, accumulate: Buffer, output_at_root: bool) -> list[TimedItem]:
+    """Return the reduction items: the reversed-graph AllGather ``schedule`` run backwards in time.
+
+    Inner ranks accumulate in ``accumulate`` (scratch for ReduceScatter, output for AllReduce);
+    with ``output_at_root`` a column's owner accumulates in its output slot.
+    """
+    routing, pieces, sends = schedule.routing, schedule.ordering.pieces, schedule.ordering.sends
+    graph, per_rank, horizon = routing.graph, _per_rank(schedule), schedule.makespan_us
     inner = {(c, graph.links[l].src) for c, tree in enumerate(routing.trees) for l in tree}
-    copies: list[Item] = []
-    for c, tree in enumerate(routing.trees):
+
+    def home(c: int, v: int, g: int) -> Slot:
         root = routing.root(c)
-        for v in {root} | {graph.links[l].src for l in tree}:
-            dst = (Buffer.OUTPUT, c * pieces - root * per_rank) if v == root and output_at_root else (accumulate, c * pieces)
-            copies.append(LocalCopy(v, (Buffer.INPUT, c * pieces), dst, pieces))
-    transfers: list[Item] = []
-    for group in sorted(schedule.groups, key=lambda g: (-schedule.end_us[g[0]], -schedule.start_us[g[0]], g[0])):
-        first = schedule.ordering.sends[group[0]]
-        link = graph.links[first.link]  # reversed graph: the reduction goes link.dst -> link.src
-        g = first.chunk * pieces + first.piece
-        root = routing.root(first.chunk)
-        src = (accumulate, g) if (first.chunk, link.dst) in inner else (Buffer.INPUT, g)
-        dst = (Buffer.OUTPUT, g - root * per_rank) if link.src == root and output_at_root else (accumulate, g)
-        transfers.append(Transfer(link.dst, link.src, src, dst, len(group), reduce=True))
-    return copies + transfers
+        if v == root and output_at_root:
+            return (Buffer.OUTPUT, g - root * per_rank)
+        return (accumulate, g)
+
+    items: list[TimedItem] = []
+    for c, tree in enumerate(routing.trees):
+        for v in {routing.root(c)} | {graph.links[l].src for l in tree}:
+            items.append(TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, c * pieces), home(c, v, c * pieces), pieces)))
+    for group in schedule.groups:
+        link = graph.links[sends[group[0]].link]  # reversed graph: the data goes link.dst -> link.src
+        srcs, dsts = [], []
+        for i in group:
+            c = sends[i].chunk
+            g = c * pieces + sends[i].piece
+            srcs.append(home(c, link.dst, g) if (c, link.dst) in inner else (Buffer.INPUT, g))
+            dsts.append(home(c, link.src, g))
+        times = (horizon - schedule.end_us[group[0]], horizon - schedule.start_us[group[0]])
+        ranks = (link.dst, link.src, sends[group[0]].channel)
+        items.extend(_group_items(ranks, srcs, dsts, True, times, _serial_key(schedule, group[0]), scratch))
+    return items
 
 
-def reducescatter_items(schedule: Schedule) -> list[Item]:
-    """Return the ReduceScatter items of a reversed-graph AllGather ``schedule``."""
-    return _reduction_items(schedule, Buffer.SCRATCH, output_at_root=True)
-
-
-def allreduce_items(reduce_schedule: Schedule, gather_schedule: Schedule) -> list[Item]:
-    """Return AllReduce items: the reduction (in the output buffer), then the AllGather."""
-    return _reduction_items(reduce_schedule, Buffer.OUTPUT, output_at_root=False) + allgather_items(gather_schedule, output_only=True)
+def _sorted(items: Iterable[TimedItem]) -> list[TimedItem]:
+    return sorted(items, key=lambda t: (t.time_us, t.order))
 
 
 def lower_schedule(
@@ -100,10 +169,53 @@ def lower_schedule(
     first = schedules[0]
     num_ranks = first.routing.graph.num_ranks
     chunks = num_ranks * _per_rank(first)
+    # Reduction accumulators of ReduceScatter live in scratch [0, chunks); staging areas follow.
+    scratch = _Scratch({r: chunks if collective is Collective.REDUCESCATTER else 0 for r in range(num_ranks)})
     if collective is Collective.ALLGATHER:
-        items = allgather_items(first)
+        items = _sorted(allgather_items(first, scratch))
     elif collective is Collective.REDUCESCATTER:
-        items = reducescatter_items(first)
+        items = _sorted(reduction_items(first, scratch, Buffer.SCRATCH, output_at_root=True))
     else:
-        items = allreduce_items(first, schedules[1])
-    return lower_plan(name, collective, num_ranks, chunks, items, metadata=metadata)
+        reduce = _sorted(reduction_items(first, scratch, Buffer.OUTPUT, output_at_root=False))
+        items = reduce + _sorted(allgather_items(schedules[1], scratch, output_only=True, offset_us=first.makespan_us))
+    algorithm = lower_plan(name, collective, num_ranks, chunks, [t.item for t in items], metadata=metadata)
+    return _serialize_sends(algorithm, items)
+
+
+def _serialize_sends(algorithm: Algorithm, items: Sequence[TimedItem]) -> Algorithm:
+    """Return ``algorithm`` with each chained send depending on the previous send of its queue and channel."""
+    tb_of = {(prog.rank, tb.send_peer, tb.channel): tb.id for prog in algorithm.ranks for tb in prog.threadblocks if tb.send_peer is not None}
+    count: dict[tuple[int, int, int], int] = {}
+    last: dict[tuple, tuple[int, int]] = {}
+    extra: dict[tuple[int, int, int], set[tuple[int, int]]] = {}
+    for timed in items:
+        item = timed.item
+        if not isinstance(item, Transfer):
+            continue
+        key = (item.src_rank, item.dst_rank, item.channel)
+        here = (tb_of[key], count.get(key, 0))
+        count[key] = here[1] + 1
+        for key in timed.serial:
+            before = last.get(key)
+            if before is not None and before[0] != here[0]:
+                extra.setdefault((item.src_rank,) + here, set()).add(before)
+            last[key] = here
+    if not extra:
+        return algorithm
+    ranks = []
+    for prog in algorithm.ranks:
+        tbs = []
+        for tb in prog.threadblocks:
+            steps = tuple(_with_depends(step, extra.get((prog.rank, tb.id, i))) for i, step in enumerate(tb.steps))
+            tbs.append(replace(tb, steps=steps))
+        ranks.append(replace(prog, threadblocks=tuple(tbs)))
+    return replace(algorithm, ranks=tuple(ranks))
+
+
+def _with_depends(step: Step, more: set[tuple[int, int]] | None) -> Step:
+    if not more:
+        return step
+    merged: dict[int, int] = dict(step.depends)
+    for tb, index in more:
+        merged[tb] = max(merged.get(tb, -1), index)
+    return replace(step, depends=tuple(sorted(merged.items())))

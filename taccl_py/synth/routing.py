@@ -37,16 +37,18 @@ from dataclasses import dataclass
 import pulp
 
 from taccl_py.sketch import SwitchPolicy
-from taccl_py.synth.logical import LogicalGraph, Resource
+from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
 from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
 
-__all__ = ["Routing", "ChunkSymmetry", "chunk_symmetry", "route_chunks", "greedy_routing", "routing_objective_us"]
+__all__ = ["Routing", "ChunkSymmetry", "chunk_symmetry", "route_chunks", "route_candidates", "greedy_routing", "greedy_routings", "routing_objective_us"]
 
 logger = logging.getLogger(__name__)
 
 _BYTES_PER_US_PER_GBPS = 1e3
 # Latency/load trade-offs the greedy router tries (µs of path latency per µs of resource load).
 GREEDY_LOAD_WEIGHTS = (0.0, 0.25, 1.0, 4.0)
+# Greedy routings ordered beside the MILP's (each costs an ordering pass).
+MAX_ALTERNATIVE_ROUTINGS = 2
 # Weight of one distinct switch connection in the objective under uc-min / uc-max, relative to
 # the horizon: small enough never to trade against time, large enough to break ties.
 _POLICY_WEIGHT = 1e-4
@@ -159,8 +161,14 @@ def _greedy_tree(graph: LogicalGraph, root: int, load: dict[Resource, float], we
             continue
         arrival[link.dst] = arrival[link.src] + link.time_us(piece_bytes)
         tree.append(l)
+        _add_load(load, link, chunk_bytes)  # later edges of this tree see it (a NIC crossed twice)
         push(link.dst)
     return tuple(tree)
+
+
+def _add_load(load: dict[Resource, float], link: LogicalLink, chunk_bytes: float) -> None:
+    for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
+        load[res] = load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS)
 
 
 def _greedy_trees(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, weight: float, chunk_bytes: float, piece_bytes: float) -> dict[int, tuple[int, ...]]:
@@ -169,22 +177,25 @@ def _greedy_trees(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, weight:
     for rep in sym.reps:
         tree = _greedy_tree(graph, rep // chunkup, load, weight, chunk_bytes, piece_bytes)
         rep_trees[rep] = tree
-        for perm in graph.group:
+        for perm in graph.group[1:]:  # the identity's loads were added while building the tree
             for l in tree:
-                link = graph.links[_image(graph, perm, l)]
-                for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-                    load[res] = load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS)
+                _add_load(load, graph.links[_image(graph, perm, l)], chunk_bytes)
     return rep_trees
 
 
-def greedy_routing(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float) -> Routing:
-    """Return the best of the greedy routings over ``GREEDY_LOAD_WEIGHTS`` (symmetric by construction)."""
+def greedy_routings(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float) -> tuple[Routing, ...]:
+    """Return the greedy routings over ``GREEDY_LOAD_WEIGHTS``, best objective first (symmetric by construction)."""
     sym = chunk_symmetry(graph, chunkup)
-    candidates = []
+    candidates = {}
     for weight in GREEDY_LOAD_WEIGHTS:
         trees = _expand(graph, sym, _greedy_trees(graph, sym, chunkup, weight, chunk_bytes, piece_bytes))
-        candidates.append(Routing(graph, chunkup, trees, routing_objective_us(graph, trees, chunkup, chunk_bytes, piece_bytes), "heuristic"))
-    return min(candidates, key=lambda r: r.objective_us)
+        candidates.setdefault(trees, Routing(graph, chunkup, trees, routing_objective_us(graph, trees, chunkup, chunk_bytes, piece_bytes), "heuristic"))
+    return tuple(sorted(candidates.values(), key=lambda r: r.objective_us))
+
+
+def greedy_routing(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float) -> Routing:
+    """Return the best of the greedy routings (``greedy_routings``)."""
+    return greedy_routings(graph, chunkup, chunk_bytes, piece_bytes)[0]
 
 
 # -- MILP ---------------------------------------------------------------------------------------
@@ -294,6 +305,17 @@ def _extract_trees(model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, chunk
             return None
         rep_trees[rep] = tuple(tree)
     return rep_trees
+
+
+def route_candidates(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float, options: SolverOptions, time_limit_s: float | None = None) -> tuple[Routing, ...]:
+    """Return the MILP's routing followed by the distinct greedy ones.
+
+    Routings of equal relaxed objective can order very differently, so the caller orders each
+    and keeps the fastest schedule.
+    """
+    best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s)
+    others = tuple(r for r in greedy_routings(graph, chunkup, chunk_bytes, piece_bytes) if r.trees != best.trees)
+    return (best,) + others[:MAX_ALTERNATIVE_ROUTINGS]
 
 
 def route_chunks(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float, options: SolverOptions, time_limit_s: float | None = None) -> Routing:

@@ -1,7 +1,8 @@
 """Contiguity and exact scheduling, TACCL's third stage, over fixed routes and link orders.
 
 On a slow link (across machines, or any link whose α outweighs a piece's transfer) consecutive
-sends of contiguous pieces can travel as one transfer: the threadblock then pays α once instead
+sends can travel as one transfer (the plan stages pieces that are not contiguous in the
+buffers through scratch): the threadblock then pays α once instead
 of once per piece, but the first piece arrives only with the last. Which neighbours to merge is
 decided by a MILP over the fixed orders (TACCL's contiguity stage), with the model the ordering
 stage uses (``taccl_py.synth.ordering``):
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import pulp
 
 from taccl_py.synth.logical import LogicalGraph
-from taccl_py.synth.ordering import Ordering, Send
+from taccl_py.synth.ordering import Ordering, Send, is_slow_link, occupy_resources
 from taccl_py.synth.routing import Routing
 from taccl_py.synth.solver import SolverOptions, solve_model
 
@@ -66,32 +67,23 @@ class Schedule:
         return max(self.end_us, default=0.0)
 
 
-def _is_slow(graph: LogicalGraph, link: int, piece_bytes: float) -> bool:
-    l = graph.links[link]
-    return l.internode or l.alpha_us >= piece_bytes / (l.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+def _candidate_pairs(ordering: Ordering, *, adjacent: bool) -> list[tuple[int, int]]:
+    """Return pairs (a, b) of sends of one slow link in one queue, b the link's next send after a.
 
-
-def _role(routing: Routing, send: Send, leaves: set[tuple[int, int]]) -> tuple[bool, bool]:
-    link = routing.graph.links[send.link]
-    return (link.src == routing.root(send.chunk), (send.chunk, link.dst) in leaves)
-
-
-def _candidate_pairs(ordering: Ordering) -> list[tuple[int, int]]:
-    """Return consecutive (a, b) on a slow link whose pieces are contiguous buffer chunks of one role."""
-    routing, pieces = ordering.routing, ordering.pieces
-    graph = routing.graph
-    inner = {(c, graph.links[l].src) for c, tree in enumerate(routing.trees) for l in tree}
-    leaves = {(c, v) for c in range(len(routing.trees)) for v in range(graph.num_ranks) if (c, v) not in inner}
-    last: dict[int, int] = {}
+    With ``adjacent`` only pairs with no other send of the queue between them (the MILP's
+    model keeps the queue's order); otherwise a merge may move b ahead of sends of the queue's
+    other links (the plan stages non-contiguous pieces through scratch).
+    """
+    graph = ordering.routing.graph
+    last_in_lane: dict[tuple, int] = {}
+    last_on_link: dict[tuple, int] = {}
     pairs = []
     for i, send in enumerate(ordering.sends):
-        a = last.get(send.link)
-        last[send.link] = i
-        if a is None or not _is_slow(graph, send.link, ordering.piece_bytes):
-            continue
-        prev = ordering.sends[a]
-        contiguous = send.chunk * pieces + send.piece == prev.chunk * pieces + prev.piece + 1
-        if contiguous and _role(routing, prev, leaves) == _role(routing, send, leaves):
+        key = (send.lane, send.link)
+        a = last_in_lane.get(send.lane) if adjacent else last_on_link.get(key)
+        last_in_lane[send.lane] = i
+        last_on_link[key] = i
+        if a is not None and ordering.sends[a].link == send.link and is_slow_link(graph.links[send.link], ordering.piece_bytes):
             pairs.append((a, i))
     return pairs
 
@@ -119,8 +111,10 @@ def _group_order(ordering: Ordering, groups: tuple[tuple[int, ...], ...]) -> lis
     for i, send in enumerate(sends):
         k = group_of[i]
         if send.parent is not None:
+            if group_of[send.parent] == k:  # a transfer cannot carry the piece it forwards
+                return None
             preds[k].add(group_of[send.parent])
-        for key in (send.link,) + graph.links[send.link].resources:
+        for key in (send.lane,) + graph.links[send.link].resources:
             if key in last:
                 preds[k].add(last[key])
             last[key] = k
@@ -154,21 +148,24 @@ def replay_groups(ordering: Ordering, groups: tuple[tuple[int, ...], ...]) -> tu
     if order is None:
         return None
     start, end = [0.0] * len(sends), [0.0] * len(sends)
-    tb_free = [0.0] * len(graph.links)
+    tb_free: dict[tuple, float] = {}
     res_free: dict[tuple[str, str], float] = {}
     for k in order:
         group = groups[k]
         link = graph.links[sends[group[0]].link]
         ready = max((end[sends[i].parent] if sends[i].parent is not None else 0.0) for i in group)
-        t0 = max(ready, tb_free[sends[group[0]].link], max(res_free.get(r, 0.0) for r in link.resources) - link.alpha_us)
-        size = ordering.piece_bytes * len(group)
-        t1 = t0 + link.alpha_us + size / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
-        for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-            res_free[res] = t0 + link.alpha_us + size / (bw * _BYTES_PER_US_PER_GBPS)
-        tb_free[sends[group[0]].link] = t1
+        t0 = max(ready, tb_free.get(sends[group[0]].lane, 0.0))
+        t1 = occupy_resources(link, t0, ordering.piece_bytes * len(group), res_free)
+        tb_free[sends[group[0]].lane] = t1
         for i in group:
             start[i], end[i] = t0, t1
     return tuple(start), tuple(end)
+
+
+def _batch_pairs(ordering: Ordering) -> set[tuple[int, int]]:
+    """Return the consecutive pairs of the batches the ordering already sent together."""
+    sends = ordering.sends
+    return {(i - 1, i) for i, send in enumerate(sends) if send.batch is not None and send.batch != i}
 
 
 def _greedy_merges(ordering: Ordering, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
@@ -186,7 +183,7 @@ def _resource_pairs(ordering: Ordering) -> list[tuple[int, int, float]]:
         for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
             a = last.get(res)
             last[res] = i
-            if a is not None and ordering.sends[a].link != send.link:
+            if a is not None and ordering.sends[a].lane != send.lane:
                 a_link = graph.links[ordering.sends[a].link]
                 a_bw = dict(zip(a_link.resources, a_link.resource_bandwidths_GBps))[res]
                 busy = ordering.piece_bytes / (a_bw * _BYTES_PER_US_PER_GBPS)
@@ -194,13 +191,20 @@ def _resource_pairs(ordering: Ordering) -> list[tuple[int, int, float]]:
     return [(a, b, busy) for (a, b), busy in out.items()]
 
 
-def _contiguity_milp(ordering: Ordering, pairs: list[tuple[int, int]], horizon: float, options: SolverOptions, time_limit_s: float | None) -> set[tuple[int, int]] | None:
+def _contiguity_milp(
+    ordering: Ordering, free_pairs: list[tuple[int, int]], forced: set[tuple[int, int]], horizon: float,
+    options: SolverOptions, time_limit_s: float | None,
+) -> set[tuple[int, int]] | None:
+    """Return the merges among ``free_pairs`` the MILP picks (``forced`` pairs are merged anyway)."""
     graph, sends, n = ordering.routing.graph, ordering.sends, len(ordering.sends)
+    pairs = list(free_pairs) + sorted(forced)
     prob = pulp.LpProblem("contiguity", pulp.LpMinimize)
     s = prob.add_variable_dicts("s", range(n), lowBound=0, upBound=horizon)
     f = prob.add_variable_dicts("f", range(n), lowBound=0, upBound=horizon)
     e = prob.add_variable_dicts("e", range(n), lowBound=0, upBound=horizon)
     m = prob.add_variable_dicts("m", range(len(pairs)), cat=pulp.LpBinary)
+    for k in range(len(free_pairs), len(pairs)):
+        m[k].lowBound = 1
     makespan = prob.add_variable("makespan_us", lowBound=0, upBound=horizon)
     prob += makespan
     for i, send in enumerate(sends):
@@ -213,8 +217,8 @@ def _contiguity_milp(ordering: Ordering, pairs: list[tuple[int, int]], horizon: 
     merge_of = {pair: k for k, pair in enumerate(pairs)}
     last: dict[int, int] = {}
     for i, send in enumerate(sends):
-        a = last.get(send.link)
-        last[send.link] = i
+        a = last.get(send.lane)
+        last[send.lane] = i
         if a is None:
             continue
         k = merge_of.get((a, i))
@@ -229,34 +233,36 @@ def _contiguity_milp(ordering: Ordering, pairs: list[tuple[int, int]], horizon: 
     for a, b, busy in _resource_pairs(ordering):
         alpha_a, alpha_b = graph.links[sends[a].link].alpha_us, graph.links[sends[b].link].alpha_us
         prob += s[b] + alpha_b >= s[a] + alpha_a + busy, f"resource_{a}_{b}"
-    outcome = solve_model(prob, options, time_limit_s, {m[k].name: 0.0 for k in m})
+    outcome = solve_model(prob, options, time_limit_s, {m[k].name: float(k >= len(free_pairs)) for k in m})
     if not outcome.has_solution:
         return None
-    return {pairs[k] for k in m if (m[k].value() or 0.0) > 0.5}
+    return {pairs[k] for k in range(len(free_pairs)) if (m[k].value() or 0.0) > 0.5}
 
 
-def schedule_sends(ordering: Ordering, options: SolverOptions, time_limit_s: float | None = None) -> Schedule:
+def schedule_sends(ordering: Ordering, options: SolverOptions, time_limit_s: float | None = None, *, milp: bool = True) -> Schedule:
     """Return the schedule with the best contiguity found and exact send times.
 
     ``status`` names how the merges were chosen: ``none`` (nothing to merge), ``milp`` (optimal
-    or time-limited MILP), ``greedy`` (too large for the MILP, or it found nothing in time).
+    or time-limited MILP), ``greedy`` (too large for the MILP, ``milp`` False, or the MILP found
+    nothing in time).
     """
-    singles = tuple((i,) for i in range(len(ordering.sends)))
-    times = replay_groups(ordering, singles)
+    batched = _batch_pairs(ordering)
+    base = _groups_from_merges(ordering, batched)
+    times = replay_groups(ordering, base)
     if times is None:  # the ordering's own start order is topological; this cannot happen
         raise RuntimeError("ordering is not causal")
-    best = Schedule(ordering, singles, times[0], times[1], "none")
-    pairs = _candidate_pairs(ordering)
+    best = Schedule(ordering, base, times[0], times[1], "none")
+    pairs = [pair for pair in _candidate_pairs(ordering, adjacent=False) if pair not in batched]
     if not pairs:
         return best
-    options_tried = []
-    if len(ordering.sends) <= MAX_MILP_SENDS:
-        chosen = _contiguity_milp(ordering, pairs, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s)
+    options_tried = [(_greedy_merges(ordering, pairs), "greedy")]
+    adjacent = [pair for pair in _candidate_pairs(ordering, adjacent=True) if pair not in batched]
+    if milp and adjacent and len(ordering.sends) <= MAX_MILP_SENDS:
+        chosen = _contiguity_milp(ordering, adjacent, batched, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s)
         if chosen is not None:
             options_tried.append((chosen, "milp"))
-    options_tried.append((_greedy_merges(ordering, pairs), "greedy"))
     for merged, how in options_tried:
-        groups = _groups_from_merges(ordering, merged)
+        groups = _groups_from_merges(ordering, merged | batched)
         times = replay_groups(ordering, groups)
         if times is not None and max(times[1], default=0.0) < best.makespan_us - 1e-9:
             best = Schedule(ordering, groups, times[0], times[1], how)

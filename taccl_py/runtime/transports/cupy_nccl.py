@@ -1,7 +1,8 @@
 """CuPy NCCL transport: ``cupy.cuda.nccl.NcclCommunicator`` send/recv inside groupStart/groupEnd.
 
 The NCCL unique id is made on group rank 0 and handed to the others through a torch.distributed
-``Store`` (when one is given) or ``broadcast_object_list`` on the group. CuPy has returned the id
+``Store`` (the one given, else the default group's) or, when no store can be had,
+``broadcast_object_list`` on the group. CuPy has returned the id
 as a tuple of signed byte values and, in some builds, as ``bytes``; it travels as bytes and is
 given back in the form the local CuPy accepts. Messages run on the current torch CUDA stream, so
 the executor's reductions on that stream are ordered after them without host waits.
@@ -10,6 +11,7 @@ the executor's reductions on that stream are ordered after them without host wai
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 from taccl_py.errors import TransportError
@@ -19,10 +21,10 @@ __all__ = ["CupyNcclTransport", "unique_id_to_bytes", "unique_id_candidates", "N
 
 #: Size of ncclUniqueId (nccl.h: NCCL_UNIQUE_ID_BYTES).
 NCCL_UNIQUE_ID_BYTES = 128
-_DTYPE_NAMES = {
+_DTYPE_NAMES = MappingProxyType({
     "torch.float32": "NCCL_FLOAT32", "torch.float16": "NCCL_FLOAT16", "torch.bfloat16": "NCCL_BFLOAT16",
     "torch.float64": "NCCL_FLOAT64", "torch.int32": "NCCL_INT32", "torch.int64": "NCCL_INT64",
-}
+})
 
 
 def unique_id_to_bytes(uid: Any) -> bytes:
@@ -65,17 +67,39 @@ def _import_nccl() -> Any:
     return nccl
 
 
+def _group_store(store: Any) -> Any:
+    """Return ``store`` or the default group's store (None when this torch does not expose it)."""
+    if store is not None:
+        return store
+    import torch.distributed as dist
+
+    default_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        return default_store() if default_store is not None else None
+    except (RuntimeError, ValueError):  # no default group, or a store-less init
+        return None
+
+
 def _exchange_id(nccl: Any, rank: int, group: Any, store: Any, key: str) -> bytes:
+    """Return the NCCL unique id made on group rank 0, through the store (or a broadcast without one).
+
+    Every rank counts the transports it built for this group in the store, so the n-th transport
+    of every rank reads the n-th id: ranks build transports for a group in the same order.
+    """
     import torch.distributed as dist
 
     raw = unique_id_to_bytes(nccl.get_unique_id()) if rank == 0 else None
-    if store is not None:
-        if rank == 0:
-            store.set(key, raw)
-        return bytes(store.get(key))
-    box = [raw]
-    dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
-    return bytes(box[0])
+    store = _group_store(store)
+    if store is None:
+        box = [raw]
+        dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
+        return bytes(box[0])
+    members = "-".join(str(r) for r in dist.get_process_group_ranks(group if group is not None else dist.group.WORLD))
+    generation = store.add(f"{key}/{members}/built-by-{rank}", 1)
+    slot = f"{key}/{members}/{generation}"
+    if rank == 0:
+        store.set(slot, raw)
+    return bytes(store.get(slot))
 
 
 class CupyNcclTransport(Transport):
@@ -88,10 +112,9 @@ class CupyNcclTransport(Transport):
     device : int, optional
         CUDA device index (default: torch's current device).
     store : torch.distributed.Store, optional
-        Where rank 0 publishes the NCCL unique id under ``key``; without one the id is broadcast
-        on ``group``.
+        Where rank 0 publishes the NCCL unique id (default: the default group's store).
     key : str
-        Store key of the id; use a fresh key for every transport built on one store.
+        Prefix of the store keys used for the exchange.
 
     Raises
     ------

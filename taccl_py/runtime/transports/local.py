@@ -40,12 +40,7 @@ class _LocalRecv(Pending):
         self.hub, self.tensor, self.key = hub, tensor, key
 
     def wait(self, timeout_s: float) -> None:
-        send = self.hub.take(self.key, self, timeout_s)
-        if send.tensor.numel() != self.tensor.numel() or send.tensor.dtype != self.tensor.dtype:
-            self.hub.fail(f"rank {self.key[0]} sent {send.tensor.numel()} {send.tensor.dtype} elements, rank {self.key[1]} expected {self.tensor.numel()} {self.tensor.dtype}")
-            raise TransportError(self.hub.failure)
-        self.tensor.copy_(send.tensor)
-        send.done.set()
+        self.hub.take(self.key, self, timeout_s)
 
 
 class LocalHub:
@@ -85,8 +80,12 @@ class LocalHub:
                 self._recv_order[key].append(recv)
             self._cond.notify_all()
 
-    def take(self, key: tuple[int, int, int], recv: _LocalRecv, timeout_s: float) -> _LocalSend:
-        """Return the send matching ``recv`` (the k-th send for the k-th receive on ``key``)."""
+    def take(self, key: tuple[int, int, int], recv: _LocalRecv, timeout_s: float) -> None:
+        """Copy the send matching ``recv`` (the k-th send for the k-th receive on ``key``) into it.
+
+        The copy happens under the hub's lock, so copies are atomic with respect to each other:
+        a rank that already overwrote a source it was still sending from is always caught.
+        """
         with self._cond:
             ready = self._cond.wait_for(
                 lambda: self.failure is not None or (self._recv_order[key][0] is recv and bool(self._sends[key])), timeout_s
@@ -96,8 +95,14 @@ class LocalHub:
             if not ready:
                 raise TransportError(f"nothing from rank {key[0]} after {timeout_s:g} s")
             self._recv_order[key].popleft()
+            send = self._sends[key].popleft()
+            if send.tensor.numel() != recv.tensor.numel() or send.tensor.dtype != recv.tensor.dtype:
+                self.failure = f"rank {key[0]} sent {send.tensor.numel()} {send.tensor.dtype} elements, rank {key[1]} expected {recv.tensor.numel()} {recv.tensor.dtype}"
+                self._cond.notify_all()
+                raise TransportError(self.failure)
+            recv.tensor.copy_(send.tensor)
+            send.done.set()
             self._cond.notify_all()
-            return self._sends[key].popleft()
 
 
 class LocalTransport(Transport):
@@ -109,6 +114,7 @@ class LocalTransport(Transport):
         self.hub, self.rank, self.world_size = hub, rank, hub.world_size
         self.device = torch.device(device)
         self.name = "local"
+        self.independent_messages = True
 
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
         """Register a round's messages; data moves when the receivers wait."""

@@ -43,6 +43,23 @@ def _first_line(error: BaseException) -> str:
     return text[0] if text else type(error).__name__
 
 
+def _backend_for(spec: str, device: Any) -> str:
+    """Return the backend serving ``device`` in a group's backend spec ("gloo", or "cpu:gloo,cuda:nccl").
+
+    >>> _backend_for("cpu:gloo,cuda:nccl", None), _backend_for("cpu:gloo,cuda:nccl", "cuda:1")
+    ('gloo', 'nccl')
+    """
+    if ":" in spec:
+        by_device = dict(item.split(":", 1) for item in spec.split(","))
+        kind = torch.device(device).type if device is not None else ("cpu" if "cpu" in by_device else next(iter(by_device)))
+        backend = by_device.get(kind, "")
+    else:
+        backend = spec
+    if backend not in SUPPORTED_BACKENDS:
+        raise TransportError(f"process group backend {spec!r} has no point-to-point transport here; expected one of {', '.join(SUPPORTED_BACKENDS)}")
+    return backend
+
+
 class TorchDistTransport(Transport):
     """Send and receive with torch.distributed on ``group`` (None: the default group).
 
@@ -62,12 +79,11 @@ class TorchDistTransport(Transport):
     def __init__(self, group: Any = None, device: Any = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TransportError("torch.distributed is not initialised; call init_process_group first (or Communicator.from_env)")
-        backend = str(dist.get_backend(group)).lower()
-        if backend not in SUPPORTED_BACKENDS:
-            raise TransportError(f"process group backend {backend!r} has no point-to-point transport here; expected one of {', '.join(SUPPORTED_BACKENDS)}")
+        backend = _backend_for(str(dist.get_backend(group)).lower(), device)
         self.group = group
         self.backend = backend
         self.name = f"torch-{backend}"
+        self.independent_messages = backend == "gloo"
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         # p2p calls take global ranks on every torch version we support (group_dst is newer)

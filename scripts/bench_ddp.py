@@ -1,0 +1,95 @@
+"""DDP step time with the taccl_py hook and on the taccl backend against default DDP (gloo, 4 CPU ranks).
+
+Writes the ``ddp`` section of BENCHMARKS.md with ``--write``. Run: ``python scripts/bench_ddp.py``.
+Each row trains the MLP of ``scripts/ddp_example.py`` at one width with all three variants from the
+same seed, their steps alternating (20 timed steps after 3 warm-up steps), and reports the slowest
+rank's median step time, the ratio to default DDP measured in the same run, and the largest
+parameter difference from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks_md import update_benchmarks_section  # noqa: E402
+from ddp_example import VARIANTS, init_taccl, make_model, resolve_library, run_variants  # noqa: E402
+
+from taccl_py.cli._output import format_table  # noqa: E402
+from taccl_py.runtime.launch import run_local  # noqa: E402
+from taccl_py.units import format_size  # noqa: E402
+
+WORLD_SIZE = 4
+WIDTHS = (256, 1024, 2048)
+STEPS = 20
+COMMAND = "python scripts/bench_ddp.py"
+#: Join deadline for the 4 ranks (seconds): three widths, three variants, on 2 slow cores.
+JOIN_TIMEOUT_S = 600.0
+
+
+def _rank_main(rank: int, world_size: int, port: int, widths: Sequence[int], steps: int, library_spec: str) -> list[dict[str, tuple[float, float]]]:
+    import torch.distributed as dist
+
+    dist.destroy_process_group()  # the launcher's gloo group; the benchmark runs on a taccl one
+    store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=datetime.timedelta(seconds=120))
+    library = resolve_library(library_spec, world_size)
+    init_taccl(library, store=store, rank=rank, world_size=world_size)
+    gloo = dist.new_group(backend="gloo")
+    return [run_variants(rank, width, steps, library, gloo) for width in widths]
+
+
+def run_benchmark(widths: Sequence[int], steps: int, library_spec: str) -> list[tuple]:
+    """Return one table row per width: size, the three step times, the ratios and the differences."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
+    per_rank = run_local(_rank_main, WORLD_SIZE, (store.port, tuple(widths), steps, library_spec), timeout_s=JOIN_TIMEOUT_S)
+    del store
+    rows = []
+    for width, found in zip(widths, per_rank[0]):  # every rank holds the all-reduced maxima
+        size_bytes = sum(p.numel() for p in make_model(width).parameters()) * 4
+        base_ms = found[VARIANTS[0]][1]
+        hook_diff, hook_ms = found[VARIANTS[1]]
+        backend_diff, backend_ms = found[VARIANTS[2]]
+        rows.append((width, format_size(size_bytes), f"{base_ms:.2f}", f"{hook_ms:.2f}", f"{hook_ms / base_ms:.2f}x", f"{backend_ms:.2f}", f"{backend_ms / base_ms:.2f}x", f"{max(hook_diff, backend_diff):.1e}"))
+    return rows
+
+
+HEADERS = ("width", "gradients", "default ms", "hook ms", "hook/default", "backend ms", "backend/default", "max |dparam|")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="update the ddp section of BENCHMARKS.md")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"timed steps per variant (default {STEPS})")
+    parser.add_argument("--library", default="ring", help="'ring' (default), a *.library.json or a topology name")
+    args = parser.parse_args(argv)
+    table = format_table(HEADERS, run_benchmark(WIDTHS, args.steps, args.library))
+    print(table)
+    if args.write:
+        cores, load = os.cpu_count(), os.getloadavg()[0]
+        body = (
+            f"DDP on {WORLD_SIZE} gloo ranks on one machine ({cores} CPU cores, load average {load:.1f} after the run:\n"
+            "a shared machine, so expect ±30% between runs), the MLP of `scripts/ddp_example.py`\n"
+            f"(64-width-width-10, batch 32, SGD), {args.steps} timed steps after 3 warm-up steps, the three variants'\n"
+            "steps alternating (so load changes hit all alike), default bucket cap.\n"
+            f"Library: `{args.library}` (ring all-reduce run by taccl_py's executor over gloo point-to-point).\n"
+            "Columns: slowest rank's median step time for default DDP (gloo all-reduce), DDP with the taccl_py\n"
+            "comm hook, and DDP on `init_process_group(\"taccl\")`; ratios to default DDP from the same run;\n"
+            "the largest parameter difference from default DDP after training (fp32).\n\n"
+            f"```\n{table}\n```\n"
+        )
+        update_benchmarks_section("ddp", "DDP step time: taccl_py hook and backend against default DDP (gloo, 4 ranks)", COMMAND + " --write", body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

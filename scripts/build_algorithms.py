@@ -1,0 +1,131 @@
+"""Rebuild the shipped algorithm libraries in algorithms/<topology>/n<nodes>/<collective>.library.json.
+
+Every built-in topology at 1, 2 and 4 nodes, for allgather, reducescatter and allreduce, over
+sizes 1KB..1GB: ``synthesize`` keeps, per size band, the fastest of the synthesized candidates
+and the baselines under the simulator, and ``write_library`` writes the library with one
+algorithm JSON and one MSCCL XML per band. Each instance runs in its own process (``--one``),
+so its wall time and peak memory are its own; they are printed as one JSON line per instance
+and, with ``--metrics FILE``, collected for ``bench_synthesis.py``.
+
+    python scripts/build_algorithms.py                           # everything (an hour or more)
+    python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from taccl_py.algorithm_library import shipped_library_dir
+from taccl_py.synth import synthesize, write_library
+from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.units import parse_sizes
+
+DEFAULT_SIZES = "1KB-1GB"
+DEFAULT_NODES = "1,2,4"
+COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+# Wall-clock cap per instance (s): the 64-GPU instances get a 6-minute MILP budget by default.
+INSTANCE_TIMEOUT_S = 3600
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def library_path(topology: str, nodes: int, collective: str) -> Path:
+    """Return where the shipped library of one instance lives."""
+    return shipped_library_dir() / topology / f"n{nodes}" / f"{collective}.library.json"
+
+
+def build_instance(topology_name: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None, write: bool) -> dict:
+    """Synthesize one instance (in this process), optionally write its library; return its metrics."""
+    topology = load_topology(topology_name, nodes=nodes)
+    began = time.perf_counter()
+    result = synthesize(topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=_log)
+    wall = time.perf_counter() - began
+    library = replace(result.library, topology=topology_name)
+    if write:
+        path = library_path(topology_name, nodes, collective)
+        for old in path.parent.glob(f"{collective}-*"):
+            old.unlink()
+        write_library(library, path)
+    rows = []
+    for choice in result.choices:
+        syn, base = choice.synthesized, choice.baseline
+        rows.append({
+            "size_bytes": choice.size_bytes,
+            "chosen": choice.chosen.name,
+            "chosen_us": choice.chosen_result.time_us,
+            "synthesized_us": None if syn is None else syn.time_us,
+            "baseline": choice.baseline_name,
+            "baseline_us": None if base is None else base.time_us,
+            "bound_us": choice.chosen_result.bound_time_us,
+        })
+    return {
+        "topology": topology_name, "nodes": nodes, "collective": collective, "num_ranks": topology.num_ranks,
+        "wall_s": wall, "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "timed_out": result.timed_out, "candidates": list(result.candidates), "rows": rows,
+    }
+
+
+def run_instance(topology: str, nodes: int, collective: str, args: argparse.Namespace) -> dict | None:
+    """Run one instance in a fresh process; return its metrics, or None when it failed."""
+    cmd = [sys.executable, __file__, "--one", topology, str(nodes), collective, "--sizes", args.sizes]
+    if args.time_limit is not None:
+        cmd += ["--time-limit", str(args.time_limit)]
+    if not args.no_write:
+        cmd.append("--write")
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTANCE_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        _log(f"{topology} n{nodes} {collective}: timed out after {INSTANCE_TIMEOUT_S} s")
+        return None
+    if done.returncode != 0:
+        _log(f"{topology} n{nodes} {collective}: failed\n{done.stderr[-4000:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topologies", default=",".join(builtin_topology_names()))
+    parser.add_argument("--nodes", default=DEFAULT_NODES)
+    parser.add_argument("--collectives", default=",".join(COLLECTIVES))
+    parser.add_argument("--sizes", default=DEFAULT_SIZES)
+    parser.add_argument("--time-limit", type=float, default=None, help="MILP budget per instance (default by GPU count)")
+    parser.add_argument("--skip-existing", action="store_true", help="keep libraries already built")
+    parser.add_argument("--no-write", action="store_true", help="synthesize and report, write no library")
+    parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
+    parser.add_argument("--one", nargs=3, metavar=("TOPOLOGY", "NODES", "COLLECTIVE"), help=argparse.SUPPRESS)
+    parser.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        name, nodes, collective = args.one
+        print(json.dumps(build_instance(name, int(nodes), collective, args.sizes, args.time_limit, args.write)))
+        return 0
+    failures = 0
+    for name in args.topologies.split(","):
+        for nodes in (int(n) for n in args.nodes.split(",")):
+            for collective in args.collectives.split(","):
+                if args.skip_existing and library_path(name, nodes, collective).exists():
+                    continue
+                _log(f"== {name} n{nodes} {collective}")
+                metrics = run_instance(name, nodes, collective, args)
+                if metrics is None:
+                    failures += 1
+                    continue
+                _log(f"   {metrics['wall_s']:.1f} s, {metrics['peak_rss_MB']:.0f} MB")
+                if args.metrics is not None:
+                    with args.metrics.open("a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(metrics) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

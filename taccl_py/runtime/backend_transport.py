@@ -1,0 +1,122 @@
+"""The pieces under the ``taccl`` process group: its Work, its message transport, its backends.
+
+:class:`FutureWork` is what a routed collective returns; :class:`BackendTransport` moves the
+Communicator's messages over a gloo or NCCL backend object that belongs to the ``taccl`` group
+alone (the torch.distributed registry does not know it, so ``dist.isend(group=...)`` cannot
+reach it); :func:`make_backend` builds such backends.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taccl_py.errors import TransportError
+from taccl_py.runtime.transport import Message, Pending, Transport
+
+__all__ = ["FutureWork", "BackendTransport", "make_backend"]
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+class _WorkPending(Pending):
+    __slots__ = ("_work",)
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+
+    def wait(self, timeout_s: float) -> None:
+        try:
+            done = self._work.wait(datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as error:  # gloo and NCCL report dead peers and timeouts this way
+            raise TransportError(_first_line(error)) from error
+        if done is False:
+            raise TransportError(f"not complete after {timeout_s:g} s")
+
+
+class FutureWork(dist.Work):
+    """The Work of a routed collective: ``wait`` raises when the collective failed.
+
+    (The Work of ``_create_work_from_future`` returns from ``wait`` even when its future holds an
+    error, so a failed collective would pass silently.) ``wait`` ignores ``timeout``: the
+    Communicator's own per-message timeout, the group's, bounds it.
+    """
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Return True once the collective finished; raise RuntimeError naming its error if it failed."""
+        self._future.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        """Return the future of the collective's output tensors."""
+        return self._future
+
+    def is_completed(self) -> bool:
+        """Return whether the collective finished (successfully or not)."""
+        return self._future.done()
+
+
+class BackendTransport(Transport):
+    """Send and receive on a c10d backend object (gloo or NCCL) that no process group registry knows.
+
+    Parameters
+    ----------
+    backend : torch._C._distributed_c10d.Backend
+        A ``ProcessGroupGloo`` or ``ProcessGroupNCCL`` of the group; peers are group ranks.
+    device : torch.device
+        Where the tensors live.
+
+    Notes
+    -----
+    NCCL matches messages by posting order, so a round's messages go out inside one coalesced
+    group (``_start_coalescing``/``_end_coalescing``), as ``batch_isend_irecv`` does.
+    """
+
+    def __init__(self, backend: Any, device: torch.device) -> None:
+        self._backend = backend
+        self.rank = int(backend.rank())
+        self.world_size = int(backend.size())
+        self.device = torch.device(device)
+        self.name = f"taccl-{backend.name().lower()}"
+        self._coalesce = self.device.type == "cuda"
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
+        """Issue a round's sends and receives without blocking; return their Pending, in order."""
+        try:
+            if self._coalesce and (sends or recvs):
+                self._backend._start_coalescing(self.device)
+                for m in sends:
+                    self._backend.send([m.tensor], m.peer, m.tag)
+                for m in recvs:
+                    self._backend.recv([m.tensor], m.peer, m.tag)
+                shared = _WorkPending(self._backend._end_coalescing(self.device))
+                return [shared] * len(sends), [shared] * len(recvs)
+            send_works = [self._backend.send([m.tensor], m.peer, m.tag) for m in sends]
+            recv_works = [self._backend.recv([m.tensor], m.peer, m.tag) for m in recvs]
+        except RuntimeError as error:
+            raise TransportError(f"{self.name}: {error}") from error
+        return [_WorkPending(w) for w in send_works], [_WorkPending(w) for w in recv_works]
+
+    def close(self) -> None:
+        """Shut the backend down."""
+        self._backend.shutdown()
+
+
+def make_backend(kind: str, store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> tuple[Any, Any]:
+    """Return (BackendType, backend) of a fresh gloo or NCCL backend on ``store``."""
+    if kind == "gloo":
+        return dist.ProcessGroup.BackendType.GLOO, dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return dist.ProcessGroup.BackendType.NCCL, dist.ProcessGroupNCCL(store, rank, world_size, options)

@@ -1,0 +1,126 @@
+"""Size bands: the best algorithm per size among synthesized candidates and the baselines.
+
+For a list of sizes, every candidate chunking proposed for some size is synthesized once, tuned
+for the geometric middle of the sizes that proposed it, and simulated at every size; so is the
+best baseline of each size. Each size takes the fastest exportable algorithm; neighbouring sizes
+with the same winner share a band, and band boundaries sit at the geometric middle between the
+sizes on either side. ``write_library`` writes the library JSON with one algorithm JSON and one
+MSCCL XML per band beside it (``taccl_py.algorithm_library``'s format).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from taccl_py._io import write_text_atomic
+from taccl_py.algorithm import Algorithm, generate_algorithm_json
+from taccl_py.algorithm_library import AlgorithmLibrary, SizeBand, generate_library
+from taccl_py.collectives import Collective
+from taccl_py.simulate import SimulationResult
+from taccl_py.synth.candidates import geometric_middle
+
+__all__ = ["SizeChoice", "choose_per_size", "build_library", "band_file_stem", "write_library"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The winner at one size, with the best synthesized and the best baseline result."""
+
+    size_bytes: int
+    chosen: Algorithm
+    chosen_result: SimulationResult
+    synthesized: SimulationResult | None
+    baseline: SimulationResult | None
+    baseline_name: str | None
+
+
+def choose_per_size(
+    sizes: Sequence[int],
+    synthesized: Sequence[tuple[Algorithm, Sequence[SimulationResult]]],
+    baselines: Sequence[tuple[Algorithm, SimulationResult] | None],
+    *,
+    baselines_compete: bool = True,
+) -> tuple[SizeChoice, ...]:
+    """Return, per size, the fastest of the synthesized algorithms and that size's best baseline.
+
+    ``synthesized`` pairs each algorithm with its results at every size (None where it was not
+    simulated); ``baselines[i]`` is
+    the best baseline at ``sizes[i]`` (or None). Ties go to the synthesized algorithm. Without
+    ``baselines_compete`` the baseline is only reported, never chosen.
+    """
+    choices = []
+    for i, size in enumerate(sizes):
+        simulated = [pair for pair in synthesized if pair[1][i] is not None]
+        best_syn = min(simulated, key=lambda pair: pair[1][i].time_us, default=None)
+        base = baselines[i]
+        options = []
+        if best_syn is not None:
+            options.append((best_syn[1][i].time_us, 0, best_syn[0], best_syn[1][i]))
+        if base is not None and (baselines_compete or not options):
+            options.append((base[1].time_us, 1, base[0], base[1]))
+        _, _, algorithm, result = min(options, key=lambda o: (o[0], o[1]))
+        choices.append(SizeChoice(
+            size, algorithm, result, None if best_syn is None else best_syn[1][i],
+            None if base is None else base[1], None if base is None else base[0].name,
+        ))
+    return tuple(choices)
+
+
+def build_library(topology_name: str, nodes: int, collective: Collective, num_ranks: int, choices: Sequence[SizeChoice], stem: str) -> AlgorithmLibrary:
+    """Return the library whose bands cover all sizes, one band per run of equal winners."""
+    runs: list[list[SizeChoice]] = []
+    for choice in choices:
+        if runs and runs[-1][-1].chosen == choice.chosen:
+            runs[-1].append(choice)
+        else:
+            runs.append([choice])
+    bands = []
+    for index, run in enumerate(runs):
+        low = 0 if index == 0 else geometric_middle(runs[index - 1][-1].size_bytes, run[0].size_bytes)
+        high = None if index == len(runs) - 1 else geometric_middle(run[-1].size_bytes, runs[index + 1][0].size_bytes)
+        algorithm = replace(run[0].chosen, name=f"{stem}-{index}", min_bytes=low, max_bytes=high)
+        algorithm = algorithm.with_metadata(source_algorithm=run[0].chosen.name, band=str(index))
+        bands.append(SizeBand(low, high, algorithm, f"{stem}-{index}.json", f"{stem}-{index}.xml", run[0].chosen_result.time_us))
+    return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands))
+
+
+def band_file_stem(path: str | Path) -> str:
+    """Return the stem band files are named after: ``allgather`` for ``allgather.library.json``."""
+    name = Path(path).name
+    for suffix in (".library.json", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def write_library(library: AlgorithmLibrary, path: str | Path, progress: Callable[[str], None] | None = None) -> None:
+    """Write the library JSON at ``path`` and its band algorithms (JSON and MSCCL XML) beside it.
+
+    Band files are named after the library file: ``ar-0.json`` for ``ar.library.json``.
+
+    Every text is generated before the first file is written, so a failure (an algorithm
+    beyond the MSCCL limits) leaves nothing behind.
+    """
+    from taccl_py.msccl import generate_msccl_xml
+
+    folder = Path(path).parent
+    stem = band_file_stem(path)
+    library = replace(library, bands=tuple(
+        replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}.json", xml_file=f"{stem}-{i}.xml")
+        for i, band in enumerate(library.bands)
+    ))
+    texts = {}
+    for band in library.bands:
+        texts[folder / band.algorithm_file] = generate_algorithm_json(band.algorithm)
+        if band.xml_file is not None:
+            texts[folder / band.xml_file] = generate_msccl_xml(band.algorithm)
+    texts[Path(path)] = generate_library(library)
+    for file, text in texts.items():
+        write_text_atomic(file, text)
+        if progress is not None:
+            progress(f"wrote {file}")

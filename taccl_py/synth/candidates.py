@@ -1,0 +1,99 @@
+"""Candidate chunkings and their evaluation under the simulator.
+
+Which chunking wins depends on the size: below a few latencies' worth of bandwidth time one
+piece per rank on the shallowest trees wins (every extra transfer costs α); above, routes must
+pack bandwidth (more chunks per rank spread a rank's data over more trees) and pipeline (more
+pieces shorten the fill and drain of every tree). ``candidate_chunkings`` proposes a handful per
+regime; each is synthesized (``synthesize_chunking``) and simulated, and the fastest is kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from taccl_py.algorithm import Algorithm
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.synth.compose import Chunking
+from taccl_py.synth.logical import LogicalGraph
+from taccl_py.topology.bounds import LowerBound
+from taccl_py.topology.model import Topology
+
+__all__ = ["LATENCY_REGIME", "BANDWIDTH_REGIME", "MAX_ROUTED_CHUNKS", "candidate_chunkings", "simulate_at", "exportable", "geometric_middle", "Evaluated"]
+
+logger = logging.getLogger(__name__)
+
+# Regimes by the ratio of the bound's bandwidth term to its latency floor.
+LATENCY_REGIME = 4.0  # below: latency-bound, one piece per rank
+BANDWIDTH_REGIME = 64.0  # above: bandwidth-bound, pipelined
+# (chunkup, pieces) tried per regime, in order of preference; duplicates are dropped.
+_LATENCY_CHUNKINGS = ((1, 1),)
+_MIDDLE_CHUNKINGS = ((1, 1), (1, 2), (2, 1))
+_BANDWIDTH_CHUNKINGS = ((1, 2), (1, 4), (2, 2), (2, 4), (1, 8))
+# One machine without a switch (NVLink meshes): more routed chunks spread each rank's data over
+# links of unequal bandwidth (TACCL's NDv2 sketch uses input_chunkup 6).
+_MESH_CHUNKINGS = ((2, 1), (3, 2), (6, 1))
+# Cap on routed chunks (ranks x chunkup) so that the routing MILP stays small.
+MAX_ROUTED_CHUNKS = 128
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """An algorithm with its simulated runs at the sizes of interest."""
+
+    algorithm: Algorithm
+    results: tuple[SimulationResult, ...]
+    label: str
+
+
+def _is_mesh(graph: LogicalGraph) -> bool:
+    """Return True for one machine whose logical links are direct (no switch, no network)."""
+    return graph.num_ranks == graph.gpus_per_node and all(len(link.resources) == 1 for link in graph.links)
+
+
+def candidate_chunkings(graph: LogicalGraph, collective: Collective, bound: LowerBound, chunkup: int | None = None) -> tuple[Chunking, ...]:
+    """Return the chunkings worth synthesizing for one size (``bound`` holds the size).
+
+    ``chunkup`` (a sketch's ``input_chunkup``) fixes the routed chunks per rank.
+    """
+    ratio = bound.bandwidth_time_us / max(bound.latency_floor_us, 1e-9)
+    if ratio < LATENCY_REGIME:
+        pairs = _LATENCY_CHUNKINGS
+    elif ratio < BANDWIDTH_REGIME:
+        pairs = _MIDDLE_CHUNKINGS
+    else:
+        pairs = _BANDWIDTH_CHUNKINGS + (_MESH_CHUNKINGS if _is_mesh(graph) else ())
+    if chunkup is not None:
+        pairs = tuple(dict.fromkeys((chunkup, p) for _, p in pairs))
+    out = []
+    for k, p in pairs:
+        if graph.num_ranks * k <= MAX_ROUTED_CHUNKS or chunkup is not None:
+            out.append(Chunking(k, p, bound.size_bytes))
+    return tuple(dict.fromkeys(out))
+
+
+def simulate_at(algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: Sequence[LowerBound]) -> tuple[SimulationResult, ...]:
+    """Return the simulated runs of ``algorithm`` at ``sizes`` (bounds given, computed once)."""
+    plan = prepare_simulation(algorithm, topology)
+    return tuple(simulate_plan(plan, size, bound_time_us=bound.time_us) for size, bound in zip(sizes, bounds))
+
+
+def exportable(algorithm: Algorithm) -> bool:
+    """Return True when the MSCCL runtimes' limits allow ``algorithm`` (steps, threadblocks)."""
+    from taccl_py.msccl import generate_msccl_xml
+
+    try:
+        generate_msccl_xml(algorithm)
+    except ArgumentError as error:
+        logger.info("%s: not exportable to MSCCL XML: %s", algorithm.name, error)
+        return False
+    return True
+
+
+def geometric_middle(low: int, high: int) -> int:
+    """Return the geometric mean of two sizes, rounded (the boundary between their bands)."""
+    return int(round(math.sqrt(low * high)))

@@ -1,0 +1,283 @@
+"""The ``taccl`` process-group backend: routed collectives equal gloo's; DDP and FSDP2 run on it.
+
+One launch of 4 ranks re-initialises torch.distributed with ``init_process_group("taccl")`` and
+runs every scenario (see ``_backend_scenarios``), comparing with a plain gloo group of the same
+ranks; the tests below read the per-rank results.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, make_mlp, max_difference, ring_library, train
+from mp_utils import run_ranks
+
+from taccl_py.errors import ArgumentError
+
+torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
+dist = pytest.importorskip("torch.distributed", reason="the taccl backend needs torch.distributed")
+
+FP32_TOLERANCE = 1e-6
+FP16_TOLERANCE = 1e-3
+#: The group timeout of the failure scenario: how long ranks wait for the rank that never comes.
+SHORT_TIMEOUT_S = 2.0
+
+
+# -- multi-process scenarios (run inside the ranks) -----------------------------------------------
+
+
+def _init_taccl(rank: int, world_size: int, port: int) -> Any:
+    """Replace the launcher's gloo group by a taccl one on the parent's store; return the group."""
+    from taccl_py.runtime.backend import register_backend
+
+    dist.destroy_process_group()
+    register_backend(ring_library(world_size))
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+    dist.init_process_group("taccl", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return dist.group.WORLD
+
+
+def _data(rank: int, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
+    generator = torch.Generator().manual_seed(seed * 131 + rank)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    return torch.randint(-50, 50, shape, generator=generator, dtype=dtype)
+
+
+def _close(ours: Any, reference: Any) -> bool:
+    if ours.dtype.is_floating_point:
+        tolerance = {torch.float16: 2e-3, torch.bfloat16: 2e-2}.get(ours.dtype, 1e-6)
+        return bool(torch.allclose(ours.double(), reference.double(), rtol=tolerance, atol=tolerance))
+    return bool(torch.equal(ours, reference))
+
+
+def _reduce_cases(rank: int, gloo: Any, world: int) -> list[str]:
+    """all_reduce and both reduce_scatter forms against gloo, on random data of odd sizes."""
+    problems = []
+    ops = [("sum", torch.float32, 1001), ("avg", torch.float32, 64), ("max", torch.int64, 37), ("min", torch.float64, 9), ("sum", torch.float16, 300), ("sum", torch.bfloat16, 77)]
+    for seed, (op, dtype, numel) in enumerate(ops):
+        data = _data(rank, (numel,), dtype, seed)
+        ours, reference = data.clone(), data.clone()
+        work = dist.all_reduce(ours, op=getattr(dist.ReduceOp, op.upper()), async_op=True)
+        work.wait()
+        dist.all_reduce(reference, op=dist.ReduceOp.SUM if op == "avg" else getattr(dist.ReduceOp, op.upper()), group=gloo)
+        reference = reference / world if op == "avg" else reference
+        if not _close(ours, reference):
+            problems.append(f"all_reduce {op} {dtype} numel={numel}: max error {max_difference(ours.double(), reference.double())}")
+    data = _data(rank, (world * 250,), torch.float32, 20)
+    ours, reference = torch.empty(250), torch.empty(250)
+    dist.reduce_scatter_single(ours, data)
+    dist.reduce_scatter_single(reference, data, group=gloo)
+    if not _close(ours, reference):
+        problems.append("reduce_scatter_single float32 sum")
+    inputs = [_data(rank, (3, 5), torch.float32, 30 + r) for r in range(world)]
+    ours, reference = torch.empty(3, 5), torch.empty(3, 5)
+    dist.reduce_scatter(ours, inputs, op=dist.ReduceOp.MAX)
+    dist.reduce_scatter(reference, inputs, op=dist.ReduceOp.MAX, group=gloo)
+    if not _close(ours, reference):
+        problems.append("reduce_scatter (list) float32 max")
+    return problems
+
+
+def _gather_cases(rank: int, gloo: Any, world: int) -> list[str]:
+    """Both all_gather forms against gloo."""
+    problems = []
+    data = _data(rank, (1001,), torch.float32, 40)
+    ours, reference = torch.empty(world * 1001), torch.empty(world * 1001)
+    dist.all_gather_single(ours, data)
+    dist.all_gather_single(reference, data, group=gloo)
+    if not torch.equal(ours, reference):
+        problems.append("all_gather_single float32")
+    data = _data(rank, (5, 7), torch.int32, 41)
+    ours, reference = [torch.empty(5, 7, dtype=torch.int32) for _ in range(world)], [torch.empty(5, 7, dtype=torch.int32) for _ in range(world)]
+    dist.all_gather(ours, data)
+    dist.all_gather(reference, data, group=gloo)
+    if not all(torch.equal(a, b) for a, b in zip(ours, reference)):
+        problems.append("all_gather (list) int32")
+    return problems
+
+
+def _delegated_cases(rank: int, world: int) -> list[str]:
+    """Operations the backend hands to its inner gloo backend."""
+    problems = []
+    value = torch.full((4,), float(rank))
+    dist.broadcast(value, src=2)
+    if not torch.equal(value, torch.full((4,), 2.0)):
+        problems.append(f"broadcast: {value.tolist()}")
+    product = torch.full((3,), float(rank + 1))
+    dist.all_reduce(product, op=dist.ReduceOp.PRODUCT)
+    if not torch.equal(product, torch.full((3,), 24.0)):
+        problems.append(f"all_reduce product: {product.tolist()}")
+    received = torch.empty(2)
+    send = dist.isend(torch.tensor([float(rank), 7.0]), (rank + 1) % world)
+    dist.recv(received, (rank - 1) % world)
+    send.wait()
+    if received.tolist() != [float((rank - 1) % world), 7.0]:
+        problems.append(f"send/recv: {received.tolist()}")
+    swapped = torch.empty(world)
+    dist.all_to_all_single(swapped, torch.arange(world, dtype=torch.float32) + 10 * rank)
+    if swapped.tolist() != [10.0 * r + rank for r in range(world)]:
+        problems.append(f"all_to_all_single: {swapped.tolist()}")
+    dist.barrier()
+    return problems
+
+
+def _ddp_cases(rank: int, gloo: Any) -> dict[str, float]:
+    """DDP on the taccl default group against DDP on a gloo group, same seed and data."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    found = {}
+    for name, unused, dtype in (("fp32", False, None), ("unused", True, None), ("fp16", False, torch.float16)):
+        options = {"bucket_cap_mb": BUCKET_CAP_MB, "find_unused_parameters": unused}
+        reference = train(DDP(make_mlp(unused=unused, dtype=dtype), process_group=gloo, **options), rank, dtype=dtype)
+        ours = train(DDP(make_mlp(unused=unused, dtype=dtype), **options), rank, dtype=dtype)
+        found[name] = max_difference(reference, ours)
+    return found
+
+
+def _fsdp_case(rank: int, gloo: Any) -> float:
+    """FSDP2 (fully_shard per layer) on the taccl group against DDP on gloo."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    reference = train(DDP(make_mlp(), process_group=gloo), rank)
+    model = make_mlp()
+    for layer in model.layers:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return max_difference(reference, train(model, rank))
+
+
+def _subgroup_case(rank: int) -> dict[str, Any]:
+    """A 2-rank taccl sub-group has no 4-rank algorithm: it must still reduce, on the inner gloo."""
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group = pairs[rank // 2]
+    value = torch.full((5,), float(rank))
+    dist.all_reduce(value, group=group)
+    expected = float(sum(r for r in range(4) if r // 2 == rank // 2))
+    return {"ok": bool(torch.equal(value, torch.full((5,), expected))), "routed": dict(group.routed), "delegated": dict(group.delegated)}
+
+
+def _failure_case(rank: int, world: int) -> dict[str, str]:
+    """Rank 3 skips an all-reduce on a short-timeout taccl group: the others' Work must raise."""
+    group = dist.new_group(backend="taccl", timeout=datetime.timedelta(seconds=SHORT_TIMEOUT_S))
+    outcome = {"first": "skipped", "later": "skipped"}
+    if rank != world - 1:
+        for key in ("first", "later"):
+            try:
+                dist.all_reduce(torch.ones(64), group=group)
+                outcome[key] = "completed"
+            except RuntimeError as error:
+                outcome[key] = str(error).splitlines()[0]
+    dist.barrier()
+    return outcome
+
+
+def _backend_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    pg = _init_taccl(rank, world_size, port)
+    gloo = dist.new_group(backend="gloo")
+    results: dict[str, Any] = {"name": dist.get_backend(), "type": type(pg).__name__}
+    results["problems"] = _reduce_cases(rank, gloo, world_size) + _gather_cases(rank, gloo, world_size)
+    results["counts"] = (dict(pg.routed), dict(pg.delegated))
+    results["delegated_problems"] = _delegated_cases(rank, world_size)
+    results["counts_after_delegated"] = (dict(pg.routed), dict(pg.delegated))
+    before = pg.routed["allreduce"]
+    results["ddp"] = _ddp_cases(rank, gloo)
+    results["ddp_allreduces"] = pg.routed["allreduce"] - before
+    before = (pg.routed["allgather"], pg.routed["reducescatter"])
+    results["fsdp"] = _fsdp_case(rank, gloo)
+    results["fsdp_routed"] = (pg.routed["allgather"] - before[0], pg.routed["reducescatter"] - before[1])
+    results["subgroup"] = _subgroup_case(rank)
+    results["failure"] = _failure_case(rank, world_size)
+    return results
+
+
+@pytest.fixture(scope="module")
+def backend_results() -> list[dict[str, Any]]:
+    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
+    try:
+        return run_ranks(_backend_scenarios, WORLD_SIZE, store.port)
+    finally:
+        del store
+
+
+# -- multi-process tests --------------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+def test_init_process_group_taccl_makes_a_taccl_group(backend_results: list[dict[str, Any]]) -> None:
+    assert all(r["name"] == "taccl" and r["type"] == "TacclProcessGroup" for r in backend_results)
+
+
+@pytest.mark.multiprocess
+def test_routed_collectives_equal_gloo(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["problems"] == [], f"rank {rank}: {result['problems']}"
+        routed, delegated = result["counts"]
+        assert routed == {"allreduce": 6, "reducescatter": 2, "allgather": 2}, f"rank {rank}: routed {routed}"
+        assert delegated == {}, f"rank {rank}: delegated {delegated}"
+
+
+@pytest.mark.multiprocess
+def test_other_operations_go_to_the_inner_backend(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["delegated_problems"] == [], f"rank {rank}: {result['delegated_problems']}"
+        routed, delegated = result["counts_after_delegated"]
+        assert delegated == {"allreduce": 1}, f"rank {rank}: only the PRODUCT all-reduce is a delegated collective: {delegated}"
+        assert routed == result["counts"][0], f"rank {rank}: {routed}"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", ["fp32", "unused"])
+def test_ddp_on_taccl_matches_ddp_on_gloo(backend_results: list[dict[str, Any]], case: str) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["ddp"][case] <= FP32_TOLERANCE, f"rank {rank}: {case} parameters differ by {result['ddp'][case]}"
+        assert result["ddp_allreduces"] > 3 * 20, f"rank {rank}: only {result['ddp_allreduces']} routed bucket all-reduces"
+
+
+@pytest.mark.multiprocess
+def test_ddp_on_taccl_with_fp16_gradients(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["ddp"]["fp16"] <= FP16_TOLERANCE, f"rank {rank}: fp16 parameters differ by {result['ddp']['fp16']}"
+
+
+@pytest.mark.multiprocess
+def test_fsdp2_on_taccl_matches_ddp_on_gloo(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["fsdp"] <= FP32_TOLERANCE, f"rank {rank}: FSDP2 parameters differ by {result['fsdp']}"
+        gathers, scatters = result["fsdp_routed"]
+        assert gathers >= 20 and scatters >= 20, f"rank {rank}: routed {gathers} all-gathers, {scatters} reduce-scatters"
+
+
+@pytest.mark.multiprocess
+def test_subgroup_without_algorithms_uses_the_inner_backend(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        sub = result["subgroup"]
+        assert sub["ok"] and sub["routed"] == {} and sub["delegated"] == {"allreduce": 1}, f"rank {rank}: {sub}"
+
+
+@pytest.mark.multiprocess
+def test_missing_peer_fails_the_work_instead_of_hanging(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results[:-1]):
+        failure = result["failure"]
+        assert "TransportError" in failure["first"], f"rank {rank}: {failure['first']}"
+        assert "earlier collective failed" in failure["later"], f"rank {rank}: {failure['later']}"
+
+
+# -- in-process tests -----------------------------------------------------------------------------
+
+
+def test_unreadable_library_fails_init_process_group() -> None:
+    from taccl_py.runtime.backend import register_backend
+
+    register_backend("no-such-topology-or-file")
+    try:
+        with pytest.raises(ArgumentError, match="no-such-topology-or-file: library: neither a file nor a built-in topology"):
+            dist.init_process_group("taccl", store=dist.HashStore(), rank=0, world_size=1)
+        assert not dist.is_initialized()
+    finally:
+        register_backend()

@@ -1,0 +1,130 @@
+"""``taccl synthesize``: TACCL sketches and profiles unchanged, size bands, and clear failures."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+
+from taccl_py.algorithm import read_algorithm
+from taccl_py.algorithm_library import read_library
+from taccl_py.cli import main
+from taccl_py.msccl import read_msccl_xml
+
+from helpers import FIXTURES, assert_valid_algorithm
+
+SKETCHES = FIXTURES / "taccl_sketch"
+NDV2_PROFILES = ("topo-ndv2-1KB.json", "topo-ndv2-1MB.json", "topo-ndv2-32KB.json")
+DGX2_PROFILES = ("topo-dgx2-1KB.json", "topo-dgx2-1MB.json")
+
+
+def _pairs() -> list[tuple[str, str]]:
+    """Every sketch with every profile of its machine (sk*-dgx2-* with topo-dgx2-*, *ndv2* with topo-ndv2-*)."""
+    pairs = []
+    for sketch in sorted(p.name for p in SKETCHES.glob("sk*.json")):
+        profiles = DGX2_PROFILES if "dgx2" in sketch else NDV2_PROFILES
+        pairs.extend((sketch, profile) for profile in profiles)
+    return pairs
+
+
+def _one_profile_each() -> list[tuple[str, str]]:
+    """Every sketch once, the profiles of its machine taken in turn (each profile at least once)."""
+    turns = {"dgx2": itertools.cycle(DGX2_PROFILES), "ndv2": itertools.cycle(NDV2_PROFILES)}
+    return [(s, next(turns["dgx2" if "dgx2" in s else "ndv2"])) for s in sorted(p.name for p in SKETCHES.glob("sk*.json"))]
+
+
+def _run(sketch: str, profile: str, tmp_path, collective: str = "allgather") -> None:
+    out = tmp_path / "algo.json"
+    status = main(["synthesize", "-t", str(SKETCHES / profile), "--sketch", str(SKETCHES / sketch), "-c", collective,
+                   "--size", "64KB", "--time-limit", "0.5", "-o", str(out)])
+    assert status == 0
+    algorithm = read_algorithm(str(out))
+    assert_valid_algorithm(algorithm)
+    nodes = json.loads((SKETCHES / sketch).read_text())["nnodes"]
+    per_node = json.loads((SKETCHES / profile).read_text())["gpus_per_node"]
+    assert algorithm.num_ranks == nodes * per_node
+
+
+@pytest.mark.parametrize("sketch, profile", _one_profile_each())
+def test_taccl_sketch_with_its_profile(sketch, profile, tmp_path, capsys):
+    _run(sketch, profile, tmp_path)
+    out = capsys.readouterr().out
+    assert "of bound" in out and "best baseline" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sketch, profile", _pairs())
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+def test_every_taccl_sketch_with_every_profile(sketch, profile, collective, tmp_path):
+    _run(sketch, profile, tmp_path, collective)
+
+
+def test_builtin_topology_with_xml(tmp_path, capsys):
+    out, xml = tmp_path / "ar.json", tmp_path / "ar.xml"
+    assert main(["synthesize", "-t", "ndv2", "-c", "allreduce", "--size", "1MB", "--time-limit", "1", "-o", str(out), "--xml", str(xml)]) == 0
+    assert_valid_algorithm(read_algorithm(str(out)))
+    assert read_msccl_xml(str(xml)).num_ranks == 8
+    captured = capsys.readouterr()
+    assert "synthesize: wrote" in captured.err and "[1/" in captured.err, "progress per stage on stderr"
+    assert "allreduce on ndv2 (8 GPUs)" in captured.out
+
+
+def test_sizes_write_a_library(tmp_path):
+    out = tmp_path / "ag.library.json"
+    assert main(["synthesize", "-t", "dgx2", "-c", "allgather", "--sizes", "1KB,1MB", "--time-limit", "1", "-o", str(out)]) == 0
+    library = read_library(out)
+    assert library.num_ranks == 16 and library.bands
+    for band in library.bands:
+        assert_valid_algorithm(band.algorithm)
+        xml = read_msccl_xml(str(tmp_path / band.xml_file))
+        assert (xml.min_bytes, xml.max_bytes or 0) == (band.min_bytes, band.max_bytes or 0)
+
+
+def test_time_limit_reached_says_so(tmp_path, capsys):
+    out = tmp_path / "ag.json"
+    assert main(["synthesize", "-t", "ndv2", "--nodes", "2", "-c", "allgather", "--size", "16MB", "--time-limit", "0.01", "-o", str(out)]) == 0
+    assert "time limit was reached; the result is the best verified schedule" in capsys.readouterr().err
+    assert_valid_algorithm(read_algorithm(str(out)))
+
+
+def test_cbc_solver(tmp_path):
+    out = tmp_path / "ag.json"
+    assert main(["synthesize", "-t", "ndv2", "-c", "allgather", "--size", "64KB", "--solver", "cbc", "--time-limit", "2", "-o", str(out)]) == 0
+    assert_valid_algorithm(read_algorithm(str(out)))
+
+
+def _fails(argv: list[str], tmp_path, capsys, message: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1]
+    assert not [p for p in tmp_path.iterdir() if p.name != "bad.json"], "nothing written on failure"
+
+
+def test_sketch_for_the_wrong_gpu_count(tmp_path, capsys):
+    out = tmp_path / "x.json"
+    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "--sketch", str(SKETCHES / "sk1-dgx2-n2.json"), "-o", str(out)],
+           tmp_path, capsys, "out of range (the topology has 8 GPUs per node)")
+
+
+def test_sketch_for_the_wrong_node_count(tmp_path, capsys):
+    out = tmp_path / "x.json"
+    _fails(["synthesize", "-t", "ndv2", "--nodes", "4", "-c", "allgather", "--sketch", str(SKETCHES / "sk1-ndv2-n2.json"), "-o", str(out)],
+           tmp_path, capsys, "sketch for 2 nodes but the topology has 4")
+
+
+def test_infeasible_sketch(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"nnodes": 2, "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [1]}, '
+                   '"gpus_to_sender_rev_map": {"0": [0]}}}')
+    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "--sketch", str(bad), "-o", str(tmp_path / "x.json")],
+           tmp_path, capsys, "infeasible sketch: chunks of rank 1 cannot reach rank 8")
+
+
+def test_bad_output_extension(tmp_path, capsys):
+    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "-o", str(tmp_path / "x.txt")], tmp_path, capsys, "'.json' (taccl) or '.xml'")
+
+
+def test_xml_with_sizes(tmp_path, capsys):
+    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "--sizes", "1KB,1MB", "-o", str(tmp_path / "l.json"), "--xml", str(tmp_path / "l.xml")],
+           tmp_path, capsys, "--xml with --sizes")

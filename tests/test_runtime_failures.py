@@ -1,0 +1,115 @@
+"""Failures: a rank that dies or hangs mid-collective makes the others raise TransportError in time."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from helpers import ring_algorithm
+from mp_utils import launch_ranks
+from taccl_py.collectives import Collective
+from taccl_py.errors import TransportError
+from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.launch import launch_local, run_local
+from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.transports.torch_dist import TorchDistTransport
+
+TIMEOUT_S = 3.0
+VICTIM = 2
+
+
+class DyingTransport(Transport):
+    """Delegates to gloo; on the victim rank the process exits when it posts round ``die_at``."""
+
+    def __init__(self, die_at: int) -> None:
+        self.inner = TorchDistTransport()
+        self.rank, self.world_size, self.device, self.name = self.inner.rank, self.inner.world_size, self.inner.device, "dying"
+        self.posts, self.die_at = 0, die_at
+
+    def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
+        self.posts += 1
+        if self.rank == VICTIM and self.posts == self.die_at:
+            os._exit(7)  # die without cleanup, mid-collective
+        return self.inner.post(sends, recvs)
+
+
+def run_until_failure(comm: Communicator, world: int) -> tuple[str, float]:
+    """Run all-reduces until one fails; return the error and the seconds the failing call took."""
+    tensor = torch.ones(4096 * world)
+    for _ in range(3):
+        start = time.monotonic()
+        try:
+            comm.all_reduce(tensor)
+        except TransportError as error:
+            return str(error), time.monotonic() - start
+    return "no failure", 0.0
+
+
+def dying_worker(rank: int, world: int) -> tuple[str, float]:
+    algorithm = ring_algorithm(Collective.ALLREDUCE, world, inplace=True)
+    comm = Communicator(None, algorithm, transport=DyingTransport(die_at=3), timeout_s=TIMEOUT_S)
+    return run_until_failure(comm, world)
+
+
+def hanging_worker(rank: int, world: int) -> tuple[str, float]:
+    comm = Communicator(None, ring_algorithm(Collective.ALLREDUCE, world, inplace=True), timeout_s=TIMEOUT_S)
+    if rank == VICTIM:
+        time.sleep(TIMEOUT_S + 3)  # alive but absent from the collective
+        return "slept", 0.0
+    return run_until_failure(comm, world)
+
+
+def assert_survivors_failed_in_time(outcomes, victim_ok: bool) -> None:
+    for outcome in outcomes:
+        if outcome.rank == VICTIM:
+            assert outcome.ok is victim_ok, outcome
+            continue
+        assert outcome.ok, f"rank {outcome.rank} crashed instead of raising TransportError:\n{outcome.error}"
+        message, elapsed_s = outcome.value
+        assert "ring_allreduce_4: rank" in message and "failed in round" in message, message
+        # one timed-out wait, plus slack for a loaded machine (the call starts before its wait)
+        assert elapsed_s < TIMEOUT_S + 4.0, f"rank {outcome.rank} took {elapsed_s:.1f} s to fail: {message}"
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_dies_mid_collective_fails_the_others_within_the_timeout() -> None:
+    outcomes = launch_ranks(dying_worker, 4, timeout_s=60)
+    assert "exited with code 7 without a result" in outcomes[VICTIM].error
+    assert_survivors_failed_in_time(outcomes, victim_ok=False)
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_fails_the_others_within_the_timeout() -> None:
+    outcomes = launch_ranks(hanging_worker, 4, timeout_s=60)
+    assert_survivors_failed_in_time(outcomes, victim_ok=True)
+
+
+def raising_worker(rank: int, world: int) -> int:
+    if rank == 1:
+        raise ValueError("rank one gives up")
+    return rank
+
+
+def sleeping_worker(rank: int, world: int) -> int:
+    if rank == 1:
+        time.sleep(60)
+    return rank
+
+
+@pytest.mark.multiprocess
+def test_the_launcher_names_the_rank_that_raised() -> None:
+    with pytest.raises(TransportError, match=r"(?s)rank 1 of 2 failed:\n.*ValueError: rank one gives up"):
+        run_local(raising_worker, 2, timeout_s=30)
+
+
+@pytest.mark.multiprocess
+def test_the_launcher_stops_a_rank_past_the_join_deadline() -> None:
+    start = time.monotonic()
+    outcomes = launch_local(sleeping_worker, 2, timeout_s=3)
+    assert time.monotonic() - start < 20
+    assert outcomes[0].ok and outcomes[0].value == 0
+    assert not outcomes[1].ok and "did not finish within 3 s (terminated)" in outcomes[1].error

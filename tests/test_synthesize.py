@@ -1,0 +1,98 @@
+"""``synthesize``: verified algorithms for every collective, size bands, and faults."""
+
+from __future__ import annotations
+
+import pytest
+
+from taccl_py.algorithm_library import read_library
+from taccl_py.collectives import Collective
+from taccl_py.errors import ArgumentError
+from taccl_py.simulate import simulate
+from taccl_py.sketch import Sketch
+from taccl_py.synth import default_time_limit_s, synthesize, write_library
+from taccl_py.topology import load_topology
+from taccl_py.topology.model import Vertex, VertexKind, make_topology
+
+from helpers import assert_valid_algorithm
+
+KB, MB = 1000, 1_000_000
+
+
+@pytest.mark.parametrize("collective", list(Collective)[:3], ids=lambda c: c.value)
+def test_every_collective_on_one_ndv2(collective):
+    topology = load_topology("ndv2")
+    result = synthesize(topology, collective, size_bytes=4 * MB, time_limit_s=1)
+    assert result.algorithm.collective is collective
+    assert_valid_algorithm(result.algorithm)
+    choice = result.choices[0]
+    again = simulate(result.algorithm, topology, 4 * MB)
+    assert again.time_us == pytest.approx(choice.synthesized.time_us)
+    assert choice.chosen is result.algorithm, "one size: the synthesized algorithm is chosen"
+    assert choice.baseline is not None and choice.baseline_name
+
+
+def test_allgather_on_nvswitch_reaches_the_bound():
+    result = synthesize(load_topology("dgx2"), "allgather", size_bytes=64 * MB, time_limit_s=2)
+    assert result.choices[0].synthesized.fraction_of_bound > 0.95
+
+
+def test_two_machines_beat_the_baselines_when_bandwidth_bound():
+    result = synthesize(load_topology("ndv2", nodes=2), "allgather", size_bytes=256 * MB, time_limit_s=2)
+    choice = result.choices[0]
+    assert choice.synthesized.time_us < choice.baseline.time_us
+    assert choice.synthesized.fraction_of_bound > 0.9
+
+
+def test_size_bands_keep_the_fastest(tmp_path):
+    topology = load_topology("ndv2")
+    sizes = (KB, 64 * KB, 4 * MB)
+    result = synthesize(topology, "allreduce", sizes=sizes, time_limit_s=1)
+    library = result.library
+    assert library is not None and library.num_ranks == 8
+    assert library.bands[0].min_bytes == 0 and library.bands[-1].max_bytes is None
+    for before, after in zip(library.bands, library.bands[1:]):
+        assert before.max_bytes == after.min_bytes
+    for choice in result.choices:
+        assert choice.chosen_result.time_us <= choice.baseline.time_us + 1e-9
+        assert library.select(choice.size_bytes).num_ranks == 8
+    write_library(library, tmp_path / "ar.library.json")
+    loaded = read_library(tmp_path / "ar.library.json")
+    assert [b.min_bytes for b in loaded.bands] == [b.min_bytes for b in library.bands]
+    for band in loaded.bands:
+        assert_valid_algorithm(band.algorithm)
+        assert (tmp_path / band.xml_file).read_text().startswith("<")
+        assert band.algorithm_file.startswith("ar-")
+
+
+def test_tiny_time_limit_still_returns_a_verified_algorithm():
+    result = synthesize(load_topology("ndv2", nodes=2), "allgather", size_bytes=16 * MB, time_limit_s=0.05)
+    assert result.timed_out
+    assert_valid_algorithm(result.algorithm)
+
+
+def test_sketch_chunkup_is_used():
+    result = synthesize(load_topology("ndv2"), "allgather", size_bytes=MB, sketch=Sketch(chunkup=3), time_limit_s=1)
+    assert result.algorithm.chunks_per_loop % (8 * 3) == 0
+    assert all(c.startswith("c3") for c in result.candidates)
+
+
+def test_default_time_limits_grow_with_gpus():
+    assert default_time_limit_s(8) <= default_time_limit_s(16) < default_time_limit_s(32) < default_time_limit_s(64)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"collective": "alltoall"}, r"alltoall is not synthesized"),
+    ({"collective": "broadcast"}, r"unknown collective 'broadcast'"),
+    ({"collective": "allgather", "size_bytes": MB, "sizes": (MB,)}, r"both a size and a list of sizes"),
+    ({"collective": "allgather", "size_bytes": 0}, r"positive integers"),
+    ({"collective": "allgather", "solver": "gurobi"}, r"unknown solver 'gurobi'"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ArgumentError, match=message):
+        synthesize(load_topology("ndv2"), **kwargs)
+
+
+def test_one_gpu_is_refused():
+    single = make_topology("one", [Vertex("gpu0", VertexKind.GPU, rank=0)], [])
+    with pytest.raises(ArgumentError, match=r"at least 2 GPUs"):
+        synthesize(single, "allgather")
