@@ -9,6 +9,7 @@ atomically, so nothing is written for an incorrect algorithm.
 from __future__ import annotations
 
 from pathlib import Path
+from types import MappingProxyType
 
 from taccl_py._io import read_text, write_text_atomic
 from taccl_py.algorithm import Algorithm, generate_algorithm_json, parse_algorithm_json
@@ -18,7 +19,7 @@ from taccl_py.verify import check_algorithm
 
 __all__ = ["parse_any_algorithm", "read_any_algorithm", "generate_any_algorithm", "write_any_algorithm", "algorithm_format"]
 
-_FORMATS = {".json": "json", ".xml": "xml"}
+_FORMATS = MappingProxyType({".json": "json", ".xml": "xml"})
 
 
 def parse_any_algorithm(text: str, source: str = "<string>") -> Algorithm:

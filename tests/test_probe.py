@@ -22,6 +22,7 @@ from taccl_py.errors import FormatError, TopologyError
 from taccl_py.placement import place_pipeline
 from taccl_py.topology import compose_nodes, read_topology, route
 from taccl_py.topology.importers.nccl_xml import parse_nccl_topology_xml
+from taccl_py.topology.importers.nvidia_smi_matrix import parse_topo_matrix
 from taccl_py.topology.model import LinkKind, Topology, VertexKind
 from taccl_py.topology.nccl_export import generate_nccl_topology_xml
 from taccl_py.topology.probe import collect_nvml, probe_machine, probe_topology
@@ -33,7 +34,6 @@ from taccl_py.topology.probe_sources import (
     parse_ib_state,
     parse_nvlink_status,
     parse_pcie_speed_gts,
-    parse_topo_matrix,
     pcie_bandwidth_GBps,
     read_pci_device,
     read_sysfs_nics,

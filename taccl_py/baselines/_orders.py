@@ -91,7 +91,7 @@ def best_path(
         if allowed is None or frozenset((a, b)) in allowed
     }
     for threshold in sorted(set(pairs.values()), reverse=True):
-        usable = {pair for pair, bw in pairs.items() if bw >= threshold * (1 - _REL_TOL)}
+        usable = {pair for pair, pair_GBps in pairs.items() if pair_GBps >= threshold * (1 - _REL_TOL)}
         adjacent = {r: [] for r in ranks}
         for pair in usable:
             a, b = tuple(pair)

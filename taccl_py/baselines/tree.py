@@ -108,9 +108,9 @@ def default_tree_chunks(topology: Topology, size_bytes: int, channels: int) -> i
     parents = tree_parents(topology, 0)
     hops = [route(topology, child, parent) for child, parent in parents.items() if parent is not None]
     alpha_us = max(max(h.alpha_us for h in hops), 1e-3)
-    bandwidth = min(h.bandwidth_GBps for h in hops) * _BYTES_PER_US_PER_GBPS
+    bandwidth_bytes_per_us = min(h.bandwidth_GBps for h in hops) * _BYTES_PER_US_PER_GBPS
     share = size_bytes / channels
-    best = math.sqrt(max(_depth(parents) - 1, 1) * share / (alpha_us * bandwidth))
+    best = math.sqrt(max(_depth(parents) - 1, 1) * share / (alpha_us * bandwidth_bytes_per_us))
     return int(min(MAX_TREE_CHUNKS, max(1, round(best))))
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 
-__all__ = ["format_table"]
+__all__ = ["format_table", "progress_to_stderr"]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -14,3 +15,12 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+def progress_to_stderr(prefix: str = "") -> Callable[[str], None]:
+    """Return a progress callback that writes each message as one line on stderr."""
+
+    def report(message: str) -> None:
+        print(f"{prefix}{message}", file=sys.stderr, flush=True)
+
+    return report

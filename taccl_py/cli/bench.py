@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from dataclasses import asdict
 
-from taccl_py.cli._output import format_table
+from taccl_py.cli._output import format_table, progress_to_stderr
 from taccl_py.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.units import format_size, parse_sizes
@@ -35,10 +34,6 @@ def format_rows(rows: list) -> str:
     return format_table(headers, body)
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _spec(args: argparse.Namespace):
     from taccl_py.runtime.bench import BenchSpec
 
@@ -46,7 +41,7 @@ def _spec(args: argparse.Namespace):
         raise ArgumentError(None, "--iters/--warmup", f"{args.iters}/{args.warmup}", "at least 1 timed iteration and 0 or more warm-up ones")
     library = (args.algorithm,) if args.algorithm else tuple(args.library)
     collectives = tuple(Collective(c).value for c in args.collective) if args.collective else None
-    return BenchSpec(library, collectives, parse_sizes(args.sizes), args.dtype, args.iters, args.warmup, args.timeout_s, _progress if args.progress else None)
+    return BenchSpec(library, collectives, parse_sizes(args.sizes), args.dtype, args.iters, args.warmup, args.timeout_s, progress_to_stderr() if args.progress else None)
 
 
 def _check_library(spec, world_size: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from taccl_py.algorithm_io import algorithm_format, read_any_algorithm, write_any_algorithm
@@ -16,16 +15,14 @@ from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology import load_topology
 from taccl_py.units import format_size, parse_sizes
 
-from taccl_py.cli._output import format_table
+from taccl_py.cli._output import format_table, progress_to_stderr
 
 __all__ = ["register", "format_simulation_table"]
 
+_PROGRESS = progress_to_stderr()
+
 DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
 _HEADERS = ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "of bound", "best baseline", "baseline (us)", "speedup")
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def format_simulation_table(results: list[SimulationResult], baselines: list[tuple[str, float] | None]) -> str:
@@ -58,12 +55,12 @@ def _simulate(args: argparse.Namespace) -> int:
     results = list(simulate_sizes(algorithm, topology, sizes))
     baselines: list[tuple[str, float] | None] = [None] * len(results)
     if not args.no_baselines and algorithm.collective is not Collective.ALLTOALL:
-        found = best_baselines(topology, algorithm.collective, sizes, progress=_stderr)
+        found = best_baselines(topology, algorithm.collective, sizes, progress=_PROGRESS)
         baselines = [(base.name, result.time_us) for base, result in found]
     if args.plot is not None:
         largest = max(sizes)
         plot_timeline(simulate(algorithm, topology, largest, record_timeline=True), args.plot)
-        _stderr(f"wrote {args.plot} (timeline at {format_size(largest)})")
+        _PROGRESS(f"wrote {args.plot} (timeline at {format_size(largest)})")
     if args.json:
         out: list[dict[str, Any]] = []
         for result, baseline in zip(results, baselines):
@@ -85,7 +82,7 @@ def _baseline(args: argparse.Namespace) -> int:
     algorithm = build_baseline(args.kind, topology, args.collective, args.chunks, channels=args.channels)
     write_any_algorithm(algorithm, args.output)
     if args.output != "-":
-        _stderr(
+        _PROGRESS(
             f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks, "
             f"{algorithm.chunks_per_loop} chunks, {algorithm.num_channels} channels)"
         )

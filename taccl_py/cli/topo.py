@@ -76,8 +76,8 @@ def _link_classes(topology: Topology) -> list[dict[str, object]]:
         key = (link.kind.value, link.count, link.bandwidth_GBps, link.alpha_us)
         classes[key] = classes.get(key, 0) + 1
     return [
-        {"kind": kind, "lanes": lanes, "bandwidth_GBps": bandwidth, "alpha_us": alpha, "directed_links": count}
-        for (kind, lanes, bandwidth, alpha), count in classes.items()
+        {"kind": kind, "lanes": lanes, "bandwidth_GBps": bandwidth_GBps, "alpha_us": alpha_us, "directed_links": count}
+        for (kind, lanes, bandwidth_GBps, alpha_us), count in classes.items()
     ]
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from taccl_py.cli._output import progress_to_stderr
 from taccl_py.topology.library import load_topology
 from taccl_py.topology.model import VertexKind
 from taccl_py.topology.nccl_export import write_nccl_topology_xml
@@ -12,6 +12,8 @@ from taccl_py.topology.probe import probe_topology
 from taccl_py.topology.schema import write_topology
 
 __all__ = ["register"]
+
+_PROGRESS = progress_to_stderr()
 
 
 def register(topo_subparsers: argparse._SubParsersAction) -> None:
@@ -37,12 +39,8 @@ def register(topo_subparsers: argparse._SubParsersAction) -> None:
     export.set_defaults(func=_export_nccl)
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
 def _probe(args: argparse.Namespace) -> int:
-    topology = probe_topology(root=args.sysfs_root, name=args.name, progress=_progress)
+    topology = probe_topology(root=args.sysfs_root, name=args.name, progress=_PROGRESS)
     write_topology(topology, args.output)
     if args.output != "-":
         kinds = [v.kind for v in topology.vertices]

@@ -90,6 +90,8 @@ class BackendTransport(Transport):
         self.device = torch.device(device)
         self.name = f"taccl-{backend.name().lower()}"
         self._coalesce = self.device.type == "cuda"
+        # gloo matches and progresses each message on its own, so the executor may post early
+        self.independent_messages = not self._coalesce
 
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
         """Issue a round's sends and receives without blocking; return their Pending, in order."""

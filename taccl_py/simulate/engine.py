@@ -99,7 +99,7 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
     link_index: dict[tuple[str, str], int] = {}
     link_capacity: list[float] = []
     route_index: dict[tuple[int, int], int] = {}
-    route_alpha: list[float] = []
+    route_alpha_us: list[float] = []
     route_links: list[tuple[int, ...]] = []
     send_route = [-1] * count
     send_chunks = [0] * count
@@ -114,8 +114,8 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
                 if link.key not in link_index:
                     link_index[link.key] = len(link_capacity)
                     link_capacity.append(link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
-            route_index[pair] = len(route_alpha)
-            route_alpha.append(path.alpha_us)
+            route_index[pair] = len(route_alpha_us)
+            route_alpha_us.append(path.alpha_us)
             route_links.append(tuple(link_index[link.key] for link in path.links))
         send_route[action.id] = route_index[pair]
         send_chunks[action.id] = action.sources[0].count
@@ -129,7 +129,7 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
         send_chunks=tuple(send_chunks),
         send_actions=tuple(send_actions),
         route_ranks=tuple(sorted(route_index, key=route_index.__getitem__)),
-        route_alpha_us=tuple(route_alpha),
+        route_alpha_us=tuple(route_alpha_us),
         route_links=tuple(route_links),
         link_keys=tuple(sorted(link_index, key=link_index.__getitem__)),
         link_capacity=tuple(link_capacity),
@@ -191,14 +191,14 @@ class _Replay:
 
     def release(self, stack: list[int], now: float) -> None:
         """Start every action on ``stack`` at ``now``; RECVs and COMPUTEs finish at once."""
-        send_route, alpha, pending, successors = self.plan.send_route, self.plan.route_alpha_us, self.pending, self.plan.successors
+        send_route, alpha_us, pending, successors = self.plan.send_route, self.plan.route_alpha_us, self.pending, self.plan.successors
         while stack:
             action = stack.pop()
             route_id = send_route[action]
             if route_id >= 0:
                 self.ready_us[action] = now
-                if alpha[route_id] > 0:
-                    self.push(now + alpha[route_id], _START, action, 0)
+                if alpha_us[route_id] > 0:
+                    self.push(now + alpha_us[route_id], _START, action, 0)
                 else:
                     self.start_flow(action, now, stack)
                 continue

@@ -10,6 +10,7 @@ import io
 import os
 from collections import defaultdict
 from pathlib import Path
+from types import MappingProxyType
 
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate.result import SimulationResult, TimelineRecord, resource_label
@@ -19,7 +20,7 @@ __all__ = ["plot_timeline", "plot_format", "MAX_ROWS", "MAX_LANES"]
 
 MAX_ROWS = 64  # links drawn at most (the busiest); more rows become unreadable
 MAX_LANES = 4  # concurrent transfers on one link drawn side by side, at most this many lanes
-_FORMATS = {".png": "png", ".svg": "svg"}
+_FORMATS = MappingProxyType({".png": "png", ".svg": "svg"})
 _ROW_HEIGHT_IN = 0.28
 _WIDTH_IN = 13.0
 _DPI = 120

@@ -46,7 +46,7 @@ DEFAULT_SIZE_BYTES = 64_000_000  # a typical DDP gradient bucket is 25-100 MB
 # 60 s for 32 and 10 min for 64 on two cores, and ordering, verification and simulation need
 # the rest.
 _TIME_LIMITS_S = ((8, 4.0), (16, 6.0), (32, 40.0))
-_TIME_LIMIT_LARGE_S = 360.0
+_TIME_LIMIT_LARGE_S = 240.0
 _SYNTHESIZED = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 SIZES_PER_DESIGN = 2  # neighbouring sizes (of a x4 progression) that share one synthesized design
 
@@ -204,19 +204,26 @@ def synthesize(
     began = time.perf_counter()
     collective, chosen_sizes = _check_arguments(topology, collective, size_bytes, sizes)
     options = SolverOptions(solver=solver, time_limit_s=time_limit_s if time_limit_s is not None else default_time_limit_s(topology.num_ranks))
+    return _synthesize_impl(topology, collective, chosen_sizes, sizes is not None, sketch, options, progress, began)
+
+
+def _synthesize_impl(
+    topology: Topology, collective: Collective, sizes: tuple[int, ...], banded: bool, sketch: Sketch | None,
+    options: SolverOptions, progress: Callable[[str], None] | None, began: float,
+) -> SynthesisResult:
     sketch = sketch if sketch is not None else auto_sketch(topology)
     if progress is not None:
         progress(f"logical topology of {topology.name} under sketch {sketch.name}")
     graph = build_logical_graph(topology, sketch)
-    bounds = lower_bounds(topology, collective, chosen_sizes)
+    bounds = lower_bounds(topology, collective, sizes)
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
-    runs = _run_candidates(graph, topology, collective, chunkings, options, chosen_sizes, bounds, progress)
-    usable = [(c.algorithm, r) for c, r in runs if sizes is None or exportable(c.algorithm)] or [(c.algorithm, r) for c, r in runs]
-    baselines = _baselines(topology, collective, chosen_sizes, progress)
-    choices = choose_per_size(chosen_sizes, usable, baselines, baselines_compete=sizes is not None)
+    runs = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress)
+    usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)] or [(c.algorithm, r) for c, r in runs]
+    baselines = _baselines(topology, collective, sizes, progress)
+    choices = choose_per_size(sizes, usable, baselines, baselines_compete=banded)
     best_at_top = min((pair for pair in usable if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us)[0]
     library = None
-    if sizes is not None:
+    if banded:
         library = build_library(topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value)
     timed_out = any("time-limit" in c.routing_status or c.routing_status == "heuristic" for c, _ in runs)
     return SynthesisResult(

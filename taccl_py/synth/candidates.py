@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from taccl_py.algorithm import Algorithm
 from taccl_py.collectives import Collective
@@ -23,7 +22,7 @@ from taccl_py.synth.logical import LogicalGraph
 from taccl_py.topology.bounds import LowerBound
 from taccl_py.topology.model import Topology
 
-__all__ = ["LATENCY_REGIME", "BANDWIDTH_REGIME", "MAX_ROUTED_CHUNKS", "candidate_chunkings", "simulate_at", "exportable", "geometric_middle", "Evaluated"]
+__all__ = ["LATENCY_REGIME", "BANDWIDTH_REGIME", "MAX_ROUTED_CHUNKS", "candidate_chunkings", "simulate_at", "exportable", "geometric_middle"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,15 +38,6 @@ _BANDWIDTH_CHUNKINGS = ((1, 2), (1, 4), (2, 2), (2, 4), (1, 8))
 _MESH_CHUNKINGS = ((2, 1), (3, 2), (6, 1))
 # Cap on routed chunks (ranks x chunkup) so that the routing MILP stays small.
 MAX_ROUTED_CHUNKS = 128
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    """An algorithm with its simulated runs at the sizes of interest."""
-
-    algorithm: Algorithm
-    results: tuple[SimulationResult, ...]
-    label: str
 
 
 def _is_mesh(graph: LogicalGraph) -> bool:

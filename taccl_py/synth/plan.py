@@ -8,9 +8,10 @@ collective, and ``chunks_per_loop = ranks * chunkup * pieces``.
   receiver stores it at output ``g``, forwarders send from there; each root copies its input to
   its output slots locally.
 * ReduceScatter: the schedule is an AllGather on the reversed logical graph; run backwards in
-  time, a send u -> v of piece g becomes a reduction v -> u. A leaf of g's tree sends its input
-  chunk g; an inner rank first copies input g to scratch g, adds what its children send, and
-  sends the sum on; the root (the owner of column g) accumulates in its output slot.
+  time, a send u -> v of piece g becomes a reduction v -> u. Every rank first copies its whole
+  input to scratch (its own column to its output); a rank adds what its children in g's tree
+  send into scratch g and sends the sum on; the root (the owner of column g) accumulates in
+  its output slot.
 * AllReduce: that ReduceScatter, accumulating in the output buffer (output g on every rank),
   followed by the AllGather of the reduced pieces from their owners' output slots.
 
@@ -24,8 +25,9 @@ their data), which is causal. The simulator (and the hardware) share a link betw
 concurrently running threadblocks, while the schedule queues a rank's sends that start on one
 physical link (an NVSwitch port, the uplink to a NIC) on a few channels in a chosen order
 (``taccl_py.synth.ordering.send_lane``); ``lower_schedule`` keeps that order by making each such
-send depend on the previous send of its queue and channel. These dependencies point from
-earlier items to later ones, so they cannot create a deadlock.
+send depend on the previous send of its queue and channel. A (src, dst, channel) with more
+transfers than an MSCCL threadblock may hold spills to further channels, chained the same way.
+These dependencies point from earlier items to later ones, so they cannot create a deadlock.
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ from taccl_py.collectives import Collective
 from taccl_py.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.synth.scheduling import Schedule
 
-__all__ = ["TimedItem", "allgather_items", "reduction_items", "lower_schedule"]
+__all__ = ["TimedItem", "MAX_SENDS_PER_THREADBLOCK", "lower_schedule"]
 
 Item = Transfer | LocalCopy
 Slot = tuple[Buffer, int]
 # Order of items at equal times: copies out of a landing area (or adds, reducing), then copies
 # into a staging area, then the transfers that read what they wrote.
 _UNSTAGE_ORDER, _COPY_ORDER, _TRANSFER_ORDER = 0, 1, 2
+# Transfers per threadblock before a (src, dst, channel) spills to another channel: MSCCL's
+# limit is 64 steps per threadblock (taccl_py.msccl.limits), and dependency nops count too.
+MAX_SENDS_PER_THREADBLOCK = 28
 
 
 @dataclass(frozen=True)
@@ -83,20 +88,43 @@ def _contiguous(slots: Sequence[Slot]) -> bool:
     return all(s[0] == slots[0][0] and s[1] == slots[0][1] + i for i, s in enumerate(slots))
 
 
+def _runs(first: Sequence[Slot], second: Sequence[Slot]) -> list[tuple[Slot, Slot, int]]:
+    """Return (first slot, second slot, count) for the maximal runs contiguous in both lists."""
+    runs: list[tuple[Slot, Slot, int]] = []
+    for a, b in zip(first, second):
+        if runs:
+            ra, rb, n = runs[-1]
+            if a == (ra[0], ra[1] + n) and b == (rb[0], rb[1] + n):
+                runs[-1] = (ra, rb, n + 1)
+                continue
+        runs.append((a, b, 1))
+    return runs
+
+
 def _group_items(
     ranks: tuple[int, int, int], srcs: Sequence[Slot], dsts: Sequence[Slot], reduce: bool,
     times: tuple[float, float], serial: tuple, scratch: _Scratch,
 ) -> list[TimedItem]:
-    """Return the items moving ``srcs`` to ``dsts`` as one transfer over (src rank, dst rank, channel)."""
+    """Return the items moving ``srcs`` to ``dsts`` as one transfer over (src rank, dst rank, channel).
+
+    A side whose slots are not contiguous goes through consecutive scratch chunks, copied in
+    as few runs as possible.
+    """
     src_rank, dst_rank, channel = ranks
     start, end = times
-    if _contiguous(srcs) and _contiguous(dsts):
-        return [TimedItem(start, _TRANSFER_ORDER, Transfer(src_rank, dst_rank, srcs[0], dsts[0], len(srcs), reduce, channel), serial)]
     m = len(srcs)
-    out_base, in_base = scratch.take(src_rank, m), scratch.take(dst_rank, m)
-    items = [TimedItem(start, _COPY_ORDER, LocalCopy(src_rank, slot, (Buffer.SCRATCH, out_base + i))) for i, slot in enumerate(srcs)]
-    items.append(TimedItem(start, _TRANSFER_ORDER, Transfer(src_rank, dst_rank, (Buffer.SCRATCH, out_base), (Buffer.SCRATCH, in_base), m, channel=channel), serial))
-    items.extend(TimedItem(end, _UNSTAGE_ORDER, LocalCopy(dst_rank, (Buffer.SCRATCH, in_base + i), slot, reduce=reduce)) for i, slot in enumerate(dsts))
+    items = []
+    send_from, land_at = srcs[0], dsts[0]
+    if not _contiguous(srcs):
+        send_from = (Buffer.SCRATCH, scratch.take(src_rank, m))
+        staged = [(Buffer.SCRATCH, send_from[1] + i) for i in range(m)]
+        items.extend(TimedItem(start, _COPY_ORDER, LocalCopy(src_rank, a, b, n)) for a, b, n in _runs(srcs, staged))
+    if not _contiguous(dsts):
+        land_at = (Buffer.SCRATCH, scratch.take(dst_rank, m))
+        landed = [(Buffer.SCRATCH, land_at[1] + i) for i in range(m)]
+        items.extend(TimedItem(end, _UNSTAGE_ORDER, LocalCopy(dst_rank, a, b, n, reduce=reduce)) for a, b, n in _runs(landed, dsts))
+    reduce_on_arrival = reduce and land_at == dsts[0]
+    items.append(TimedItem(start, _TRANSFER_ORDER, Transfer(src_rank, dst_rank, send_from, land_at, m, reduce_on_arrival, channel), serial))
     return items
 
 
@@ -129,7 +157,7 @@ def reduction_items(schedule: Schedule, scratch: _Scratch, accumulate: Buffer, o
     """
     routing, pieces, sends = schedule.routing, schedule.ordering.pieces, schedule.ordering.sends
     graph, per_rank, horizon = routing.graph, _per_rank(schedule), schedule.makespan_us
-    inner = {(c, graph.links[l].src) for c, tree in enumerate(routing.trees) for l in tree}
+    chunks = graph.num_ranks * per_rank
 
     def home(c: int, v: int, g: int) -> Slot:
         root = routing.root(c)
@@ -137,17 +165,18 @@ def reduction_items(schedule: Schedule, scratch: _Scratch, accumulate: Buffer, o
             return (Buffer.OUTPUT, g - root * per_rank)
         return (accumulate, g)
 
-    items: list[TimedItem] = []
-    for c, tree in enumerate(routing.trees):
-        for v in {routing.root(c)} | {graph.links[l].src for l in tree}:
-            items.append(TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, c * pieces), home(c, v, c * pieces), pieces)))
+    # Every rank starts its partial sums from its whole input (one copy; the owner's own
+    # column goes to its output): leaves send it, inner ranks add their children's into it.
+    items = [TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, 0), (accumulate, 0), chunks)) for v in range(graph.num_ranks)]
+    if output_at_root:
+        items.extend(TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, v * per_rank), (Buffer.OUTPUT, 0), per_rank)) for v in range(graph.num_ranks))
     for group in schedule.groups:
         link = graph.links[sends[group[0]].link]  # reversed graph: the data goes link.dst -> link.src
         srcs, dsts = [], []
         for i in group:
             c = sends[i].chunk
             g = c * pieces + sends[i].piece
-            srcs.append(home(c, link.dst, g) if (c, link.dst) in inner else (Buffer.INPUT, g))
+            srcs.append(home(c, link.dst, g))
             dsts.append(home(c, link.src, g))
         times = (horizon - schedule.end_us[group[0]], horizon - schedule.start_us[group[0]])
         ranks = (link.dst, link.src, sends[group[0]].channel)
@@ -178,8 +207,40 @@ def lower_schedule(
     else:
         reduce = _sorted(reduction_items(first, scratch, Buffer.OUTPUT, output_at_root=False))
         items = reduce + _sorted(allgather_items(schedules[1], scratch, output_only=True, offset_us=first.makespan_us))
+    items = _split_long_threadblocks(items)
     algorithm = lower_plan(name, collective, num_ranks, chunks, [t.item for t in items], metadata=metadata)
     return _serialize_sends(algorithm, items)
+
+
+def _split_long_threadblocks(items: list[TimedItem]) -> list[TimedItem]:
+    """Return ``items`` with the transfers of a busy (src, dst, channel) spread over more channels.
+
+    MSCCL runs at most 64 steps per threadblock, dependency nops included. The k-th block of
+    ``MAX_SENDS_PER_THREADBLOCK`` transfers moves to channel ``channel + k * stride``, and each
+    block's first transfer is chained to the previous block's last one, so the transfers still
+    run one after the other, as scheduled.
+    """
+    transfers = [t.item for t in items if isinstance(t.item, Transfer)]
+    counts: dict[tuple[int, int, int], int] = {}
+    for item in transfers:
+        key = (item.src_rank, item.dst_rank, item.channel)
+        counts[key] = counts.get(key, 0) + 1
+    if all(n <= MAX_SENDS_PER_THREADBLOCK for n in counts.values()):
+        return items
+    stride = 1 + max(item.channel for item in transfers)
+    seen: dict[tuple[int, int, int], int] = {}
+    out = []
+    for timed in items:
+        item = timed.item
+        key = (item.src_rank, item.dst_rank, item.channel) if isinstance(item, Transfer) else None
+        if key is None or counts[key] <= MAX_SENDS_PER_THREADBLOCK:
+            out.append(timed)
+            continue
+        block = seen.get(key, 0) // MAX_SENDS_PER_THREADBLOCK
+        seen[key] = seen.get(key, 0) + 1
+        moved = replace(item, channel=item.channel + block * stride)
+        out.append(replace(timed, item=moved, serial=timed.serial + (("tb",) + key,)))
+    return out
 
 
 def _serialize_sends(algorithm: Algorithm, items: Sequence[TimedItem]) -> Algorithm:

@@ -139,8 +139,18 @@ def routing_objective_us(graph: LogicalGraph, trees: tuple[tuple[int, ...], ...]
 
 # -- greedy -------------------------------------------------------------------------------------
 
+def _greedy_key(link: LogicalLink, start_us: float, load: dict[Resource, float], weight: float, chunk_bytes: float, piece_bytes: float) -> float:
+    """Return the Prim key of ``link``: arrival over it plus ``weight`` times its busiest resource's load."""
+    busy = max(load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS) for res, bw in zip(link.resources, link.resource_bandwidths_GBps))
+    return start_us + link.time_us(piece_bytes) + weight * busy
+
+
 def _greedy_tree(graph: LogicalGraph, root: int, load: dict[Resource, float], weight: float, chunk_bytes: float, piece_bytes: float) -> tuple[int, ...]:
-    """Return a Prim-style arborescence for a chunk of ``root`` under current loads."""
+    """Return a Prim-style arborescence for a chunk of ``root`` under current loads.
+
+    Keys are rechecked when popped: the tree's own edges add load as it grows, so a second
+    edge through a NIC the tree already crosses costs more than when it was pushed.
+    """
     arrival = {root: 0.0}
     tree: list[int] = []
     heap: list[tuple[float, int]] = []
@@ -148,20 +158,22 @@ def _greedy_tree(graph: LogicalGraph, root: int, load: dict[Resource, float], we
     def push(u: int) -> None:
         for l in graph.out_links[u]:
             link = graph.links[l]
-            if link.dst in arrival or not link.allows(root):
-                continue
-            busy = max(load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS) for res, bw in zip(link.resources, link.resource_bandwidths_GBps))
-            heapq.heappush(heap, (arrival[u] + link.time_us(piece_bytes) + weight * busy, l))
+            if link.dst not in arrival and link.allows(root):
+                heapq.heappush(heap, (_greedy_key(link, arrival[u], load, weight, chunk_bytes, piece_bytes), l))
 
     push(root)
     while heap and len(arrival) < graph.num_ranks:
-        _, l = heapq.heappop(heap)
+        key, l = heapq.heappop(heap)
         link = graph.links[l]
         if link.dst in arrival:
             continue
+        current = _greedy_key(link, arrival[link.src], load, weight, chunk_bytes, piece_bytes)
+        if current > key * (1 + 1e-9) + 1e-12:
+            heapq.heappush(heap, (current, l))
+            continue
         arrival[link.dst] = arrival[link.src] + link.time_us(piece_bytes)
         tree.append(l)
-        _add_load(load, link, chunk_bytes)  # later edges of this tree see it (a NIC crossed twice)
+        _add_load(load, link, chunk_bytes)
         push(link.dst)
     return tuple(tree)
 

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from taccl_py.synth.logical import LogicalGraph
-from taccl_py.synth.ordering import Ordering, Send, is_slow_link, occupy_resources
+from taccl_py.synth.ordering import Ordering, is_slow_link, occupy_resources
 from taccl_py.synth.routing import Routing
 from taccl_py.synth.solver import SolverOptions, solve_model
 
@@ -43,7 +42,7 @@ logger = logging.getLogger(__name__)
 _BYTES_PER_US_PER_GBPS = 1e3
 # The contiguity MILP has ~(2 + resources per link) rows per send; beyond this many sends pulp's
 # model building alone would take seconds, and the greedy rule is used instead.
-MAX_MILP_SENDS = 1500
+MAX_MILP_SENDS = 600
 
 
 @dataclass(frozen=True)

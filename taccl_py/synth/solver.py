@@ -86,7 +86,10 @@ class _WarmHiGHS(pulp.HiGHS):
 
 def _make_solver(options: SolverOptions, time_limit_s: float, start: dict[str, float]) -> pulp.LpSolver:
     if options.solver == "highs":
-        return _WarmHiGHS(start, msg=False, timeLimit=time_limit_s, gapRel=options.gap_rel, threads=options.threads)
+        highs = _WarmHiGHS(start, msg=False, timeLimit=time_limit_s, gapRel=options.gap_rel, threads=options.threads)
+        if highs.available():
+            return highs
+        logger.warning("HiGHS (highspy) is not available; falling back to pulp's bundled CBC")
     # The bundled CBC binary through COIN_CMD: PULP_CBC_CMD itself is deprecated in pulp 3.3.
     return pulp.COIN_CMD(path=pulp.PULP_CBC_CMD.pulp_cbc_path, msg=False, timeLimit=time_limit_s, gapRel=options.gap_rel, threads=options.threads)
 

@@ -1,4 +1,4 @@
-"""Topologies: the model, the built-in machines, multi-node composition, importers, bounds.
+"""Topologies: model, built-in machines, composition, importers, live probe, NCCL export, bounds.
 
 User-facing entry points are re-exported here; see each module for the details.
 """
@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from taccl_py.topology.bounds import LowerBound, lower_bound
 from taccl_py.topology.compose import compose_nodes
-from taccl_py.topology.importers import import_topology
+from taccl_py.topology.importers import (
+    import_topology,
+    parse_nccl_topology_xml,
+    parse_nvidia_smi_topo,
+    parse_taccl_profile,
+)
 from taccl_py.topology.library import builtin_topology_names, load_topology
 from taccl_py.topology.model import (
     Link,
@@ -20,6 +25,8 @@ from taccl_py.topology.model import (
     route,
     transfer_time_us,
 )
+from taccl_py.topology.nccl_export import generate_nccl_topology_xml, write_nccl_topology_xml
+from taccl_py.topology.probe import probe_topology
 from taccl_py.topology.schema import generate_topology, parse_topology, read_topology, write_topology
 
 __all__ = [
@@ -32,14 +39,20 @@ __all__ = [
     "VertexKind",
     "builtin_topology_names",
     "compose_nodes",
+    "generate_nccl_topology_xml",
     "generate_topology",
     "import_topology",
     "load_topology",
     "lower_bound",
     "make_topology",
+    "parse_nccl_topology_xml",
+    "parse_nvidia_smi_topo",
+    "parse_taccl_profile",
     "parse_topology",
+    "probe_topology",
     "read_topology",
     "route",
     "transfer_time_us",
+    "write_nccl_topology_xml",
     "write_topology",
 ]

@@ -178,12 +178,12 @@ def _node_swap(topology: Topology, node: int) -> dict[str, str] | None:
     return swap if set(swap.values()) == set(swap) else None
 
 
-def _violated_cuts(graph: nx.DiGraph, gpus: Sequence[str], sinks: Sequence[str], rate: float) -> list[frozenset]:
-    """Return, per sink GPU v whose min cut from the source is below rate * N, its source side."""
+def _violated_cuts(graph: nx.DiGraph, gpus: Sequence[str], sinks: Sequence[str], rate_GBps: float) -> list[frozenset]:
+    """Return, per sink GPU v whose min cut from the source is below rate_GBps * N, its source side."""
     network = graph.copy()
-    network.add_edges_from((_SOURCE, g, {"capacity": rate}) for g in gpus)
+    network.add_edges_from((_SOURCE, g, {"capacity": rate_GBps}) for g in gpus)
     residual = build_residual_network(network, "capacity")
-    threshold = rate * len(gpus) * (1 - _REL_TOL)
+    threshold = rate_GBps * len(gpus) * (1 - _REL_TOL)
     found = []
     for sink in sinks:
         preflow_push(network, _SOURCE, sink, residual=residual, value_only=True)

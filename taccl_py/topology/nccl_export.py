@@ -46,8 +46,8 @@ from xml.sax.saxutils import quoteattr
 
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
-from taccl_py.topology.importers._common import DEFAULT_NET_BANDWIDTH_GBPS, NCCL_PCI_BW_GBPS, PCI_GEN_LANE_100MBPS, pcie_bw_GBps
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind
+from taccl_py.topology.rates import DEFAULT_NET_BANDWIDTH_GBPS, NCCL_PCI_BW_GBPS, PCI_GEN_LANE_100MBPS, pcie_bw_GBps
 
 __all__ = ["DEFAULT_SM", "generate_nccl_topology_xml", "write_nccl_topology_xml"]
 

@@ -22,10 +22,11 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from taccl_py.errors import FormatError, TopologyError
-from taccl_py.topology.importers._common import MAX_NVLINKS_PER_GPU
+from taccl_py.topology.importers.nvidia_smi_matrix import parse_topo_matrix
 from taccl_py.topology.model import LinkKind, Topology
 from taccl_py.topology.probe_build import (
     MachineProbe,
@@ -40,10 +41,10 @@ from taccl_py.topology.probe_sources import (
     normalize_pci_bus_id,
     parse_gpu_query_csv,
     parse_nvlink_status,
-    parse_topo_matrix,
     read_pci_device,
     read_sysfs_nics,
 )
+from taccl_py.topology.rates import MAX_NVLINKS_PER_GPU
 
 __all__ = [
     "MachineProbe",
@@ -60,7 +61,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 # nvmlNvlinkVersion_t (NVML API reference, nvmlDeviceGetNvLinkVersion): enum value -> version.
-_NVML_VERSION_CODES = {1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0"}
+_NVML_VERSION_CODES = MappingProxyType({1: "1.0", 2: "2.0", 3: "2.2", 4: "3.0", 5: "3.1", 6: "4.0", 7: "5.0"})
 _NVML_LINK_SLOTS = 18  # NVML_NVLINK_MAX_LINKS of NVML 11/12; newer pynvml exports its own
 _NVML_FEATURE_ENABLED = 1
 _COMMAND_TIMEOUT_S = 60

@@ -1,6 +1,6 @@
 """Turn what the live probe found (``MachineProbe``) into a one-machine ``Topology``.
 
-The model, with the importers' figures (``taccl_py.topology.importers._common``) so a probed
+The model, with the importers' figures (``taccl_py.topology.rates``) so a probed
 machine and an imported one cost the same:
 
 - GPUs ``gpu{i}`` ranked by NVML/nvidia-smi index (PCI bus order), with bus id and NUMA node.
@@ -24,8 +24,11 @@ import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from taccl_py.topology.importers._common import (
+from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
+from taccl_py.topology.rates import (
+    DEFAULT_HOST_BANDWIDTH_GBPS,
     DEFAULT_NET_ALPHA_US,
     HOST_ALPHA_US,
     NCCL_PCI_BW_GBPS,
@@ -35,7 +38,6 @@ from taccl_py.topology.importers._common import (
     duplex,
     nccl_nvlink_bw_GBps,
 )
-from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
 __all__ = [
     "DEFAULT_HOST_BANDWIDTH_GBPS",
@@ -55,12 +57,10 @@ _log = logging.getLogger(__name__)
 # 2.x 25.781 (V100), 3.0 25 (A100), 3.1 14.062 (GA102, RTX A6000), 4.0 26.562 (H100), 5.0 53.125
 # (GB200) in the recorded outputs of tests/fixtures/probe; 1.0 20 (P100: 8 lanes x 20 Gb/s,
 # open-mpi/hwloc issue #574).
-NVLINK_RATE_BY_VERSION_GBPS = {"1.0": 20.0, "2.0": 25.781, "2.2": 25.781, "3.0": 25.0, "3.1": 14.062, "4.0": 26.562, "5.0": 53.125}
+NVLINK_RATE_BY_VERSION_GBPS = MappingProxyType({"1.0": 20.0, "2.0": 25.781, "2.2": 25.781, "3.0": 25.0, "3.1": 14.062, "4.0": 26.562, "5.0": 53.125})
 # The compute capability NCCL's per-link table keys on, by NVLink version (P100 SM60, V100 SM70,
 # A100 SM80, GA10x SM86, H100 SM90, B200 SM100).
-_SM_BY_NVLINK_VERSION = {"1.0": 60, "2.0": 70, "2.2": 70, "3.0": 80, "3.1": 86, "4.0": 90, "5.0": 100}
-# NCCL's SKL_QPI_BW (NVIDIA/nccl src/graph/topo.h), as the nvidia-smi importer uses.
-DEFAULT_HOST_BANDWIDTH_GBPS = 10.0
+_SM_BY_NVLINK_VERSION = MappingProxyType({"1.0": 60, "2.0": 70, "2.2": 70, "3.0": 80, "3.1": 86, "4.0": 90, "5.0": 100})
 _GBIT_PER_GBYTE = 8.0
 
 

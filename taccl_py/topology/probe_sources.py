@@ -1,5 +1,8 @@
 """Parsers for what the live probe reads: nvidia-smi text, sysfs files and PCI paths.
 
+The ``nvidia-smi topo -m`` matrix is read by ``taccl_py.topology.importers.nvidia_smi_matrix``,
+shared with the nvidia-smi importer.
+
 Every function here is pure (text in, values out) or reads files under a ``root`` directory
 (``"/"`` on a live machine, a fake tree in tests), so each source is tested on recorded
 outputs. ``taccl_py.topology.probe`` puts the pieces together.
@@ -15,20 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taccl_py.errors import FormatError
-from taccl_py.topology.importers._common import PCI_GEN_LANE_100MBPS, PCI_GEN_LANE_FALLBACK_100MBPS, pcie_bw_GBps
+from taccl_py.topology.rates import PCI_GEN_LANE_100MBPS, PCI_GEN_LANE_FALLBACK_100MBPS, pcie_bw_GBps
 
 __all__ = [
     "NvlinkStatus",
     "PciDevice",
     "SysfsNic",
-    "TopoMatrix",
     "normalize_pci_bus_id",
     "parse_gpu_query_csv",
     "parse_ib_rate_gbps",
     "parse_ib_state",
     "parse_nvlink_status",
     "parse_pcie_speed_gts",
-    "parse_topo_matrix",
     "pcie_bandwidth_GBps",
     "read_pci_device",
     "read_sysfs_nics",
@@ -43,7 +44,6 @@ _LINK_RE = re.compile(r"^Link (\d+): (.*)$")
 _RATE_GBPS_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?) GB/s$")
 _IB_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?) Gb/sec\b")
 _PCIE_SPEED_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?) ?GT/s\b")
-_MATRIX_DEVICE_RE = re.compile(r"^(GPU\d+|NIC\d+|mlx\d+_\d+|[a-z][a-z0-9_]*\d)$")
 
 
 def normalize_pci_bus_id(text: str | bytes, source: str = "<pci bus id>") -> str:
@@ -140,80 +140,6 @@ def parse_gpu_query_csv(text: str, fields: tuple[str, ...], source: str = "nvidi
             raise FormatError(source, f"line {number}", f"{len(cells)} fields in {raw.strip()!r}", f"{len(fields)}: {', '.join(fields)}")
         rows.append(dict(zip(fields, cells)))
     return tuple(rows)
-
-
-@dataclass(frozen=True)
-class TopoMatrix:
-    """``nvidia-smi topo -m``: device labels, the cell of each pair, NUMA per row, NIC names."""
-
-    devices: tuple[str, ...]
-    cells: dict[tuple[str, str], str]
-    numa: dict[str, int | None]
-    nic_names: dict[str, str]
-
-    @property
-    def gpus(self) -> tuple[str, ...]:
-        """Return the GPU labels (``GPU0`` ...) in order."""
-        return tuple(d for d in self.devices if d.startswith("GPU"))
-
-    @property
-    def nics(self) -> tuple[str, ...]:
-        """Return the NIC labels (``NIC0`` or, in older outputs, ``mlx5_0``) in order."""
-        return tuple(d for d in self.devices if not d.startswith("GPU"))
-
-    def nvlinks(self, a: str, b: str) -> int:
-        """Return the NVLink count between ``a`` and ``b`` (``NV12`` -> 12; 0 if none)."""
-        cell = self.cells.get((a, b), "")
-        return int(cell[2:]) if cell.startswith("NV") and cell[2:].isdigit() else 0
-
-
-def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatrix:
-    """Return the connection matrix of ``nvidia-smi topo -m`` output (tabs or spaces).
-
-    >>> m = parse_topo_matrix("\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tNV2\\t0-7\\nGPU1\\tNV2\\t X \\t0-7\\n")
-    >>> m.gpus, m.nvlinks("GPU0", "GPU1")
-    (('GPU0', 'GPU1'), 2)
-    """
-    lines = [line for line in text.splitlines() if line.strip()]
-    header_at = next((i for i, line in enumerate(lines) if line.split() and line.split()[0].startswith("GPU0")), None)
-    if header_at is None:
-        raise FormatError(source, None, "no header row starting with GPU0", "the output of 'nvidia-smi topo -m'")
-    header = lines[header_at].split()
-    devices = tuple(token for token in header if _MATRIX_DEVICE_RE.match(token))
-    has_numa = "NUMA" in header and "Affinity" in header[header.index("NUMA"):]
-    cells: dict[tuple[str, str], str] = {}
-    numa: dict[str, int | None] = {}
-    for offset, line in enumerate(lines[header_at + 1:], start=header_at + 2):
-        tokens = line.split()
-        if not tokens or tokens[0] not in devices:
-            if tokens and tokens[0].rstrip(":") == "Legend":
-                break
-            continue
-        row, values = tokens[0], tokens[1:]
-        if len(values) < len(devices):
-            raise FormatError(source, f"line {offset}", f"row {row} has {len(values)} cells", f"one per device column ({len(devices)})")
-        for column, value in zip(devices, values):
-            cells[(row, column)] = value
-        extra = values[len(devices):]
-        numa[row] = _numa_cell(extra) if has_numa else None
-    missing = [d for d in devices if d.startswith("GPU") and d not in numa]
-    if missing:
-        raise FormatError(source, None, f"no row for {', '.join(missing)}", "one row per GPU column")
-    return TopoMatrix(devices, cells, numa, _nic_legend(lines))
-
-
-def _numa_cell(extra: list[str]) -> int | None:
-    # extra = [CPU affinity, NUMA affinity, GPU NUMA ID]; NIC rows carry none of them
-    return int(extra[1]) if len(extra) >= 2 and extra[1].isdigit() else None
-
-
-def _nic_legend(lines: list[str]) -> dict[str, str]:
-    names = {}
-    for line in lines:
-        match = re.match(r"^\s*(NIC\d+):\s*(\S+)\s*$", line)
-        if match:
-            names[match.group(1)] = match.group(2)
-    return names
 
 
 def parse_ib_rate_gbps(text: str, source: str = "rate") -> float:

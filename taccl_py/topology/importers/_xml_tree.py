@@ -1,6 +1,7 @@
 """A minimal XML reader for the importers: elements with attributes, children and line numbers.
 
-``xml.etree`` drops line numbers; errors about a ``<gpu>`` listed twice should name its line.
+``xml.etree`` drops line numbers; errors about a ``<gpu>`` listed twice should name its line,
+and so do the attribute readers ``int_attr`` and ``float_attr``.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from xml.parsers import expat
 
-from taccl_py.errors import FormatError
+from taccl_py.errors import FormatError, TopologyError
 
-__all__ = ["XmlElement", "parse_xml_tree"]
+__all__ = ["XmlElement", "float_attr", "int_attr", "parse_xml_tree"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +61,46 @@ def parse_xml_tree(text: str, source: str, root_tag: str) -> XmlElement:
     if root.tag != root_tag:
         raise FormatError(source, f"line {root.line}", f"root element <{root.tag}>", f"<{root_tag}>")
     return root
+
+
+def int_attr(element: XmlElement, key: str, source: str, *, default: int | None = None, minimum: int = 0) -> int:
+    """Return the integer attribute ``key`` (decimal or 0x hex) of ``element``, at least ``minimum``.
+
+    A missing attribute gives ``default``; without one, or for a non-integer or a value below
+    ``minimum``, raise ``TopologyError`` naming the element's line.
+
+    >>> element = XmlElement("gpu", {"dev": "3", "class": "0x10"}, 7)
+    >>> int_attr(element, "dev", "<string>"), int_attr(element, "class", "<string>"), int_attr(element, "sm", "<string>", default=0)
+    (3, 16, 0)
+    """
+    raw = element.attrs.get(key)
+    if raw is None:
+        if default is None:
+            raise TopologyError(source, f"line {element.line}", f"<{element.tag}> has no {key}", f"a {key} attribute")
+        return default
+    try:
+        value = int(raw, 0) if raw.strip().lower().startswith("0x") else int(raw)
+    except ValueError:
+        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not an integer",
+                            "an integer") from None
+    if value < minimum:
+        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={value} is below {minimum}",
+                            f"an integer >= {minimum}")
+    return value
+
+
+def float_attr(element: XmlElement, key: str, source: str) -> float:
+    """Return the non-negative number attribute ``key`` of ``element`` (0.0 when missing).
+
+    >>> float_attr(XmlElement("net", {"latency": "2.5"}, 4), "latency", "<string>")
+    2.5
+    """
+    raw = element.attrs.get(key, "0")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not a number",
+                            "a number") from None
+    if not value >= 0:
+        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw} is negative", "a number >= 0")
+    return value

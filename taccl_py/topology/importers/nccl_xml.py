@@ -29,7 +29,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from taccl_py.errors import TopologyError
-from taccl_py.topology.importers._common import (
+from taccl_py.topology.importers._xml_tree import XmlElement as _Element
+from taccl_py.topology.importers._xml_tree import float_attr, int_attr, parse_xml_tree
+from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
+from taccl_py.topology.rates import (
     DEFAULT_NET_ALPHA_US,
     DEFAULT_NET_BANDWIDTH_GBPS,
     HOST_ALPHA_US,
@@ -45,9 +48,6 @@ from taccl_py.topology.importers._common import (
     net_kind_from_name,
     pcie_bw_GBps,
 )
-from taccl_py.topology.importers._xml_tree import XmlElement as _Element
-from taccl_py.topology.importers._xml_tree import parse_xml_tree
-from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
 __all__ = ["parse_nccl_topology_xml"]
 
@@ -153,7 +153,7 @@ def parse_nccl_topology_xml(text: str, source: str = "<string>", *, name: str | 
         if element.tag in ("gpu", "pci", "nic"):
             raise TopologyError(source, f"line {element.line}", f"<{element.tag}> outside a <cpu>", "<system><cpu>...")
     cpus = [element for element in root.children if element.tag == "cpu"]
-    numaids = [_int_attr(element, "numaid", source, minimum=-1) for element in cpus]
+    numaids = [int_attr(element, "numaid", source, minimum=-1) for element in cpus]
     unnumbered = iter(range(max(numaids, default=-1) + 1, max(numaids, default=-1) + 1 + len(cpus)))
     for element, numa in zip(cpus, numaids):
         socket = _Socket(f"cpu{numa if numa >= 0 else next(unnumbered)}", numa if numa >= 0 else None)
@@ -164,37 +164,8 @@ def parse_nccl_topology_xml(text: str, source: str = "<string>", *, name: str | 
 # -- attribute readers ---------------------------------------------------------------------------
 
 
-def _int_attr(element: _Element, key: str, source: str, *, default: int | None = None, minimum: int = 0) -> int:
-    raw = element.attrs.get(key)
-    if raw is None:
-        if default is None:
-            raise TopologyError(source, f"line {element.line}", f"<{element.tag}> has no {key}", f"a {key} attribute")
-        return default
-    try:
-        value = int(raw, 0) if raw.strip().lower().startswith("0x") else int(raw)
-    except ValueError:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not an integer",
-                            "an integer") from None
-    if value < minimum:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={value} is below {minimum}",
-                            f"an integer >= {minimum}")
-    return value
-
-
-def _float_attr(element: _Element, key: str, source: str) -> float:
-    raw = element.attrs.get(key, "0")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not a number",
-                            "a number") from None
-    if not value >= 0:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw} is negative", "a number >= 0")
-    return value
-
-
 def _pci_GBps(element: _Element, source: str) -> float:
-    width = _int_attr(element, "link_width", source, default=0)
+    width = int_attr(element, "link_width", source, default=0)
     speed = element.attrs.get("link_speed", "").strip()
     match = _SPEED_RE.match(speed)
     if speed in ("", "Unknown", "Unknown speed"):
@@ -233,8 +204,8 @@ def _walk_cpu(cpu: _Element, socket: _Socket, collected: _Collected, net_GBps: f
     source = collected.source
     if socket in collected.cpus:
         raise TopologyError(source, f"line {cpu.line}", f"cpu numaid {socket.numa} listed twice", "one <cpu> per NUMA node")
-    family = _int_attr(cpu, "familyid", source, default=0)
-    model = _int_attr(cpu, "modelid", source, default=0)
+    family = int_attr(cpu, "familyid", source, default=0)
+    model = int_attr(cpu, "modelid", source, default=0)
     collected.cpus[socket] = nccl_inter_cpu_bw_GBps(cpu.attrs.get("arch"), cpu.attrs.get("vendor"), family, model)
     for child in cpu.children:
         if child.tag == "pci":
@@ -252,46 +223,46 @@ def _walk_pci(pci: _Element, parent: str, socket: _Socket, collected: _Collected
     source = collected.source
     busid = _register_busid(pci, collected)
     pci_class = _pci_class(pci, source)
-    bandwidth = _pci_GBps(pci, source)
+    pcie_GBps = _pci_GBps(pci, source)
     gpus = [c for c in pci.children if c.tag == "gpu"]
     nics = [c for c in pci.children if c.tag == "nic"]
     subs = [c for c in pci.children if c.tag == "pci"]
     if len(gpus) > 1:
         raise TopologyError(source, f"line {gpus[1].line}", f"GPU at busid {busid} listed twice", "one <gpu> per <pci>")
     for gpu in gpus:
-        dev = _int_attr(gpu, "dev", source)
-        sm = _int_attr(gpu, "sm", source, minimum=1)
-        collected.devices.append(_Device(VertexKind.GPU, parent, bandwidth, socket, gpu.line, busid, dev, sm, gpu))
+        dev = int_attr(gpu, "dev", source)
+        sm = int_attr(gpu, "sm", source, minimum=1)
+        collected.devices.append(_Device(VertexKind.GPU, parent, pcie_GBps, socket, gpu.line, busid, dev, sm, gpu))
     for nic in nics:
-        _add_nic(nic, busid, pci_class, parent, socket, bandwidth, collected)
+        _add_nic(nic, busid, pci_class, parent, socket, pcie_GBps, collected)
     if subs:
         switch = f"pcie{len(collected.switches)}"
         collected.switches.append(Vertex(switch, VertexKind.PCIE_SWITCH, pci_bus_id=busid, numa=socket.numa))
-        collected.switch_links.extend(duplex(switch, parent, LinkKind.PCIE, PCIE_ALPHA_US, bandwidth))
+        collected.switch_links.extend(duplex(switch, parent, LinkKind.PCIE, PCIE_ALPHA_US, pcie_GBps))
         for sub in subs:
             _walk_pci(sub, switch, socket, collected, net_GBps)
     if gpus or nics or subs:
         return
     if pci_class.startswith(_CLASS_GPU):
-        collected.devices.append(_Device(VertexKind.GPU, parent, bandwidth, socket, pci.line, busid))
+        collected.devices.append(_Device(VertexKind.GPU, parent, pcie_GBps, socket, pci.line, busid))
     elif pci_class.startswith(_CLASS_NIC):
         kind = LinkKind.IB if pci_class.startswith(_CLASS_IB) else LinkKind.ETHERNET
-        collected.devices.append(_Device(VertexKind.NIC, parent, bandwidth, socket, pci.line, busid, net_kind=kind,
+        collected.devices.append(_Device(VertexKind.NIC, parent, pcie_GBps, socket, pci.line, busid, net_kind=kind,
                                          net_GBps=net_GBps, net_alpha_us=DEFAULT_NET_ALPHA_US))
     else:
         logger.debug("%s: line %d: ignoring PCI device %s of class %s", source, pci.line, busid, pci_class or "?")
 
 
-def _add_nic(nic: _Element, busid: str | None, pci_class: str, parent: str, socket: _Socket, bandwidth: float,
+def _add_nic(nic: _Element, busid: str | None, pci_class: str, parent: str, socket: _Socket, pcie_GBps: float,
              collected: _Collected) -> None:
     source = collected.source
     for net in nic.children:
         if net.tag != "net" or "dev" not in net.attrs:
             logger.debug("%s: line %d: ignoring <%s> without dev", source, net.line, net.tag)
             continue
-        dev = _int_attr(net, "dev", source)
-        speed = _int_attr(net, "speed", source, default=0, minimum=-1)  # -1: unknown, as NCCL reads it
-        latency_us = _float_attr(net, "latency", source)
+        dev = int_attr(net, "dev", source)
+        speed = int_attr(net, "speed", source, default=0, minimum=-1)  # -1: unknown, as NCCL reads it
+        latency_us = float_attr(net, "latency", source)
         name = net.attrs.get("name", f"net{dev}")
         if pci_class.startswith(_CLASS_IB):
             kind = LinkKind.IB
@@ -300,7 +271,7 @@ def _add_nic(nic: _Element, busid: str | None, pci_class: str, parent: str, sock
         else:
             kind = net_kind_from_name(name)
         mbps = speed if speed > 0 else _NCCL_NO_SPEED_MBPS
-        collected.devices.append(_Device(VertexKind.NIC, parent, bandwidth, socket, net.line, busid, dev,
+        collected.devices.append(_Device(VertexKind.NIC, parent, pcie_GBps, socket, net.line, busid, dev,
                                          net_name=name, net_kind=kind, net_GBps=mbps / _MBPS_PER_GBPS,
                                          net_alpha_us=latency_us or DEFAULT_NET_ALPHA_US))
 
@@ -366,7 +337,7 @@ def _nvlinks(gpus: list[_Device], gpu_name: Mapping[int, str], source: str) -> l
             target = _nvlink_target(element, gpu, by_busid, gpu_name, source)
             if target is not None:
                 key = (gpu_name[id(gpu)], target)
-                lanes[key] = lanes.get(key, 0) + _int_attr(element, "count", source, minimum=1)
+                lanes[key] = lanes.get(key, 0) + int_attr(element, "count", source, minimum=1)
     links = []
     rate = {gpu_name[id(d)]: nccl_nvlink_bw_GBps(d.sm or 0) for d in gpus}
     for (src, dst), count in lanes.items():

@@ -20,14 +20,22 @@ across the SMP interconnect between NUMA nodes, ``X`` the device itself. The mod
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
 
-from taccl_py.errors import ArgumentError, FormatError, TopologyError
-from taccl_py.topology.importers._common import (
+from taccl_py.errors import ArgumentError
+from taccl_py.topology.importers.nvidia_smi_matrix import (
+    PIX_TOKENS,
+    PXB_TOKENS,
+    SAME_NUMA_TOKENS,
+    TopoMatrix,
+    parse_topo_matrix,
+)
+from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
+from taccl_py.topology.rates import (
+    DEFAULT_HOST_BANDWIDTH_GBPS,
     DEFAULT_NET_ALPHA_US,
     DEFAULT_NET_BANDWIDTH_GBPS,
     HOST_ALPHA_US,
@@ -40,46 +48,15 @@ from taccl_py.topology.importers._common import (
     nccl_nvlink_bw_GBps,
     net_kind_from_name,
 )
-from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
 __all__ = ["parse_nvidia_smi_topo", "DEFAULT_HOST_BANDWIDTH_GBPS"]
 
 logger = logging.getLogger(__name__)
 
-# The matrix does not name the CPU: NCCL's SKL_QPI_BW (Skylake UPI), NVIDIA/nccl src/graph/topo.h.
-DEFAULT_HOST_BANDWIDTH_GBPS = 10.0
-
-_PIX = frozenset({"PIX", "PSB"})  # PSB: older drivers' "single PCIe switch"
-_PXB = frozenset({"PXB"})
-_SAME_NUMA = frozenset({"PHB", "NODE"})
-_SYS = frozenset({"SYS", "SOC"})  # SOC: older drivers' name for SYS
-_NV_RE = re.compile(r"^NV(\d+)$")
-_GPU_RE = re.compile(r"^GPU\d+$")
-_DEVICE_ROW_RE = re.compile(r"^(GPU|NIC)\d+$")
-_EXTRA_COLUMN_RE = re.compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID")
-_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
-_NOT_AVAILABLE = frozenset({"N/A", "NA", "-"})
 # The GPU generation a per-GPU NVLink total points to: (most links, SM for NCCL's per-link rate,
 # PCIe x16 GB/s by NCCL's width*speed/80: Gen3 12, Gen4 24, Gen5 48). V100 has 6 NVLinks, A100 12,
 # H100 18 (NVIDIA product briefs).
 _GENERATIONS = ((6, 70, 12.0), (12, 80, 24.0), (MAX_NVLINKS_PER_GPU, 90, 48.0))
-
-
-@dataclass(frozen=True)
-class _Matrix:
-    labels: tuple[str, ...]  # device columns in header order
-    cells: Mapping[tuple[str, str], str]
-    numa: Mapping[str, int | None]
-    cpu_affinity: Mapping[str, str | None]
-    nic_names: Mapping[str, str]
-
-    @property
-    def gpus(self) -> tuple[str, ...]:
-        return tuple(label for label in self.labels if _GPU_RE.match(label))
-
-    @property
-    def nics(self) -> tuple[str, ...]:
-        return tuple(label for label in self.labels if not _GPU_RE.match(label))
 
 
 def parse_nvidia_smi_topo(
@@ -124,7 +101,7 @@ def parse_nvidia_smi_topo(
     Raises
     ------
     FormatError
-        No header row naming GPU0, an unknown header column, a row of the wrong length, a cell
+        No header row starting with GPU0, an unknown header column, a row of the wrong length, a cell
         token that is not X, NV#, PIX, PXB, PHB, NODE, SYS (or the older PSB, SOC).
     TopologyError
         No GPU rows, a device listed twice, a row missing, an asymmetric matrix, NVLink to a NIC.
@@ -147,112 +124,9 @@ def parse_nvidia_smi_topo(
             raise ArgumentError(source, label, f"{value} is not positive", "GB/s > 0")
     if not net_alpha_us >= 0:
         raise ArgumentError(source, "net_alpha_us", f"{net_alpha_us} is negative", "µs >= 0")
-    matrix = _read_matrix(text, source)
+    matrix = parse_topo_matrix(text, source)
     rates = _Rates(nvlink_GBps, pcie_bandwidth_GBps, host_bandwidth_GBps, net_bandwidth_GBps, net_alpha_us)
     return _build_topology(matrix, rates, name or "nvidia-smi", source)
-
-
-# -- reading the text --------------------------------------------------------------------------
-
-
-def _read_matrix(text: str, source: str) -> _Matrix:
-    lines = text.splitlines()
-    # The header is the first line starting with GPU0 that has no "X" (every matrix row has one).
-    header_index = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"] and "X" not in line.split()), None)
-    if header_index is None:
-        raise FormatError(source, None, "no header row naming GPU0", "`nvidia-smi topo -m` output")
-    labels, extras = _parse_header(lines[header_index], header_index + 1, source)
-    rows, end = _parse_rows(lines, header_index + 1, labels, extras, source)
-    if not any(_GPU_RE.match(label) for label in rows):
-        raise TopologyError(source, f"line {header_index + 2}", "no GPU rows below the header", "one row per GPU column")
-    for label in labels:
-        if label not in rows:
-            raise TopologyError(source, f"line {header_index + 1}", f"column {label} has no row", "one row per column")
-    cells: dict[tuple[str, str], str] = {}
-    numa: dict[str, int | None] = {}
-    affinity: dict[str, str | None] = {}
-    for label, (lineno, values, extra_values) in rows.items():
-        for column, cell in zip(labels, values):
-            _check_cell(label, column, cell, cells, lineno, source)
-            cells[(label, column)] = cell
-        numa[label] = _numa_value(extra_values.get("NUMA Affinity"), lineno, source)
-        cpus = extra_values.get("CPU Affinity")
-        affinity[label] = None if cpus is None or cpus in _NOT_AVAILABLE else cpus
-    return _Matrix(labels, cells, numa, affinity, _parse_nic_legend(lines[end:]))
-
-
-def _parse_header(line: str, lineno: int, source: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    first_extra = _EXTRA_COLUMN_RE.search(line)
-    device_part = line[: first_extra.start()] if first_extra else line
-    extras = tuple(match.group(0) for match in _EXTRA_COLUMN_RE.finditer(line))
-    leftover = _EXTRA_COLUMN_RE.sub("", line[len(device_part):]).split()
-    if leftover:
-        raise FormatError(source, f"line {lineno}", f"unknown header column {leftover[0]!r}",
-                          "device columns then CPU Affinity, NUMA Affinity, GPU NUMA ID")
-    labels = tuple(device_part.split())
-    seen: set[str] = set()
-    for label in labels:
-        if label in seen:
-            raise TopologyError(source, f"line {lineno}", f"{label} listed twice in the header", "each device once")
-        seen.add(label)
-    return labels, extras
-
-
-def _parse_rows(lines: Sequence[str], start: int, labels: tuple[str, ...], extras: tuple[str, ...],
-                source: str) -> tuple[dict[str, tuple[int, list[str], dict[str, str]]], int]:
-    known = set(labels)
-    rows: dict[str, tuple[int, list[str], dict[str, str]]] = {}
-    for index in range(start, len(lines)):
-        tokens = lines[index].split()
-        lineno = index + 1
-        if not tokens or (tokens[0] not in known and not _DEVICE_ROW_RE.match(tokens[0])):
-            return rows, index
-        label = tokens[0]
-        if label not in known:
-            raise TopologyError(source, f"line {lineno}", f"row {label} is not a column of the header", "a header column")
-        if label in rows:
-            raise TopologyError(source, f"line {lineno}", f"{label} listed twice (first on line {rows[label][0]})",
-                                "one row per device")
-        values = tokens[1:]
-        lengths = {len(labels) + len(extras)} if _GPU_RE.match(label) else {len(labels), len(labels) + len(extras)}
-        if len(values) not in lengths:
-            raise FormatError(source, f"line {lineno}", f"row {label} has {len(values)} cells",
-                              f"{' or '.join(map(str, sorted(lengths)))} cells, one per header column")
-        rows[label] = (lineno, values[: len(labels)], dict(zip(extras, values[len(labels):])))
-    return rows, len(lines)
-
-
-def _check_cell(row: str, column: str, cell: str, cells: Mapping[tuple[str, str], str], lineno: int,
-                source: str) -> None:
-    where = f"line {lineno}"
-    nv = _NV_RE.match(cell)
-    if not (cell == "X" or cell in _PIX | _PXB | _SAME_NUMA | _SYS or (nv and int(nv.group(1)) > 0)):
-        raise FormatError(source, where, f"unknown cell token {cell!r} in row {row}, column {column}",
-                          "X, NV#, PIX, PXB, PHB, NODE or SYS")
-    if (cell == "X") != (row == column):
-        raise TopologyError(source, where, f"row {row}, column {column} is {cell!r}", "X on the diagonal only")
-    if nv and not (_GPU_RE.match(row) and _GPU_RE.match(column)):
-        raise TopologyError(source, where, f"NVLink between {row} and {column}", "NV# only between two GPUs")
-    mirror = cells.get((column, row))
-    if mirror is not None and mirror != cell:
-        raise TopologyError(source, where, f"{row}-{column} is {cell} but {column}-{row} is {mirror}", "a symmetric matrix")
-
-
-def _numa_value(cell: str | None, lineno: int, source: str) -> int | None:
-    if cell is None or not cell.isdigit():  # N/A, or a range on hosts that do not bind the GPU
-        if cell not in (None, *_NOT_AVAILABLE):
-            logger.debug("%s: line %d: NUMA Affinity %r is not one node; using the PCIe relations", source, lineno, cell)
-        return None
-    return int(cell)
-
-
-def _parse_nic_legend(lines: Iterable[str]) -> dict[str, str]:
-    names: dict[str, str] = {}
-    for line in lines:
-        match = _LEGEND_RE.match(line)
-        if match:
-            names[match.group(1)] = match.group(2)
-    return names
 
 
 # -- building the model ------------------------------------------------------------------------
@@ -276,17 +150,12 @@ def _components(nodes: Sequence[str], edges: Iterable[tuple[str, str]]) -> list[
     return sorted(parts, key=lambda part: order[part[0]])
 
 
-def _edges(matrix: _Matrix, tokens: frozenset[str]) -> list[tuple[str, str]]:
+def _edges(matrix: TopoMatrix, tokens: frozenset[str]) -> list[tuple[str, str]]:
     return [pair for pair, cell in matrix.cells.items() if cell in tokens]
 
 
-def _nvlink_counts(matrix: _Matrix) -> dict[tuple[str, str], int]:
-    counts = {}
-    for (a, b), cell in matrix.cells.items():
-        nv = _NV_RE.match(cell)
-        if nv:
-            counts[(a, b)] = int(nv.group(1))
-    return counts
+def _nvlink_counts(matrix: TopoMatrix) -> dict[tuple[str, str], int]:
+    return {pair: count for pair in matrix.cells if (count := matrix.nvlinks(*pair))}
 
 
 def _uses_nvswitch(gpus: Sequence[str], counts: Mapping[tuple[str, str], int]) -> bool:
@@ -307,15 +176,15 @@ def _guess_generation(links_per_gpu: int) -> tuple[float, float]:
     return nccl_nvlink_bw_GBps(100), _GENERATIONS[-1][2]
 
 
-def _numa_labels(matrix: _Matrix) -> dict[str, tuple[str, int | None]]:
+def _numa_labels(matrix: TopoMatrix) -> dict[str, tuple[str, int | None]]:
     """Map each device to (cpu vertex name, NUMA id or None)."""
-    edges = _edges(matrix, _PIX | _PXB | _SAME_NUMA)
+    edges = _edges(matrix, PIX_TOKENS | PXB_TOKENS | SAME_NUMA_TOKENS)
     for key in (matrix.numa, matrix.cpu_affinity):
         first: dict[object, str] = {}
         for label, value in key.items():
             if value is not None:
                 edges.append((first.setdefault(value, label), label))
-    parts = _components(matrix.labels, edges)
+    parts = _components(matrix.devices, edges)
     known = [{matrix.numa[label] for label in part if matrix.numa.get(label) is not None} for part in parts]
     next_free = max((max(ids) for ids in known if ids), default=-1) + 1
     labels: dict[str, tuple[str, int | None]] = {}
@@ -329,12 +198,12 @@ def _numa_labels(matrix: _Matrix) -> dict[str, tuple[str, int | None]]:
     return labels
 
 
-def _pcie_tree(matrix: _Matrix, cpu_of: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+def _pcie_tree(matrix: TopoMatrix, cpu_of: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
     """Return the PCIe switch names and each device's (or switch's) upstream vertex."""
     switches: list[str] = []
     upstream: dict[str, str] = {}
-    leaves = _components(matrix.labels, _edges(matrix, _PIX))
-    for tree in _components(matrix.labels, _edges(matrix, _PIX | _PXB)):
+    leaves = _components(matrix.devices, _edges(matrix, PIX_TOKENS))
+    for tree in _components(matrix.devices, _edges(matrix, PIX_TOKENS | PXB_TOKENS)):
         cpu = cpu_of[tree[0]]
         parts = [leaf for leaf in leaves if leaf[0] in tree]
         top = cpu
@@ -352,7 +221,7 @@ def _pcie_tree(matrix: _Matrix, cpu_of: Mapping[str, str]) -> tuple[list[str], d
     return switches, upstream
 
 
-def _build_topology(matrix: _Matrix, rates: _Rates, name: str, source: str) -> Topology:
+def _build_topology(matrix: TopoMatrix, rates: _Rates, name: str, source: str) -> Topology:
     gpus, nics = matrix.gpus, matrix.nics
     vertex_of = {label: f"gpu{i}" for i, label in enumerate(gpus)} | {label: f"nic{j}" for j, label in enumerate(nics)}
     counts = _nvlink_counts(matrix)

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from taccl_py.errors import ArgumentError, FormatError, TopologyError
-from taccl_py.topology.importers._common import (
+from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
+from taccl_py.topology.rates import (
     HOST_ALPHA_US,
     NCCL_PCI_BW_GBPS,
     PCIE_ALPHA_US,
     duplex,
 )
-from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
 __all__ = ["parse_taccl_profile", "REFERENCE_CHUNK_BYTES"]
 

@@ -1,7 +1,8 @@
-"""Figures and small builders the topology importers share.
+"""Figures and small builders the importers, the live probe and the NCCL exporter share.
 
-Every default rate and latency an importer falls back on is named here once, with its
-source. Bandwidths are GB/s per direction (1 GB/s = 1e3 bytes/µs), latencies µs.
+Every default rate and latency a topology source falls back on is named here once, with its
+source, so an imported, a probed and an exported machine cost the same. Bandwidths are GB/s
+per direction (1 GB/s = 1e3 bytes/µs), latencies µs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "NVSWITCH_HOP_ALPHA_US",
     "PCIE_ALPHA_US",
     "HOST_ALPHA_US",
+    "DEFAULT_HOST_BANDWIDTH_GBPS",
     "DEFAULT_NET_BANDWIDTH_GBPS",
     "DEFAULT_NET_ALPHA_US",
     "NCCL_PCI_BW_GBPS",
@@ -42,6 +44,9 @@ NVSWITCH_HOP_ALPHA_US = NVLINK_ALPHA_US / 2
 PCIE_ALPHA_US = 0.5
 # The SMP interconnect (QPI/UPI/xGMI) between sockets: one more PCIe-like hop (model choice).
 HOST_ALPHA_US = 0.5
+# Bandwidth between NUMA nodes when the source does not name the CPU: NCCL's SKL_QPI_BW
+# (Skylake UPI), NVIDIA/nccl src/graph/topo.h.
+DEFAULT_HOST_BANDWIDTH_GBPS = 10.0
 # A NIC whose rate the source does not state: HDR InfiniBand, 200 Gb/s = 25 GB/s per direction
 # (the DGX A100 / NDv4 row of DESIGN.md's cost-model table).
 DEFAULT_NET_BANDWIDTH_GBPS = 25.0
