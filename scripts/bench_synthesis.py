@@ -42,14 +42,14 @@ def _log(message: str) -> None:
 def _summary_row(m: dict) -> tuple:
     large = [r for r in m["rows"] if r["size_bytes"] >= LARGE_BYTES]
     frac = [r["bound_us"] / r["chosen_us"] for r in large]
-    syn_frac = [r["bound_us"] / r["synthesized_us"] for r in large]
-    speed = [r["baseline_us"] / r["synthesized_us"] for r in m["rows"]]
+    syn_frac = [r["bound_us"] / r["synthesized_us"] for r in large if r["synthesized_us"]]
+    speed = [r["baseline_us"] / r["synthesized_us"] for r in m["rows"] if r["synthesized_us"] and r["baseline_us"]]
     top = m["rows"][-1]
     synthesized_bands = sum(1 for r in m["rows"] if r["chosen"].startswith("taccl-"))
     return (
         m["topology"], m["nodes"], m["num_ranks"], m["collective"], f"{m['wall_s']:.1f}", f"{m['peak_rss_MB']:.0f}",
         f"{min(frac):.3f}" if frac else "-", f"{min(syn_frac):.3f}" if syn_frac else "-",
-        f"{top['bound_us'] / top['chosen_us']:.3f}", f"{min(speed):.2f}x", f"{max(speed):.2f}x",
+        f"{top['bound_us'] / top['chosen_us']:.3f}", f"{min(speed):.2f}x" if speed else "-", f"{max(speed):.2f}x" if speed else "-",
         f"{synthesized_bands}/{len(m['rows'])}",
     )
 
@@ -67,8 +67,9 @@ def _detail(m: dict) -> str:
     for r in m["rows"]:
         rows.append((
             format_size(r["size_bytes"]), f"{r['chosen_us']:.2f}", f"{r['bound_us'] / r['chosen_us']:.3f}", r["chosen"],
-            f"{r['synthesized_us']:.2f}", f"{r['baseline_us']:.2f}", r["baseline"], f"{r['bound_us']:.2f}",
-            f"{r['baseline_us'] / r['synthesized_us']:.2f}x",
+            "-" if r["synthesized_us"] is None else f"{r['synthesized_us']:.2f}",
+            "-" if r["baseline_us"] is None else f"{r['baseline_us']:.2f}", r["baseline"] or "-", f"{r['bound_us']:.2f}",
+            "-" if not (r["synthesized_us"] and r["baseline_us"]) else f"{r['baseline_us'] / r['synthesized_us']:.2f}x",
         ))
     headers = ("size", "ours us", "of bound", "chosen", "synth us", "baseline us", "baseline", "bound us", "synth speedup")
     return f"{m['topology']} x{m['nodes']} {m['collective']} ({m['num_ranks']} GPUs)\n" + _table(headers, rows)
@@ -103,7 +104,8 @@ def render(metrics: list[dict]) -> str:
         "Simulated (α-β, max-min fair sharing) time of the size-band choice (`ours`: the fastest of the synthesized "
         "candidates and the baselines), of the best synthesized candidate alone (`synth`), of the best baseline "
         "(ring, tree, hierarchical), and the cut lower bound. `synth speedup` = best baseline time / best synthesized "
-        "time (below 1: a baseline is faster there and the band keeps it). Synthesis wall time and peak RSS per "
+        "time (below 1: a baseline is faster there and the band keeps it; `-`: no synthesized candidate fit the "
+        "MSCCL limits at that size). Synthesis wall time and peak RSS per "
         "instance on this 2-core machine (one process per instance, all sizes 1KB-1GB, default time budget).\n\n"
         "### Summary\n\n```\n" + summary + "\n```\n\n"
         "### NDv2 x2 AllGather in the TE-CCL model (`ndv2-teccl`) against TACCL's published times\n\n"

@@ -2,8 +2,8 @@
 
 Every built-in topology at 1, 2 and 4 nodes, for allgather, reducescatter and allreduce, over
 sizes 1KB..1GB: ``synthesize`` keeps, per size band, the fastest of the synthesized candidates
-and the baselines under the simulator, and ``write_library`` writes the library with one
-algorithm JSON and one MSCCL XML per band. Each instance runs in its own process (``--one``),
+and the baselines under the simulator, and ``write_library`` writes the library with one gzip-compressed
+algorithm JSON and MSCCL XML per band. Each instance runs in its own process (``--one``),
 so its wall time and peak memory are its own; they are printed as one JSON line per instance
 and, with ``--metrics FILE``, collected for ``bench_synthesis.py``.
 
@@ -54,7 +54,7 @@ def build_instance(topology_name: str, nodes: int, collective: str, sizes: str, 
         path = library_path(topology_name, nodes, collective)
         for old in path.parent.glob(f"{collective}-*"):
             old.unlink()
-        write_library(library, path)
+        write_library(library, path, compress=True)
     rows = []
     for choice in result.choices:
         syn, base = choice.synthesized, choice.baseline

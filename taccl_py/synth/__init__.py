@@ -218,10 +218,15 @@ def _synthesize_impl(
     bounds = lower_bounds(topology, collective, sizes)
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
     runs = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress)
-    usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)] or [(c.algorithm, r) for c, r in runs]
+    everything = [(c.algorithm, r) for c, r in runs]
+    usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)]
     baselines = _baselines(topology, collective, sizes, progress)
-    choices = choose_per_size(sizes, usable, baselines, baselines_compete=banded)
-    best_at_top = min((pair for pair in usable if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us)[0]
+    eligible = [banded] * len(sizes)
+    if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
+        fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
+        eligible = [base is not None and fits[base[0].name] for base in baselines]
+    choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
+    best_at_top = min((pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us)[0]
     library = None
     if banded:
         library = build_library(topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value)

@@ -44,24 +44,29 @@ def choose_per_size(
     synthesized: Sequence[tuple[Algorithm, Sequence[SimulationResult]]],
     baselines: Sequence[tuple[Algorithm, SimulationResult] | None],
     *,
-    baselines_compete: bool = True,
+    eligible: Sequence[bool] | None = None,
+    fallback: Sequence[tuple[Algorithm, Sequence[SimulationResult]]] = (),
 ) -> tuple[SizeChoice, ...]:
     """Return, per size, the fastest of the synthesized algorithms and that size's best baseline.
 
     ``synthesized`` pairs each algorithm with its results at every size (None where it was not
     simulated); ``baselines[i]`` is
-    the best baseline at ``sizes[i]`` (or None). Ties go to the synthesized algorithm. Without
-    ``baselines_compete`` the baseline is only reported, never chosen.
+    the best baseline at ``sizes[i]`` (or None). Ties go to the synthesized algorithm. Where
+    ``eligible[i]`` is False the baseline is only reported, never chosen (default: all
+    eligible). ``fallback`` candidates are used at a size where nothing else may be chosen.
     """
     choices = []
     for i, size in enumerate(sizes):
         simulated = [pair for pair in synthesized if pair[1][i] is not None]
-        best_syn = min(simulated, key=lambda pair: pair[1][i].time_us, default=None)
         base = baselines[i]
+        competes = base is not None and (eligible is None or eligible[i])
+        if not simulated and not competes:  # nothing preferred at this size: take any candidate
+            simulated = [pair for pair in fallback if pair[1][i] is not None]
+        best_syn = min(simulated, key=lambda pair: pair[1][i].time_us, default=None)
         options = []
         if best_syn is not None:
             options.append((best_syn[1][i].time_us, 0, best_syn[0], best_syn[1][i]))
-        if base is not None and (baselines_compete or not options):
+        if base is not None and (competes or not options):
             options.append((base[1].time_us, 1, base[0], base[1]))
         _, _, algorithm, result = min(options, key=lambda o: (o[0], o[1]))
         choices.append(SizeChoice(
@@ -98,10 +103,18 @@ def band_file_stem(path: str | Path) -> str:
     return name
 
 
-def write_library(library: AlgorithmLibrary, path: str | Path, progress: Callable[[str], None] | None = None) -> None:
+def write_library(
+    library: AlgorithmLibrary,
+    path: str | Path,
+    progress: Callable[[str], None] | None = None,
+    *,
+    compress: bool = False,
+) -> None:
     """Write the library JSON at ``path`` and its band algorithms (JSON and MSCCL XML) beside it.
 
-    Band files are named after the library file: ``ar-0.json`` for ``ar.library.json``.
+    Band files are named after the library file: ``ar-0.json`` for ``ar.library.json``; with
+    ``compress`` they are gzip files (``ar-0.json.gz``, ``ar-0.xml.gz``), as the shipped
+    libraries are, since 64-rank schedules run to megabytes of text.
 
     Every text is generated before the first file is written, so a failure (an algorithm
     beyond the MSCCL limits) leaves nothing behind.
@@ -110,8 +123,9 @@ def write_library(library: AlgorithmLibrary, path: str | Path, progress: Callabl
 
     folder = Path(path).parent
     stem = band_file_stem(path)
+    gz = ".gz" if compress else ""
     library = replace(library, bands=tuple(
-        replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}.json", xml_file=f"{stem}-{i}.xml")
+        replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}.json{gz}", xml_file=f"{stem}-{i}.xml{gz}")
         for i, band in enumerate(library.bands)
     ))
     texts = {}

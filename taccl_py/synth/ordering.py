@@ -93,8 +93,10 @@ def send_lane(graph: LogicalGraph, link: int) -> tuple:
 
 
 def _lanes(graph: LogicalGraph) -> tuple[tuple, ...]:
+    # On a reversed graph (a reduction run backwards) the physical sender is the link's far end;
+    # its resources keep the physical order, so resources[0] is that sender's uplink.
     return tuple(
-        ("hop", link.src, link.resources[0]) if link.internode else ("link", l)
+        ("hop", link.dst if graph.reversed else link.src, link.resources[0]) if link.internode else ("link", l)
         for l, link in enumerate(graph.links)
     )
 

@@ -257,10 +257,10 @@ def _serialize_sends(algorithm: Algorithm, items: Sequence[TimedItem]) -> Algori
         here = (tb_of[key], count.get(key, 0))
         count[key] = here[1] + 1
         for key in timed.serial:
-            before = last.get(key)
+            before = last.get((item.src_rank, key))  # dependencies stay on the sending rank
             if before is not None and before[0] != here[0]:
                 extra.setdefault((item.src_rank,) + here, set()).add(before)
-            last[key] = here
+            last[(item.src_rank, key)] = here
     if not extra:
         return algorithm
     ranks = []
