@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taccl_py._io import write_text_atomic
+from taccl_py.errors import ArgumentError
 from taccl_py.algorithm import Algorithm, generate_algorithm_json
 from taccl_py.algorithm_library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.collectives import Collective
@@ -129,10 +130,18 @@ def write_library(
         for i, band in enumerate(library.bands)
     ))
     texts = {}
+    bands = []
     for band in library.bands:
         texts[folder / band.algorithm_file] = generate_algorithm_json(band.algorithm)
         if band.xml_file is not None:
-            texts[folder / band.xml_file] = generate_msccl_xml(band.algorithm)
+            try:
+                texts[folder / band.xml_file] = generate_msccl_xml(band.algorithm)
+            except ArgumentError as error:
+                # our runtime runs it; MSCCL's cannot load it, so the band ships without XML
+                logger.warning("%s: no MSCCL XML: %s", band.algorithm.name, error)
+                band = replace(band, xml_file=None)
+        bands.append(band)
+    library = replace(library, bands=tuple(bands))
     texts[Path(path)] = generate_library(library)
     for file, text in texts.items():
         write_text_atomic(file, text)
