@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks_md import update_benchmarks_section  # noqa: E402
-from build_algorithms import COLLECTIVES, DEFAULT_NODES, DEFAULT_SIZES, library_path, run_instance  # noqa: E402
+from build_algorithms import add_sweep_arguments, library_path, sweep_instances  # noqa: E402
 
 from taccl_py.algorithm_library import read_library  # noqa: E402
 from taccl_py.simulate import simulate  # noqa: E402
-from taccl_py.topology import builtin_topology_names, load_topology  # noqa: E402
+from taccl_py.topology import load_topology  # noqa: E402
 from taccl_py.units import format_size  # noqa: E402
 
 TACCL_CSV = Path(__file__).resolve().parent / "data" / "TACCL_NDv2_2_chassis_AllGather.csv"
@@ -117,32 +117,16 @@ def render(metrics: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()))
-    parser.add_argument("--nodes", default=DEFAULT_NODES)
-    parser.add_argument("--collectives", default=",".join(COLLECTIVES))
-    parser.add_argument("--sizes", default=DEFAULT_SIZES)
-    parser.add_argument("--time-limit", type=float, default=None)
+    add_sweep_arguments(parser)
     parser.add_argument("--write-library", action="store_true", help="also write the shipped libraries")
-    parser.add_argument("--metrics", type=Path, help="append each instance's metrics here (JSON lines)")
     parser.add_argument("--from-metrics", type=Path, help="render from a metrics file instead of synthesizing")
     parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.from_metrics is not None:
         metrics = [json.loads(line) for line in args.from_metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
-        metrics = []
         run_args = argparse.Namespace(sizes=args.sizes, time_limit=args.time_limit, no_write=not args.write_library)
-        for name in args.topologies.split(","):
-            for nodes in (int(n) for n in args.nodes.split(",")):
-                for collective in args.collectives.split(","):
-                    _log(f"== {name} n{nodes} {collective}")
-                    found = run_instance(name, nodes, collective, run_args)
-                    if found is None:
-                        continue
-                    metrics.append(found)
-                    if args.metrics is not None:
-                        with args.metrics.open("a", encoding="utf-8") as handle:
-                            handle.write(json.dumps(found) + "\n")
+        metrics, _failures = sweep_instances(args, run_args)
     body = render(metrics)
     print(body)
     if not args.no_write:

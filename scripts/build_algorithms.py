@@ -92,16 +92,43 @@ def run_instance(topology: str, nodes: int, collective: str, args: argparse.Name
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options naming which instances a sweep runs and where their metrics go."""
     parser.add_argument("--topologies", default=",".join(builtin_topology_names()))
     parser.add_argument("--nodes", default=DEFAULT_NODES)
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--time-limit", type=float, default=None, help="MILP budget per instance (default by GPU count)")
+    parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
+
+
+def sweep_instances(args: argparse.Namespace, run_args: argparse.Namespace, skip_existing: bool = False) -> tuple[list[dict], int]:
+    """Run every (topology, nodes, collective) instance ``args`` names; return the metrics and the failure count."""
+    metrics: list[dict] = []
+    failures = 0
+    for name in args.topologies.split(","):
+        for nodes in (int(n) for n in args.nodes.split(",")):
+            for collective in args.collectives.split(","):
+                if skip_existing and library_path(name, nodes, collective).exists():
+                    continue
+                _log(f"== {name} n{nodes} {collective}")
+                found = run_instance(name, nodes, collective, run_args)
+                if found is None:
+                    failures += 1
+                    continue
+                _log(f"   {found['wall_s']:.1f} s, {found['peak_rss_MB']:.0f} MB")
+                metrics.append(found)
+                if args.metrics is not None:
+                    with args.metrics.open("a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(found) + "\n")
+    return metrics, failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_sweep_arguments(parser)
     parser.add_argument("--skip-existing", action="store_true", help="keep libraries already built")
     parser.add_argument("--no-write", action="store_true", help="synthesize and report, write no library")
-    parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
     parser.add_argument("--one", nargs=3, metavar=("TOPOLOGY", "NODES", "COLLECTIVE"), help=argparse.SUPPRESS)
     parser.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -109,21 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         name, nodes, collective = args.one
         print(json.dumps(build_instance(name, int(nodes), collective, args.sizes, args.time_limit, args.write)))
         return 0
-    failures = 0
-    for name in args.topologies.split(","):
-        for nodes in (int(n) for n in args.nodes.split(",")):
-            for collective in args.collectives.split(","):
-                if args.skip_existing and library_path(name, nodes, collective).exists():
-                    continue
-                _log(f"== {name} n{nodes} {collective}")
-                metrics = run_instance(name, nodes, collective, args)
-                if metrics is None:
-                    failures += 1
-                    continue
-                _log(f"   {metrics['wall_s']:.1f} s, {metrics['peak_rss_MB']:.0f} MB")
-                if args.metrics is not None:
-                    with args.metrics.open("a", encoding="utf-8") as handle:
-                        handle.write(json.dumps(metrics) + "\n")
+    _metrics, failures = sweep_instances(args, args, skip_existing=args.skip_existing)
     return 1 if failures else 0
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["format_table", "progress_to_stderr"]
+__all__ = ["ALGORITHM_FILE_HELP", "format_table", "progress_to_stderr"]
+
+ALGORITHM_FILE_HELP = "algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from taccl_py.cli._output import ALGORITHM_FILE_HELP
 from taccl_py.algorithm_io import read_any_algorithm, write_any_algorithm
 from taccl_py.msccl import Dialect
 from taccl_py.verify import VerificationReport, verify_algorithm
@@ -67,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "verify", help="check that an algorithm file (JSON or MSCCL XML) implements its collective",
         description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, 2 if the file is malformed.",
     )
-    verify.add_argument("file", metavar="FILE", help="algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)")
+    verify.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
     verify.add_argument("--all", action="store_true", help="print every violation, not only the first few")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(func=_verify)
@@ -76,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "convert", help="translate an algorithm between taccl JSON and MSCCL-IR XML",
         description="Read IN (JSON or XML), verify it, and write OUT in the format its extension names; nothing is written on failure.",
     )
-    convert.add_argument("input", metavar="IN", help="algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)")
+    convert.add_argument("input", metavar="IN", help=ALGORITHM_FILE_HELP)
     convert.add_argument("-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for stdout)")
     convert.add_argument("--dialect", choices=[d.value for d in Dialect], default=None,
                          help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)")

@@ -15,7 +15,7 @@ from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology import load_topology
 from taccl_py.units import format_size, parse_sizes
 
-from taccl_py.cli._output import format_table, progress_to_stderr
+from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_table, progress_to_stderr
 
 __all__ = ["register", "format_simulation_table"]
 
@@ -101,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay the algorithm in the alpha-beta model with fair link sharing; print time, bandwidths, "
         "the fraction of the lower bound reached and the fastest baseline at each size.",
     )
-    sim.add_argument("file", metavar="FILE", help="algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)")
+    sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
     _add_topology(sim)
     sim.add_argument("--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES})")
     sim.add_argument("--plot", metavar="IMAGE", help="also draw the timeline at the largest size (.png or .svg)")
