@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks_md import update_benchmarks_section  # noqa: E402
 
-from taccl_py.algorithm import Algorithm, Buffer  # noqa: E402
-from taccl_py.algorithm_library import read_library, shipped_library_dir  # noqa: E402
-from taccl_py.collectives import Collective  # noqa: E402
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan  # noqa: E402
+from taccl_py.ir.algorithm import Algorithm, Buffer  # noqa: E402
+from taccl_py.ir.library import read_library, shipped_library_dir  # noqa: E402
+from taccl_py.ir.collectives import Collective  # noqa: E402
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan  # noqa: E402
 from taccl_py.runtime.bench import BenchRow, bench_sizes, executor_overhead_us, ring_algorithm  # noqa: E402
 from taccl_py.runtime.launch import run_local  # noqa: E402
 from taccl_py.units import format_size, parse_sizes  # noqa: E402

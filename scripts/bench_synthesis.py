@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarks_md import update_benchmarks_section  # noqa: E402
 from build_algorithms import add_sweep_arguments, library_path, sweep_instances  # noqa: E402
 
-from taccl_py.algorithm_library import read_library  # noqa: E402
+from taccl_py.ir.library import read_library  # noqa: E402
 from taccl_py.simulate import simulate  # noqa: E402
 from taccl_py.topology import load_topology  # noqa: E402
 from taccl_py.units import format_size  # noqa: E402

@@ -22,7 +22,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from taccl_py.algorithm_library import shipped_library_dir
+from taccl_py.ir.library import shipped_library_dir
 from taccl_py.synth import synthesize, write_library
 from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.units import parse_sizes

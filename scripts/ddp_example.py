@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from taccl_py.baselines import ring_algorithm  # noqa: E402
-from taccl_py.collectives import Collective  # noqa: E402
+from taccl_py.ir.collectives import Collective  # noqa: E402
 from taccl_py.runtime.backend import register_backend  # noqa: E402
 from taccl_py.runtime.ddp import register  # noqa: E402
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology  # noqa: E402

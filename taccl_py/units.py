@@ -10,7 +10,12 @@ import re
 
 from taccl_py.errors import ArgumentError
 
-__all__ = ["parse_size", "parse_sizes", "format_size", "size_range"]
+__all__ = ["BYTES_PER_US_PER_GBPS", "MBPS_PER_GBPS", "parse_size", "parse_sizes", "format_size", "size_range"]
+
+#: Bytes a link of 1 GB/s moves in 1 µs: bandwidths are decimal GB/s (1e9 B/s), times are µs.
+BYTES_PER_US_PER_GBPS = 1e3
+#: Mb/s in 1 GB/s (8 bits, decimal prefixes), the factor NCCL's topology files divide by.
+MBPS_PER_GBPS = 8000.0
 
 _SUFFIX_BYTES = {
     "": 1, "B": 1,

@@ -12,7 +12,7 @@ from typing import Any
 
 from helpers import ring_algorithm
 
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 
 __all__ = ["WORLD_SIZE", "STEPS", "BUCKET_CAP_MB", "ring_library", "make_mlp", "train", "flat_parameters", "max_difference"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taccl_py.algorithm import Algorithm, Buffer
-from taccl_py.collectives import Collective
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.verify import VerificationReport, verify_algorithm
 
 __all__ = [

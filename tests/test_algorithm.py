@@ -6,21 +6,9 @@ import json
 
 import pytest
 
-from taccl_py.algorithm import (
-    Algorithm,
-    Buffer,
-    OpType,
-    RankProgram,
-    Step,
-    Threadblock,
-    generate_algorithm_json,
-    input_slot,
-    output_slot,
-    parse_algorithm_json,
-    read_algorithm,
-    write_algorithm,
-)
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock, input_slot, output_slot
+from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json, read_algorithm, write_algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import FormatError
 
 

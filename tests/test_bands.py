@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from taccl_py.algorithm import Buffer
-from taccl_py.algorithm_library import AlgorithmLibrary, SizeBand, read_library
-from taccl_py.collectives import Collective
-from taccl_py.lowering import Transfer, lower_plan
+from taccl_py.ir.algorithm import Buffer
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.lowering import Transfer, lower_plan
 from taccl_py.synth.bands import write_library
 
 from helpers import ring_algorithm

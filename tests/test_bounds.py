@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.topology import Link, LinkKind, Vertex, VertexKind, load_topology, lower_bound, make_topology, route
 from taccl_py.topology import bounds

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from helpers import FIXTURES, ring_algorithm
-from taccl_py.algorithm import generate_algorithm_json, read_algorithm
+from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.cli import main
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.msccl import read_msccl_xml
 
 GOOD_XML = FIXTURES / "msccl/microsoft/allgather_ring_4gpu_1ch_simple.xml"

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from helpers import ring_algorithm
-from taccl_py.algorithm import write_algorithm
+from taccl_py.ir.algorithm_json import write_algorithm
 from taccl_py.cli import main
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 

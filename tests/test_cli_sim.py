@@ -9,7 +9,7 @@ import pytest
 
 from helpers import assert_valid_algorithm
 from test_simulate import ALPHA_US, BYTES_PER_US, full_mesh
-from taccl_py.algorithm_io import read_any_algorithm
+from taccl_py.files import read_any_algorithm
 from taccl_py.cli import main
 from taccl_py.topology import write_topology
 

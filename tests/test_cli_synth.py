@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from taccl_py.algorithm import read_algorithm
-from taccl_py.algorithm_library import read_library
+from taccl_py.ir.algorithm_json import read_algorithm
+from taccl_py.ir.library import read_library
 from taccl_py.cli import main
 from taccl_py.msccl import read_msccl_xml
 

@@ -12,11 +12,12 @@ import torch
 
 from helpers import ring_algorithm
 from mp_utils import Case, assert_no_mismatches, compare, random_input, run_ranks, torch_collective
-from taccl_py.algorithm import Buffer, write_algorithm
-from taccl_py.algorithm_library import AlgorithmLibrary, SizeBand, generate_library
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Buffer
+from taccl_py.ir.algorithm_json import write_algorithm
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError, TransportError, VerificationError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime import selection
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.selection import collect_algorithms

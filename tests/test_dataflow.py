@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.collectives import Collective
-from taccl_py.dataflow import ActionKind, build_dataflow
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.dataflow import ActionKind, build_dataflow
 
 
 def _two_rank(steps0, steps1, peers=True) -> Algorithm:

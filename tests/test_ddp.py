@@ -267,11 +267,3 @@ def test_hook_state_needs_a_communicator() -> None:
     with pytest.raises(ArgumentError, match="communicator: got str; expected a Communicator"):
         HookState("gloo")
 
-
-def test_taccl_py_ddp_reexports_the_hook() -> None:
-    import taccl_py.ddp
-    import taccl_py.runtime.ddp
-
-    assert taccl_py.ddp.register is taccl_py.runtime.ddp.register
-    assert taccl_py.ddp.allreduce_hook is taccl_py.runtime.ddp.allreduce_hook
-    assert set(taccl_py.ddp.__all__) == set(taccl_py.runtime.ddp.__all__)

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from helpers import ring_algorithm
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.algorithm_io import read_any_algorithm
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.files import read_any_algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError, TransportError, VerificationError
-from taccl_py.lowering import Transfer, lower_plan
+from taccl_py.ir.lowering import Transfer, lower_plan
 from taccl_py.runtime.executor import Executor, block_layout
-from taccl_py.runtime.plan import Storage, compile_rank_plan
+from taccl_py.runtime.rank_plan import Storage, compile_rank_plan
 from taccl_py.runtime.transports.local import LocalHub
 from taccl_py.verify import verify_algorithm
 

@@ -17,7 +17,7 @@ from taccl_py.topology import (
     load_topology,
     make_topology,
 )
-from taccl_py.topology.library import nic_affinity
+from taccl_py.topology.builtins import nic_affinity
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PAIR = FIXTURES / "cli_topo" / "pair.json"

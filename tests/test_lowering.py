@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.algorithm import Buffer, OpType
-from taccl_py.collectives import Collective
-from taccl_py.dataflow import build_dataflow
+from taccl_py.ir.algorithm import Buffer, OpType
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.dataflow import build_dataflow
 from taccl_py.errors import ArgumentError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 
 O, I, S = Buffer.OUTPUT, Buffer.INPUT, Buffer.SCRATCH
 

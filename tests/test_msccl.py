@@ -1,4 +1,4 @@
-"""Tests of taccl_py.msccl (XML export/import) and taccl_py.algorithm_io."""
+"""Tests of taccl_py.msccl (XML export/import) and taccl_py.files."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 
 from helpers import BROKEN_MSCCL_FIXTURES, FIXTURES, assert_valid_algorithm, msccl_fixture_paths, ring_algorithm
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock, generate_algorithm_json
-from taccl_py.algorithm_io import read_any_algorithm, write_any_algorithm
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.algorithm_json import generate_algorithm_json
+from taccl_py.files import read_any_algorithm, write_any_algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError, FormatError, VerificationError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.msccl import (
     MAX_CHANNELS,
     MAX_STEPS_PER_THREADBLOCK,

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from taccl_py.sketch import Sketch
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.logical import LogicalLink, build_logical_graph
 from taccl_py.synth.ordering import is_slow_link, occupy_resources, order_sends, remaining_path_us, send_lane
 from taccl_py.synth.routing import greedy_routing

@@ -191,7 +191,7 @@ def test_cli_place_bad_stage_count_is_one_error_line(capsys: pytest.CaptureFixtu
 
 
 def test_chain_tables_return_paths_with_the_tabled_cost() -> None:
-    from taccl_py.placement_chains import exact_chains, heuristic_chains, path_cost
+    from taccl_py.placement.chains import exact_chains, heuristic_chains, path_cost
 
     costs = stage_cost_matrix_us(_toy(1, 5, 4), MB)
     for table in (exact_chains(costs), heuristic_chains(costs)):

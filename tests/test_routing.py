@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.sketch import Sketch
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.routing import (
     Routing,

@@ -11,7 +11,7 @@ import torch
 
 from helpers import ring_algorithm
 from mp_utils import launch_ranks
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import TransportError
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.launch import launch_local, run_local

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import simulate
-from taccl_py.sketch import Sketch
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.logical import build_logical_graph
 from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.plan import lower_schedule
+from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.routing import greedy_routing
 from taccl_py.synth.scheduling import MAX_MILP_SENDS, replay_groups, schedule_sends
 from taccl_py.synth.solver import SolverOptions

@@ -10,7 +10,7 @@ import pytest
 
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology import LinkKind, builtin_topology_names, load_topology
-from taccl_py.topology.library import builtin_topology_dir
+from taccl_py.topology.builtins import builtin_topology_dir
 from taccl_py.topology.schema import SCHEMA_ID, generate_topology, parse_topology, read_topology, write_topology
 
 BAD = Path(__file__).parent / "fixtures" / "bad_topologies"

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from taccl_py.algorithm_library import read_library, shipped_library_dir, shipped_library_paths
+from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
 from taccl_py.errors import ArgumentError
 from taccl_py.msccl import generate_msccl_xml, read_msccl_xml
 from taccl_py.topology import builtin_topology_names

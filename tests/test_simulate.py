@@ -7,10 +7,10 @@ import math
 import pytest
 
 from helpers import ring_algorithm
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.collectives import Collective, bus_factor
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective, bus_factor
 from taccl_py.errors import ArgumentError, VerificationError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.simulate import prepare_simulation, simulate, simulate_plan, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_timeline
 from taccl_py.topology import lower_bound
@@ -21,6 +21,11 @@ ALPHA_US = 1.5
 BANDWIDTH_GBPS = 10.0
 BYTES_PER_US = BANDWIDTH_GBPS * 1e3  # 1 GB/s = 1e3 bytes/µs
 
+
+
+def _usage(result, resource):
+    """Return the LinkUsage of ``resource`` in a simulation result, or None when unused."""
+    return next((usage for usage in result.link_usage if usage.resource == resource), None)
 
 def full_mesh(n: int, alpha_us: float = ALPHA_US, bandwidth_GBps: float = BANDWIDTH_GBPS):
     """Return n GPUs, every ordered pair joined by its own link of α and B."""
@@ -51,11 +56,11 @@ def test_single_send_takes_alpha_plus_bytes_over_bandwidth():
     result = simulate(algorithm, topology, size, record_timeline=True)
     expected = ALPHA_US + 1_000_000 / BYTES_PER_US
     assert result.time_us == pytest.approx(expected, rel=1e-12)
-    usage = result.usage_of(("gpu0", "gpu1"))
+    usage = _usage(result, ("gpu0", "gpu1"))
     assert usage.size_bytes == pytest.approx(1_000_000)
     assert usage.busy_us == pytest.approx(1_000_000 / BYTES_PER_US)
     assert usage.busy_fraction == pytest.approx((1_000_000 / BYTES_PER_US) / expected)
-    assert result.usage_of(("gpu1", "gpu0")) is None
+    assert _usage(result, ("gpu1", "gpu0")) is None
     (record,) = result.timeline
     assert (record.resource, record.src_rank, record.dst_rank) == (("gpu0", "gpu1"), 0, 1)
     assert (record.ready_us, record.start_us, record.end_us) == pytest.approx((0.0, ALPHA_US, expected))
@@ -91,7 +96,7 @@ def test_two_transfers_sharing_a_nic_link_split_it_and_finish_together():
     assert result.time_us == pytest.approx(expected, rel=1e-12)
     ends = {(r.src_rank, r.dst_rank): r.end_us for r in result.timeline if r.resource == ("n0.nic", "n1.nic")}
     assert ends[(0, 2)] == pytest.approx(expected) and ends[(1, 3)] == pytest.approx(expected)
-    nic = result.usage_of(("n0.nic", "n1.nic"))
+    nic = _usage(result, ("n0.nic", "n1.nic"))
     assert nic.size_bytes == pytest.approx(2 * chunk)
     assert nic.busy_fraction == pytest.approx((2 * chunk / BYTES_PER_US) / expected)
 
@@ -125,7 +130,7 @@ def test_max_min_gives_the_unconstrained_flow_what_the_constrained_one_leaves():
     ends = {r.src_rank: r.end_us for r in result.timeline if r.resource == ("sw", "gpu2")}
     assert ends[1] == pytest.approx(b / 20e3)  # 30 GB/s minus the 10 GB/s gpu0 can send
     assert ends[0] == pytest.approx(b / 10e3)  # limited by its own 10 GB/s link throughout
-    assert result.usage_of(("sw", "gpu2")).busy_us == pytest.approx(b / 10e3)
+    assert _usage(result, ("sw", "gpu2")).busy_us == pytest.approx(b / 10e3)
 
 
 def test_a_threadblocks_consecutive_sends_each_pay_latency():
@@ -212,7 +217,7 @@ def test_plot_timeline_rejects_missing_timeline_and_bad_extension(tmp_path):
 
 def _reference_time_us(algorithm: Algorithm, topology, size_bytes: int) -> float:
     """Return the collective time by the model's definition, computed the slow, obvious way."""
-    from taccl_py.dataflow import ActionKind, build_dataflow
+    from taccl_py.ir.dataflow import ActionKind, build_dataflow
     from taccl_py.topology.model import route
 
     flow = build_dataflow(algorithm)

@@ -5,20 +5,10 @@ from __future__ import annotations
 import pytest
 
 from taccl_py.errors import InfeasibleError, SketchError
-from taccl_py.sketch import (
-    IntranodeStrategy,
-    Sketch,
-    SwitchPolicy,
-    auto_sketch,
-    check_sketch,
-    find_symmetry,
-    generate_sketch,
-    nic_relays,
-    parse_sketch,
-    parse_taccl_sketch,
-    read_sketch,
-    rotate_rank,
-)
+from taccl_py.synth.sketch import auto_sketch, check_sketch, generate_sketch, parse_sketch, read_sketch
+from taccl_py.synth.sketch_taccl import parse_taccl_sketch
+from taccl_py.synth.sketch_auto import find_symmetry, nic_relays
+from taccl_py.synth.sketch_model import IntranodeStrategy, Sketch, SwitchPolicy, rotate_rank
 from taccl_py.synth.logical import build_logical_graph
 from taccl_py.topology import load_topology
 
@@ -49,7 +39,6 @@ def test_taccl_dgx2_two_node_fields():
     assert sketch.switch_policies == (SwitchPolicy.UC_MIN,)
     assert sketch.internode_conn == tuple((2 * i + 1, 2 * i) for i in range(8))
     assert dict(sketch.relay_roots)[1] == (0, 1)
-    assert sketch.enforce_ordering
     assert sketch.symmetry == ((2, 16), (16, 32))
     assert sketch.chunkup == 2
 

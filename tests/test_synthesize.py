@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.algorithm_library import read_library
-from taccl_py.collectives import Collective
+from taccl_py.ir.library import read_library
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import simulate
-from taccl_py.sketch import Sketch
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth import default_time_limit_s, synthesize, write_library
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Vertex, VertexKind, make_topology

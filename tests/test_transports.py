@@ -16,10 +16,10 @@ import torch
 
 from helpers import ring_algorithm
 from mp_utils import Case, assert_no_mismatches, check_executor_cases, run_ranks
-from taccl_py.algorithm import Algorithm
-from taccl_py.algorithm_io import read_any_algorithm
-from taccl_py.algorithm_library import read_library, shipped_library_dir
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.files import read_any_algorithm
+from taccl_py.ir.library import read_library, shipped_library_dir
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import TransportError
 from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport, unique_id_candidates, unique_id_to_bytes
 from taccl_py.runtime.transports.torch_dist import TorchDistTransport

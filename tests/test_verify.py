@@ -18,10 +18,10 @@ from helpers import (
     ring_allgather_plan,
     ring_reducescatter_plan,
 )
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import VerificationError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.msccl import read_msccl_xml
 from taccl_py.verify import VerificationReport, check_algorithm, describe_value, verify_algorithm
 
@@ -281,7 +281,7 @@ def test_duplicating_a_reducing_step_is_detected(data) -> None:
 
 
 def test_race_detection_in_small_clock_blocks(monkeypatch) -> None:
-    import taccl_py.happens_before as hb
+    import taccl_py.verify.races as hb
     algorithm = ring_algorithm(Collective.ALLGATHER, 4)
     stripped = replace(algorithm, ranks=tuple(
         replace(p, threadblocks=tuple(replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks))
@@ -292,8 +292,8 @@ def test_race_detection_in_small_clock_blocks(monkeypatch) -> None:
 
 
 def test_happens_before_clocks_follow_messages_across_ranks() -> None:
-    from taccl_py.dataflow import ActionKind, build_dataflow
-    from taccl_py.happens_before import happens_before_clocks
+    from taccl_py.ir.dataflow import ActionKind, build_dataflow
+    from taccl_py.verify.races import happens_before_clocks
     flow = build_dataflow(ring_algorithm(Collective.ALLGATHER, 2))
     send = next(a for a in flow.actions if a.kind is ActionKind.SEND and a.rank == 0)
     recv = flow.actions[flow.match[send.id]]

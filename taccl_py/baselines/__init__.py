@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
-from taccl_py.algorithm import Algorithm
+from taccl_py.ir.algorithm import Algorithm
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm, tree_parents
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.topology.bounds import lower_bounds

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from taccl_py.algorithm import Buffer
-from taccl_py.lowering import Transfer
+from taccl_py.ir.algorithm import Buffer
+from taccl_py.ir.lowering import Transfer
 
 __all__ = ["Piece", "ring_allgather_items", "ring_reducescatter_items", "tree_allreduce_items", "binary_tree_parents", "complement_tree_parents"]
 

@@ -14,13 +14,13 @@ channel's share into ``chunks`` pieces. With one machine this is the ring algori
 
 from __future__ import annotations
 
-from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.baselines._orders import node_ranks
 from taccl_py.baselines._plans import Piece, ring_allgather_items, ring_reducescatter_items
 from taccl_py.baselines.ring import MAX_CHANNELS, machine_rings
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 

@@ -19,12 +19,12 @@ Ring orders follow what NCCL builds on the machine:
 
 from __future__ import annotations
 
-from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
 from taccl_py.baselines._plans import ring_allgather_items, ring_reducescatter_items
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 

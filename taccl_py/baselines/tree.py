@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import math
 
-from taccl_py.algorithm import Algorithm, Buffer
+from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
 from taccl_py.baselines._plans import binary_tree_parents, complement_tree_parents, tree_allreduce_items
 from taccl_py.baselines.ring import MAX_CHANNELS
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology, route
 from taccl_py.verify import check_algorithm
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["tree_parents", "tree_algorithm", "default_tree_chunks", "default_tree_channels", "DEFAULT_TREE_CHUNKS", "MAX_TREE_CHUNKS"]
 
@@ -42,7 +43,6 @@ MAX_TREE_CHUNKS = 32  # MSCCL allows 64 steps per threadblock; a head's upward o
 _UNIFORM_TOLERANCE = 1.01
 
 I, O = Buffer.INPUT, Buffer.OUTPUT
-_BYTES_PER_US_PER_GBPS = 1e3
 
 
 def _positions_to_parents(order: list[int], positions: list[int | None]) -> dict[int, int | None]:
@@ -108,7 +108,7 @@ def default_tree_chunks(topology: Topology, size_bytes: int, channels: int) -> i
     parents = tree_parents(topology, 0)
     hops = [route(topology, child, parent) for child, parent in parents.items() if parent is not None]
     alpha_us = max(max(h.alpha_us for h in hops), 1e-3)
-    bandwidth_bytes_per_us = min(h.bandwidth_GBps for h in hops) * _BYTES_PER_US_PER_GBPS
+    bandwidth_bytes_per_us = min(h.bandwidth_GBps for h in hops) * BYTES_PER_US_PER_GBPS
     share = size_bytes / channels
     best = math.sqrt(max(_depth(parents) - 1, 1) * share / (alpha_us * bandwidth_bytes_per_us))
     return int(min(MAX_TREE_CHUNKS, max(1, round(best))))

@@ -7,7 +7,7 @@ import json
 import sys
 
 from taccl_py.cli._output import ALGORITHM_FILE_HELP
-from taccl_py.algorithm_io import read_any_algorithm, write_any_algorithm
+from taccl_py.files import read_any_algorithm, write_any_algorithm
 from taccl_py.msccl import Dialect
 from taccl_py.verify import VerificationReport, verify_algorithm
 

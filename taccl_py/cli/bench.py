@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict
 
 from taccl_py.cli._output import format_table, progress_to_stderr
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.units import format_size, parse_sizes
 

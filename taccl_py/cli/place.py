@@ -8,7 +8,7 @@ import sys
 
 from taccl_py.cli._output import format_table
 from taccl_py.placement import DEFAULT_ACTIVATION_BYTES, PlacementResult, place_pipeline
-from taccl_py.topology.library import load_topology
+from taccl_py.topology.builtins import load_topology
 from taccl_py.units import format_size, parse_size
 
 __all__ = ["register"]

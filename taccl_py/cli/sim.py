@@ -6,9 +6,9 @@ import argparse
 import json
 from typing import Any
 
-from taccl_py.algorithm_io import algorithm_format, read_any_algorithm, write_any_algorithm
+from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline

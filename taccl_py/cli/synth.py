@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taccl_py.algorithm_io import algorithm_format, write_any_algorithm
+from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.errors import ArgumentError
-from taccl_py.sketch import read_sketch
+from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.synth.solver import SOLVERS
 from taccl_py.topology import load_topology

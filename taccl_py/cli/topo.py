@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.topology.bounds import LowerBound, lower_bounds
-from taccl_py.topology.library import ALIASES, builtin_topology_names, load_topology, nic_affinity
+from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
 from taccl_py.topology.model import Topology
 from taccl_py.topology.schema import write_topology
 from taccl_py.units import format_size, parse_sizes

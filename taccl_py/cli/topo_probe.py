@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from taccl_py.cli._output import progress_to_stderr
-from taccl_py.topology.library import load_topology
+from taccl_py.topology.builtins import load_topology
 from taccl_py.topology.model import VertexKind
 from taccl_py.topology.nccl_export import write_nccl_topology_xml
 from taccl_py.topology.probe import probe_topology

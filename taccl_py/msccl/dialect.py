@@ -5,7 +5,7 @@ microsoft/msccl-tools) and the current Azure/msccl-executor-nccl and RCCL ("new"
 by Azure/msccl-tools). They differ only in what ``DIALECTS`` lists: the spelling of the
 reduce-scatter collective and whether ``<algo>`` carries ``outofplace``, ``minBytes`` and
 ``maxBytes`` (RCCL's ``mscclGetAlgoFromXmlFile`` requires them). Step types and buffer names are
-``taccl_py.algorithm.OpType`` and ``Buffer``, whose values are the on-disk strings.
+``taccl_py.ir.algorithm.OpType`` and ``Buffer``, whose values are the on-disk strings.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Mapping
 
-from taccl_py.algorithm import OpType
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import OpType
+from taccl_py.ir.collectives import Collective
 
 __all__ = [
     "Dialect",

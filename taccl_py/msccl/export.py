@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from taccl_py._io import write_text_atomic
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.errors import ArgumentError
 from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol
 from taccl_py.msccl.limits import MAX_COUNT, check_gpu_limits
@@ -199,8 +199,8 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
 
     Examples
     --------
-    >>> from taccl_py.collectives import Collective
-    >>> from taccl_py.lowering import Transfer, LocalCopy, lower_plan
+    >>> from taccl_py.ir.collectives import Collective
+    >>> from taccl_py.ir.lowering import Transfer, LocalCopy, lower_plan
     >>> I, O = Buffer.INPUT, Buffer.OUTPUT
     >>> plan = [Transfer(0, 1, (I, 0), (O, 0)), Transfer(1, 0, (I, 0), (O, 1)),
     ...         LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1))]

@@ -21,8 +21,8 @@ from typing import Any
 from xml.parsers import expat
 
 from taccl_py._io import read_text
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.collectives import Collective, chunk_layout
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective, chunk_layout
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, NO_DEPENDENCY, NO_PEER, STEP_OPERANDS, Protocol
 from taccl_py.msccl.export import BOTH_PLACES_KEY, METADATA_COMMENT

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
 from taccl_py.runtime.communicator import Communicator

@@ -17,28 +17,9 @@ import torch.distributed as dist
 
 from taccl_py.errors import TransportError
 from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.transports.torch_dist import WorkPending
 
 __all__ = ["FutureWork", "BackendTransport", "make_backend"]
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
-
-
-class _WorkPending(Pending):
-    __slots__ = ("_work",)
-
-    def __init__(self, work: Any) -> None:
-        self._work = work
-
-    def wait(self, timeout_s: float) -> None:
-        try:
-            done = self._work.wait(datetime.timedelta(seconds=timeout_s))
-        except RuntimeError as error:  # gloo and NCCL report dead peers and timeouts this way
-            raise TransportError(_first_line(error)) from error
-        if done is False:
-            raise TransportError(f"not complete after {timeout_s:g} s")
 
 
 class FutureWork(dist.Work):
@@ -102,13 +83,13 @@ class BackendTransport(Transport):
                     self._backend.send([m.tensor], m.peer, m.tag)
                 for m in recvs:
                     self._backend.recv([m.tensor], m.peer, m.tag)
-                shared = _WorkPending(self._backend._end_coalescing(self.device))
+                shared = WorkPending(self._backend._end_coalescing(self.device))
                 return [shared] * len(sends), [shared] * len(recvs)
             send_works = [self._backend.send([m.tensor], m.peer, m.tag) for m in sends]
             recv_works = [self._backend.recv([m.tensor], m.peer, m.tag) for m in recvs]
         except RuntimeError as error:
             raise TransportError(f"{self.name}: {error}") from error
-        return [_WorkPending(w) for w in send_works], [_WorkPending(w) for w in recv_works]
+        return [WorkPending(w) for w in send_works], [WorkPending(w) for w in recv_works]
 
     def close(self) -> None:
         """Shut the backend down."""

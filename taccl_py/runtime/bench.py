@@ -17,10 +17,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taccl_py.algorithm import Algorithm, Buffer
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import Executor, block_layout
 from taccl_py.runtime.transport import Message, Pending, Transport

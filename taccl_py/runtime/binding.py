@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from taccl_py.runtime.plan import RoundPlan, Span, Storage
+from taccl_py.runtime.rank_plan import RoundPlan, Span, Storage
 from taccl_py.runtime.transport import TAG_BASE, Message
 
 __all__ = ["BoundRound", "bind_rounds", "overlaps", "DEFAULT_SEGMENT_BYTES"]

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.collectives import Collective
-from taccl_py.dataflow import Dataflow, build_dataflow
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.dataflow import Dataflow, build_dataflow
 from taccl_py.errors import ArgumentError, TransportError
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor

@@ -1,7 +1,7 @@
 """Run one rank's part of an Algorithm on tensors: compile once, replay over a Transport.
 
 An :class:`Executor` is built for one (algorithm, rank, dtype, element count, device). It compiles
-the rank's :class:`~taccl_py.runtime.plan.RankPlan` (rounds of messages and chunk computations),
+the rank's :class:`~taccl_py.runtime.rank_plan.RankPlan` (rounds of messages and chunk computations),
 allocates the scratch, temporary and snapshot buffers, and on each call binds the plan to tensor
 views (cached per pair of user tensors) and replays it: per round, snapshot copies, all sends and
 receives posted together, then the receives waited in order with each reduction (torch, on whole
@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.collectives import Collective
-from taccl_py.dataflow import Dataflow
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.dataflow import Dataflow
 from taccl_py.errors import ArgumentError, TacclError, TransportError
 from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
-from taccl_py.runtime.plan import RankPlan, Storage, compile_rank_plan
+from taccl_py.runtime.rank_plan import RankPlan, Storage, compile_rank_plan
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
 __all__ = ["Executor", "SUPPORTED_DTYPES", "REDUCE_OPS", "block_layout"]
@@ -80,7 +80,7 @@ class Executor:
     Parameters
     ----------
     algorithm : Algorithm
-        A structurally sound algorithm (see :func:`taccl_py.dataflow.build_dataflow`).
+        A structurally sound algorithm (see :func:`taccl_py.ir.dataflow.build_dataflow`).
     rank : int
         This process's rank in the algorithm (the transport's rank).
     dtype : torch.dtype
@@ -94,7 +94,7 @@ class Executor:
     prepost_receives : bool
         Post receives a round early where safe, and a round's sends as soon as their data is
         final; only for transports whose ``independent_messages`` is True (see
-        :func:`~taccl_py.runtime.plan.compile_rank_plan` and :mod:`taccl_py.runtime.binding`).
+        :func:`~taccl_py.runtime.rank_plan.compile_rank_plan` and :mod:`taccl_py.runtime.binding`).
     segment_bytes : int, optional
         Cut longer messages into segments of at most this many bytes and reduce each segment as
         it arrives (see :mod:`taccl_py.runtime.binding`); every rank must use the same value.
@@ -118,8 +118,8 @@ class Executor:
     Examples
     --------
     >>> import threading
-    >>> from taccl_py.algorithm import Buffer
-    >>> from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+    >>> from taccl_py.ir.algorithm import Buffer
+    >>> from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
     >>> from taccl_py.runtime.transports.local import LocalHub
     >>> I, O = Buffer.INPUT, Buffer.OUTPUT
     >>> algo = lower_plan("ag2", Collective.ALLGATHER, 2, 2, [

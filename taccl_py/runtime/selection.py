@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.algorithm_library import AlgorithmLibrary, read_library, shipped_library_dir
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_dir
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 
 __all__ = ["Candidate", "AlgorithmChoices", "collect_algorithms", "collective_size_bytes"]
@@ -75,7 +75,7 @@ def _read_path(path: Path) -> list[Candidate]:
         return [c for item in found for c in _read_path(item)]
     if path.name.endswith(".library.json"):
         return _from_library(read_library(path), str(path))
-    from taccl_py.algorithm_io import read_any_algorithm  # imports the verifier; only when a file is given
+    from taccl_py.files import read_any_algorithm  # imports the verifier; only when a file is given
 
     algorithm = read_any_algorithm(path)
     return [Candidate(algorithm, algorithm.min_bytes, algorithm.max_bytes, str(path))]
@@ -99,7 +99,7 @@ def _topology_name(text: str) -> str | None:
     if (shipped_library_dir() / text).is_dir():
         return text
     try:
-        from taccl_py.topology.library import ALIASES, builtin_topology_names
+        from taccl_py.topology.builtins import ALIASES, builtin_topology_names
     except ImportError:  # the topology package is optional for the runtime
         return None
     name = ALIASES.get(text.lower(), text.lower())

@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.collectives import Collective, bus_factor
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective, bus_factor
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate.engine import ReplayOutcome, SimulationPlan, prepare_simulation, replay
 from taccl_py.simulate.result import LinkUsage, SimulationResult, TimelineRecord, resource_label, simulation_result_to_dict
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = [
     "LinkUsage",
@@ -30,7 +31,6 @@ __all__ = [
     "simulation_result_to_dict",
 ]
 
-_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e3 bytes/µs
 
 
 def _check_size(name: str, size_bytes: object) -> int:
@@ -62,7 +62,7 @@ def _timeline(plan: SimulationPlan, outcome: ReplayOutcome, chunk_bytes: float) 
 def _result(plan: SimulationPlan, size_bytes: int, outcome: ReplayOutcome, bound_time_us: float) -> SimulationResult:
     algorithm = plan.algorithm
     time_us = outcome.time_us
-    algbw = size_bytes / time_us / _BYTES_PER_US_PER_GBPS if time_us > 0 else math.inf
+    algbw = size_bytes / time_us / BYTES_PER_US_PER_GBPS if time_us > 0 else math.inf
     usage = tuple(
         LinkUsage(key, busy, busy / time_us if time_us > 0 else 0.0, moved)
         for key, busy, moved in zip(plan.link_keys, outcome.link_busy_us, outcome.link_bytes)
@@ -148,8 +148,8 @@ def simulate(
 
     Examples
     --------
-    >>> from taccl_py.lowering import Transfer, lower_plan
-    >>> from taccl_py.algorithm import Buffer
+    >>> from taccl_py.ir.lowering import Transfer, lower_plan
+    >>> from taccl_py.ir.algorithm import Buffer
     >>> from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
     >>> gpus = [Vertex(f"gpu{r}", VertexKind.GPU, rank=r) for r in range(2)]
     >>> links = [Link("gpu0", "gpu1", LinkKind.NVLINK, 1.0, 10.0), Link("gpu1", "gpu0", LinkKind.NVLINK, 1.0, 10.0)]

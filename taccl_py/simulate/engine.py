@@ -33,16 +33,16 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.dataflow import ActionKind, build_dataflow
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.dataflow import ActionKind, build_dataflow
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.topology.model import Topology, route
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["SimulationPlan", "ReplayOutcome", "prepare_simulation", "replay"]
 
 logger = logging.getLogger(__name__)
 
-_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/µs
 _START, _FINISH = 0, 1  # event kinds: a flow's bytes start moving / have all arrived
 # A flow never gets a rate below this fraction of its link's capacity: max-min shares are
 # positive in exact arithmetic, this only guards against float cancellation to 0.
@@ -113,7 +113,7 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
             for link in path.links:
                 if link.key not in link_index:
                     link_index[link.key] = len(link_capacity)
-                    link_capacity.append(link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+                    link_capacity.append(link.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
             route_index[pair] = len(route_alpha_us)
             route_alpha_us.append(path.alpha_us)
             route_links.append(tuple(link_index[link.key] for link in path.links))

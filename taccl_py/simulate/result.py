@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 
 __all__ = ["LinkUsage", "TimelineRecord", "SimulationResult", "simulation_result_to_dict", "resource_label"]
 
@@ -76,10 +76,6 @@ class SimulationResult:
     num_transfers: int
     link_usage: tuple[LinkUsage, ...]
     timeline: tuple[TimelineRecord, ...] | None = None
-
-    def usage_of(self, resource: tuple[str, str]) -> LinkUsage | None:
-        """Return the usage of link ``resource``, or None when the run never used it."""
-        return next((usage for usage in self.link_usage if usage.resource == resource), None)
 
 
 def _finite(value: float) -> float | None:

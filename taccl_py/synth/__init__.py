@@ -6,7 +6,7 @@ logical topology shaped by a communication sketch, for AllGather, ReduceScatter 
 best baseline's time beside it. For several sizes it also builds a library of size bands that
 keeps, per size, the fastest of the synthesized algorithms and the baselines
 (``taccl_py.synth.bands``). The stages live in ``logical``, ``routing``, ``ordering``,
-``scheduling``, ``plan`` and ``compose``; ``taccl_py.sketch`` reads sketches and derives one
+``scheduling``, ``plan`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
 automatically.
 """
 
@@ -17,11 +17,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.algorithm_library import AlgorithmLibrary
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.library import AlgorithmLibrary
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.sketch import Sketch, auto_sketch
+from taccl_py.synth.sketch import auto_sketch
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
 from taccl_py.synth.compose import Candidate, Chunking, synthesize_chunking
@@ -168,7 +169,7 @@ def synthesize(
         Several sizes (bytes): also build a library of size bands that keeps, per size, the
         fastest of the synthesized algorithms and the baselines.
     sketch : Sketch, optional
-        Hints (``taccl_py.sketch``); default ``auto_sketch(topology)``.
+        Hints (``taccl_py.synth.sketch``); default ``auto_sketch(topology)``.
     time_limit_s : float, optional
         MILP time budget (s) for the whole synthesis; default ``default_time_limit_s``.
     solver : {"highs", "cbc"}

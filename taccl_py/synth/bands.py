@@ -5,7 +5,7 @@ for the geometric middle of the sizes that proposed it, and simulated at every s
 best baseline of each size. Each size takes the fastest exportable algorithm; neighbouring sizes
 with the same winner share a band, and band boundaries sit at the geometric middle between the
 sizes on either side. ``write_library`` writes the library JSON with one algorithm JSON and one
-MSCCL XML per band beside it (``taccl_py.algorithm_library``'s format).
+MSCCL XML per band beside it (``taccl_py.ir.library``'s format).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from pathlib import Path
 
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
-from taccl_py.algorithm import Algorithm, generate_algorithm_json
-from taccl_py.algorithm_library import AlgorithmLibrary, SizeBand, generate_library
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.algorithm_json import generate_algorithm_json
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
+from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.candidates import geometric_middle
 

@@ -13,8 +13,8 @@ import logging
 import math
 from collections.abc import Sequence
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.compose import Chunking

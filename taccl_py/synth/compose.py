@@ -1,7 +1,7 @@
 """Compose the three stages into a verified algorithm for one collective and one chunking.
 
 AllGather runs routing -> ordering -> scheduling on the logical graph. ReduceScatter runs them on
-the reversed graph and turns the schedule around in time (``taccl_py.synth.plan``). AllReduce is
+the reversed graph and turns the schedule around in time (``taccl_py.synth.lower_schedule``). AllReduce is
 ReduceScatter followed by AllGather in one program, the reduced pieces of the first feeding the
 second. Every algorithm is checked with ``check_algorithm`` before it is returned.
 """
@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taccl_py.algorithm import Algorithm
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.plan import lower_schedule
+from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
 from taccl_py.synth.solver import SolverOptions
@@ -58,11 +58,6 @@ class Candidate:
     schedules: tuple[Schedule, ...]
     routing_status: str
     wall_s: float
-
-    @property
-    def predicted_time_us(self) -> float:
-        """Return the schedule's own makespan at the design size (µs; sum of phases for AllReduce)."""
-        return sum(s.makespan_us for s in self.schedules)
 
 
 def _phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGraph, ...]:

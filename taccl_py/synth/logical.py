@@ -4,7 +4,7 @@ A ``LogicalLink`` u -> v stands for the physical route ``route(topology, u, v)``
 the links'), its bottleneck bandwidth, and the physical links it holds (``resources``, with their
 own bandwidths), so that transfers sharing a NIC, a PCIe link or an NVSwitch port are charged to
 the same resource. Which pairs become logical links is the sketch's business
-(``taccl_py.sketch``): inside a machine direct links and switch routes; across machines only
+(``taccl_py.synth.sketch``): inside a machine direct links and switch routes; across machines only
 between the relay GPUs the sketch (or NIC affinity) names, and only for chunks that start in the
 sending machine (forwarding a chunk through a third machine never lowers any NIC's load in an
 AllGather over a non-blocking network).
@@ -21,14 +21,19 @@ from collections import deque
 from dataclasses import dataclass, replace
 
 from taccl_py.errors import InfeasibleError, SketchError, TopologyError
-from taccl_py.sketch import AUTO_MIN_BANDWIDTH_FRACTION, IntranodeStrategy, Sketch, SwitchPolicy, check_sketch, rotate_rank
+from taccl_py.synth.sketch import check_sketch
+from taccl_py.synth.sketch_model import IntranodeStrategy, Sketch, SwitchPolicy, rotate_rank
 from taccl_py.topology.model import Topology, route
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["LogicalLink", "LogicalGraph", "build_logical_graph", "symmetry_group"]
 
+# Routes within this fraction of a GPU's best intra-node bandwidth join the automatic logical
+# topology: a PCIe hop at 12 GB/s beside 43 GB/s NVLinks would only add latency and contention.
+AUTO_MIN_BANDWIDTH_FRACTION = 0.5
+
 logger = logging.getLogger(__name__)
 
-_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e3 bytes/µs
 _COST_TOLERANCE = 1e-6  # relative: link costs this close count as equal for symmetry
 
 Resource = tuple[str, str]
@@ -54,7 +59,7 @@ class LogicalLink:
 
     def time_us(self, size_bytes: float) -> float:
         """Return α + size / bandwidth (µs) for ``size_bytes`` alone on this path."""
-        return self.alpha_us + size_bytes / (self.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+        return self.alpha_us + size_bytes / (self.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
 
     def allows(self, root: int) -> bool:
         """Return True when chunks of ``root`` may use this link."""
@@ -84,22 +89,6 @@ class LogicalGraph:
         for i, link in enumerate(self.links):
             out[link.src].append(i)
         return tuple(tuple(x) for x in out)
-
-    @functools.cached_property
-    def in_links(self) -> tuple[tuple[int, ...], ...]:
-        """Return, per rank, the indices of the links entering it."""
-        into: list[list[int]] = [[] for _ in range(self.num_ranks)]
-        for i, link in enumerate(self.links):
-            into[link.dst].append(i)
-        return tuple(tuple(x) for x in into)
-
-    @functools.cached_property
-    def resource_bandwidth(self) -> dict[Resource, float]:
-        """Return the bandwidth (GB/s) of every resource some link holds."""
-        out: dict[Resource, float] = {}
-        for link in self.links:
-            out.update(zip(link.resources, link.resource_bandwidths_GBps))
-        return out
 
     @functools.cached_property
     def group(self) -> tuple[tuple[int, ...], ...]:
@@ -250,7 +239,7 @@ def build_logical_graph(topology: Topology, sketch: Sketch) -> LogicalGraph:
     unreachable.
 
     >>> from taccl_py.topology import load_topology
-    >>> from taccl_py.sketch import Sketch
+    >>> from taccl_py.synth.sketch_model import Sketch
     >>> g = build_logical_graph(load_topology("ndv2"), Sketch())
     >>> len(g.links), g.rotations
     (32, ((4, 8),))

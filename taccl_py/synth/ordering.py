@@ -9,10 +9,8 @@ serves its work in order at its own bandwidth (port serialisation on switches;
 ``occupy_resources``).
 
 Sends of one rank whose routes start on the same physical link wait in one queue
-(``send_lane``) served by ``lane_width`` channels; more channels hide one send's α behind
-another's bytes, but the simulator then shares the port between them while this model queues
-their bytes, so both settings are candidates. Whenever a queue can start its next send, it takes, among the pieces already at its source, the
-one with the longest remaining path below the link's far end (TACCL's rule), earlier pieces
+(``send_lane``) served one send at a time, so the NIC carries them in the schedule's order. Whenever
+a queue can start its next send, it takes, among the pieces already at its source, the one with the longest remaining path below the link's far end (TACCL's rule), earlier pieces
 first on ties. On a latency-bound link (α above a piece's transfer time) the other pieces
 already waiting for the same link travel with it as one transfer. Queues are served in order
 of their earliest possible start, so no resource idles while a send could use it.
@@ -26,12 +24,12 @@ from dataclasses import dataclass, field
 
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
 from taccl_py.synth.routing import Routing, chunk_symmetry
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["Send", "Ordering", "order_sends", "remaining_path_us", "occupy_resources", "is_slow_link", "send_lane"]
 
 logger = logging.getLogger(__name__)
 
-_BYTES_PER_US_PER_GBPS = 1e3
 _EPS_US = 1e-9
 # Most pieces one transfer of a latency-bound link carries (MSCCL allows at most 71 per step).
 MAX_BATCH = 64
@@ -42,7 +40,7 @@ class Send:
     """Piece ``piece`` of chunk ``chunk`` crossing logical link ``link`` from ``start_us`` to ``end_us``.
 
     ``parent`` is the index of the send that brought the piece to the link's source (None at
-    the chunk's root); ``lane`` the (queue, channel) it waited in (``send_lane``); ``batch``
+    the chunk's root); ``lane`` the queue it waited in (``send_lane``); ``batch``
     the index of the first send of the transfer it travels in (several ready pieces of a
     latency-bound link leave together).
     """
@@ -53,7 +51,6 @@ class Send:
     start_us: float
     end_us: float
     parent: int | None
-    channel: int = 0
     lane: tuple = ()
     batch: int | None = None
 
@@ -66,7 +63,6 @@ class Ordering:
     pieces: int
     piece_bytes: float
     sends: tuple[Send, ...]
-    lane_width: int = 1
 
     @property
     def makespan_us(self) -> float:
@@ -76,15 +72,15 @@ class Ordering:
 
 def is_slow_link(link: LogicalLink, piece_bytes: float) -> bool:
     """Return True for a link across machines, or one whose α exceeds a piece's transfer time."""
-    return link.internode or link.alpha_us >= piece_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+    return link.internode or link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
 
 
 def send_lane(graph: LogicalGraph, link: int) -> tuple:
     """Return the key of the queue a link's sends wait in.
 
     A rank's links to other machines whose routes start on the same physical link (the uplink
-    toward its NIC) share one queue: the plan chains their sends (``taccl_py.synth.plan``) so
-    that the NIC carries them one (or ``lane_width``) at a time in the schedule's order instead
+    toward its NIC) share one queue: the plan chains their sends (``taccl_py.synth.lower_schedule``) so
+    that the NIC carries them one at a time in the schedule's order instead
     of all at once at a fraction of its bandwidth each. Every other link is its own queue, one
     threadblock: chaining a switch port's sends to different peers would let one congested
     peer block the port.
@@ -117,7 +113,7 @@ _Item = tuple[float, tuple, int, int, int, int]  # (ready, priority key, piece, 
 class _Queue:
     """Sends waiting for one lane: not yet ready (heap by ready time) and ready (heap by priority)."""
 
-    free: list[float]
+    free: float
     future: list[_Item] = field(default_factory=list)
     ready: list[tuple[float, int, int, int, int, float]] = field(default_factory=list)
 
@@ -127,9 +123,9 @@ class _Queue:
     def earliest(self) -> float | None:
         """Return when the lane can start its next send (µs), None when nothing waits."""
         if self.ready:  # moved there when they were ready at a start no later than now
-            return min(self.free)
+            return self.free
         if self.future:
-            return max(min(self.free), self.future[0][0])
+            return max(self.free, self.future[0][0])
         return None
 
     def pop(self, start: float) -> _Item:
@@ -170,9 +166,9 @@ def occupy_resources(link: LogicalLink, start_us: float, size_bytes: float, res_
     busy while it has work, as the simulator's fluid sharing does.
     """
     bytes_start = start_us + link.alpha_us
-    end = bytes_start + size_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+    end = bytes_start + size_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
     for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-        done = max(res_free.get(res, 0.0), bytes_start) + size_bytes / (bw * _BYTES_PER_US_PER_GBPS)
+        done = max(res_free.get(res, 0.0), bytes_start) + size_bytes / (bw * BYTES_PER_US_PER_GBPS)
         res_free[res] = done
         end = max(end, done)
     return end
@@ -181,13 +177,12 @@ def occupy_resources(link: LogicalLink, start_us: float, size_bytes: float, res_
 def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item], piece_bytes: float) -> list[Send]:
     """Time ``items`` (all on one link) as one transfer in ``lane`` and record their sends."""
     l = items[0][4]
-    free = state.queues[lane].free
-    channel = min(range(len(free)), key=free.__getitem__)
-    start = max(max(item[0] for item in items), free[channel])
+    queue = state.queues[lane]
+    start = max(max(item[0] for item in items), queue.free)
     end = occupy_resources(graph.links[l], start, piece_bytes * len(items), state.res_free)
-    free[channel] = end
+    queue.free = end
     first = len(state.sends)
-    sends = [Send(chunk, piece, l, start, end, None if parent < 0 else parent, channel, (lane, channel), first) for _, _, piece, chunk, _, parent in items]
+    sends = [Send(chunk, piece, l, start, end, None if parent < 0 else parent, lane, first) for _, _, piece, chunk, _, parent in items]
     state.sends.extend(sends)
     return sends
 
@@ -232,10 +227,8 @@ def _relist(heap: list[tuple[float, tuple]], listed: dict[tuple, float], lane: t
     heapq.heappush(heap, (earliest, lane))
 
 
-def order_sends(routing: Routing, pieces: int, piece_bytes: float, lane_width: int = 1) -> Ordering:
+def order_sends(routing: Routing, pieces: int, piece_bytes: float) -> Ordering:
     """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
-
-    ``lane_width`` channels serve each shared queue (``send_lane``); a link of its own has one.
 
     Notes
     -----
@@ -244,8 +237,8 @@ def order_sends(routing: Routing, pieces: int, piece_bytes: float, lane_width: i
     graph = routing.graph
     children, priority = _trees(routing, piece_bytes)
     lane_of = list(_lanes(graph))
-    latency_bound = [link.alpha_us >= piece_bytes / (link.bandwidth_GBps * _BYTES_PER_US_PER_GBPS) for link in graph.links]
-    state = _State({lane: _Queue([0.0] * (lane_width if lane[0] != "link" else 1)) for lane in lane_of}, {}, [])
+    latency_bound = [link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links]
+    state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [])
     for c in range(len(routing.trees)):
         for l in children[c].get(routing.root(c), []):
             for j in range(pieces):
@@ -277,4 +270,4 @@ def order_sends(routing: Routing, pieces: int, piece_bytes: float, lane_width: i
                 target.push((send.end_us, priority[send.chunk][nxt], send.piece, send.chunk, nxt, base + offset))
                 _relist(heap, listed, lane_of[nxt], target)
         _relist(heap, listed, lane, queue)
-    return Ordering(routing, pieces, piece_bytes, tuple(state.sends), lane_width)
+    return Ordering(routing, pieces, piece_bytes, tuple(state.sends))

@@ -36,15 +36,15 @@ from dataclasses import dataclass
 
 import pulp
 
-from taccl_py.sketch import SwitchPolicy
+from taccl_py.synth.sketch_model import SwitchPolicy
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
 from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["Routing", "ChunkSymmetry", "chunk_symmetry", "route_chunks", "route_candidates", "greedy_routing", "greedy_routings", "routing_objective_us"]
 
 logger = logging.getLogger(__name__)
 
-_BYTES_PER_US_PER_GBPS = 1e3
 # Latency/load trade-offs the greedy router tries (µs of path latency per µs of resource load).
 GREEDY_LOAD_WEIGHTS = (0.0, 0.25, 1.0, 4.0)
 # Greedy routings ordered beside the MILP's (each costs an ordering pass).
@@ -118,7 +118,7 @@ def _load_coefficients(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, ch
             key = (rep, graph.index[(inv[link.src], inv[link.dst])])
             for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
                 row = loads.setdefault(res, {})
-                row[key] = row.get(key, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS)
+                row[key] = row.get(key, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
     return loads
 
 
@@ -132,7 +132,7 @@ def routing_objective_us(graph: LogicalGraph, trees: tuple[tuple[int, ...], ...]
             link = graph.links[l]
             arrival[link.dst] = arrival[link.src] + link.time_us(piece_bytes)
             for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-                load[res] = load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS)
+                load[res] = load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
         deepest = max(deepest, max(arrival.values()))
     return max(load.values(), default=0.0) + deepest
 
@@ -141,7 +141,7 @@ def routing_objective_us(graph: LogicalGraph, trees: tuple[tuple[int, ...], ...]
 
 def _greedy_key(link: LogicalLink, start_us: float, load: dict[Resource, float], weight: float, chunk_bytes: float, piece_bytes: float) -> float:
     """Return the Prim key of ``link``: arrival over it plus ``weight`` times its busiest resource's load."""
-    busy = max(load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS) for res, bw in zip(link.resources, link.resource_bandwidths_GBps))
+    busy = max(load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS) for res, bw in zip(link.resources, link.resource_bandwidths_GBps))
     return start_us + link.time_us(piece_bytes) + weight * busy
 
 
@@ -180,7 +180,7 @@ def _greedy_tree(graph: LogicalGraph, root: int, load: dict[Resource, float], we
 
 def _add_load(load: dict[Resource, float], link: LogicalLink, chunk_bytes: float) -> None:
     for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-        load[res] = load.get(res, 0.0) + chunk_bytes / (bw * _BYTES_PER_US_PER_GBPS)
+        load[res] = load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
 
 
 def _greedy_trees(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, weight: float, chunk_bytes: float, piece_bytes: float) -> dict[int, tuple[int, ...]]:

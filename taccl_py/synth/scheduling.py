@@ -34,12 +34,12 @@ import pulp
 from taccl_py.synth.ordering import Ordering, is_slow_link, occupy_resources
 from taccl_py.synth.routing import Routing
 from taccl_py.synth.solver import SolverOptions, solve_model
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["Schedule", "schedule_sends", "replay_groups", "MAX_MILP_SENDS"]
 
 logger = logging.getLogger(__name__)
 
-_BYTES_PER_US_PER_GBPS = 1e3
 # The contiguity MILP has ~(2 + resources per link) rows per send; beyond this many sends pulp's
 # model building alone would take seconds, and the greedy rule is used instead.
 MAX_MILP_SENDS = 600
@@ -185,7 +185,7 @@ def _resource_pairs(ordering: Ordering) -> list[tuple[int, int, float]]:
             if a is not None and ordering.sends[a].lane != send.lane:
                 a_link = graph.links[ordering.sends[a].link]
                 a_bw = dict(zip(a_link.resources, a_link.resource_bandwidths_GBps))[res]
-                busy = ordering.piece_bytes / (a_bw * _BYTES_PER_US_PER_GBPS)
+                busy = ordering.piece_bytes / (a_bw * BYTES_PER_US_PER_GBPS)
                 out[(a, i)] = max(out.get((a, i), 0.0), busy)
     return [(a, b, busy) for (a, b), busy in out.items()]
 
@@ -224,7 +224,7 @@ def _contiguity_milp(
         if k is None:
             prob += s[i] >= f[a], f"link_{i}"
             continue
-        byte_time = ordering.piece_bytes / (graph.links[send.link].bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+        byte_time = ordering.piece_bytes / (graph.links[send.link].bandwidth_GBps * BYTES_PER_US_PER_GBPS)
         prob += s[i] >= f[a] - horizon * m[k], f"link_{i}"
         prob += s[a] >= s[i] - horizon * (1 - m[k]), f"together_{i}"
         prob += f[i] >= f[a] + byte_time - horizon * (1 - m[k]), f"stream_{i}"

@@ -13,7 +13,7 @@ from taccl_py.topology.importers import (
     parse_nvidia_smi_topo,
     parse_taccl_profile,
 )
-from taccl_py.topology.library import builtin_topology_names, load_topology
+from taccl_py.topology.builtins import builtin_topology_names, load_topology
 from taccl_py.topology.model import (
     Link,
     LinkKind,

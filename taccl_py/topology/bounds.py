@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import networkx as nx
 from networkx.algorithms.flow import build_residual_network, preflow_push
 
-from taccl_py.collectives import Collective
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Link, LinkKind, Topology, VertexKind, route
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["CutBound", "LowerBound", "binding_cut", "latency_floor_us", "lower_bound", "lower_bounds"]
 
-_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e3 bytes/µs
 # Relative slack when comparing a min-cut value with x * N: capacities are floats and the
 # preflow sums them in a different order than the ratio does.
 _REL_TOL = 1e-9
@@ -60,7 +60,7 @@ class CutBound:
         """Return (size / N) * |GPUs in S| / capacity in µs (0 for one GPU)."""
         if not self.cut_gpus:
             return 0.0
-        return float(size_bytes / num_ranks * self.cut_gpus / (self.capacity_GBps * _BYTES_PER_US_PER_GBPS))
+        return float(size_bytes / num_ranks * self.cut_gpus / (self.capacity_GBps * BYTES_PER_US_PER_GBPS))
 
 
 @dataclass(frozen=True)

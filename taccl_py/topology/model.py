@@ -15,6 +15,7 @@ from enum import Enum
 import networkx as nx
 
 from taccl_py.errors import ArgumentError, TopologyError
+from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = [
     "VertexKind",
@@ -31,7 +32,6 @@ __all__ = [
 # Routes are chosen as shortest paths under alpha_us + ROUTE_REFERENCE_BYTES / bandwidth: at 1 MB
 # both terms matter, so a low-latency PCIe hop does not win over a fast NVLink one.
 ROUTE_REFERENCE_BYTES = 1_000_000
-_BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e9 B/s = 1e3 B/µs
 
 
 class VertexKind(str, Enum):
@@ -101,12 +101,12 @@ class Link:
 
     def time_us(self, size_bytes: float) -> float:
         """Return the time (µs) to send ``size_bytes`` over this link alone."""
-        return self.alpha_us + size_bytes / (self.bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+        return self.alpha_us + size_bytes / (self.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
 
 
 def transfer_time_us(alpha_us: float, bandwidth_GBps: float, size_bytes: float) -> float:
     """Return α + size / bandwidth in µs for ``size_bytes`` at ``bandwidth_GBps`` (per direction)."""
-    return alpha_us + size_bytes / (bandwidth_GBps * _BYTES_PER_US_PER_GBPS)
+    return alpha_us + size_bytes / (bandwidth_GBps * BYTES_PER_US_PER_GBPS)
 
 
 @dataclass(frozen=True)

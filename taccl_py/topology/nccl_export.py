@@ -48,6 +48,7 @@ from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind
 from taccl_py.topology.rates import DEFAULT_NET_BANDWIDTH_GBPS, NCCL_PCI_BW_GBPS, PCI_GEN_LANE_100MBPS, pcie_bw_GBps
+from taccl_py.units import MBPS_PER_GBPS
 
 __all__ = ["DEFAULT_SM", "generate_nccl_topology_xml", "write_nccl_topology_xml"]
 
@@ -60,7 +61,6 @@ _CLASS_IB = "0x020700"
 _CLASS_ETHERNET = "0x020000"
 _TCLASS_GPU = "0x030200"
 _TCLASS_NVSWITCH = "0x068000"
-_MBPS_PER_GBPS = 8000  # NCCL: speed Mb/s / 8000 = GB/s
 _MAXCONN = 131072  # what ConnectX NICs report in NCCL dumps
 _WIDTHS = (16, 8, 4, 2, 1)
 # (inter-socket GB/s NCCL assumes, vendor, familyid, modelid): NVIDIA/nccl src/graph/topo.cc
@@ -232,7 +232,7 @@ def _nvlinks_from(topology: Topology, name: str) -> list[Link]:
 def _nic_lines(nic: Vertex, pad: str) -> list[str]:
     index = nic.local_index if nic.local_index is not None else 0
     name = f"eth{index}" if nic.net_kind is LinkKind.ETHERNET else f"mlx5_{index}"
-    speed = round((nic.net_bandwidth_GBps or DEFAULT_NET_BANDWIDTH_GBPS) * _MBPS_PER_GBPS)
+    speed = round((nic.net_bandwidth_GBps or DEFAULT_NET_BANDWIDTH_GBPS) * MBPS_PER_GBPS)
     latency = nic.net_alpha_us or 0.0
     net = (
         f'<net name={quoteattr(name)} dev="{index}" speed="{speed}" port="1" latency="{latency:.6f}" '

@@ -17,13 +17,15 @@ import torch.distributed as dist
 from taccl_py.errors import TransportError
 from taccl_py.runtime.transport import Message, Pending, Transport
 
-__all__ = ["TorchDistTransport", "SUPPORTED_BACKENDS"]
+__all__ = ["SUPPORTED_BACKENDS", "TorchDistTransport", "WorkPending", "first_error_line"]
 
 #: torch.distributed backends whose point-to-point operations this transport drives.
 SUPPORTED_BACKENDS = ("gloo", "nccl")
 
 
-class _WorkPending(Pending):
+class WorkPending(Pending):
+    """A message in flight as a torch.distributed ``Work`` (gloo, NCCL, or a taccl group's inner backend)."""
+
     __slots__ = ("work",)
 
     def __init__(self, work: Any) -> None:
@@ -33,12 +35,13 @@ class _WorkPending(Pending):
         try:
             completed = self.work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as error:  # gloo and NCCL report peer failures and timeouts this way
-            raise TransportError(_first_line(error)) from error
+            raise TransportError(first_error_line(error)) from error
         if completed is False:
             raise TransportError(f"not complete after {timeout_s:g} s")
 
 
-def _first_line(error: BaseException) -> str:
+def first_error_line(error: BaseException) -> str:
+    """Return the first line of ``error``'s message (torch's are often pages of C++ context)."""
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 
@@ -100,15 +103,15 @@ class TorchDistTransport(Transport):
             send_works = [dist.isend(m.tensor, self._global[m.peer], self.group, m.tag) for m in sends]
             recv_works = [dist.irecv(m.tensor, self._global[m.peer], self.group, m.tag) for m in recvs]
         except RuntimeError as error:
-            raise TransportError(_first_line(error)) from error
-        return [_WorkPending(w) for w in send_works], [_WorkPending(w) for w in recv_works]
+            raise TransportError(first_error_line(error)) from error
+        return [WorkPending(w) for w in send_works], [WorkPending(w) for w in recv_works]
 
     def _post_batched(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[list[Pending], list[Pending]]:
         ops = [dist.P2POp(dist.isend, m.tensor, self._global[m.peer], self.group, m.tag) for m in sends]
         ops += [dist.P2POp(dist.irecv, m.tensor, self._global[m.peer], self.group, m.tag) for m in recvs]
         works = dist.batch_isend_irecv(ops) if ops else []
         if len(works) != len(ops):  # some torch versions return one work for the whole batch
-            shared = _WorkPending(works[-1]) if works else None
+            shared = WorkPending(works[-1]) if works else None
             return [shared] * len(sends), [shared] * len(recvs)
-        pendings = [_WorkPending(w) for w in works]
+        pendings = [WorkPending(w) for w in works]
         return pendings[: len(sends)], pendings[len(sends):]

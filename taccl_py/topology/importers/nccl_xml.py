@@ -48,6 +48,7 @@ from taccl_py.topology.rates import (
     net_kind_from_name,
     pcie_bw_GBps,
 )
+from taccl_py.units import MBPS_PER_GBPS
 
 __all__ = ["parse_nccl_topology_xml"]
 
@@ -63,7 +64,6 @@ _CLASS_RE = re.compile(r"^0x[0-9a-fA-F]{6}$")
 _BUSID_RE = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")
 _SPEED_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*GT/s(\s+PCIe)?\s*$")
 _NCCL_NO_SPEED_MBPS = 10000  # ncclTopoAddNet: "Some NICs define speed = -1"
-_MBPS_PER_GBPS = 8000.0  # Mb/s -> GB/s, as ncclTopoAddNet's mbps / 8000.0
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def _add_nic(nic: _Element, busid: str | None, pci_class: str, parent: str, sock
             kind = net_kind_from_name(name)
         mbps = speed if speed > 0 else _NCCL_NO_SPEED_MBPS
         collected.devices.append(_Device(VertexKind.NIC, parent, pcie_GBps, socket, net.line, busid, dev,
-                                         net_name=name, net_kind=kind, net_GBps=mbps / _MBPS_PER_GBPS,
+                                         net_name=name, net_kind=kind, net_GBps=mbps / MBPS_PER_GBPS,
                                          net_alpha_us=latency_us or DEFAULT_NET_ALPHA_US))
 
 

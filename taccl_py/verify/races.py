@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from taccl_py.dataflow import Action, Dataflow
+from taccl_py.ir.dataflow import Action, Dataflow
 from taccl_py.errors import Violation
 
 __all__ = ["AccessLog", "find_races", "happens_before_clocks"]

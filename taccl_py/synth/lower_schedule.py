@@ -35,9 +35,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from taccl_py.algorithm import Algorithm, Buffer, Step
-from taccl_py.collectives import Collective
-from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.algorithm import Algorithm, Buffer, Step
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.synth.scheduling import Schedule
 
 __all__ = ["TimedItem", "MAX_SENDS_PER_THREADBLOCK", "lower_schedule"]
@@ -79,9 +79,9 @@ def _per_rank(schedule: Schedule) -> int:
 
 
 def _serial_key(schedule: Schedule, send_index: int) -> tuple:
-    """Return the (queue, channel) a send is chained in, or () for a link of its own."""
+    """Return the queue a send is chained in, or () for a link of its own."""
     lane = schedule.ordering.sends[send_index].lane
-    return (lane,) if lane and lane[0][0] == "hop" else ()
+    return (lane,) if lane and lane[0] == "hop" else ()
 
 
 def _contiguous(slots: Sequence[Slot]) -> bool:
@@ -144,7 +144,7 @@ def allgather_items(schedule: Schedule, scratch: _Scratch, *, output_only: bool 
             srcs.append((Buffer.INPUT, g - root * per_rank) if link.src == root and not output_only else (Buffer.OUTPUT, g))
             dsts.append((Buffer.OUTPUT, g))
         times = (offset_us + schedule.start_us[group[0]], offset_us + schedule.end_us[group[0]])
-        ranks = (link.src, link.dst, sends[group[0]].channel)
+        ranks = (link.src, link.dst, 0)
         items.extend(_group_items(ranks, srcs, dsts, False, times, _serial_key(schedule, group[0]), scratch))
     return items
 
@@ -179,7 +179,7 @@ def reduction_items(schedule: Schedule, scratch: _Scratch, accumulate: Buffer, o
             srcs.append(home(c, link.dst, g))
             dsts.append(home(c, link.src, g))
         times = (horizon - schedule.end_us[group[0]], horizon - schedule.start_us[group[0]])
-        ranks = (link.dst, link.src, sends[group[0]].channel)
+        ranks = (link.dst, link.src, 0)
         items.extend(_group_items(ranks, srcs, dsts, True, times, _serial_key(schedule, group[0]), scratch))
     return items
 

@@ -17,7 +17,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from enum import Enum
 
-from taccl_py.algorithm import Algorithm, Buffer, OpType, Step, Threadblock
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step, Threadblock
 from taccl_py.errors import Violation
 
 __all__ = ["ActionKind", "Region", "Action", "Dataflow", "build_dataflow"]

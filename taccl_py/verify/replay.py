@@ -1,7 +1,7 @@
 """Check that an Algorithm implements its collective, by symbolic replay of its dataflow.
 
 Every chunk of every buffer holds a symbolic value: a ``Contribution`` (the sorted (rank, input
-index) pairs summed into it, see ``taccl_py.collectives``) or None while nothing wrote it. Input
+index) pairs summed into it, see ``taccl_py.ir.collectives``) or None while nothing wrote it. Input
 chunks start from ``initial_value`` at ``input_slot`` (in-place collectives alias the buffers);
 output and scratch chunks start empty. The actions of ``build_dataflow`` are replayed in round
 order (``Dataflow.actions_in_round_order``): a SEND snapshots its source when issued, a RECV
@@ -12,7 +12,7 @@ Faults are ``Violation`` records: the dataflow's structural ones (unmatched send
 size mismatch, out of bounds, bad dependency, deadlock) and, when the structure is sound,
 "uninitialized read", "double reduction", "reduction in non-reducing collective",
 "wrong result" and "race" (two threadblocks of a rank touching a chunk, at least one writing,
-with no happens-before path between them; see ``taccl_py.happens_before``).
+with no happens-before path between them; see ``taccl_py.verify.races``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from taccl_py.algorithm import Algorithm, Buffer, input_slot, output_slot
-from taccl_py.collectives import Contribution, expected_output, initial_value
-from taccl_py.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
+from taccl_py.ir.algorithm import Algorithm, Buffer, input_slot, output_slot
+from taccl_py.ir.collectives import Contribution, expected_output, initial_value
+from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
 from taccl_py.errors import VerificationError, Violation
-from taccl_py.happens_before import AccessLog, find_races
+from taccl_py.verify.races import AccessLog, find_races
 
 __all__ = ["VerificationReport", "verify_algorithm", "check_algorithm", "describe_value"]
 
@@ -283,8 +283,8 @@ def verify_algorithm(algorithm: Algorithm) -> VerificationReport:
 
     Examples
     --------
-    >>> from taccl_py.collectives import Collective
-    >>> from taccl_py.lowering import Transfer, lower_plan
+    >>> from taccl_py.ir.collectives import Collective
+    >>> from taccl_py.ir.lowering import Transfer, lower_plan
     >>> plan = [Transfer(0, 1, (Buffer.INPUT, 0), (Buffer.OUTPUT, 0)),
     ...         Transfer(1, 0, (Buffer.INPUT, 0), (Buffer.OUTPUT, 1))]
     >>> report = verify_algorithm(lower_plan("half", Collective.ALLGATHER, 2, 2, plan))

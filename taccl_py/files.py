@@ -12,7 +12,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from taccl_py._io import read_text, write_text_atomic
-from taccl_py.algorithm import Algorithm, generate_algorithm_json, parse_algorithm_json
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json
 from taccl_py.errors import ArgumentError
 from taccl_py.msccl import Dialect, generate_msccl_xml, looks_like_msccl_xml, parse_msccl_xml
 from taccl_py.verify import check_algorithm

@@ -1,6 +1,6 @@
 """Compile one rank's part of an Algorithm into a flat, replayable plan of rounds (chunk units).
 
-The plan follows the round semantics of :mod:`taccl_py.dataflow`: in round L a rank issues its
+The plan follows the round semantics of :mod:`taccl_py.ir.dataflow`: in round L a rank issues its
 SENDs of round L (their source as it is at the start of the round), posts its RECVs of round L,
 waits for them, then runs its COMPUTEs of round L in topological order. A RECV may meet a SEND its
 peer issued in an earlier round. The dataflow's sends are buffered; real transports (NCCL above
@@ -31,9 +31,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from enum import Enum
 
-from taccl_py.algorithm import Algorithm, Buffer
-from taccl_py.collectives import Collective
-from taccl_py.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
 from taccl_py.errors import ArgumentError, VerificationError
 
 __all__ = ["Storage", "Span", "WireOp", "ComputeOp", "RoundPlan", "RankPlan", "compile_rank_plan"]
@@ -248,7 +248,7 @@ def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None
 
     Examples
     --------
-    >>> from taccl_py.lowering import LocalCopy, Transfer, lower_plan
+    >>> from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
     >>> I, O = Buffer.INPUT, Buffer.OUTPUT
     >>> algo = lower_plan("ag2", Collective.ALLGATHER, 2, 2, [
     ...     LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1)),

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taccl_py._io import read_text
-from taccl_py.algorithm import Algorithm, read_algorithm
-from taccl_py.collectives import Collective
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.algorithm_json import read_algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.errors import FormatError
 
 __all__ = [
@@ -120,7 +121,7 @@ def generate_library(library: AlgorithmLibrary) -> str:
 
 def shipped_library_dir() -> Path:
     """Return the ``algorithms/`` directory of the source tree."""
-    return Path(__file__).resolve().parents[1] / "algorithms"
+    return Path(__file__).resolve().parents[2] / "algorithms"
 
 
 def shipped_library_paths(topology: str, nodes: int) -> tuple[Path, ...]:

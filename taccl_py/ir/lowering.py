@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from taccl_py.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.collectives import Collective, chunk_layout
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective, chunk_layout
 from taccl_py.errors import ArgumentError
 
 __all__ = ["Transfer", "LocalCopy", "lower_plan"]

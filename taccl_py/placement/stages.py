@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from taccl_py.errors import ArgumentError
-from taccl_py.placement_chains import ChainTable, exact_chains, heuristic_chains, path_cost
+from taccl_py.placement.chains import ChainTable, exact_chains, heuristic_chains, path_cost
 from taccl_py.topology.model import Topology, route
 
 __all__ = [

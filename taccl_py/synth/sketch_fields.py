@@ -1,0 +1,115 @@
+"""Field readers shared by the two sketch file formats; each raises ``SketchError`` naming the field."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Any
+
+from taccl_py.errors import SketchError
+from taccl_py.synth.sketch_model import IntranodeStrategy, SwitchPolicy
+
+__all__ = [
+    "connections_field",
+    "enum_field",
+    "int_field",
+    "int_key",
+    "int_list",
+    "intranode_field",
+    "json_object",
+    "relay_roots_field",
+    "symmetry_field",
+]
+
+
+def int_field(value: Any, source: str, field: str, minimum: int = 0) -> int:
+    """Return ``value`` as an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SketchError(source, field, f"{value!r} is not an integer >= {minimum}", f"an integer >= {minimum}")
+    return value
+
+
+def int_key(value: Any, source: str, field: str) -> int:
+    """Return a JSON object key (a string such as ``"0"``) as a local GPU id."""
+    try:
+        return int_field(int(value), source, field)
+    except (TypeError, ValueError):
+        raise SketchError(source, field, f"key {value!r} is not a GPU id", "a local GPU id such as \"0\"") from None
+
+
+def int_list(value: Any, source: str, field: str) -> tuple[int, ...]:
+    """Return a JSON list of local GPU ids as a tuple."""
+    if not isinstance(value, list):
+        raise SketchError(source, field, f"{value!r} is not a list", "a list of local GPU ids")
+    return tuple(int_field(item, source, f"{field}[{index}]") for index, item in enumerate(value))
+
+
+def enum_field(kind: type[Enum], value: Any, source: str, field: str) -> Any:
+    """Return the member of ``kind`` whose value is ``value``."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in kind)
+        raise SketchError(source, field, f"unknown value {value!r}", f"one of {allowed}") from None
+
+
+def symmetry_field(value: Any, source: str, field: str) -> tuple[tuple[int, int], ...]:
+    """Return a list of [offset, group size] rotations as pairs."""
+    if not isinstance(value, list):
+        raise SketchError(source, field, f"{value!r} is not a list", "a list of [offset, group size] pairs")
+    pairs = []
+    for index, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise SketchError(source, f"{field}[{index}]", f"{pair!r} is not a pair", "[offset, group size]")
+        pairs.append((int_field(pair[0], source, f"{field}[{index}][0]"), int_field(pair[1], source, f"{field}[{index}][1]", 1)))
+    return tuple(pairs)
+
+
+def json_object(text: str, source: str) -> dict[str, Any]:
+    """Return the JSON object in ``text``."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SketchError(source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "a sketch JSON object") from None
+    if not isinstance(obj, dict):
+        raise SketchError(source, None, "not a JSON object", "a sketch JSON object")
+    return obj
+
+
+def connections_field(value: Any, source: str, field: str) -> tuple[tuple[int, int], ...] | str:
+    """Return (sender, receiver) pairs from a dict sender -> receivers, or the keyword."""
+    if value in ("fully-connected", "direct-map"):
+        return value
+    if not isinstance(value, dict):
+        raise SketchError(source, field, f"{value!r}", "a dict sender -> [receivers], 'fully-connected' or 'direct-map'")
+    pairs = []
+    for key, receivers in value.items():
+        sender = int_key(key, source, f"{field}.{key}")
+        pairs.extend((sender, receiver) for receiver in int_list(receivers, source, f"{field}.{key}"))
+    return tuple(sorted(pairs))
+
+
+def intranode_field(obj: Any, source: str) -> tuple[IntranodeStrategy, tuple[tuple[int, ...], ...], tuple[SwitchPolicy, ...]]:
+    """Return (strategy, switch groups, switch policies) of an intra-node sketch object."""
+    if obj is None:
+        return IntranodeStrategy.AUTO, (), ()
+    if not isinstance(obj, dict):
+        raise SketchError(source, "intranode_sketch", f"{obj!r}", "an object with 'strategy'")
+    strategy = enum_field(IntranodeStrategy, obj.get("strategy", "none"), source, "intranode_sketch.strategy")
+    switches = tuple(int_list(group, source, f"intranode_sketch.switches[{i}]") for i, group in enumerate(obj.get("switches", [])))
+    policies = obj.get("switch_hyperedge_strategy", [])
+    if not isinstance(policies, list):
+        raise SketchError(source, "intranode_sketch.switch_hyperedge_strategy", f"{policies!r}", "a list of 'uc-min'/'uc-max'")
+    policy = tuple(enum_field(SwitchPolicy, p, source, f"intranode_sketch.switch_hyperedge_strategy[{i}]") for i, p in enumerate(policies))
+    if strategy is IntranodeStrategy.SWITCH and not switches:
+        raise SketchError(source, "intranode_sketch.switches", "strategy 'switch' without switches", "a list of local GPU groups")
+    return strategy, switches, policy
+
+
+def relay_roots_field(value: Any, source: str, field: str) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    """Return (sender, local GPUs whose chunks it relays) pairs, or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SketchError(source, field, f"{value!r}", "a dict sender -> [local GPUs whose chunks it relays]")
+    return tuple(sorted((int_key(k, source, f"{field}.{k}"), int_list(v, source, f"{field}.{k}")) for k, v in value.items()))
