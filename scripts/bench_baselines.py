@@ -1,8 +1,10 @@
 """Simulate every baseline on every built-in machine and report its time and fraction of the bound.
 
-For each built-in topology x nodes x collective x size, prints one row with each applicable
-baseline's simulated time (µs) and the fraction of the lower bound it reaches, and writes the
-table to the ``baselines`` section of BENCHMARKS.md.
+For each built-in topology x nodes x collective x size, computes one row with each applicable
+baseline's simulated time (µs) and the fraction of the lower bound it reaches, writes the rows to
+``scripts/data/baselines_simulated.csv`` and a summary (per topology and collective, the best
+baseline's fraction of the bound at each size over the machine counts) to the ``baselines`` section
+of BENCHMARKS.md.
 
     python scripts/bench_baselines.py                       # everything (a few minutes)
     python scripts/bench_baselines.py --topologies ndv2 --nodes 2 --no-write
@@ -18,7 +20,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmarks_md import update_benchmarks_section  # noqa: E402
+from benchmarks_md import (  # noqa: E402
+    DATA_DIR,
+    csv_pointer,
+    csv_records,
+    markdown_table,
+    update_benchmarks_section,
+    write_csv,
+)
 
 from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline  # noqa: E402
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks  # noqa: E402
@@ -32,6 +41,12 @@ DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
 DEFAULT_NODES = "1,2,4"
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 KINDS = tuple(kind.value for kind in BaselineKind)
+CSV_PATH = DATA_DIR / "baselines_simulated.csv"
+#: One CSV row per machine x collective x size; ``<kind>_us`` and ``<kind>_of_bound`` are empty where the kind does not apply.
+CSV_HEADER = (
+    "machine", "topology", "nodes", "collective", "size", "size_bytes", "bound_us",
+    *[f"{kind}_{what}" for kind in KINDS for what in ("us", "of_bound")], "best", "best_of_bound",
+)
 
 
 def _log(message: str) -> None:
@@ -69,75 +84,109 @@ def bench_case(topology: Topology, collective: str, sizes: Sequence[int]) -> dic
     return out
 
 
-def _us(time_us: float) -> str:
-    """Return a time in µs with sensible precision (1,234 / 56.7 / 8.90)."""
-    if time_us >= 1000:
-        return f"{time_us:,.0f}"
-    return f"{time_us:.1f}" if time_us >= 10 else f"{time_us:.2f}"
-
-
-def _cell(entry: tuple[str, SimulationResult] | None) -> str:
-    if entry is None:
-        return "-"
-    result = entry[1]
-    return f"{_us(result.time_us)} ({result.fraction_of_bound:.2f})"
-
-
-def table_rows(topology: Topology, collective: str, sizes: Sequence[int], found: dict) -> list[list[str]]:
-    """Return the markdown rows of one case: machine, collective, size, bound, one cell per kind, best."""
+def table_rows(name: str, nodes: int, topology: Topology, collective: str, sizes: Sequence[int], found: dict) -> list[tuple]:
+    """Return the CSV rows (``CSV_HEADER``) of one case of built-in ``name`` on ``nodes`` machines: one per size,
+    unformatted numbers, None where a kind does not apply."""
     rows = []
     for size in sizes:
         entries = {kind: found.get(kind, {}).get(size) for kind in KINDS}
         present = {kind: entry for kind, entry in entries.items() if entry is not None}
         best_name, best = min(present.values(), key=lambda entry: entry[1].time_us)
-        rows.append([
-            topology.name, collective, format_size(size), _us(best.bound_time_us),
-            *[_cell(entries[kind]) for kind in KINDS], f"{best_name} ({best.fraction_of_bound:.2f})",
-        ])
+        cells = []
+        for kind in KINDS:
+            result = None if entries[kind] is None else entries[kind][1]
+            cells += [None, None] if result is None else [result.time_us, result.fraction_of_bound]
+        rows.append((
+            topology.name, name, nodes, collective,
+            format_size(size), size, best.bound_time_us, *cells, best_name, best.fraction_of_bound,
+        ))
     return rows
 
 
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Return a GitHub markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+def _row_key(row: Sequence) -> tuple:
+    """CSV order: topology, nodes, collective (allgather, reducescatter, allreduce), size."""
+    collective = row[3]
+    return (row[1], row[2], COLLECTIVES.index(collective) if collective in COLLECTIVES else len(COLLECTIVES), collective, row[5])
+
+
+def _span(values: Sequence[float]) -> str:
+    """Return ``worst-best`` of fractions of the bound (one value when they agree at two decimals)."""
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def summary_table(records: Sequence[dict]) -> str:
+    """Return the markdown summary of CSV records (``read_csv`` of ``CSV_PATH``): one row per topology x collective.
+
+    Each size column is the best baseline's fraction of the bound, worst-best over the machine counts;
+    ``best baseline`` counts which kind is fastest over all machine counts and sizes.
+    """
+    sizes = sorted({(r["size_bytes"], r["size"]) for r in records})
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["topology"], record["collective"]), []).append(record)
+    rows = []
+    for (topology, collective), group in groups.items():
+        nodes = sorted({r["nodes"] for r in group})
+        cells = []
+        for size_bytes, _label in sizes:
+            at_size = [r["best_of_bound"] for r in group if r["size_bytes"] == size_bytes]
+            cells.append(_span(at_size) if at_size else "-")
+        wins = {kind: sum(1 for r in group if str(r["best"]).split("-")[0] == kind) for kind in KINDS}
+        rows.append((topology, ",".join(str(n) for n in nodes), collective, *cells,
+                     ", ".join(f"{kind} {count}" for kind, count in wins.items() if count)))
+    headers = ("topology", "machines", "collective", *[label for _size, label in sizes], "best baseline (cases)")
+    return markdown_table(headers, rows)
+
+
+def render(records: Sequence[dict], elapsed_s: float) -> str:
+    """Return the BENCHMARKS.md body: prose, the summary of ``records`` and the pointer to the CSV."""
+    return (
+        "Simulated with `taccl_py.simulate` (α-β links shared max-min fairly, computes free; see "
+        "`taccl_py/simulate/engine.py`). Rings and hierarchical use one piece per channel; trees tune their pipeline "
+        "depth to the size; trees reduce only, hierarchical only across machines.\n\n"
+        "Summary: for each topology and collective, the fastest baseline's fraction of the lower bound "
+        "(bound time / its time; 1.00 = optimal) at each size, worst-best over the machine counts, and how often "
+        "each kind is the fastest.\n\n"
+        f"{summary_table(records)}\n\n"
+        f"{csv_pointer(CSV_PATH, len(records), 'Every machine, collective and size')} Columns: machine, topology, "
+        "nodes, collective, size, size_bytes, bound_us, then `<kind>_us` and `<kind>_of_bound` per baseline kind "
+        "(empty: the kind does not apply), best, best_of_bound.\n\n"
+        f"Runtime: {elapsed_s:.0f} s."
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; print the table; write BENCHMARKS.md unless ``--no-write``."""
+    """Run the benchmark; print the summary; write the CSV and BENCHMARKS.md unless ``--no-write``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="comma-separated built-in names (default: all)")
     parser.add_argument("--nodes", default=DEFAULT_NODES, help=f"comma-separated machine counts (default {DEFAULT_NODES})")
     parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated collectives (default: all three)")
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes (default {DEFAULT_SIZES})")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser.add_argument("--no-write", action="store_true", help=f"print only; leave BENCHMARKS.md and {CSV_PATH.name} alone")
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     names = [n for n in args.topologies.split(",") if n]
     node_counts = [int(n) for n in args.nodes.split(",") if n]
     collectives = [c for c in args.collectives.split(",") if c]
     began = time.perf_counter()
-    rows: list[list[str]] = []
+    rows: list[tuple] = []
     cases = [(name, nodes, c) for name in names for nodes in node_counts for c in collectives]
     for index, (name, nodes, collective) in enumerate(cases, 1):
         topology = load_topology(name, nodes=nodes)
         _log(f"[{index}/{len(cases)}] {topology.name} ({topology.num_ranks} ranks) {collective}")
-        rows += table_rows(topology, collective, sizes, bench_case(topology, collective, sizes))
+        rows += table_rows(name, nodes, topology, collective, sizes, bench_case(topology, collective, sizes))
     elapsed = time.perf_counter() - began
-    headers = ["machine", "collective", "size", "bound (µs)", *[f"{kind} µs (of bound)" for kind in KINDS], "best (of bound)"]
-    table = markdown_table(headers, rows)
-    print(table)
+    if args.no_write:
+        records = csv_records(CSV_HEADER, rows, key=_row_key)
+    else:
+        records = write_csv(CSV_PATH, CSV_HEADER, rows, key=_row_key)
+        _log(f"wrote {CSV_PATH}")
+    body = render(records, elapsed)
+    print(body)
     if not args.no_write:
         given = list(sys.argv[1:] if argv is None else argv)
         command = " ".join(["python scripts/bench_baselines.py", *given])
-        body = (
-            "Simulated with `taccl_py.simulate` (α-β links shared max-min fairly, computes free; see "
-            "`taccl_py/simulate/engine.py`). Each cell: time in µs and, in parentheses, the lower bound's time over it "
-            "(1.00 = optimal). Rings and hierarchical use one piece per channel; trees tune their pipeline depth to the "
-            "size. `-`: the baseline does not apply (trees reduce only; hierarchical only across machines).\n\n"
-            f"{table}\n\nRuntime: {elapsed:.0f} s."
-        )
         update_benchmarks_section("baselines", "Baselines: rings, double binary trees, hierarchical rings (simulated)", command, body)
         _log("wrote the baselines section of BENCHMARKS.md")
     _log(f"done in {elapsed:.0f} s")

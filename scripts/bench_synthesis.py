@@ -5,7 +5,9 @@ For every built-in topology x {1, 2, 4} nodes x {allgather, reducescatter, allre
 candidate), of the best baseline, and the lower bound; the synthesis wall time and peak memory of
 the instance (each runs in its own process, see ``build_algorithms.py``). It also compares the
 2-node NDv2 AllGather in the TE-CCL model (built-in ``ndv2-teccl``) with TACCL's times as the
-TE-CCL authors published them (``scripts/data/TACCL_NDv2_2_chassis_AllGather.csv``).
+TE-CCL authors published them (``scripts/data/TACCL_NDv2_2_chassis_AllGather.csv``). The per-instance
+and per-size rows go to ``scripts/data/synthesis_instances.csv`` and ``scripts/data/synthesis_per_size.csv``;
+BENCHMARKS.md keeps a summary per machine computed from the first.
 
     python scripts/bench_synthesis.py --write-library --metrics /tmp/m.jsonl   # everything, hours
     python scripts/bench_synthesis.py --from-metrics /tmp/m.jsonl              # re-render only
@@ -21,7 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchmarks_md import update_benchmarks_section  # noqa: E402
+from benchmarks_md import (  # noqa: E402
+    DATA_DIR,
+    csv_pointer,
+    csv_records,
+    update_benchmarks_section,
+    write_csv,
+)
 from build_algorithms import add_sweep_arguments, library_path, sweep_instances  # noqa: E402
 
 from taccl_py.ir.library import read_library  # noqa: E402
@@ -33,25 +41,100 @@ TACCL_CSV = Path(__file__).resolve().parent / "data" / "TACCL_NDv2_2_chassis_All
 # Row order of the TE-CCL file (decimal sizes: algbw x time = size).
 TACCL_SIZES = (10**9, 256 * 10**6, 64 * 10**6, 16 * 10**6, 4 * 10**6, 10**6, 256 * 10**3, 64 * 10**3, 16 * 10**3, 4 * 10**3, 10**3)
 LARGE_BYTES = 16 * 10**6  # the ">= 16 MB" target: 0.90 of the bound
+INSTANCES_CSV = DATA_DIR / "synthesis_instances.csv"
+PER_SIZE_CSV = DATA_DIR / "synthesis_per_size.csv"
+COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+#: One row per instance (topology x nodes x collective); fractions of the bound are bound time / time.
+INSTANCE_HEADER = (
+    "topology", "nodes", "gpus", "collective", "synth_s", "peak_mb", "min_of_bound_ge16mb", "synth_only_min_of_bound_ge16mb",
+    "of_bound_largest", "min_synth_speedup", "max_synth_speedup", "synth_bands", "bands",
+)
+#: One row per instance and size; synth_us / baseline_us / synth_speedup are empty where there is none.
+PER_SIZE_HEADER = (
+    "topology", "nodes", "gpus", "collective", "size", "size_bytes", "ours_us", "of_bound", "chosen",
+    "synth_us", "baseline_us", "baseline", "bound_us", "synth_speedup",
+)
 
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _summary_row(m: dict) -> tuple:
-    large = [r for r in m["rows"] if r["size_bytes"] >= LARGE_BYTES]
-    frac = [r["bound_us"] / r["chosen_us"] for r in large]
-    syn_frac = [r["bound_us"] / r["synthesized_us"] for r in large if r["synthesized_us"]]
-    speed = [r["baseline_us"] / r["synthesized_us"] for r in m["rows"] if r["synthesized_us"] and r["baseline_us"]]
-    top = m["rows"][-1]
-    synthesized_bands = sum(1 for r in m["rows"] if r["chosen"].startswith("taccl-"))
-    return (
-        m["topology"], m["nodes"], m["num_ranks"], m["collective"], f"{m['wall_s']:.1f}", f"{m['peak_rss_MB']:.0f}",
-        f"{min(frac):.3f}" if frac else "-", f"{min(syn_frac):.3f}" if syn_frac else "-",
-        f"{top['bound_us'] / top['chosen_us']:.3f}", f"{min(speed):.2f}x" if speed else "-", f"{max(speed):.2f}x" if speed else "-",
-        f"{synthesized_bands}/{len(m['rows'])}",
-    )
+def _instance_key(row: tuple) -> tuple:
+    """CSV order of both files: topology, nodes, collective (allgather, reducescatter, allreduce)."""
+    collective = row[3]
+    return (row[0], row[1], COLLECTIVES.index(collective) if collective in COLLECTIVES else len(COLLECTIVES), collective)
+
+
+def _per_size_key(row: tuple) -> tuple:
+    """Per-size CSV order: the instance, then size_bytes."""
+    return (*_instance_key(row), row[5])
+
+
+def instance_rows(metrics: list[dict]) -> list[tuple]:
+    """Return the ``INSTANCE_HEADER`` rows (unformatted numbers) of the collected instance metrics."""
+    out = []
+    for m in metrics:
+        large = [r for r in m["rows"] if r["size_bytes"] >= LARGE_BYTES]
+        frac = [r["bound_us"] / r["chosen_us"] for r in large]
+        syn_frac = [r["bound_us"] / r["synthesized_us"] for r in large if r["synthesized_us"]]
+        speed = [r["baseline_us"] / r["synthesized_us"] for r in m["rows"] if r["synthesized_us"] and r["baseline_us"]]
+        top = m["rows"][-1]
+        synthesized_bands = sum(1 for r in m["rows"] if r["chosen"].startswith("taccl-"))
+        out.append((
+            m["topology"], m["nodes"], m["num_ranks"], m["collective"], m["wall_s"], m["peak_rss_MB"],
+            min(frac) if frac else None, min(syn_frac) if syn_frac else None, top["bound_us"] / top["chosen_us"],
+            min(speed) if speed else None, max(speed) if speed else None, synthesized_bands, len(m["rows"]),
+        ))
+    return out
+
+
+def per_size_rows(metrics: list[dict]) -> list[tuple]:
+    """Return the ``PER_SIZE_HEADER`` rows (unformatted numbers) of the collected instance metrics."""
+    out = []
+    for m in metrics:
+        for r in m["rows"]:
+            syn, base = r["synthesized_us"], r["baseline_us"]
+            out.append((
+                m["topology"], m["nodes"], m["num_ranks"], m["collective"], format_size(r["size_bytes"]), r["size_bytes"],
+                r["chosen_us"], r["bound_us"] / r["chosen_us"], r["chosen"], syn, base, r["baseline"], r["bound_us"],
+                base / syn if syn and base else None,
+            ))
+    return out
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def summary_table(instances: list[dict]) -> str:
+    """Return the summary of ``INSTANCE_HEADER`` records (``read_csv`` of ``INSTANCES_CSV``): one row per machine.
+
+    Over the machine's collectives: total synthesis time, largest peak memory, the worst fraction of the
+    bound at >= 16MB (chosen, and synthesized alone) and at the largest size, the range of synth speedups,
+    and how many size bands the synthesized algorithms win.
+    """
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for record in instances:
+        groups.setdefault((record["topology"], record["nodes"]), []).append(record)
+
+    def worst(group: list[dict], column: str, pick=min) -> float | None:
+        values = [r[column] for r in group if r[column] is not None]
+        return pick(values) if values else None
+
+    rows = []
+    for (topology, nodes), group in groups.items():
+        low, high = worst(group, "min_synth_speedup"), worst(group, "max_synth_speedup", max)
+        rows.append((
+            topology, nodes, group[0]["gpus"], len(group), _fmt(sum(r["synth_s"] for r in group), ".1f"),
+            _fmt(worst(group, "peak_mb", max), ".0f"), _fmt(worst(group, "min_of_bound_ge16mb"), ".3f"),
+            _fmt(worst(group, "synth_only_min_of_bound_ge16mb"), ".3f"), _fmt(worst(group, "of_bound_largest"), ".3f"),
+            "-" if low is None else f"{low:.2f}x-{high:.2f}x",
+            f"{sum(r['synth_bands'] for r in group)}/{sum(r['bands'] for r in group)}",
+        ))
+    headers = ("topology", "nodes", "GPUs", "collectives", "synth s (sum)", "peak MB (max)", "min of bound >=16MB",
+               "synth only", "of bound 1GB", "synth speedup", "synth bands")
+    return _table(headers, rows)
 
 
 def _table(headers: tuple, rows: list[tuple]) -> str:
@@ -60,19 +143,6 @@ def _table(headers: tuple, rows: list[tuple]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def _detail(m: dict) -> str:
-    rows = []
-    for r in m["rows"]:
-        rows.append((
-            format_size(r["size_bytes"]), f"{r['chosen_us']:.2f}", f"{r['bound_us'] / r['chosen_us']:.3f}", r["chosen"],
-            "-" if r["synthesized_us"] is None else f"{r['synthesized_us']:.2f}",
-            "-" if r["baseline_us"] is None else f"{r['baseline_us']:.2f}", r["baseline"] or "-", f"{r['bound_us']:.2f}",
-            "-" if not (r["synthesized_us"] and r["baseline_us"]) else f"{r['baseline_us'] / r['synthesized_us']:.2f}x",
-        ))
-    headers = ("size", "ours us", "of bound", "chosen", "synth us", "baseline us", "baseline", "bound us", "synth speedup")
-    return f"{m['topology']} x{m['nodes']} {m['collective']} ({m['num_ranks']} GPUs)\n" + _table(headers, rows)
 
 
 def _teccl_section() -> str:
@@ -94,12 +164,8 @@ def _teccl_section() -> str:
     return _table(("size", "TACCL us (published)", "ours us", "ours faster by", "ours of bound", "TACCL solver s"), rows)
 
 
-def render(metrics: list[dict]) -> str:
-    """Return the BENCHMARKS.md body for the collected instance metrics."""
-    headers = ("topology", "nodes", "GPUs", "collective", "synth s", "peak MB", "min of bound >=16MB", "synth only",
-               "of bound 1GB", "min synth speedup", "max synth speedup", "synth bands")
-    summary = _table(headers, [_summary_row(m) for m in metrics])
-    details = "\n\n".join(_detail(m) for m in metrics)
+def render(instances: list[dict], per_size_count: int) -> str:
+    """Return the BENCHMARKS.md body for the instance records (as ``read_csv`` returns them) and the per-size row count."""
     return (
         "Simulated (α-β, max-min fair sharing) time of the size-band choice (`ours`: the fastest of the synthesized "
         "candidates and the baselines), of the best synthesized candidate alone (`synth`), of the best baseline "
@@ -107,11 +173,17 @@ def render(metrics: list[dict]) -> str:
         "time (below 1: a baseline is faster there and the band keeps it; `-`: no synthesized candidate fit the "
         "MSCCL limits at that size). Synthesis wall time and peak RSS per "
         "instance on this 2-core machine (one process per instance, all sizes 1KB-1GB, default time budget).\n\n"
-        "### Summary\n\n```\n" + summary + "\n```\n\n"
+        "### Summary\n\n"
+        "One row per machine over its collectives (allgather, reducescatter, allreduce): synthesis time summed, "
+        "peak memory the largest, fractions of the bound the worst (`synth only`: the best synthesized candidate "
+        "alone), the range of synth speedups over all sizes, and the size bands a synthesized algorithm wins.\n\n"
+        "```\n" + summary_table(instances) + "\n```\n\n"
+        + csv_pointer(INSTANCES_CSV, len(instances), "Per instance") + " "
+        + csv_pointer(PER_SIZE_CSV, per_size_count, "Per instance and size (ours, synth, best baseline, bound, chosen algorithm)")
+        + "\n\n"
         "### NDv2 x2 AllGather in the TE-CCL model (`ndv2-teccl`) against TACCL's published times\n\n"
         "TACCL's times are from the TE-CCL authors' measurements (scripts/data/README.md); ours are simulated "
-        "in the same model's figures.\n\n```\n" + _teccl_section() + "\n```\n\n"
-        "### Per size\n\n```\n" + details + "\n```\n"
+        "in the same model's figures.\n\n```\n" + _teccl_section() + "\n```\n"
     )
 
 
@@ -120,14 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     add_sweep_arguments(parser)
     parser.add_argument("--write-library", action="store_true", help="also write the shipped libraries")
     parser.add_argument("--from-metrics", type=Path, help="render from a metrics file instead of synthesizing")
-    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md")
+    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md or the CSVs")
     args = parser.parse_args(argv)
     if args.from_metrics is not None:
         metrics = [json.loads(line) for line in args.from_metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
         run_args = argparse.Namespace(sizes=args.sizes, time_limit=args.time_limit, no_write=not args.write_library)
         metrics, _failures = sweep_instances(args, run_args)
-    body = render(metrics)
+    instances, per_size = instance_rows(metrics), per_size_rows(metrics)
+    if args.no_write:
+        instance_records = csv_records(INSTANCE_HEADER, instances, key=_instance_key)
+    else:
+        instance_records = write_csv(INSTANCES_CSV, INSTANCE_HEADER, instances, key=_instance_key)
+        write_csv(PER_SIZE_CSV, PER_SIZE_HEADER, per_size, key=_per_size_key)
+    body = render(instance_records, len(per_size))
     print(body)
     if not args.no_write:
         command = "python scripts/bench_synthesis.py --write-library --metrics synthesis-metrics.jsonl"

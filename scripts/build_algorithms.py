@@ -2,12 +2,19 @@
 
 Every built-in topology at 1, 2 and 4 nodes, for allgather, reducescatter and allreduce, over
 sizes 1KB..1GB: ``synthesize`` keeps, per size band, the fastest of the synthesized candidates
-and the baselines under the simulator, and ``write_library`` writes the library with one gzip-compressed
-algorithm JSON and MSCCL XML per band. Each instance runs in its own process (``--one``),
+and the baselines under the simulator, and ``write_library`` writes the library with one
+xz-compressed algorithm JSON per band (MSCCL XML is derived on demand: ``taccl export-msccl``).
+Each library records its provenance: taccl_py version, solver and options, sketch, sizes, and
+the source commit and command that built it. Each instance runs in its own process (``--one``),
 so its wall time and peak memory are its own; they are printed as one JSON line per instance
 and, with ``--metrics FILE``, collected for ``bench_synthesis.py``.
 
-    python scripts/build_algorithms.py                           # everything (an hour or more)
+How long a rebuild takes (2-core reference machine, default budgets, 2026-11-22): the 63
+instances took 3,640 s of synthesis, about an hour; the 8-GPU instances take seconds each, the
+32-GPU ones 10-160 s, the 64-GPU (dgx2 x4) ones 300-720 s. The MILP budgets are wall-clock
+seconds, so a build on a loaded machine can come out different (and slower in the simulator).
+
+    python scripts/build_algorithms.py                           # everything (about an hour)
     python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
 """
 
@@ -22,7 +29,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from taccl_py.ir.library import shipped_library_dir
 from taccl_py.synth import synthesize, write_library
 from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.units import parse_sizes
@@ -32,6 +38,8 @@ DEFAULT_NODES = "1,2,4"
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 # Wall-clock cap per instance (s): the 64-GPU instances get a 6-minute MILP budget by default.
 INSTANCE_TIMEOUT_S = 3600
+REPO = Path(__file__).resolve().parents[1]
+ALGORITHMS_DIR = REPO / "algorithms"
 
 
 def _log(message: str) -> None:
@@ -39,8 +47,24 @@ def _log(message: str) -> None:
 
 
 def library_path(topology: str, nodes: int, collective: str) -> Path:
-    """Return where the shipped library of one instance lives."""
-    return shipped_library_dir() / topology / f"n{nodes}" / f"{collective}.library.json"
+    """Return where the shipped library of one instance lives in the source tree."""
+    return ALGORITHMS_DIR / topology / f"n{nodes}" / f"{collective}.library.json"
+
+
+def source_commit() -> str | None:
+    """Return the checkout's commit, with ``-dirty`` when it has uncommitted changes (None outside git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("-dirty" if dirty.strip() else "")
+
+
+def instance_command(topology: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None) -> str:
+    """Return the command that rebuilds one instance's library."""
+    command = f"python scripts/build_algorithms.py --topologies {topology} --nodes {nodes} --collectives {collective} --sizes {sizes}"
+    return command + (f" --time-limit {time_limit_s:g}" if time_limit_s is not None else "")
 
 
 def build_instance(topology_name: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None, write: bool) -> dict:
@@ -49,7 +73,9 @@ def build_instance(topology_name: str, nodes: int, collective: str, sizes: str, 
     began = time.perf_counter()
     result = synthesize(topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=_log)
     wall = time.perf_counter() - began
-    library = replace(result.library, topology=topology_name)
+    provenance = replace(result.library.provenance, source_commit=source_commit(),
+                         command=instance_command(topology_name, nodes, collective, sizes, time_limit_s))
+    library = replace(result.library, topology=topology_name, provenance=provenance)
     if write:
         path = library_path(topology_name, nodes, collective)
         for old in path.parent.glob(f"{collective}-*"):

@@ -1,13 +1,17 @@
-"""Writing a size-band library: a band beyond MSCCL's limits ships without XML, never half-written."""
+"""Writing a size-band library with its provenance, and exporting it as MSCCL XML, band by band."""
 
 from __future__ import annotations
 
 import logging
 
+import pytest
+
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Buffer
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library
+from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, read_library
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import Transfer, lower_plan
+from taccl_py.msccl import generate_library_xml, read_msccl_xml, write_library_xml
 from taccl_py.synth.bands import write_library
 
 from helpers import ring_algorithm
@@ -20,15 +24,41 @@ def _too_many_steps():
     return lower_plan("long", Collective.ALLGATHER, 2, 160, plan)
 
 
-def test_band_beyond_msccl_limits_has_no_xml_and_says_so(tmp_path, caplog):
-    ring = ring_algorithm(Collective.ALLGATHER, 2)
-    library = AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, (
-        SizeBand(0, 1000, ring, "x.json", "x.xml"),
-        SizeBand(1000, None, _too_many_steps(), "y.json", "y.xml"),
-    ))
-    with caplog.at_level(logging.WARNING):
-        write_library(library, tmp_path / "ag.library.json", compress=True)
+def _toy_library(provenance=None) -> AlgorithmLibrary:
+    return AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, (
+        SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json", 1.5),
+        SizeBand(1000, None, _too_many_steps(), "y.json", 2.5),
+    ), provenance)
+
+
+PROVENANCE = Provenance("0.1.0", "highs (highspy 1.7.2, pulp 3.3.0)", (("gap_rel", 0.001), ("threads", 2), ("time_limit_s", 4.0)),
+                        "auto-toy", (1000, 4000), timed_out=False, command="taccl synthesize -t toy")
+
+
+def test_a_library_is_written_once_per_band_compressed_with_its_provenance(tmp_path):
+    write_library(_toy_library(PROVENANCE), tmp_path / "ag.library.json", compress=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ag-0.json.xz", "ag-1.json.xz", "ag.library.json"]
     written = read_library(tmp_path / "ag.library.json")
-    assert [band.xml_file for band in written.bands] == ["ag-0.xml.gz", None]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ag-0.json.gz", "ag-0.xml.gz", "ag-1.json.gz", "ag.library.json"]
-    assert "ag-1: no MSCCL XML" in caplog.text and "at most 64 steps" in caplog.text
+    assert written.provenance == PROVENANCE
+    assert [band.algorithm.name for band in written.bands] == ["ag-0", "ag-1"]
+    assert [band.simulated_time_us for band in written.bands] == [1.5, 2.5]
+
+
+def test_library_xml_fills_the_band_sizes_and_leaves_out_a_band_beyond_msccl_limits(tmp_path, caplog):
+    library = _toy_library()
+    with caplog.at_level(logging.WARNING):
+        export = write_library_xml(library, tmp_path / "xml")
+    assert [name for name, _ in export.files] == ["toy-n1-allgather-0.xml"]
+    assert [index for index, _ in export.skipped] == [1] and "at most 64 steps" in export.skipped[0][1]
+    assert "band 1 of toy is beyond the MSCCL runtime limits" in caplog.text
+    assert sorted(p.name for p in (tmp_path / "xml").iterdir()) == ["toy-n1-allgather-0.xml"]
+    parsed = read_msccl_xml(str(tmp_path / "xml" / "toy-n1-allgather-0.xml"))
+    assert (parsed.min_bytes, parsed.max_bytes) == (0, 1000)
+    assert parsed.ranks == library.bands[0].algorithm.ranks
+
+
+def test_library_xml_in_the_old_dialect_and_a_bad_dialect(tmp_path):
+    export = generate_library_xml(_toy_library(), "old")
+    assert "minBytes" not in export.files[0][1]
+    with pytest.raises(ArgumentError, match="dialect: 'newest'; expected 'new'"):
+        generate_library_xml(_toy_library(), "newest")

@@ -1,4 +1,4 @@
-"""Tests of ``taccl verify`` and ``taccl convert``, in-process through taccl_py.cli.main."""
+"""Tests of ``taccl verify``, ``taccl convert`` and ``taccl export-msccl``, in-process through taccl_py.cli.main."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from helpers import FIXTURES, ring_algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.cli import main
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.msccl import read_msccl_xml
 
 GOOD_XML = FIXTURES / "msccl/microsoft/allgather_ring_4gpu_1ch_simple.xml"
@@ -91,3 +92,27 @@ def test_convert_failures_write_nothing(tmp_path, capsys, source, output, fragme
     assert main(["convert", str(source), "-o", str(tmp_path / out), *extra]) == 2
     assert fragment in _error_line(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_msccl_writes_every_band_of_a_machines_shipped_libraries(tmp_path, capsys) -> None:
+    out = tmp_path / "msccl"
+    assert main(["export-msccl", "NDv2", "--nodes", "2", "-o", str(out)]) == 0
+    libraries = {lib.collective.value: lib for lib in map(read_library, shipped_library_paths("ndv2", 2))}
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(f"ndv2-n2-{c}-{i}.xml" for c, lib in libraries.items() for i in range(len(lib.bands)))
+    band = libraries["allreduce"].bands[1]
+    parsed = read_msccl_xml(str(out / "ndv2-n2-allreduce-1.xml"))
+    assert (parsed.collective, parsed.num_ranks, parsed.min_bytes, parsed.max_bytes) == (Collective.ALLREDUCE, 16, band.min_bytes, band.max_bytes)
+    assert capsys.readouterr().err.strip() == f"wrote {len(names)} MSCCL XML files to {out}"
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["nosuch"], "error: nosuch: no such library file or built-in machine; expected a *.library.json file or one of dgx-a100"),
+    (["ndv2", "--nodes", "3"], "error: ndv2: --nodes: no shipped libraries at 3 nodes; expected 1, 2 or 4 nodes"),
+    (["ndv2", "--dialect", "old", "-o", "/no/such/dir/x"], "error: /no/such/dir/x: -o: its parent folder does not exist"),
+])
+def test_export_msccl_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, fragment) -> None:
+    argv = ["export-msccl", *args] + ([] if "-o" in args else ["-o", str(tmp_path / "out")])
+    assert main(argv) == 2
+    assert _error_line(capsys).startswith(fragment)
+    assert not (tmp_path / "out").exists()

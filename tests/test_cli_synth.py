@@ -75,9 +75,14 @@ def test_sizes_write_a_library(tmp_path):
     assert main(["synthesize", "-t", "dgx2", "-c", "allgather", "--sizes", "1KB,1MB", "--time-limit", "1", "-o", str(out)]) == 0
     library = read_library(out)
     assert library.num_ranks == 16 and library.bands
+    assert library.provenance.command == f"taccl synthesize -t dgx2 -c allgather --sizes 1KB,1MB --time-limit 1 -o {out}"
+    assert dict(library.provenance.solver_options)["time_limit_s"] == 1.0 and library.provenance.sizes == (1000, 1000000)
+    assert library.provenance.sketch == "auto-dgx2" and library.provenance.solver.startswith("highs (highspy ")
     for band in library.bands:
         assert_valid_algorithm(band.algorithm)
-        xml = read_msccl_xml(str(tmp_path / band.xml_file))
+    assert main(["export-msccl", str(out), "-o", str(tmp_path / "xml")]) == 0
+    for index, band in enumerate(library.bands):
+        xml = read_msccl_xml(str(tmp_path / "xml" / f"dgx2-n1-allgather-{index}.xml"))
         assert (xml.min_bytes, xml.max_bytes or 0) == (band.min_bytes, band.max_bytes or 0)
 
 

@@ -18,7 +18,7 @@ from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError, TransportError, VerificationError
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
-from taccl_py.runtime import selection
+from taccl_py.ir import library as library_module
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.selection import collect_algorithms
 
@@ -88,7 +88,7 @@ def test_unknown_library_name_is_refused() -> None:
 def test_topology_name_finds_its_shipped_libraries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_library(tmp_path / "mybox" / "n1", Collective.ALLGATHER, 4, [(0, None, ring_algorithm(Collective.ALLGATHER, 4))], "mybox")
     write_library(tmp_path / "mybox" / "n2", Collective.ALLGATHER, 8, [(0, None, ring_algorithm(Collective.ALLGATHER, 8))], "mybox")
-    monkeypatch.setattr(selection, "shipped_library_dir", lambda: tmp_path)
+    monkeypatch.setattr(library_module, "shipped_library_dir", lambda: tmp_path)
     assert collect_algorithms("mybox", 8).select(Collective.ALLGATHER, 10).algorithm.num_ranks == 8
     assert collect_algorithms(None, 4, topology="mybox", nodes=1).select(Collective.ALLGATHER, 10).algorithm.num_ranks == 4
     with pytest.raises(ArgumentError, match=r"3 ranks, but the shipped algorithms of mybox run on \[4, 8\] ranks"):

@@ -18,8 +18,9 @@ def test_write_is_atomic_readable_and_leaves_no_temporary(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["a.json"]
 
 
-def test_gzip_round_trip_is_reproducible(tmp_path):
-    first, second = tmp_path / "a.json.gz", tmp_path / "b.json.gz"
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+def test_compressed_round_trip_is_reproducible(tmp_path, suffix):
+    first, second = tmp_path / f"a.json{suffix}", tmp_path / f"b.json{suffix}"
     write_text_atomic(first, "x" * 1000)
     write_text_atomic(second, "x" * 1000)
     assert first.read_bytes() == second.read_bytes()
@@ -27,10 +28,11 @@ def test_gzip_round_trip_is_reproducible(tmp_path):
     assert read_text(first) == "x" * 1000
 
 
-def test_corrupt_gzip_and_missing_files_are_format_errors(tmp_path):
-    bad = tmp_path / "bad.json.gz"
-    bad.write_bytes(b"not gzip")
-    with pytest.raises(FormatError, match=r"bad\.json\.gz: cannot read"):
+@pytest.mark.parametrize("suffix", [".gz", ".xz"])
+def test_corrupt_compressed_and_missing_files_are_format_errors(tmp_path, suffix):
+    bad = tmp_path / f"bad.json{suffix}"
+    bad.write_bytes(b"not compressed")
+    with pytest.raises(FormatError, match=rf"bad\.json\{suffix}: cannot read"):
         read_text(bad)
     with pytest.raises(FormatError, match="missing.json: cannot read"):
         read_text(tmp_path / "missing.json")

@@ -1,24 +1,27 @@
-"""The shipped libraries in algorithms/: complete, well formed, and every algorithm in them verified.
+"""The shipped libraries in algorithms/: complete, well formed, traceable, verified and exportable.
 
-Libraries of up to ``FAST_RANKS`` GPUs are verified in the default run; the larger ones (32 and
-64 GPUs take tens of seconds each to replay) are verified under ``-m slow``.
+Libraries of up to ``FAST_RANKS`` GPUs are verified and exported in the default run; the larger
+ones (32 and 64 GPUs take tens of seconds each to replay) under ``--runslow``.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import pytest
 
-from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
 from taccl_py.errors import ArgumentError
-from taccl_py.msccl import generate_msccl_xml, read_msccl_xml
+from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
+from taccl_py.msccl import generate_library_xml, generate_msccl_xml, parse_msccl_xml
 from taccl_py.topology import builtin_topology_names
 
 from helpers import assert_valid_algorithm
 
-ROOT = shipped_library_dir()
+ROOT = Path(str(shipped_library_dir()))  # an installed or editable package: files on disk
+# The budget the whole algorithms/ folder must stay within (issue: a lean, traceable algorithms/).
+MAX_TOTAL_BYTES = 8_000_000
 LIBRARIES = sorted(ROOT.rglob("*.library.json"))
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 NODES = (1, 2, 4)
@@ -41,7 +44,7 @@ def test_every_builtin_topology_has_its_libraries():
     missing = [
         f"{name}/n{nodes}/{collective}"
         for name, nodes, collective in itertools.product(builtin_topology_names(), NODES, COLLECTIVES)
-        if ROOT / name / f"n{nodes}" / f"{collective}.library.json" not in shipped_library_paths(name, nodes)
+        if f"{collective}.library.json" not in {path.name for path in shipped_library_paths(name, nodes)}
     ]
     assert not missing, f"no shipped library for {missing} (run scripts/build_algorithms.py)"
 
@@ -51,9 +54,7 @@ def test_no_stray_files():
     for path in LIBRARIES:
         for band in _header(path)["bands"]:
             referenced.add(path.parent / band["algorithm"])
-            if band["xml"] is not None:
-                referenced.add(path.parent / band["xml"])
-    stray = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and p not in referenced)
+    stray = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and p not in referenced and p.name != "__init__.py")
     assert not stray, f"files no library names: {stray}"
 
 
@@ -67,23 +68,44 @@ def test_library_is_well_formed(path):
     for before, after in zip(bands, bands[1:]):
         assert before["max_bytes"] == after["min_bytes"] > before["min_bytes"]
     for band in bands:
-        assert (path.parent / band["algorithm"]).is_file()
-        assert band["xml"] is None or (path.parent / band["xml"]).is_file()
+        assert band["algorithm"].endswith(".json.xz") and (path.parent / band["algorithm"]).is_file()
+        assert set(band) == {"min_bytes", "max_bytes", "algorithm", "simulated_time_us"}, "no XML: it is derived on demand"
+
+
+@pytest.mark.parametrize("path", LIBRARIES, ids=_ids)
+def test_library_names_its_provenance(path):
+    provenance = read_library(path).provenance
+    assert provenance is not None
+    assert provenance.taccl_py and provenance.solver.startswith(("highs", "cbc")) and provenance.sketch
+    assert {"gap_rel", "threads", "time_limit_s"} <= dict(provenance.solver_options).keys()
+    assert provenance.sizes and len(provenance.source_commit or "") == 40 and provenance.command
+
+
+def test_algorithms_folder_stays_lean():
+    total = sum(p.stat().st_size for p in ROOT.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    assert total <= MAX_TOTAL_BYTES, f"algorithms/ holds {total / 1e6:.2f} MB"
 
 
 def _verify(path) -> None:
+    """Check every band, and its MSCCL XML (unless beyond the limits) as a runtime would load it, against the collective."""
     library = read_library(path)
-    for band in library.bands:
+    export = generate_library_xml(library)
+    xml_of = {name: text for name, text in export.files}
+    for index, band in enumerate(library.bands):
         algorithm = band.algorithm
         assert algorithm.num_ranks == library.num_ranks and algorithm.collective is library.collective
         assert (algorithm.min_bytes, algorithm.max_bytes) == (band.min_bytes, band.max_bytes)
         assert_valid_algorithm(algorithm)
-        if band.xml_file is None:  # only a schedule beyond MSCCL's runtime limits may ship without XML
+        name = f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}.xml"
+        if name not in xml_of:  # only a schedule beyond MSCCL's runtime limits has no XML
             with pytest.raises(ArgumentError, match="expected at most"):
                 generate_msccl_xml(algorithm)
             continue
-        xml = read_msccl_xml(str(path.parent / band.xml_file))
-        assert (xml.num_ranks, xml.chunks_per_loop, xml.min_bytes) == (algorithm.num_ranks, algorithm.chunks_per_loop, band.min_bytes)
+        parsed = parse_msccl_xml(xml_of[name], name)
+        assert (parsed.num_ranks, parsed.chunks_per_loop, parsed.min_bytes, parsed.max_bytes) == (
+            algorithm.num_ranks, algorithm.chunks_per_loop, band.min_bytes, band.max_bytes or None)
+        assert generate_msccl_xml(parsed) == xml_of[name], "export and import are inverse up to normalisation"
+        assert_valid_algorithm(parsed)
 
 
 @pytest.mark.parametrize("path", SMALL, ids=_ids)

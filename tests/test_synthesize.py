@@ -9,6 +9,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import simulate
 from taccl_py.synth.sketch_model import Sketch
+from taccl_py import __version__
 from taccl_py.synth import default_time_limit_s, synthesize, write_library
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Vertex, VertexKind, make_topology
@@ -57,10 +58,11 @@ def test_size_bands_keep_the_fastest(tmp_path):
         assert library.select(choice.size_bytes).num_ranks == 8
     write_library(library, tmp_path / "ar.library.json")
     loaded = read_library(tmp_path / "ar.library.json")
+    assert loaded.provenance == library.provenance and loaded.provenance.taccl_py == __version__
+    assert isinstance(loaded.provenance.timed_out, bool) and loaded.provenance.sizes == tuple(sorted(loaded.provenance.sizes))
     assert [b.min_bytes for b in loaded.bands] == [b.min_bytes for b in library.bands]
     for band in loaded.bands:
         assert_valid_algorithm(band.algorithm)
-        assert (tmp_path / band.xml_file).read_text().startswith("<")
         assert band.algorithm_file.startswith("ar-")
 
 

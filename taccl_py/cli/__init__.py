@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``taccl`` command line with ``argv``; return the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the provenance of what is written
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:

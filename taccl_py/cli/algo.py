@@ -1,14 +1,18 @@
-"""``taccl verify`` and ``taccl convert``: check an algorithm file, translate between formats."""
+"""``taccl verify``, ``taccl convert`` and ``taccl export-msccl``: check, translate and export algorithms."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from taccl_py.cli._output import ALGORITHM_FILE_HELP
+from taccl_py.errors import ArgumentError
 from taccl_py.files import read_any_algorithm, write_any_algorithm
-from taccl_py.msccl import Dialect
+from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths
+from taccl_py.msccl import Dialect, write_library_xml
+from taccl_py.units import format_size
 from taccl_py.verify import VerificationReport, verify_algorithm
 
 __all__ = ["register", "format_report"]
@@ -62,8 +66,41 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrary]:
+    """Return the library in file ``source``, or the shipped libraries of built-in machine ``source``."""
+    if Path(source).is_file():
+        return [read_library(source)]
+    from taccl_py.topology.builtins import ALIASES, builtin_topology_names
+
+    name = ALIASES.get(source.lower(), source.lower())
+    if name not in builtin_topology_names():
+        raise ArgumentError(source, None, "no such library file or built-in machine", "a *.library.json file or one of " + ", ".join(builtin_topology_names()))
+    paths = shipped_library_paths(name, nodes or 1)
+    if not paths:
+        raise ArgumentError(source, "--nodes", f"no shipped libraries at {nodes or 1} nodes", "1, 2 or 4 nodes")
+    return [read_library(path) for path in paths]
+
+
+def _export_msccl(args: argparse.Namespace) -> int:
+    folder = Path(args.output)
+    if not folder.parent.is_dir():
+        raise ArgumentError(args.output, "-o", "its parent folder does not exist", "a folder whose parent exists")
+    libraries = _libraries_to_export(args.library, args.nodes)
+    written = 0
+    for library in libraries:
+        export = write_library_xml(library, folder, args.dialect or Dialect.NEW)
+        written += len(export.files)
+        for index, why in export.skipped:
+            band = library.bands[index]
+            upper = "up" if band.max_bytes is None else format_size(band.max_bytes)
+            print(f"warning: {library.topology} n{library.nodes} {library.collective.value} band {index} "
+                  f"({format_size(band.min_bytes)}-{upper}) has no MSCCL XML: {why}", file=sys.stderr)
+    print(f"wrote {written} MSCCL XML files to {folder}", file=sys.stderr)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``verify`` and ``convert`` to ``subparsers``."""
+    """Add ``verify``, ``convert`` and ``export-msccl`` to ``subparsers``."""
     verify = subparsers.add_parser(
         "verify", help="check that an algorithm file (JSON or MSCCL XML) implements its collective",
         description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, 2 if the file is malformed.",
@@ -82,3 +119,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     convert.add_argument("--dialect", choices=[d.value for d in Dialect], default=None,
                          help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)")
     convert.set_defaults(func=_convert)
+
+    export = subparsers.add_parser(
+        "export-msccl", help="write every size band of a library as MSCCL-IR XML, for an MSCCL runtime's algorithm folder",
+        description="Write one XML file per band with minBytes/maxBytes set to the band's sizes; a band beyond the "
+                    "MSCCL runtime limits is reported and left out.",
+    )
+    export.add_argument("library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)")
+    export.add_argument("--nodes", type=int, default=None, help="with a machine name: the node count of the shipped libraries (default 1)")
+    export.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)")
+    export.add_argument("--dialect", choices=[d.value for d in Dialect], default=None,
+                        help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)")
+    export.set_defaults(func=_export_msccl)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from dataclasses import replace
 import sys
 
 from taccl_py.files import algorithm_format, write_any_algorithm
@@ -49,7 +51,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         if not str(args.output).endswith(".json"):
             raise ArgumentError(args.output, "-o", "a library needs a .json path", "OUT.json (band files are written beside it)")
         if args.xml is not None:
-            raise ArgumentError(args.xml, "--xml", "--xml with --sizes", "no --xml: each band's MSCCL XML is written beside the library")
+            raise ArgumentError(args.xml, "--xml", "--xml with --sizes", "no --xml; then 'taccl export-msccl LIBRARY -o DIR' writes every band's XML")
         return
     algorithm_format(args.output)
     if args.xml is not None and algorithm_format(args.xml) != "xml":
@@ -68,7 +70,8 @@ def _synthesize(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit, solver=args.solver, progress=_stderr,
     )
     if result.library is not None:
-        write_library(result.library, args.output, progress=_stderr)
+        provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
+        write_library(replace(result.library, provenance=provenance), args.output, progress=_stderr)
     else:
         write_any_algorithm(result.algorithm, args.output)
         _stderr(f"wrote {args.output}")

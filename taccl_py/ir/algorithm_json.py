@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 from taccl_py._io import read_text, write_text_atomic
@@ -137,8 +139,8 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
     )
 
 
-def read_algorithm(path: str) -> Algorithm:
-    """Return the algorithm in the JSON file at ``path``."""
+def read_algorithm(path: str | Path | Traversable) -> Algorithm:
+    """Return the algorithm in the JSON file at ``path`` (``.json``, ``.json.xz`` or ``.json.gz``)."""
     return parse_algorithm_json(read_text(path), str(path))
 
 

@@ -1,41 +1,72 @@
 """Libraries of algorithms by size band: what ``taccl synthesize --sizes`` writes and the runtime reads.
 
 A library file (``*.library.json``) names, for one topology, node count and collective, the
-algorithm to use for each size band; the algorithms sit beside it as JSON files::
+algorithm to use for each size band, and how the library was made; the algorithms sit beside it
+as taccl JSON files (plain, or compressed as ``.json.xz`` or ``.json.gz``)::
 
     {"schema": "taccl-library/1", "topology": "ndv2", "nodes": 2, "collective": "allgather",
      "num_ranks": 16,
-     "bands": [{"min_bytes": 0, "max_bytes": 1048576, "algorithm": "allgather-0.json",
-                "xml": "allgather-0.xml", "simulated_time_us": 41.2}, ...]}
+     "provenance": {"taccl_py": "0.1.0", "solver": "highs", "solver_options": {...}, ...},
+     "bands": [{"min_bytes": 0, "max_bytes": 1048576, "algorithm": "allgather-0.json.xz",
+                "simulated_time_us": 41.2}, ...]}
 
-``max_bytes`` null means unbounded. Shipped libraries live in
-``algorithms/<topology>/n<nodes>/<collective>.library.json``.
+``max_bytes`` null means unbounded. MSCCL XML is not stored: ``taccl export-msccl`` derives it.
+Shipped libraries live in ``algorithms/<topology>/n<nodes>/<collective>.library.json`` of the
+source tree and inside the wheel as package data (``shipped_library_dir``).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 from taccl_py._io import read_text
+from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import read_algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.errors import FormatError
 
 __all__ = [
     "LIBRARY_SCHEMA",
-    "SizeBand",
+    "SHIPPED_PACKAGE",
     "AlgorithmLibrary",
+    "Provenance",
+    "SizeBand",
+    "generate_library",
     "parse_library",
     "read_library",
-    "generate_library",
     "shipped_library_dir",
     "shipped_library_paths",
+    "shipped_node_counts",
 ]
 
 LIBRARY_SCHEMA = "taccl-library/1"
+# The package that carries algorithms/ as data (pyproject.toml maps the folder onto it).
+SHIPPED_PACKAGE = "taccl_py.data.algorithms"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """How a library was made: tool version, solver with its options and budget, sketch, sizes.
+
+    ``solver_options`` holds the solver's settings as (name, value) pairs (``time_limit_s`` is the
+    MILP budget in seconds for the whole synthesis); ``timed_out`` says whether that budget bound.
+    ``note`` explains anything unusual, such as provenance recorded after the fact.
+    """
+
+    taccl_py: str
+    solver: str
+    solver_options: tuple[tuple[str, Any], ...]
+    sketch: str
+    sizes: tuple[int, ...]
+    timed_out: bool | None = None
+    source_commit: str | None = None
+    command: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +77,6 @@ class SizeBand:
     max_bytes: int | None
     algorithm: Algorithm
     algorithm_file: str
-    xml_file: str | None = None
     simulated_time_us: float | None = None
 
     def covers(self, size_bytes: int) -> bool:
@@ -63,6 +93,7 @@ class AlgorithmLibrary:
     collective: Collective
     num_ranks: int
     bands: tuple[SizeBand, ...]
+    provenance: Provenance | None = None
 
     def select(self, size_bytes: int) -> Algorithm | None:
         """Return the algorithm of the band covering ``size_bytes``, or None."""
@@ -72,7 +103,33 @@ class AlgorithmLibrary:
         return None
 
 
-def parse_library(text: str, source: str, base_dir: Path) -> AlgorithmLibrary:
+def _provenance_from_json(obj: Any) -> Provenance | None:
+    if obj is None:
+        return None
+    sizes = tuple(int(size) for size in obj["sizes"])
+    return Provenance(
+        taccl_py=str(obj["taccl_py"]), solver=str(obj["solver"]), solver_options=tuple(sorted(dict(obj["solver_options"]).items())),
+        sketch=str(obj["sketch"]), sizes=sizes, timed_out=obj.get("timed_out"), source_commit=obj.get("source_commit"),
+        command=obj.get("command"), note=obj.get("note"),
+    )
+
+
+def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "taccl_py": provenance.taccl_py,
+        "solver": provenance.solver,
+        "solver_options": dict(provenance.solver_options),
+        "sketch": provenance.sketch,
+        "sizes": list(provenance.sizes),
+        "timed_out": provenance.timed_out,
+    }
+    for key in ("source_commit", "command", "note"):
+        if getattr(provenance, key) is not None:
+            out[key] = getattr(provenance, key)
+    return out
+
+
+def parse_library(text: str, source: str, base_dir: Path | Traversable) -> AlgorithmLibrary:
     """Return the library a JSON text describes, reading its algorithms relative to ``base_dir``."""
     try:
         obj = json.loads(text)
@@ -81,50 +138,67 @@ def parse_library(text: str, source: str, base_dir: Path) -> AlgorithmLibrary:
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
         raise FormatError(source, "schema", "not a taccl library file", repr(LIBRARY_SCHEMA))
     try:
+        provenance = _provenance_from_json(obj.get("provenance"))
+    except (KeyError, TypeError, ValueError) as error:
+        raise FormatError(source, "provenance", f"malformed ({error})", "taccl_py, solver, solver_options, sketch and sizes") from None
+    try:
         collective = Collective(obj["collective"])
         bands = []
-        for index, band in enumerate(obj["bands"]):
-            algorithm = read_algorithm(str(base_dir / band["algorithm"]))
-            bands.append(SizeBand(int(band["min_bytes"]), band["max_bytes"], algorithm, band["algorithm"], band.get("xml"), band.get("simulated_time_us")))
-        return AlgorithmLibrary(str(obj["topology"]), int(obj["nodes"]), collective, int(obj["num_ranks"]), tuple(bands))
+        for band in obj["bands"]:
+            algorithm = read_algorithm(base_dir / band["algorithm"])
+            bands.append(SizeBand(int(band["min_bytes"]), band["max_bytes"], algorithm, band["algorithm"], band.get("simulated_time_us")))
+        return AlgorithmLibrary(str(obj["topology"]), int(obj["nodes"]), collective, int(obj["num_ranks"]), tuple(bands), provenance)
     except (KeyError, TypeError, ValueError) as error:
         raise FormatError(source, "bands", f"malformed entry ({error})", "topology, nodes, collective, num_ranks and bands") from None
 
 
-def read_library(path: str | Path) -> AlgorithmLibrary:
-    """Return the library in the file at ``path``."""
-    path = Path(path)
+def read_library(path: str | Path | Traversable) -> AlgorithmLibrary:
+    """Return the library in the file at ``path`` (a path, or a shipped package resource)."""
+    if isinstance(path, str):
+        path = Path(path)
+    # Package resources on disk are Paths, and inside a zip zipfile.Paths: both have ``parent``.
     return parse_library(read_text(path), str(path), path.parent)
 
 
 def generate_library(library: AlgorithmLibrary) -> str:
     """Return the JSON text of ``library`` (the algorithm files are written separately)."""
-    obj = {
+    obj: dict[str, Any] = {
         "schema": LIBRARY_SCHEMA,
         "topology": library.topology,
         "nodes": library.nodes,
         "collective": library.collective.value,
         "num_ranks": library.num_ranks,
-        "bands": [
-            {
-                "min_bytes": band.min_bytes,
-                "max_bytes": band.max_bytes,
-                "algorithm": band.algorithm_file,
-                "xml": band.xml_file,
-                "simulated_time_us": band.simulated_time_us,
-            }
-            for band in library.bands
-        ],
     }
+    if library.provenance is not None:
+        obj["provenance"] = _provenance_to_json(library.provenance)
+    obj["bands"] = [
+        {
+            "min_bytes": band.min_bytes,
+            "max_bytes": band.max_bytes,
+            "algorithm": band.algorithm_file,
+            "simulated_time_us": band.simulated_time_us,
+        }
+        for band in library.bands
+    ]
     return json.dumps(obj, indent=2) + "\n"
 
 
-def shipped_library_dir() -> Path:
-    """Return the ``algorithms/`` directory of the source tree."""
-    return Path(__file__).resolve().parents[2] / "algorithms"
+def shipped_library_dir() -> Traversable:
+    """Return the folder of shipped libraries (``algorithms/``), from the installed package's data."""
+    return files(SHIPPED_PACKAGE)
 
 
-def shipped_library_paths(topology: str, nodes: int) -> tuple[Path, ...]:
-    """Return the shipped library files for ``topology`` at ``nodes`` nodes (possibly none)."""
+def shipped_library_paths(topology: str, nodes: int) -> tuple[Traversable, ...]:
+    """Return the shipped library files for ``topology`` at ``nodes`` nodes (possibly none), by name."""
     folder = shipped_library_dir() / topology / f"n{nodes}"
-    return tuple(sorted(folder.glob("*.library.json")))
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted((item for item in folder.iterdir() if item.name.endswith(".library.json")), key=lambda item: item.name))
+
+
+def shipped_node_counts(topology: str) -> tuple[int, ...]:
+    """Return the node counts that ``topology`` has shipped libraries for, ascending (possibly none)."""
+    folder = shipped_library_dir() / topology
+    if not folder.is_dir():
+        return ()
+    return tuple(sorted(int(item.name[1:]) for item in folder.iterdir() if item.name[:1] == "n" and item.name[1:].isdigit()))

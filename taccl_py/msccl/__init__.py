@@ -3,11 +3,13 @@
 ``generate_msccl_xml``/``write_msccl_xml`` write either dialect (``"new"`` for
 Azure/msccl-executor-nccl and RCCL, ``"old"`` for microsoft/msccl); ``parse_msccl_xml``/
 ``read_msccl_xml`` read both. Export and import are inverse up to normalisation: exporting what
-an import returned reproduces the exported text.
+an import returned reproduces the exported text. ``write_library_xml`` writes a whole library,
+one file per size band.
 """
 
-from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, DIALECTS, Dialect, Protocol
+from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, DIALECTS, Dialect, Protocol, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml, write_msccl_xml
+from taccl_py.msccl.library import LibraryXml, generate_library_xml, write_library_xml
 from taccl_py.msccl.limits import (
     MAX_CHANNELS,
     MAX_COUNT,
@@ -24,6 +26,10 @@ __all__ = [
     "COLLECTIVE_SPELLINGS",
     "generate_msccl_xml",
     "write_msccl_xml",
+    "LibraryXml",
+    "generate_library_xml",
+    "write_library_xml",
+    "parse_dialect",
     "parse_msccl_xml",
     "read_msccl_xml",
     "looks_like_msccl_xml",

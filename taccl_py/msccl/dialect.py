@@ -15,11 +15,13 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Mapping
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import OpType
 from taccl_py.ir.collectives import Collective
 
 __all__ = [
     "Dialect",
+    "parse_dialect",
     "Protocol",
     "DialectSpec",
     "DIALECTS",
@@ -36,6 +38,14 @@ class Dialect(str, Enum):
 
     NEW = "new"
     OLD = "old"
+
+
+def parse_dialect(dialect: Dialect | str) -> Dialect:
+    """Return the ``Dialect`` that ``dialect`` names; raise ``ArgumentError`` for any other value."""
+    try:
+        return Dialect(dialect)
+    except ValueError:
+        raise ArgumentError(None, "dialect", f"{dialect!r}", "'new' (msccl-executor-nccl, RCCL) or 'old' (microsoft/msccl)") from None
 
 
 class Protocol(str, Enum):

@@ -20,7 +20,7 @@ from xml.sax.saxutils import escape
 from taccl_py._io import write_text_atomic
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.errors import ArgumentError
-from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol
+from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol, parse_dialect
 from taccl_py.msccl.limits import MAX_COUNT, check_gpu_limits
 
 __all__ = ["generate_msccl_xml", "write_msccl_xml", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
@@ -49,13 +49,6 @@ class _Unit:
     step: Step
     deps: tuple[Dep, ...]
     pieces: tuple[int, ...]
-
-
-def _as_dialect(dialect: Dialect | str) -> Dialect:
-    try:
-        return Dialect(dialect)
-    except ValueError:
-        raise ArgumentError(None, "dialect", f"{dialect!r}", "'new' (msccl-executor-nccl, RCCL) or 'old' (microsoft/msccl)") from None
 
 
 def _pieces(count: int) -> tuple[int, ...]:
@@ -208,7 +201,7 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
     >>> text.splitlines()[0]
     '<algo name="ag2" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
     """
-    dialect = _as_dialect(dialect)
+    dialect = parse_dialect(dialect)
     if algorithm.protocol not in {p.value for p in Protocol}:
         raise ArgumentError(algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol))
     lines = []

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_dir
+from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 
@@ -83,9 +83,8 @@ def _read_path(path: Path) -> list[Candidate]:
 
 def _topology_candidates(name: str, nodes: int | None, world_size: int) -> list[Candidate]:
     """Return the shipped libraries of topology ``name`` that run on ``world_size`` ranks."""
-    folder = shipped_library_dir() / name
-    folders = [folder / f"n{nodes}"] if nodes is not None else sorted(folder.glob("n*"))
-    libraries = [read_library(path) for sub in folders for path in sorted(sub.glob("*.library.json"))]
+    node_counts = [nodes] if nodes is not None else shipped_node_counts(name)
+    libraries = [read_library(path) for count in node_counts for path in shipped_library_paths(name, count)]
     fitting = [lib for lib in libraries if lib.num_ranks == world_size]
     if libraries and not fitting:
         counts = sorted({lib.num_ranks for lib in libraries})
@@ -96,14 +95,14 @@ def _topology_candidates(name: str, nodes: int | None, world_size: int) -> list[
 
 def _topology_name(text: str) -> str | None:
     """Return the canonical built-in topology name ``text`` (any case, or an alias) names, or None."""
-    if (shipped_library_dir() / text).is_dir():
+    if shipped_node_counts(text):
         return text
     try:
         from taccl_py.topology.builtins import ALIASES, builtin_topology_names
     except ImportError:  # the topology package is optional for the runtime
         return None
     name = ALIASES.get(text.lower(), text.lower())
-    return name if name in builtin_topology_names() or (shipped_library_dir() / name).is_dir() else None
+    return name if name in builtin_topology_names() or shipped_node_counts(name) else None
 
 
 def _collect_one(spec: Any, nodes: int | None, world_size: int) -> list[Candidate]:

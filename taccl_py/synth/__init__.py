@@ -6,7 +6,7 @@ logical topology shaped by a communication sketch, for AllGather, ReduceScatter 
 best baseline's time beside it. For several sizes it also builds a library of size bands that
 keeps, per size, the fastest of the synthesized algorithms and the baselines
 (``taccl_py.synth.bands``). The stages live in ``logical``, ``routing``, ``ordering``,
-``scheduling``, ``plan`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
+``scheduling``, ``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
 automatically.
 """
 
@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary
+from taccl_py import __version__
+from taccl_py.ir.library import AlgorithmLibrary, Provenance
 from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
 from taccl_py.synth.sketch import auto_sketch
@@ -27,7 +28,7 @@ from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, wri
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
 from taccl_py.synth.compose import Candidate, Chunking, synthesize_chunking
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
-from taccl_py.synth.solver import SolverOptions
+from taccl_py.synth.solver import SolverOptions, describe_solver, solver_settings
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 
@@ -228,10 +229,14 @@ def _synthesize_impl(
         eligible = [base is not None and fits[base[0].name] for base in baselines]
     choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
     best_at_top = min((pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us)[0]
+    timed_out = any("time-limit" in c.routing_status or c.routing_status == "heuristic" for c, _ in runs)
     library = None
     if banded:
-        library = build_library(topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value)
-    timed_out = any("time-limit" in c.routing_status or c.routing_status == "heuristic" for c, _ in runs)
+        provenance = Provenance(
+            taccl_py=__version__, solver=describe_solver(options), solver_options=solver_settings(options),
+            sketch=sketch.name if sketch.source.startswith("<") else sketch.source, sizes=sizes, timed_out=timed_out,
+        )
+        library = build_library(topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value, provenance)
     return SynthesisResult(
         best_at_top, collective, topology.name, sketch, choices, library,
         tuple(f"{c.chunking.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs), timed_out, time.perf_counter() - began,

@@ -4,30 +4,25 @@ For a list of sizes, every candidate chunking proposed for some size is synthesi
 for the geometric middle of the sizes that proposed it, and simulated at every size; so is the
 best baseline of each size. Each size takes the fastest exportable algorithm; neighbouring sizes
 with the same winner share a band, and band boundaries sit at the geometric middle between the
-sizes on either side. ``write_library`` writes the library JSON with one algorithm JSON and one
-MSCCL XML per band beside it (``taccl_py.ir.library``'s format).
+sizes on either side. ``write_library`` writes the library JSON with one algorithm JSON per band
+beside it (``taccl_py.ir.library``'s format); ``taccl export-msccl`` derives the MSCCL XML.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taccl_py._io import write_text_atomic
-from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
+from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, generate_library
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.candidates import geometric_middle
 
 __all__ = ["SizeChoice", "choose_per_size", "build_library", "band_file_stem", "write_library"]
-
-logger = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class SizeChoice:
@@ -78,7 +73,10 @@ def choose_per_size(
     return tuple(choices)
 
 
-def build_library(topology_name: str, nodes: int, collective: Collective, num_ranks: int, choices: Sequence[SizeChoice], stem: str) -> AlgorithmLibrary:
+def build_library(
+    topology_name: str, nodes: int, collective: Collective, num_ranks: int, choices: Sequence[SizeChoice], stem: str,
+    provenance: Provenance | None = None,
+) -> AlgorithmLibrary:
     """Return the library whose bands cover all sizes, one band per run of equal winners."""
     runs: list[list[SizeChoice]] = []
     for choice in choices:
@@ -92,8 +90,8 @@ def build_library(topology_name: str, nodes: int, collective: Collective, num_ra
         high = None if index == len(runs) - 1 else geometric_middle(run[-1].size_bytes, runs[index + 1][0].size_bytes)
         algorithm = replace(run[0].chosen, name=f"{stem}-{index}", min_bytes=low, max_bytes=high)
         algorithm = algorithm.with_metadata(source_algorithm=run[0].chosen.name, band=str(index))
-        bands.append(SizeBand(low, high, algorithm, f"{stem}-{index}.json", f"{stem}-{index}.xml", run[0].chosen_result.time_us))
-    return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands))
+        bands.append(SizeBand(low, high, algorithm, f"{stem}-{index}.json", run[0].chosen_result.time_us))
+    return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands), provenance)
 
 
 def band_file_stem(path: str | Path) -> str:
@@ -112,37 +110,20 @@ def write_library(
     *,
     compress: bool = False,
 ) -> None:
-    """Write the library JSON at ``path`` and its band algorithms (JSON and MSCCL XML) beside it.
+    """Write the library JSON at ``path`` and its band algorithms (taccl JSON) beside it.
 
     Band files are named after the library file: ``ar-0.json`` for ``ar.library.json``; with
-    ``compress`` they are gzip files (``ar-0.json.gz``, ``ar-0.xml.gz``), as the shipped
-    libraries are, since 64-rank schedules run to megabytes of text.
-
-    Every text is generated before the first file is written, so a failure (an algorithm
-    beyond the MSCCL limits) leaves nothing behind.
+    ``compress`` they are xz files (``ar-0.json.xz``), as the shipped libraries are, since 64-rank
+    schedules run to megabytes of text. Every text is generated before the first file is written.
     """
-    from taccl_py.msccl import generate_msccl_xml
-
     folder = Path(path).parent
     stem = band_file_stem(path)
-    gz = ".gz" if compress else ""
+    suffix = ".json.xz" if compress else ".json"
     library = replace(library, bands=tuple(
-        replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}.json{gz}", xml_file=f"{stem}-{i}.xml{gz}")
+        replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}{suffix}")
         for i, band in enumerate(library.bands)
     ))
-    texts = {}
-    bands = []
-    for band in library.bands:
-        texts[folder / band.algorithm_file] = generate_algorithm_json(band.algorithm)
-        if band.xml_file is not None:
-            try:
-                texts[folder / band.xml_file] = generate_msccl_xml(band.algorithm)
-            except ArgumentError as error:
-                # our runtime runs it; MSCCL's cannot load it, so the band ships without XML
-                logger.warning("%s: no MSCCL XML: %s", band.algorithm.name, error)
-                band = replace(band, xml_file=None)
-        bands.append(band)
-    library = replace(library, bands=tuple(bands))
+    texts = {folder / band.algorithm_file: generate_algorithm_json(band.algorithm) for band in library.bands}
     texts[Path(path)] = generate_library(library)
     for file, text in texts.items():
         write_text_atomic(file, text)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass
 from enum import Enum
 
@@ -17,7 +18,7 @@ import pulp
 
 from taccl_py.errors import ArgumentError
 
-__all__ = ["SOLVERS", "SolverOptions", "SolveStatus", "SolveOutcome", "solve_model"]
+__all__ = ["SOLVERS", "SolverOptions", "SolveStatus", "SolveOutcome", "describe_solver", "solve_model", "solver_settings"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,23 @@ class SolverOptions:
             raise ArgumentError(None, "solver", f"unknown solver {self.solver!r}", "one of " + ", ".join(SOLVERS))
         if not self.time_limit_s > 0:
             raise ArgumentError(None, "time_limit", f"{self.time_limit_s} s", "a positive number of seconds")
+
+
+def describe_solver(options: SolverOptions) -> str:
+    """Return the solver and the versions of the packages that run it, e.g. ``highs (highspy 1.7.2, pulp 3.3.0)``."""
+    packages = ("highspy", "pulp") if options.solver == "highs" else ("pulp",)
+    found = []
+    for package in packages:
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} (version unknown)")
+    return f"{options.solver} ({', '.join(found)})"
+
+
+def solver_settings(options: SolverOptions) -> tuple[tuple[str, float | int], ...]:
+    """Return the options that shape a solve, as (name, value) pairs for provenance records."""
+    return (("gap_rel", options.gap_rel), ("threads", options.threads), ("time_limit_s", options.time_limit_s))
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
 
-import taccl_py
 from taccl_py._io import read_text
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology.compose import compose_nodes
 from taccl_py.topology.model import Topology, VertexKind
 from taccl_py.topology.schema import parse_topology
 
-__all__ = ["ALIASES", "builtin_topology_dir", "builtin_topology_names", "load_topology", "nic_affinity"]
+__all__ = ["ALIASES", "BUILTIN_PACKAGE", "builtin_topology_dir", "builtin_topology_names", "load_topology", "nic_affinity"]
 
 logger = logging.getLogger(__name__)
+
+# The package that carries topologies/ as data (pyproject.toml maps the folder onto it).
+BUILTIN_PACKAGE = "taccl_py.data.topologies"
 
 # Other names users know the built-in machines by (lower case) -> file stem in topologies/.
 ALIASES = MappingProxyType(
@@ -31,9 +35,9 @@ ALIASES = MappingProxyType(
 )
 
 
-def builtin_topology_dir() -> Path:
-    """Return the folder holding the built-in topology files (``<repository>/topologies``)."""
-    return Path(taccl_py.__file__).resolve().parents[1] / "topologies"
+def builtin_topology_dir() -> Traversable:
+    """Return the folder of built-in topology files, from the installed package's data."""
+    return files(BUILTIN_PACKAGE)
 
 
 def builtin_topology_names() -> tuple[str, ...]:
@@ -43,7 +47,7 @@ def builtin_topology_names() -> tuple[str, ...]:
     True
     """
     folder = builtin_topology_dir()
-    return tuple(sorted(path.stem for path in folder.glob("*.json")))
+    return tuple(sorted(item.name.removesuffix(".json") for item in folder.iterdir() if item.name.endswith(".json")))
 
 
 def load_topology(name_or_path: str | Path, nodes: int = 1) -> Topology:

@@ -1,0 +1,77 @@
+"""MSCCL XML for a whole algorithm library: one file per size band, its size range in ``minBytes``/``maxBytes``.
+
+The MSCCL runtimes load every XML file of a folder (msccl-executor-nccl's and RCCL's algorithm
+directory) and pick, per call, the algorithm whose collective, rank count and size range fit;
+so a library becomes a folder of XML files, one per band. A band whose schedule breaks the
+runtime's limits (``taccl_py.msccl.limits``) is left out and reported: our own runtime still
+runs it from the library.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from taccl_py._io import write_text_atomic
+from taccl_py.errors import ArgumentError
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+from taccl_py.msccl.dialect import Dialect, parse_dialect
+from taccl_py.msccl.export import generate_msccl_xml
+
+__all__ = ["LibraryXml", "generate_library_xml", "library_xml_name", "write_library_xml"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LibraryXml:
+    """The XML files of a library, as (file name, text), and the bands left out as (band index, why)."""
+
+    files: tuple[tuple[str, str], ...]
+    skipped: tuple[tuple[int, str], ...]
+
+
+def library_xml_name(library: AlgorithmLibrary, index: int) -> str:
+    """Return the XML file name of band ``index``: unique across machines, node counts and collectives.
+
+    >>> from taccl_py.ir import AlgorithmLibrary, Collective
+    >>> library_xml_name(AlgorithmLibrary("ndv2", 2, Collective.ALLGATHER, 16, ()), 3)
+    'ndv2-n2-allgather-3.xml'
+    """
+    return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}.xml"
+
+
+def _band_xml(library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect) -> str:
+    # The band's range is what a runtime selects by, whatever range the algorithm was saved with.
+    algorithm = replace(band.algorithm, name=library_xml_name(library, index).removesuffix(".xml"),
+                        min_bytes=band.min_bytes, max_bytes=band.max_bytes)
+    return generate_msccl_xml(algorithm, dialect)
+
+
+def generate_library_xml(library: AlgorithmLibrary, dialect: Dialect | str = Dialect.NEW) -> LibraryXml:
+    """Return the MSCCL XML of every band of ``library`` that the MSCCL runtimes can load.
+
+    The open-ended last band gets ``maxBytes="0"``, which the MSCCL tools write for "no upper end".
+    """
+    dialect = parse_dialect(dialect)
+    files, skipped = [], []
+    for index, band in enumerate(library.bands):
+        try:
+            files.append((library_xml_name(library, index), _band_xml(library, index, band, dialect)))
+        except ArgumentError as error:
+            skipped.append((index, str(error)))
+    return LibraryXml(tuple(files), tuple(skipped))
+
+
+def write_library_xml(library: AlgorithmLibrary, folder: str | Path, dialect: Dialect | str = Dialect.NEW) -> LibraryXml:
+    """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
+
+    Every text is generated before the first file is written, each file through a temporary name.
+    """
+    export = generate_library_xml(library, dialect)
+    for index, why in export.skipped:
+        logger.warning("band %d of %s is beyond the MSCCL runtime limits and has no XML: %s", index, library.topology, why)
+    for name, text in export.files:
+        write_text_atomic(Path(folder) / name, text)
+    return export
