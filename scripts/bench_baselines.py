@@ -21,7 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks_md import (  # noqa: E402
+    COLLECTIVES,
     DATA_DIR,
+    collective_order,
     csv_pointer,
     csv_records,
     markdown_table,
@@ -39,13 +41,21 @@ from taccl_py.units import format_size, parse_sizes  # noqa: E402
 
 DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
 DEFAULT_NODES = "1,2,4"
-COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 KINDS = tuple(kind.value for kind in BaselineKind)
 CSV_PATH = DATA_DIR / "baselines_simulated.csv"
-#: One CSV row per machine x collective x size; ``<kind>_us`` and ``<kind>_of_bound`` are empty where the kind does not apply.
+#: One CSV row per machine x collective x size; ``<kind>_us`` and ``<kind>_of_bound`` are empty
+#: where the kind does not apply.
 CSV_HEADER = (
-    "machine", "topology", "nodes", "collective", "size", "size_bytes", "bound_us",
-    *[f"{kind}_{what}" for kind in KINDS for what in ("us", "of_bound")], "best", "best_of_bound",
+    "machine",
+    "topology",
+    "nodes",
+    "collective",
+    "size",
+    "size_bytes",
+    "bound_us",
+    *[f"{kind}_{what}" for kind in KINDS for what in ("us", "of_bound")],
+    "best",
+    "best_of_bound",
 )
 
 
@@ -64,7 +74,9 @@ def _size_groups(kind: BaselineKind, topology: Topology, sizes: Sequence[int]) -
     return groups
 
 
-def bench_case(topology: Topology, collective: str, sizes: Sequence[int]) -> dict[str, dict[int, tuple[str, SimulationResult]]]:
+def bench_case(
+    topology: Topology, collective: str, sizes: Sequence[int]
+) -> dict[str, dict[int, tuple[str, SimulationResult]]]:
     """Return kind -> size -> (algorithm name, result) for every applicable baseline."""
     bounds = {b.size_bytes: b.time_us for b in lower_bounds(topology, collective, sizes)}
     out: dict[str, dict[int, tuple[str, SimulationResult]]] = {}
@@ -84,7 +96,9 @@ def bench_case(topology: Topology, collective: str, sizes: Sequence[int]) -> dic
     return out
 
 
-def table_rows(name: str, nodes: int, topology: Topology, collective: str, sizes: Sequence[int], found: dict) -> list[tuple]:
+def table_rows(
+    name: str, nodes: int, topology: Topology, collective: str, sizes: Sequence[int], found: dict
+) -> list[tuple]:
     """Return the CSV rows (``CSV_HEADER``) of one case of built-in ``name`` on ``nodes`` machines: one per size,
     unformatted numbers, None where a kind does not apply."""
     rows = []
@@ -96,17 +110,32 @@ def table_rows(name: str, nodes: int, topology: Topology, collective: str, sizes
         for kind in KINDS:
             result = None if entries[kind] is None else entries[kind][1]
             cells += [None, None] if result is None else [result.time_us, result.fraction_of_bound]
-        rows.append((
-            topology.name, name, nodes, collective,
-            format_size(size), size, best.bound_time_us, *cells, best_name, best.fraction_of_bound,
-        ))
+        rows.append(
+            (
+                topology.name,
+                name,
+                nodes,
+                collective,
+                format_size(size),
+                size,
+                best.bound_time_us,
+                *cells,
+                best_name,
+                best.fraction_of_bound,
+            )
+        )
     return rows
 
 
 def _row_key(row: Sequence) -> tuple:
     """CSV order: topology, nodes, collective (allgather, reducescatter, allreduce), size."""
     collective = row[3]
-    return (row[1], row[2], COLLECTIVES.index(collective) if collective in COLLECTIVES else len(COLLECTIVES), collective, row[5])
+    return (
+        row[1],
+        row[2],
+        *collective_order(collective),
+        row[5],
+    )
 
 
 def _span(values: Sequence[float]) -> str:
@@ -133,8 +162,15 @@ def summary_table(records: Sequence[dict]) -> str:
             at_size = [r["best_of_bound"] for r in group if r["size_bytes"] == size_bytes]
             cells.append(_span(at_size) if at_size else "-")
         wins = {kind: sum(1 for r in group if str(r["best"]).split("-")[0] == kind) for kind in KINDS}
-        rows.append((topology, ",".join(str(n) for n in nodes), collective, *cells,
-                     ", ".join(f"{kind} {count}" for kind, count in wins.items() if count)))
+        rows.append(
+            (
+                topology,
+                ",".join(str(n) for n in nodes),
+                collective,
+                *cells,
+                ", ".join(f"{kind} {count}" for kind, count in wins.items() if count),
+            )
+        )
     headers = ("topology", "machines", "collective", *[label for _size, label in sizes], "best baseline (cases)")
     return markdown_table(headers, rows)
 
@@ -159,11 +195,19 @@ def render(records: Sequence[dict], elapsed_s: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the summary; write the CSV and BENCHMARKS.md unless ``--no-write``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="comma-separated built-in names (default: all)")
-    parser.add_argument("--nodes", default=DEFAULT_NODES, help=f"comma-separated machine counts (default {DEFAULT_NODES})")
-    parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="comma-separated collectives (default: all three)")
+    parser.add_argument(
+        "--topologies", default=",".join(builtin_topology_names()), help="comma-separated built-in names (default: all)"
+    )
+    parser.add_argument(
+        "--nodes", default=DEFAULT_NODES, help=f"comma-separated machine counts (default {DEFAULT_NODES})"
+    )
+    parser.add_argument(
+        "--collectives", default=",".join(COLLECTIVES), help="comma-separated collectives (default: all three)"
+    )
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes (default {DEFAULT_SIZES})")
-    parser.add_argument("--no-write", action="store_true", help=f"print only; leave BENCHMARKS.md and {CSV_PATH.name} alone")
+    parser.add_argument(
+        "--no-write", action="store_true", help=f"print only; leave BENCHMARKS.md and {CSV_PATH.name} alone"
+    )
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
     names = [n for n in args.topologies.split(",") if n]
@@ -187,7 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_write:
         given = list(sys.argv[1:] if argv is None else argv)
         command = " ".join(["python scripts/bench_baselines.py", *given])
-        update_benchmarks_section("baselines", "Baselines: rings, double binary trees, hierarchical rings (simulated)", command, body)
+        update_benchmarks_section(
+            "baselines", "Baselines: rings, double binary trees, hierarchical rings (simulated)", command, body
+        )
         _log("wrote the baselines section of BENCHMARKS.md")
     _log(f"done in {elapsed:.0f} s")
     return 0

@@ -34,7 +34,9 @@ COMMAND = "python scripts/bench_ddp.py"
 JOIN_TIMEOUT_S = 600.0
 
 
-def _rank_main(rank: int, world_size: int, port: int, widths: Sequence[int], steps: int, library_spec: str) -> list[dict[str, tuple[float, float]]]:
+def _rank_main(
+    rank: int, world_size: int, port: int, widths: Sequence[int], steps: int, library_spec: str
+) -> list[dict[str, tuple[float, float]]]:
     import torch.distributed as dist
 
     dist.destroy_process_group()  # the launcher's gloo group; the benchmark runs on a taccl one
@@ -50,7 +52,9 @@ def run_benchmark(widths: Sequence[int], steps: int, library_spec: str) -> list[
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
-    per_rank = run_local(_rank_main, WORLD_SIZE, (store.port, tuple(widths), steps, library_spec), timeout_s=JOIN_TIMEOUT_S)
+    per_rank = run_local(
+        _rank_main, WORLD_SIZE, (store.port, tuple(widths), steps, library_spec), timeout_s=JOIN_TIMEOUT_S
+    )
     del store
     rows = []
     for width, found in zip(widths, per_rank[0]):  # every rank holds the all-reduced maxima
@@ -58,11 +62,31 @@ def run_benchmark(widths: Sequence[int], steps: int, library_spec: str) -> list[
         base_ms = found[VARIANTS[0]][1]
         hook_diff, hook_ms = found[VARIANTS[1]]
         backend_diff, backend_ms = found[VARIANTS[2]]
-        rows.append((width, format_size(size_bytes), f"{base_ms:.2f}", f"{hook_ms:.2f}", f"{hook_ms / base_ms:.2f}x", f"{backend_ms:.2f}", f"{backend_ms / base_ms:.2f}x", f"{max(hook_diff, backend_diff):.1e}"))
+        rows.append(
+            (
+                width,
+                format_size(size_bytes),
+                f"{base_ms:.2f}",
+                f"{hook_ms:.2f}",
+                f"{hook_ms / base_ms:.2f}x",
+                f"{backend_ms:.2f}",
+                f"{backend_ms / base_ms:.2f}x",
+                f"{max(hook_diff, backend_diff):.1e}",
+            )
+        )
     return rows
 
 
-HEADERS = ("width", "gradients", "default ms", "hook ms", "hook/default", "backend ms", "backend/default", "max |dparam|")
+HEADERS = (
+    "width",
+    "gradients",
+    "default ms",
+    "hook ms",
+    "hook/default",
+    "backend ms",
+    "backend/default",
+    "max |dparam|",
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -76,17 +100,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write:
         cores, load = os.cpu_count(), os.getloadavg()[0]
         body = (
-            f"DDP on {WORLD_SIZE} gloo ranks on one machine ({cores} CPU cores, load average {load:.1f} after the run:\n"
+            f"DDP on {WORLD_SIZE} gloo ranks on one machine ({cores} CPU cores, load average {load:.1f} after the "
+            "run:\n"
             "a shared machine, so expect ±30% between runs), the MLP of `scripts/ddp_example.py`\n"
             f"(64-width-width-10, batch 32, SGD), {args.steps} timed steps after 3 warm-up steps, the three variants'\n"
             "steps alternating (so load changes hit all alike), default bucket cap.\n"
             f"Library: `{args.library}` (ring all-reduce run by taccl_py's executor over gloo point-to-point).\n"
             "Columns: slowest rank's median step time for default DDP (gloo all-reduce), DDP with the taccl_py\n"
-            "comm hook, and DDP on `init_process_group(\"taccl\")`; ratios to default DDP from the same run;\n"
+            'comm hook, and DDP on `init_process_group("taccl")`; ratios to default DDP from the same run;\n'
             "the largest parameter difference from default DDP after training (fp32).\n\n"
             f"```\n{table}\n```\n"
         )
-        update_benchmarks_section("ddp", "DDP step time: taccl_py hook and backend against default DDP (gloo, 4 ranks)", COMMAND + " --write", body)
+        update_benchmarks_section(
+            "ddp",
+            "DDP step time: taccl_py hook and backend against default DDP (gloo, 4 ranks)",
+            COMMAND + " --write",
+            body,
+        )
     return 0
 
 

@@ -41,8 +41,19 @@ def run_benchmark() -> tuple[list[tuple], list[str]]:
                 start = time.perf_counter()
                 result = place_pipeline(topology, stages, activation_bytes=size)
                 elapsed_ms = (time.perf_counter() - start) * 1e3
-                rows.append((name, nodes, stages, format_size(size), f"{result.naive_time_us:.1f}", f"{result.time_us:.1f}",
-                             f"{result.gain:.2f}x", result.method, f"{elapsed_ms:.0f}"))
+                rows.append(
+                    (
+                        name,
+                        nodes,
+                        stages,
+                        format_size(size),
+                        f"{result.naive_time_us:.1f}",
+                        f"{result.time_us:.1f}",
+                        f"{result.gain:.2f}x",
+                        result.method,
+                        f"{elapsed_ms:.0f}",
+                    )
+                )
                 if size == SIZES_BYTES[-1]:
                     orders.append(f"- {topology.name}, {stages} stages: ranks {result.rank_list()}")
     return rows, orders
@@ -54,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="update the placement section of BENCHMARKS.md")
     args = parser.parse_args(argv)
     rows, orders = run_benchmark()
-    table = format_table(("topology", "nodes", "stages", "activation", "naive us", "placed us", "gain", "method", "place ms"), rows)
+    table = format_table(
+        ("topology", "nodes", "stages", "activation", "naive us", "placed us", "gain", "method", "place ms"), rows
+    )
     print(table)
     print("\n".join(orders))
     if args.write:
@@ -69,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             "keeps each 4-GPU switch together) leave nothing to gain: every order the model allows costs the same\n"
             "or more, and the naive order is returned."
         )
-        update_benchmarks_section("placement", "Pipeline-stage placement (modelled p2p time)", COMMAND + " --write", body)
+        update_benchmarks_section(
+            "placement", "Pipeline-stage placement (modelled p2p time)", COMMAND + " --write", body
+        )
     return 0
 
 

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmarks_md import update_benchmarks_section  # noqa: E402
 
 from taccl_py.ir.algorithm import Algorithm, Buffer  # noqa: E402
-from taccl_py.ir.library import read_library, shipped_library_dir  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
+from taccl_py.ir.library import read_library, shipped_library_dir  # noqa: E402
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan  # noqa: E402
 from taccl_py.runtime.bench import BenchRow, bench_sizes, executor_overhead_us, ring_algorithm  # noqa: E402
 from taccl_py.runtime.launch import run_local  # noqa: E402
@@ -48,7 +48,9 @@ def direct_algorithm(collective: Collective, n: int) -> Algorithm:
     else:  # allreduce in place: reduce block q at rank q, then rank q sends it to everyone
         items += [Transfer(r, q, (I, q), (I, q), reduce=True) for r in range(n) for q in range(n) if q != r]
         items += [Transfer(q, r, (I, q), (I, q)) for q in range(n) for r in range(n) if q != r]
-    return lower_plan(f"direct-{collective.value}-{n}", collective, n, n, items, inplace=collective is Collective.ALLREDUCE)
+    return lower_plan(
+        f"direct-{collective.value}-{n}", collective, n, n, items, inplace=collective is Collective.ALLREDUCE
+    )
 
 
 def candidates(collective: Collective, n: int) -> list[Algorithm]:
@@ -57,7 +59,10 @@ def candidates(collective: Collective, n: int) -> list[Algorithm]:
     for path in sorted(shipped_library_dir().glob("*/n*/*.library.json")):
         library = read_library(path)
         if library.num_ranks == n and library.collective is collective:
-            found += [band.algorithm.with_metadata(library=str(path.relative_to(shipped_library_dir()))) for band in library.bands]
+            found += [
+                band.algorithm.with_metadata(library=str(path.relative_to(shipped_library_dir())))
+                for band in library.bands
+            ]
     try:
         from taccl_py.baselines import all_baselines
         from taccl_py.topology import builtin_topology_names, load_topology
@@ -98,11 +103,19 @@ def summarize(world: int, results: dict[tuple[str, str], list[BenchRow]]) -> lis
             torch_us = ring_row.torch_time_us
             best_key = min(keys, key=lambda key: results[key][index].ours_time_us / results[key][index].torch_time_us)
             best = results[best_key][index]
-            table.append([
-                str(world), collective.value, format_size(ring_row.size_bytes), f"{torch_us:.0f}",
-                f"{ring_row.ours_time_us:.0f}", f"{ring_row.speedup:.2f}x",
-                best_key[1], f"{best.ours_time_us:.0f}", f"{best.speedup:.2f}x",
-            ])
+            table.append(
+                [
+                    str(world),
+                    collective.value,
+                    format_size(ring_row.size_bytes),
+                    f"{torch_us:.0f}",
+                    f"{ring_row.ours_time_us:.0f}",
+                    f"{ring_row.speedup:.2f}x",
+                    best_key[1],
+                    f"{best.ours_time_us:.0f}",
+                    f"{best.speedup:.2f}x",
+                ]
+            )
     return table
 
 
@@ -143,21 +156,31 @@ def main(argv: list[str] | None = None) -> int:
     print(overhead)
     if not args.no_write:
         body = (
-            f"Local gloo ranks on loopback, {os.cpu_count()} CPU cores (1-minute load average {load_at_start:.1f} at the start: "
-            "other work on the machine shows up as noise); float32; the median over " f"{args.iters} iterations of the "
+            f"Local gloo ranks on loopback, {os.cpu_count()} CPU cores (1-minute load average {load_at_start:.1f} at "
+            "the start: "
+            "other work on the machine shows up as noise); float32; the median over "
+            f"{args.iters} iterations of the "
             "slowest rank's time, ours and gloo's timed alternately on the same group (x > 1: we are faster). "
-            "ring = one-channel ring in rank order (allreduce: reduce-scatter then allgather, in place); best = the fastest "
-            "of the ring, the ring with two chunks per rank, the direct all-pairs schedule, the shipped algorithms and the "
-            "baselines of the built-in machines with that many GPUs. gloo_us is gloo's time paired with the ring; each ratio "
+            "ring = one-channel ring in rank order (allreduce: reduce-scatter then allgather, in place); best = the "
+            "fastest "
+            "of the ring, the ring with two chunks per rank, the direct all-pairs schedule, the shipped algorithms "
+            "and the "
+            "baselines of the built-in machines with that many GPUs. gloo_us is gloo's time paired with the ring; "
+            "each ratio "
             "divides the gloo time measured alternately with that algorithm by the algorithm's own.\n\n"
             f"```\n{main_table}\n```\n\n"
             "Our side runs as the Communicator runs it on gloo: receives posted a round early, messages cut into 1 MB "
             "segments, each reduced as it arrives and forwarded at once.\n\n"
-            "Executor cost per round and per message, measured over a transport that moves nothing (one element per chunk): "
+            "Executor cost per round and per message, measured over a transport that moves nothing (one element per "
+            "chunk): "
             "the Python replay loop, its bookkeeping and the torch calls, without any communication.\n\n"
             f"```\n{overhead}\n```\n"
         )
-        command = "python scripts/bench_runtime.py" + (f" --ranks {args.ranks}" if args.ranks != "4,8" else "") + (f" --sizes {args.sizes}" if args.sizes != "64KB-64MB" else "")
+        command = (
+            "python scripts/bench_runtime.py"
+            + (f" --ranks {args.ranks}" if args.ranks != "4,8" else "")
+            + (f" --sizes {args.sizes}" if args.sizes != "64KB-64MB" else "")
+        )
         update_benchmarks_section("runtime", "Runtime: our collectives over gloo against gloo's own", command, body)
     return 0
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchmarks_md import (  # noqa: E402
     DATA_DIR,
+    collective_order,
     csv_pointer,
     csv_records,
     update_benchmarks_section,
@@ -39,20 +40,54 @@ from taccl_py.units import format_size  # noqa: E402
 
 TACCL_CSV = Path(__file__).resolve().parent / "data" / "TACCL_NDv2_2_chassis_AllGather.csv"
 # Row order of the TE-CCL file (decimal sizes: algbw x time = size).
-TACCL_SIZES = (10**9, 256 * 10**6, 64 * 10**6, 16 * 10**6, 4 * 10**6, 10**6, 256 * 10**3, 64 * 10**3, 16 * 10**3, 4 * 10**3, 10**3)
+TACCL_SIZES = (
+    10**9,
+    256 * 10**6,
+    64 * 10**6,
+    16 * 10**6,
+    4 * 10**6,
+    10**6,
+    256 * 10**3,
+    64 * 10**3,
+    16 * 10**3,
+    4 * 10**3,
+    10**3,
+)
 LARGE_BYTES = 16 * 10**6  # the ">= 16 MB" target: 0.90 of the bound
 INSTANCES_CSV = DATA_DIR / "synthesis_instances.csv"
 PER_SIZE_CSV = DATA_DIR / "synthesis_per_size.csv"
-COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 #: One row per instance (topology x nodes x collective); fractions of the bound are bound time / time.
 INSTANCE_HEADER = (
-    "topology", "nodes", "gpus", "collective", "synth_s", "peak_mb", "min_of_bound_ge16mb", "synth_only_min_of_bound_ge16mb",
-    "of_bound_largest", "min_synth_speedup", "max_synth_speedup", "synth_bands", "bands",
+    "topology",
+    "nodes",
+    "gpus",
+    "collective",
+    "synth_s",
+    "peak_mb",
+    "min_of_bound_ge16mb",
+    "synth_only_min_of_bound_ge16mb",
+    "of_bound_largest",
+    "min_synth_speedup",
+    "max_synth_speedup",
+    "synth_bands",
+    "bands",
 )
 #: One row per instance and size; synth_us / baseline_us / synth_speedup are empty where there is none.
 PER_SIZE_HEADER = (
-    "topology", "nodes", "gpus", "collective", "size", "size_bytes", "ours_us", "of_bound", "chosen",
-    "synth_us", "baseline_us", "baseline", "bound_us", "synth_speedup",
+    "topology",
+    "nodes",
+    "gpus",
+    "collective",
+    "size",
+    "size_bytes",
+    "ours_us",
+    "of_bound",
+    "chosen",
+    "synth_us",
+    "baseline_us",
+    "baseline",
+    "bound_us",
+    "synth_speedup",
 )
 
 
@@ -63,7 +98,11 @@ def _log(message: str) -> None:
 def _instance_key(row: tuple) -> tuple:
     """CSV order of both files: topology, nodes, collective (allgather, reducescatter, allreduce)."""
     collective = row[3]
-    return (row[0], row[1], COLLECTIVES.index(collective) if collective in COLLECTIVES else len(COLLECTIVES), collective)
+    return (
+        row[0],
+        row[1],
+        *collective_order(collective),
+    )
 
 
 def _per_size_key(row: tuple) -> tuple:
@@ -81,11 +120,23 @@ def instance_rows(metrics: list[dict]) -> list[tuple]:
         speed = [r["baseline_us"] / r["synthesized_us"] for r in m["rows"] if r["synthesized_us"] and r["baseline_us"]]
         top = m["rows"][-1]
         synthesized_bands = sum(1 for r in m["rows"] if r["chosen"].startswith("taccl-"))
-        out.append((
-            m["topology"], m["nodes"], m["num_ranks"], m["collective"], m["wall_s"], m["peak_rss_MB"],
-            min(frac) if frac else None, min(syn_frac) if syn_frac else None, top["bound_us"] / top["chosen_us"],
-            min(speed) if speed else None, max(speed) if speed else None, synthesized_bands, len(m["rows"]),
-        ))
+        out.append(
+            (
+                m["topology"],
+                m["nodes"],
+                m["num_ranks"],
+                m["collective"],
+                m["wall_s"],
+                m["peak_rss_MB"],
+                min(frac) if frac else None,
+                min(syn_frac) if syn_frac else None,
+                top["bound_us"] / top["chosen_us"],
+                min(speed) if speed else None,
+                max(speed) if speed else None,
+                synthesized_bands,
+                len(m["rows"]),
+            )
+        )
     return out
 
 
@@ -95,11 +146,24 @@ def per_size_rows(metrics: list[dict]) -> list[tuple]:
     for m in metrics:
         for r in m["rows"]:
             syn, base = r["synthesized_us"], r["baseline_us"]
-            out.append((
-                m["topology"], m["nodes"], m["num_ranks"], m["collective"], format_size(r["size_bytes"]), r["size_bytes"],
-                r["chosen_us"], r["bound_us"] / r["chosen_us"], r["chosen"], syn, base, r["baseline"], r["bound_us"],
-                base / syn if syn and base else None,
-            ))
+            out.append(
+                (
+                    m["topology"],
+                    m["nodes"],
+                    m["num_ranks"],
+                    m["collective"],
+                    format_size(r["size_bytes"]),
+                    r["size_bytes"],
+                    r["chosen_us"],
+                    r["bound_us"] / r["chosen_us"],
+                    r["chosen"],
+                    syn,
+                    base,
+                    r["baseline"],
+                    r["bound_us"],
+                    base / syn if syn and base else None,
+                )
+            )
     return out
 
 
@@ -125,15 +189,34 @@ def summary_table(instances: list[dict]) -> str:
     rows = []
     for (topology, nodes), group in groups.items():
         low, high = worst(group, "min_synth_speedup"), worst(group, "max_synth_speedup", max)
-        rows.append((
-            topology, nodes, group[0]["gpus"], len(group), _fmt(sum(r["synth_s"] for r in group), ".1f"),
-            _fmt(worst(group, "peak_mb", max), ".0f"), _fmt(worst(group, "min_of_bound_ge16mb"), ".3f"),
-            _fmt(worst(group, "synth_only_min_of_bound_ge16mb"), ".3f"), _fmt(worst(group, "of_bound_largest"), ".3f"),
-            "-" if low is None else f"{low:.2f}x-{high:.2f}x",
-            f"{sum(r['synth_bands'] for r in group)}/{sum(r['bands'] for r in group)}",
-        ))
-    headers = ("topology", "nodes", "GPUs", "collectives", "synth s (sum)", "peak MB (max)", "min of bound >=16MB",
-               "synth only", "of bound 1GB", "synth speedup", "synth bands")
+        rows.append(
+            (
+                topology,
+                nodes,
+                group[0]["gpus"],
+                len(group),
+                _fmt(sum(r["synth_s"] for r in group), ".1f"),
+                _fmt(worst(group, "peak_mb", max), ".0f"),
+                _fmt(worst(group, "min_of_bound_ge16mb"), ".3f"),
+                _fmt(worst(group, "synth_only_min_of_bound_ge16mb"), ".3f"),
+                _fmt(worst(group, "of_bound_largest"), ".3f"),
+                "-" if low is None else f"{low:.2f}x-{high:.2f}x",
+                f"{sum(r['synth_bands'] for r in group)}/{sum(r['bands'] for r in group)}",
+            )
+        )
+    headers = (
+        "topology",
+        "nodes",
+        "GPUs",
+        "collectives",
+        "synth s (sum)",
+        "peak MB (max)",
+        "min of bound >=16MB",
+        "synth only",
+        "of bound 1GB",
+        "synth speedup",
+        "synth bands",
+    )
     return _table(headers, rows)
 
 
@@ -159,13 +242,26 @@ def _teccl_section() -> str:
         result = simulate(library.select(size), topology, size)
         published = float(time_us)
         faster = "-" if published < 0 else f"{published / result.time_us:.2f}x"
-        rows.append((format_size(size), "-" if published < 0 else f"{published:.2f}", f"{result.time_us:.2f}", faster,
-                     f"{result.fraction_of_bound:.3f}", "-" if float(solver_s) < 0 else solver_s))
-    return _table(("size", "TACCL us (published)", "ours us", "ours faster by", "ours of bound", "TACCL solver s"), rows)
+        rows.append(
+            (
+                format_size(size),
+                "-" if published < 0 else f"{published:.2f}",
+                f"{result.time_us:.2f}",
+                faster,
+                f"{result.fraction_of_bound:.3f}",
+                "-" if float(solver_s) < 0 else solver_s,
+            )
+        )
+    return _table(
+        ("size", "TACCL us (published)", "ours us", "ours faster by", "ours of bound", "TACCL solver s"), rows
+    )
 
 
 def render(instances: list[dict], per_size_count: int) -> str:
-    """Return the BENCHMARKS.md body for the instance records (as ``read_csv`` returns them) and the per-size row count."""
+    """Return the BENCHMARKS.md body for the instance records (as ``read_csv`` returns them).
+
+    ``per_size_count`` is the number of rows of the per-size CSV, named in the pointer to it.
+    """
     return (
         "Simulated (α-β, max-min fair sharing) time of the size-band choice (`ours`: the fastest of the synthesized "
         "candidates and the baselines), of the best synthesized candidate alone (`synth`), of the best baseline "
@@ -177,9 +273,14 @@ def render(instances: list[dict], per_size_count: int) -> str:
         "One row per machine over its collectives (allgather, reducescatter, allreduce): synthesis time summed, "
         "peak memory the largest, fractions of the bound the worst (`synth only`: the best synthesized candidate "
         "alone), the range of synth speedups over all sizes, and the size bands a synthesized algorithm wins.\n\n"
-        "```\n" + summary_table(instances) + "\n```\n\n"
-        + csv_pointer(INSTANCES_CSV, len(instances), "Per instance") + " "
-        + csv_pointer(PER_SIZE_CSV, per_size_count, "Per instance and size (ours, synth, best baseline, bound, chosen algorithm)")
+        "```\n"
+        + summary_table(instances)
+        + "\n```\n\n"
+        + csv_pointer(INSTANCES_CSV, len(instances), "Per instance")
+        + " "
+        + csv_pointer(
+            PER_SIZE_CSV, per_size_count, "Per instance and size (ours, synth, best baseline, bound, chosen algorithm)"
+        )
         + "\n\n"
         "### NDv2 x2 AllGather in the TE-CCL model (`ndv2-teccl`) against TACCL's published times\n\n"
         "TACCL's times are from the TE-CCL authors' measurements (scripts/data/README.md); ours are simulated "
@@ -195,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md or the CSVs")
     args = parser.parse_args(argv)
     if args.from_metrics is not None:
-        metrics = [json.loads(line) for line in args.from_metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+        metrics = [
+            json.loads(line) for line in args.from_metrics.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
     else:
         run_args = argparse.Namespace(sizes=args.sizes, time_limit=args.time_limit, no_write=not args.write_library)
         metrics, _failures = sweep_instances(args, run_args)
@@ -209,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         command = "python scripts/bench_synthesis.py --write-library --metrics synthesis-metrics.jsonl"
-        update_benchmarks_section("synthesis", "Synthesized algorithms against baselines and the lower bound", command, body)
+        update_benchmarks_section(
+            "synthesis", "Synthesized algorithms against baselines and the lower bound", command, body
+        )
     return 0
 
 

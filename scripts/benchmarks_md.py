@@ -25,6 +25,8 @@ __all__ = [
     "read_csv",
     "update_benchmarks_section",
     "write_csv",
+    "COLLECTIVES",
+    "collective_order",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +37,22 @@ _HEADER = "# Benchmarks\n\nEach section is written by the script it names; rerun
 CSV_DECIMALS = 4
 
 
+#: The collectives the tables cover, in the order their rows are written.
+COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+
+
+def collective_order(collective: str) -> tuple[int, str]:
+    """Return a sort key that puts ``collective`` in ``COLLECTIVES`` order (unknown names last, by name)."""
+    return (COLLECTIVES.index(collective) if collective in COLLECTIVES else len(COLLECTIVES), collective)
+
+
 def update_benchmarks_section(
-    name: str, title: str, command: str, body: str, path: Path = BENCHMARKS_PATH, date: str | None = None,
+    name: str,
+    title: str,
+    command: str,
+    body: str,
+    path: Path = BENCHMARKS_PATH,
+    date: str | None = None,
 ) -> None:
     """Write section ``name`` of BENCHMARKS.md with its title, reproducing command, date (default today) and body."""
     text = path.read_text(encoding="utf-8") if path.exists() else _HEADER
@@ -101,7 +117,10 @@ def _records(text: str) -> list[dict[str, Any]]:
 
 
 def write_csv(
-    path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]], key: Callable[[Sequence[Any]], Any] | None = None,
+    path: Path,
+    header: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    key: Callable[[Sequence[Any]], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Write ``rows`` (one value per ``header`` column) to ``path`` as CSV; return them as :func:`read_csv` reads them.
 
@@ -117,7 +136,9 @@ def write_csv(
 
 
 def csv_records(
-    header: Sequence[str], rows: Iterable[Sequence[Any]], key: Callable[[Sequence[Any]], Any] | None = None,
+    header: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    key: Callable[[Sequence[Any]], Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Return ``rows`` exactly as :func:`write_csv` would write and :func:`read_csv` read them back, writing nothing."""
     return _records(_csv_text(header, rows, key))

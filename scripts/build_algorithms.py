@@ -54,8 +54,16 @@ def library_path(topology: str, nodes: int, collective: str) -> Path:
 def source_commit() -> str | None:
     """Return the checkout's commit, with ``-dirty`` when it has uncommitted changes (None outside git)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("-dirty" if dirty.strip() else "")
@@ -63,18 +71,26 @@ def source_commit() -> str | None:
 
 def instance_command(topology: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None) -> str:
     """Return the command that rebuilds one instance's library."""
-    command = f"python scripts/build_algorithms.py --topologies {topology} --nodes {nodes} --collectives {collective} --sizes {sizes}"
+    command = (
+        f"python scripts/build_algorithms.py --topologies {topology} --nodes {nodes} "
+        f"--collectives {collective} --sizes {sizes}"
+    )
     return command + (f" --time-limit {time_limit_s:g}" if time_limit_s is not None else "")
 
 
-def build_instance(topology_name: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None, write: bool) -> dict:
+def build_instance(
+    topology_name: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None, write: bool
+) -> dict:
     """Synthesize one instance (in this process), optionally write its library; return its metrics."""
     topology = load_topology(topology_name, nodes=nodes)
     began = time.perf_counter()
     result = synthesize(topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=_log)
     wall = time.perf_counter() - began
-    provenance = replace(result.library.provenance, source_commit=source_commit(),
-                         command=instance_command(topology_name, nodes, collective, sizes, time_limit_s))
+    provenance = replace(
+        result.library.provenance,
+        source_commit=source_commit(),
+        command=instance_command(topology_name, nodes, collective, sizes, time_limit_s),
+    )
     library = replace(result.library, topology=topology_name, provenance=provenance)
     if write:
         path = library_path(topology_name, nodes, collective)
@@ -84,19 +100,27 @@ def build_instance(topology_name: str, nodes: int, collective: str, sizes: str, 
     rows = []
     for choice in result.choices:
         syn, base = choice.synthesized, choice.baseline
-        rows.append({
-            "size_bytes": choice.size_bytes,
-            "chosen": choice.chosen.name,
-            "chosen_us": choice.chosen_result.time_us,
-            "synthesized_us": None if syn is None else syn.time_us,
-            "baseline": choice.baseline_name,
-            "baseline_us": None if base is None else base.time_us,
-            "bound_us": choice.chosen_result.bound_time_us,
-        })
+        rows.append(
+            {
+                "size_bytes": choice.size_bytes,
+                "chosen": choice.chosen.name,
+                "chosen_us": choice.chosen_result.time_us,
+                "synthesized_us": None if syn is None else syn.time_us,
+                "baseline": choice.baseline_name,
+                "baseline_us": None if base is None else base.time_us,
+                "bound_us": choice.chosen_result.bound_time_us,
+            }
+        )
     return {
-        "topology": topology_name, "nodes": nodes, "collective": collective, "num_ranks": topology.num_ranks,
-        "wall_s": wall, "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "timed_out": result.timed_out, "candidates": list(result.candidates), "rows": rows,
+        "topology": topology_name,
+        "nodes": nodes,
+        "collective": collective,
+        "num_ranks": topology.num_ranks,
+        "wall_s": wall,
+        "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "timed_out": result.timed_out,
+        "candidates": list(result.candidates),
+        "rows": rows,
     }
 
 
@@ -124,11 +148,15 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", default=DEFAULT_NODES)
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
-    parser.add_argument("--time-limit", type=float, default=None, help="MILP budget per instance (default by GPU count)")
+    parser.add_argument(
+        "--time-limit", type=float, default=None, help="MILP budget per instance (default by GPU count)"
+    )
     parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
 
 
-def sweep_instances(args: argparse.Namespace, run_args: argparse.Namespace, skip_existing: bool = False) -> tuple[list[dict], int]:
+def sweep_instances(
+    args: argparse.Namespace, run_args: argparse.Namespace, skip_existing: bool = False
+) -> tuple[list[dict], int]:
     """Run every (topology, nodes, collective) instance ``args`` names; return the metrics and the failure count."""
     metrics: list[dict] = []
     failures = 0

@@ -48,9 +48,17 @@ def ring_library(num_ranks: int) -> list[Any]:
     order is alike here), so this runs anywhere the ranks can reach each other.
     """
     gpus = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(num_ranks)]
-    links = [Link(f"gpu{a}", f"gpu{b}", LinkKind.ETHERNET, 10.0, 1.0) for a in range(num_ranks) for b in range(num_ranks) if a != b]
+    links = [
+        Link(f"gpu{a}", f"gpu{b}", LinkKind.ETHERNET, 10.0, 1.0)
+        for a in range(num_ranks)
+        for b in range(num_ranks)
+        if a != b
+    ]
     topology = make_topology(f"loopback{num_ranks}", gpus, links, description="uniform full mesh for CPU runs")
-    return [ring_algorithm(topology, c, channels=1) for c in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)]
+    return [
+        ring_algorithm(topology, c, channels=1)
+        for c in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)
+    ]
 
 
 def resolve_library(spec: str, world_size: int) -> Any:
@@ -61,10 +69,18 @@ def resolve_library(spec: str, world_size: int) -> Any:
 def make_model(width: int, seed: int = 0) -> torch.nn.Module:
     """Return the seeded MLP ``INPUTS``-``width``-``width``-``CLASSES``."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(INPUTS, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, CLASSES))
+    return torch.nn.Sequential(
+        torch.nn.Linear(INPUTS, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, CLASSES),
+    )
 
 
-def train_side_by_side(models: Sequence[torch.nn.Module], rank: int, steps: int) -> list[tuple[torch.Tensor, list[float]]]:
+def train_side_by_side(
+    models: Sequence[torch.nn.Module], rank: int, steps: int
+) -> list[tuple[torch.Tensor, list[float]]]:
     """Train every model with SGD on the same rank-seeded batches, one step of each in turn.
 
     Returns, per model, its flat parameters and each timed step (ms). Interleaving the steps
@@ -83,10 +99,15 @@ def train_side_by_side(models: Sequence[torch.nn.Module], rank: int, steps: int)
             optimizer.step()
             if step >= WARMUP_STEPS:
                 times.append((time.perf_counter() - start) * 1e3)
-    return [(torch.cat([p.detach().reshape(-1) for p in model.parameters()]), times) for model, times in zip(models, times_ms)]
+    return [
+        (torch.cat([p.detach().reshape(-1) for p in model.parameters()]), times)
+        for model, times in zip(models, times_ms)
+    ]
 
 
-def init_taccl(library: Any, *, store: Any = None, rank: int | None = None, world_size: int | None = None, timeout_s: float = 120.0) -> None:
+def init_taccl(
+    library: Any, *, store: Any = None, rank: int | None = None, world_size: int | None = None, timeout_s: float = 120.0
+) -> None:
     """Register the taccl backend with ``library`` and make it the default group (env:// without a store)."""
     register_backend(library)
     timeout = datetime.timedelta(seconds=timeout_s)
@@ -111,7 +132,9 @@ def run_variants(rank: int, width: int, steps: int, library: Any, gloo: Any) -> 
     found = {}
     reference = trained[0][0]
     for name, (params, times_ms) in zip(VARIANTS, trained):
-        summary = torch.tensor([float((params - reference).abs().max()), statistics.median(times_ms)], dtype=torch.float64)
+        summary = torch.tensor(
+            [float((params - reference).abs().max()), statistics.median(times_ms)], dtype=torch.float64
+        )
         dist.all_reduce(summary, op=dist.ReduceOp.MAX, group=gloo)  # the worst rank
         found[name] = (float(summary[0]), float(summary[1]))
     return found
@@ -121,7 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="timed training steps per variant (default 20)")
     parser.add_argument("--width", type=int, default=256, help="hidden width of the MLP (default 256)")
-    parser.add_argument("--library", default="ring", help="'ring', a *.library.json, an algorithm file or a topology name")
+    parser.add_argument(
+        "--library", default="ring", help="'ring', a *.library.json, an algorithm file or a topology name"
+    )
     args = parser.parse_args(argv)
     if "WORLD_SIZE" not in os.environ:
         parser.error("run under torchrun, e.g. torchrun --nproc-per-node 4 scripts/ddp_example.py")
@@ -131,7 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run_variants(rank, args.width, args.steps, library, dist.new_group(backend="gloo"))
     if rank == 0:
         params = sum(p.numel() for p in make_model(args.width).parameters())
-        print(f"{world_size} ranks, MLP width {args.width} ({params * 4 / 1e6:.2f} MB of fp32 gradients), {args.steps} timed steps")
+        print(
+            f"{world_size} ranks, MLP width {args.width} ({params * 4 / 1e6:.2f} MB of fp32 gradients), {args.steps} "
+            "timed steps"
+        )
         for name, (difference, median_ms) in results.items():
             verdict = "" if name == VARIANTS[0] else ("  agree" if difference <= AGREEMENT else "  DIFFER")
             print(f"  {name:<14} {median_ms:8.2f} ms/step (median)   max |param - default| = {difference:.2e}{verdict}")

@@ -12,13 +12,19 @@ from pathlib import Path
 from types import MappingProxyType
 
 from taccl_py._io import read_text, write_text_atomic
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json
-from taccl_py.errors import ArgumentError
 from taccl_py.msccl import Dialect, generate_msccl_xml, looks_like_msccl_xml, parse_msccl_xml
 from taccl_py.verify import check_algorithm
 
-__all__ = ["parse_any_algorithm", "read_any_algorithm", "generate_any_algorithm", "write_any_algorithm", "algorithm_format"]
+__all__ = [
+    "parse_any_algorithm",
+    "read_any_algorithm",
+    "generate_any_algorithm",
+    "write_any_algorithm",
+    "algorithm_format",
+]
 
 _FORMATS = MappingProxyType({".json": "json", ".xml": "xml"})
 
@@ -52,9 +58,13 @@ def algorithm_format(path: str | Path, dialect: Dialect | str | None = None) -> 
         return "json" if dialect is None else "xml"
     suffix = Path(path).suffix.lower()
     if suffix not in _FORMATS:
-        raise ArgumentError(str(path), "extension", f"{suffix or 'no extension'!r}", "'.json' (taccl) or '.xml' (MSCCL-IR)")
+        raise ArgumentError(
+            str(path), "extension", f"{suffix or 'no extension'!r}", "'.json' (taccl) or '.xml' (MSCCL-IR)"
+        )
     if _FORMATS[suffix] == "json" and dialect is not None:
-        raise ArgumentError(str(path), "dialect", f"dialect {dialect!s} given for a JSON file", "a dialect only with an .xml output")
+        raise ArgumentError(
+            str(path), "dialect", f"dialect {dialect!s} given for a JSON file", "a dialect only with an .xml output"
+        )
     return _FORMATS[suffix]
 
 

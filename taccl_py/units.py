@@ -18,11 +18,20 @@ BYTES_PER_US_PER_GBPS = 1e3
 MBPS_PER_GBPS = 8000.0
 
 _SUFFIX_BYTES = {
-    "": 1, "B": 1,
-    "K": 10**3, "KB": 10**3, "KIB": 2**10,
-    "M": 10**6, "MB": 10**6, "MIB": 2**20,
-    "G": 10**9, "GB": 10**9, "GIB": 2**30,
-    "T": 10**12, "TB": 10**12, "TIB": 2**40,
+    "": 1,
+    "B": 1,
+    "K": 10**3,
+    "KB": 10**3,
+    "KIB": 2**10,
+    "M": 10**6,
+    "MB": 10**6,
+    "MIB": 2**20,
+    "G": 10**9,
+    "GB": 10**9,
+    "GIB": 2**30,
+    "T": 10**12,
+    "TB": 10**12,
+    "TIB": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
@@ -38,7 +47,9 @@ def parse_size(text: str | int, field: str = "size") -> int:
     else:
         match = _SIZE_RE.match(text)
         if not match or match.group(2).upper() not in _SUFFIX_BYTES:
-            raise ArgumentError(None, field, f"cannot read size {text!r}", "a number with B, KB, MB, GB or KiB, MiB, GiB")
+            raise ArgumentError(
+                None, field, f"cannot read size {text!r}", "a number with B, KB, MB, GB or KiB, MiB, GiB"
+            )
         value = int(float(match.group(1)) * _SUFFIX_BYTES[match.group(2).upper()])
     if value <= 0:
         raise ArgumentError(None, field, f"size {text!r} is not positive", "a size of at least 1 byte")

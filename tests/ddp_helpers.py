@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from helpers import ring_algorithm
-
 from taccl_py.ir.collectives import Collective
 
-__all__ = ["WORLD_SIZE", "STEPS", "BUCKET_CAP_MB", "ring_library", "make_mlp", "train", "flat_parameters", "max_difference"]
+from helpers import ring_algorithm
+
+__all__ = [
+    "WORLD_SIZE",
+    "STEPS",
+    "BUCKET_CAP_MB",
+    "ring_library",
+    "make_mlp",
+    "train",
+    "flat_parameters",
+    "max_difference",
+]
 
 #: Ranks of every multi-process DDP test.
 WORLD_SIZE = 4
@@ -26,7 +35,9 @@ BUCKET_CAP_MB = 0.001
 
 def ring_library(world_size: int = WORLD_SIZE) -> list[Any]:
     """Return ring all-reduce, all-gather and reduce-scatter algorithms for ``world_size`` ranks."""
-    return [ring_algorithm(c, world_size) for c in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)]
+    return [
+        ring_algorithm(c, world_size) for c in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)
+    ]
 
 
 def make_mlp(seed: int = 0, *, unused: bool = False, dtype: Any = None) -> Any:
@@ -36,7 +47,13 @@ def make_mlp(seed: int = 0, *, unused: bool = False, dtype: Any = None) -> Any:
     class _MLP(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.layers = torch.nn.Sequential(torch.nn.Linear(13, 37), torch.nn.Tanh(), torch.nn.Linear(37, 19), torch.nn.Tanh(), torch.nn.Linear(19, 5))
+            self.layers = torch.nn.Sequential(
+                torch.nn.Linear(13, 37),
+                torch.nn.Tanh(),
+                torch.nn.Linear(37, 19),
+                torch.nn.Tanh(),
+                torch.nn.Linear(19, 5),
+            )
             self.spare = torch.nn.Linear(37, 5) if unused else None
 
         def forward(self, x: Any) -> Any:

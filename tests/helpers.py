@@ -34,6 +34,7 @@ def msccl_fixture_paths() -> list[Path]:
     """Return every reference MSCCL-IR XML under tests/fixtures/msccl, sorted."""
     return sorted((FIXTURES / "msccl").rglob("*.xml"))
 
+
 I, O = Buffer.INPUT, Buffer.OUTPUT
 
 

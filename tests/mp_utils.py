@@ -42,7 +42,14 @@ def require_gloo() -> None:
         pytest.skip("torch.distributed with gloo is not available in this torch build")
 
 
-def launch_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0, backend: str | None = "gloo") -> list[RankOutcome]:
+def launch_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float = JOIN_TIMEOUT_S,
+    pg_timeout_s: float = 60.0,
+    backend: str | None = "gloo",
+) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return every outcome.
 
     With ``backend=None`` the ranks get torchrun's environment but no initialised group.
@@ -51,12 +58,16 @@ def launch_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s:
     return launch_local(fn, world_size, args, timeout_s=timeout_s, pg_timeout_s=pg_timeout_s, backend=backend)
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S, backend: str | None = "gloo") -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = JOIN_TIMEOUT_S, backend: str | None = "gloo"
+) -> list[Any]:
     """Run ``fn`` on ``world_size`` gloo ranks and return their values; fail naming each failed rank."""
     outcomes = launch_ranks(fn, world_size, *args, timeout_s=timeout_s, backend=backend)
     failed = [o for o in outcomes if not o.ok]
     if failed:
-        report = "\n".join(f"--- rank {o.rank} of {world_size} failed (exit code {o.exitcode}):\n{o.error}" for o in failed)
+        report = "\n".join(
+            f"--- rank {o.rank} of {world_size} failed (exit code {o.exitcode}):\n{o.error}" for o in failed
+        )
         pytest.fail(f"{len(failed)} of {world_size} ranks failed:\n{report}", pytrace=False)
     return [o.value for o in outcomes]
 
@@ -93,7 +104,10 @@ class Case:
     segment_bytes: int | None = None  # executor's message segment size (None: whole messages)
 
     def label(self) -> str:
-        return f"{getattr(self.algorithm, 'name', self.algorithm)} {self.dtype} numel={self.numel} op={self.op}{' real' if self.real else ''}{f' segments of {self.segment_bytes} B' if self.segment_bytes else ''}"
+        name = getattr(self.algorithm, "name", self.algorithm)
+        real = " real" if self.real else ""
+        segments = f" segments of {self.segment_bytes} B" if self.segment_bytes else ""
+        return f"{name} {self.dtype} numel={self.numel} op={self.op}{real}{segments}"
 
 
 def random_input(case: Case, rank: int, numel: int) -> Any:
@@ -112,7 +126,12 @@ def torch_collective(collective: str, input: Any, op: str, world_size: int) -> A
     import torch
     import torch.distributed as dist
 
-    reduce_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+    reduce_op = {
+        "sum": dist.ReduceOp.SUM,
+        "avg": dist.ReduceOp.SUM,
+        "max": dist.ReduceOp.MAX,
+        "min": dist.ReduceOp.MIN,
+    }[op]
     if collective == "allgather":
         output = torch.empty(input.numel() * world_size, dtype=input.dtype)
         dist.all_gather_single(output, input)
@@ -126,7 +145,11 @@ def torch_collective(collective: str, input: Any, op: str, world_size: int) -> A
         output = torch.empty_like(input)
         dist.all_to_all_single(output, input)
     if op == "avg" and collective in ("reducescatter", "allreduce"):
-        output = output / world_size if output.dtype.is_floating_point else torch.div(output, world_size, rounding_mode="trunc")
+        output = (
+            output / world_size
+            if output.dtype.is_floating_point
+            else torch.div(output, world_size, rounding_mode="trunc")
+        )
     return output
 
 
@@ -135,7 +158,10 @@ def compare(case: Case, ours: Any, reference: Any) -> str | None:
     import torch
 
     if ours.shape != reference.shape or ours.dtype != reference.dtype:
-        return f"{case.label()}: shape/dtype {tuple(ours.shape)} {ours.dtype}, torch {tuple(reference.shape)} {reference.dtype}"
+        return (
+            f"{case.label()}: shape/dtype {tuple(ours.shape)} {ours.dtype}, "
+            f"torch {tuple(reference.shape)} {reference.dtype}"
+        )
     if case.real:
         tolerance = {"float32": 1e-5, "float64": 1e-12}.get(case.dtype, 1e-2)
         good = torch.allclose(ours.double(), reference.double(), rtol=tolerance, atol=tolerance * 10)
@@ -144,7 +170,11 @@ def compare(case: Case, ours: Any, reference: Any) -> str | None:
     if good:
         return None
     bad = (ours != reference).nonzero().flatten()
-    return f"{case.label()}: {bad.numel()} of {ours.numel()} elements differ, first at {int(bad[0])}: ours {ours[bad[0]].item()} torch {reference[bad[0]].item()}"
+    first = int(bad[0])
+    return (
+        f"{case.label()}: {bad.numel()} of {ours.numel()} elements differ, "
+        f"first at {first}: ours {ours[first].item()} torch {reference[first].item()}"
+    )
 
 
 def check_executor_cases(rank: int, world_size: int, cases: Sequence[Case], timeout_s: float = 30.0) -> list[str]:
@@ -162,7 +192,14 @@ def check_executor_cases(rank: int, world_size: int, cases: Sequence[Case], time
         data = random_input(case, rank, in_blocks * case.numel)
         keep = data.clone()
         output = torch.full((out_blocks * case.numel,), 99, dtype=data.dtype)
-        executor = Executor(algorithm, rank, data.dtype, case.numel, prepost_receives=transport.independent_messages, segment_bytes=case.segment_bytes)
+        executor = Executor(
+            algorithm,
+            rank,
+            data.dtype,
+            case.numel,
+            prepost_receives=transport.independent_messages,
+            segment_bytes=case.segment_bytes,
+        )
         executor.run(output, data, transport, case.op, timeout_s)
         if not torch.equal(data, keep):
             problems.append(f"{case.label()}: the input was modified")

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock, input_slot, output_slot
 from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json, read_algorithm, write_algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.errors import FormatError
 
 
 def _exchange(collective: Collective = Collective.ALLGATHER, inplace: bool = False) -> Algorithm:
@@ -47,8 +47,14 @@ def test_write_then_read(tmp_path):
         (lambda obj: obj.pop("collective"), r"collective: missing"),
         (lambda obj: obj.update(collective="gather"), r"collective: unknown value 'gather'"),
         (lambda obj: obj.update(schema="other"), r"schema"),
-        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(op="xx"), r"steps\[0\]\.op: unknown value 'xx'"),
-        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(src=["q", 0]), r"steps\[0\]\.src: unknown value 'q'"),
+        (
+            lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(op="xx"),
+            r"steps\[0\]\.op: unknown value 'xx'",
+        ),
+        (
+            lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(src=["q", 0]),
+            r"steps\[0\]\.src: unknown value 'q'",
+        ),
         (lambda obj: obj["ranks"][1].pop("input_chunks"), r"ranks\[1\]\.input_chunks: missing"),
     ],
 )

@@ -11,10 +11,11 @@ import datetime
 from typing import Any
 
 import pytest
-from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, make_mlp, max_difference, ring_library, train
-from mp_utils import run_ranks
 
 from taccl_py.errors import ArgumentError
+
+from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, make_mlp, max_difference, ring_library, train
+from mp_utils import run_ranks
 
 torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
 dist = pytest.importorskip("torch.distributed", reason="the taccl backend needs torch.distributed")
@@ -57,16 +58,27 @@ def _close(ours: Any, reference: Any) -> bool:
 def _reduce_cases(rank: int, gloo: Any, world: int) -> list[str]:
     """all_reduce and both reduce_scatter forms against gloo, on random data of odd sizes."""
     problems = []
-    ops = [("sum", torch.float32, 1001), ("avg", torch.float32, 64), ("max", torch.int64, 37), ("min", torch.float64, 9), ("sum", torch.float16, 300), ("sum", torch.bfloat16, 77)]
+    ops = [
+        ("sum", torch.float32, 1001),
+        ("avg", torch.float32, 64),
+        ("max", torch.int64, 37),
+        ("min", torch.float64, 9),
+        ("sum", torch.float16, 300),
+        ("sum", torch.bfloat16, 77),
+    ]
     for seed, (op, dtype, numel) in enumerate(ops):
         data = _data(rank, (numel,), dtype, seed)
         ours, reference = data.clone(), data.clone()
         work = dist.all_reduce(ours, op=getattr(dist.ReduceOp, op.upper()), async_op=True)
         work.wait()
-        dist.all_reduce(reference, op=dist.ReduceOp.SUM if op == "avg" else getattr(dist.ReduceOp, op.upper()), group=gloo)
+        dist.all_reduce(
+            reference, op=dist.ReduceOp.SUM if op == "avg" else getattr(dist.ReduceOp, op.upper()), group=gloo
+        )
         reference = reference / world if op == "avg" else reference
         if not _close(ours, reference):
-            problems.append(f"all_reduce {op} {dtype} numel={numel}: max error {max_difference(ours.double(), reference.double())}")
+            problems.append(
+                f"all_reduce {op} {dtype} numel={numel}: max error {max_difference(ours.double(), reference.double())}"
+            )
     data = _data(rank, (world * 250,), torch.float32, 20)
     ours, reference = torch.empty(250), torch.empty(250)
     dist.reduce_scatter_single(ours, data)
@@ -92,7 +104,10 @@ def _gather_cases(rank: int, gloo: Any, world: int) -> list[str]:
     if not torch.equal(ours, reference):
         problems.append("all_gather_single float32")
     data = _data(rank, (5, 7), torch.int32, 41)
-    ours, reference = [torch.empty(5, 7, dtype=torch.int32) for _ in range(world)], [torch.empty(5, 7, dtype=torch.int32) for _ in range(world)]
+    ours, reference = (
+        [torch.empty(5, 7, dtype=torch.int32) for _ in range(world)],
+        [torch.empty(5, 7, dtype=torch.int32) for _ in range(world)],
+    )
     dist.all_gather(ours, data)
     dist.all_gather(reference, data, group=gloo)
     if not all(torch.equal(a, b) for a, b in zip(ours, reference)):
@@ -159,7 +174,11 @@ def _subgroup_case(rank: int) -> dict[str, Any]:
     value = torch.full((5,), float(rank))
     dist.all_reduce(value, group=group)
     expected = float(sum(r for r in range(4) if r // 2 == rank // 2))
-    return {"ok": bool(torch.equal(value, torch.full((5,), expected))), "routed": dict(group.routed), "delegated": dict(group.delegated)}
+    return {
+        "ok": bool(torch.equal(value, torch.full((5,), expected))),
+        "routed": dict(group.routed),
+        "delegated": dict(group.delegated),
+    }
 
 
 def _failure_case(rank: int, world: int) -> dict[str, str]:
@@ -227,7 +246,9 @@ def test_other_operations_go_to_the_inner_backend(backend_results: list[dict[str
     for rank, result in enumerate(backend_results):
         assert result["delegated_problems"] == [], f"rank {rank}: {result['delegated_problems']}"
         routed, delegated = result["counts_after_delegated"]
-        assert delegated == {"allreduce": 1}, f"rank {rank}: only the PRODUCT all-reduce is a delegated collective: {delegated}"
+        assert delegated == {"allreduce": 1}, (
+            f"rank {rank}: only the PRODUCT all-reduce is a delegated collective: {delegated}"
+        )
         assert routed == result["counts"][0], f"rank {rank}: {routed}"
 
 
@@ -236,13 +257,17 @@ def test_other_operations_go_to_the_inner_backend(backend_results: list[dict[str
 def test_ddp_on_taccl_matches_ddp_on_gloo(backend_results: list[dict[str, Any]], case: str) -> None:
     for rank, result in enumerate(backend_results):
         assert result["ddp"][case] <= FP32_TOLERANCE, f"rank {rank}: {case} parameters differ by {result['ddp'][case]}"
-        assert result["ddp_allreduces"] > 3 * 20, f"rank {rank}: only {result['ddp_allreduces']} routed bucket all-reduces"
+        assert result["ddp_allreduces"] > 3 * 20, (
+            f"rank {rank}: only {result['ddp_allreduces']} routed bucket all-reduces"
+        )
 
 
 @pytest.mark.multiprocess
 def test_ddp_on_taccl_with_fp16_gradients(backend_results: list[dict[str, Any]]) -> None:
     for rank, result in enumerate(backend_results):
-        assert result["ddp"]["fp16"] <= FP16_TOLERANCE, f"rank {rank}: fp16 parameters differ by {result['ddp']['fp16']}"
+        assert result["ddp"]["fp16"] <= FP16_TOLERANCE, (
+            f"rank {rank}: fp16 parameters differ by {result['ddp']['fp16']}"
+        )
 
 
 @pytest.mark.multiprocess
@@ -250,7 +275,9 @@ def test_fsdp2_on_taccl_matches_ddp_on_gloo(backend_results: list[dict[str, Any]
     for rank, result in enumerate(backend_results):
         assert result["fsdp"] <= FP32_TOLERANCE, f"rank {rank}: FSDP2 parameters differ by {result['fsdp']}"
         gathers, scatters = result["fsdp_routed"]
-        assert gathers >= 20 and scatters >= 20, f"rank {rank}: routed {gathers} all-gathers, {scatters} reduce-scatters"
+        assert gathers >= 20 and scatters >= 20, (
+            f"rank {rank}: routed {gathers} all-gathers, {scatters} reduce-scatters"
+        )
 
 
 @pytest.mark.multiprocess
@@ -276,7 +303,9 @@ def test_unreadable_library_fails_init_process_group() -> None:
 
     register_backend("no-such-topology-or-file")
     try:
-        with pytest.raises(ArgumentError, match="no-such-topology-or-file: library: neither a file nor a built-in topology"):
+        with pytest.raises(
+            ArgumentError, match="no-such-topology-or-file: library: neither a file nor a built-in topology"
+        ):
             dist.init_process_group("taccl", store=dist.HashStore(), rank=0, world_size=1)
         assert not dist.is_initialized()
     finally:

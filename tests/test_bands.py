@@ -8,8 +8,8 @@ import pytest
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Buffer
-from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, read_library
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, read_library
 from taccl_py.ir.lowering import Transfer, lower_plan
 from taccl_py.msccl import generate_library_xml, read_msccl_xml, write_library_xml
 from taccl_py.synth.bands import write_library
@@ -25,14 +25,28 @@ def _too_many_steps():
 
 
 def _toy_library(provenance=None) -> AlgorithmLibrary:
-    return AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, (
-        SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json", 1.5),
-        SizeBand(1000, None, _too_many_steps(), "y.json", 2.5),
-    ), provenance)
+    return AlgorithmLibrary(
+        "toy",
+        1,
+        Collective.ALLGATHER,
+        2,
+        (
+            SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json", 1.5),
+            SizeBand(1000, None, _too_many_steps(), "y.json", 2.5),
+        ),
+        provenance,
+    )
 
 
-PROVENANCE = Provenance("0.1.0", "highs (highspy 1.7.2, pulp 3.3.0)", (("gap_rel", 0.001), ("threads", 2), ("time_limit_s", 4.0)),
-                        "auto-toy", (1000, 4000), timed_out=False, command="taccl synthesize -t toy")
+PROVENANCE = Provenance(
+    "0.1.0",
+    "highs (highspy 1.7.2, pulp 3.3.0)",
+    (("gap_rel", 0.001), ("threads", 2), ("time_limit_s", 4.0)),
+    "auto-toy",
+    (1000, 4000),
+    timed_out=False,
+    command="taccl synthesize -t toy",
+)
 
 
 def test_a_library_is_written_once_per_band_compressed_with_its_provenance(tmp_path):

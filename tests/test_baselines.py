@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from helpers import assert_valid_algorithm
 from test_simulate import full_mesh, two_nodes_one_nic
+
 from taccl_py.baselines import (
     BaselineKind,
     all_baselines,
@@ -22,6 +21,8 @@ from taccl_py.errors import ArgumentError
 from taccl_py.simulate import simulate
 from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.topology.model import Vertex, VertexKind, make_topology
+
+from helpers import assert_valid_algorithm
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 KINDS = tuple(kind.value for kind in BaselineKind)
@@ -195,7 +196,11 @@ def test_best_baseline_is_the_fastest_applicable_one():
 
 def test_applicable_kinds():
     assert applicable_kinds(full_mesh(4), "allgather") == (BaselineKind.RING,)
-    assert applicable_kinds(load_topology("ndv2", nodes=2), "allreduce") == (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL)
+    assert applicable_kinds(load_topology("ndv2", nodes=2), "allreduce") == (
+        BaselineKind.RING,
+        BaselineKind.TREE,
+        BaselineKind.HIERARCHICAL,
+    )
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,19 @@ from dataclasses import replace
 
 import pytest
 
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.topology import Link, LinkKind, Vertex, VertexKind, load_topology, lower_bound, make_topology, route
-from taccl_py.topology import bounds
+from taccl_py.ir.collectives import Collective
+from taccl_py.topology import (
+    Link,
+    LinkKind,
+    Vertex,
+    VertexKind,
+    bounds,
+    load_topology,
+    lower_bound,
+    make_topology,
+    route,
+)
 from taccl_py.topology.bounds import _route_links, binding_cut, latency_floor_us, lower_bounds
 
 GB = 10**9
@@ -20,10 +29,15 @@ REL = 1e-6
 
 def star(n: int, bandwidth_GBps: float, alpha_us: float = 0.5) -> object:
     """Return n GPUs each linked both ways to one switch at the same rate: the homogeneous case."""
-    vertices = [Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i) for i in range(n)] + [Vertex("sw", VertexKind.NVSWITCH)]
+    vertices = [Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i) for i in range(n)] + [
+        Vertex("sw", VertexKind.NVSWITCH)
+    ]
     links = []
     for i in range(n):
-        links += [Link(f"gpu{i}", "sw", LinkKind.NVSWITCH, alpha_us, bandwidth_GBps), Link("sw", f"gpu{i}", LinkKind.NVSWITCH, alpha_us, bandwidth_GBps)]
+        links += [
+            Link(f"gpu{i}", "sw", LinkKind.NVSWITCH, alpha_us, bandwidth_GBps),
+            Link("sw", f"gpu{i}", LinkKind.NVSWITCH, alpha_us, bandwidth_GBps),
+        ]
     return make_topology(f"star{n}", vertices, links)
 
 
@@ -61,7 +75,9 @@ def test_homogeneous_topology_gives_the_textbook_bound(n):
 @pytest.mark.parametrize(("name", "nodes"), [("ndv2", 1), ("ndv2", 2), ("dgx2", 2), ("dgx-a100", 2), ("pcie-8gpu", 2)])
 def test_allreduce_is_reducescatter_plus_allgather(name, nodes):
     topology = load_topology(name, nodes=nodes)
-    rs, ag, ar = (lower_bound(topology, c, GB) for c in (Collective.REDUCESCATTER, Collective.ALLGATHER, Collective.ALLREDUCE))
+    rs, ag, ar = (
+        lower_bound(topology, c, GB) for c in (Collective.REDUCESCATTER, Collective.ALLGATHER, Collective.ALLREDUCE)
+    )
     assert ar.bandwidth_time_us == pytest.approx(rs.bandwidth_time_us + ag.bandwidth_time_us, rel=REL)
     assert ar.time_us == pytest.approx(rs.time_us + ag.time_us, rel=REL)
     assert ar.cut == ag.cut
@@ -94,7 +110,8 @@ def brute_force_ratio(topology, reverse: bool) -> float:
             crossing = sum(
                 link.bandwidth_GBps
                 for link in topology.links
-                if ((link.dst if reverse else link.src) in inside) and ((link.src if reverse else link.dst) not in inside)
+                if ((link.dst if reverse else link.src) in inside)
+                and ((link.src if reverse else link.dst) not in inside)
             )
             best = max(best, count / crossing)
     return best
@@ -105,10 +122,17 @@ def random_topology(seed: int):
     rng = random.Random(seed)
     gpus = [Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i) for i in range(5)]
     switches = [Vertex(f"sw{k}", VertexKind.PCIE_SWITCH) for k in range(3)]
-    links = [Link(a.name, b.name, LinkKind.PCIE, 0.5, rng.uniform(1, 30)) for a, b in itertools.permutations(switches, 2) if rng.random() < 0.7]
+    links = [
+        Link(a.name, b.name, LinkKind.PCIE, 0.5, rng.uniform(1, 30))
+        for a, b in itertools.permutations(switches, 2)
+        if rng.random() < 0.7
+    ]
     for gpu in gpus:
         for switch in rng.sample(switches, rng.choice([1, 2])):
-            links += [Link(gpu.name, switch.name, LinkKind.PCIE, 0.5, rng.uniform(1, 30)), Link(switch.name, gpu.name, LinkKind.PCIE, 0.5, rng.uniform(1, 30))]
+            links += [
+                Link(gpu.name, switch.name, LinkKind.PCIE, 0.5, rng.uniform(1, 30)),
+                Link(switch.name, gpu.name, LinkKind.PCIE, 0.5, rng.uniform(1, 30)),
+            ]
     return make_topology(f"random{seed}", gpus + switches, links)
 
 
@@ -126,7 +150,13 @@ def test_max_flow_finds_the_brute_force_optimum(seed, reverse):
 @pytest.mark.parametrize(("name", "nodes"), [("ndv2", 2), ("dgx-a100", 2), ("dgx2", 1), ("pcie-8gpu", 3)])
 def test_bound_counts_exactly_the_links_routes_hold(name, nodes):
     topology = load_topology(name, nodes=nodes)
-    used = {key for a in range(topology.num_ranks) for b in range(topology.num_ranks) if a != b for key in route(topology, a, b).resources}
+    used = {
+        key
+        for a in range(topology.num_ranks)
+        for b in range(topology.num_ranks)
+        if a != b
+        for key in route(topology, a, b).resources
+    }
     assert {link.key for link in _route_links(topology)} == used
 
 
@@ -137,7 +167,10 @@ def test_every_nic_carries_traffic_on_dgx_a100():
 
 def test_results_are_python_floats():
     bound = lower_bound(load_topology("dgx1", nodes=2), "reducescatter", 64 * 10**6)
-    assert all(type(x) is float for x in (bound.time_us, bound.bandwidth_time_us, bound.latency_floor_us, bound.cut_capacity_GBps))
+    assert all(
+        type(x) is float
+        for x in (bound.time_us, bound.bandwidth_time_us, bound.latency_floor_us, bound.cut_capacity_GBps)
+    )
     assert type(bound.cut_gpus) is int and isinstance(bound.cut, tuple)
 
 

@@ -7,12 +7,13 @@ import json
 
 import pytest
 
-from helpers import FIXTURES, ring_algorithm
-from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.cli import main
+from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.msccl import read_msccl_xml
+
+from helpers import FIXTURES, ring_algorithm
 
 GOOD_XML = FIXTURES / "msccl/microsoft/allgather_ring_4gpu_1ch_simple.xml"
 BROKEN_XML = FIXTURES / "msccl/microsoft/sccl_allreduce_dgx1_composed.xml"
@@ -40,7 +41,9 @@ def test_verify_incorrect_lists_first_violations(capsys) -> None:
     assert main(["verify", str(BROKEN_XML)]) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "FAILED: Allreduce(n=8)-DGX1-steps=4: allreduce, 8 ranks: 46 violations"
-    assert lines[1] == "  uninitialized read (rank 0, tb 5, step 0, chunk 1): send reads s[1], which nothing wrote before"
+    assert (
+        lines[1] == "  uninitialized read (rank 0, tb 5, step 0, chunk 1): send reads s[1], which nothing wrote before"
+    )
     assert len(lines) == 7 and lines[-1] == "  ... and 41 more (--all shows every one)"
     assert main(["verify", "--all", str(BROKEN_XML)]) == 1
     assert len(capsys.readouterr().out.strip().splitlines()) == 47
@@ -50,15 +53,24 @@ def test_verify_json_report(capsys) -> None:
     assert main(["verify", "--json", str(BROKEN_XML)]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is False and report["num_ranks"] == 8
-    assert report["violations"][0] == {"kind": "uninitialized read", "message": "send reads s[1], which nothing wrote before",
-                                       "rank": 0, "threadblock": 5, "step": 0, "chunk": 1}
+    assert report["violations"][0] == {
+        "kind": "uninitialized read",
+        "message": "send reads s[1], which nothing wrote before",
+        "rank": 0,
+        "threadblock": 5,
+        "step": 0,
+        "chunk": 1,
+    }
 
 
-@pytest.mark.parametrize("name, fragment", [
-    ("bad_xml/non_integer.xml", "step[1]@cnt (line 5): 'one' is not an integer"),
-    ("bad_xml/truncated.xml", "line 6, column 7: malformed XML"),
-    ("does/not/exist.xml", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "name, fragment",
+    [
+        ("bad_xml/non_integer.xml", "step[1]@cnt (line 5): 'one' is not an integer"),
+        ("bad_xml/truncated.xml", "line 6, column 7: malformed XML"),
+        ("does/not/exist.xml", "cannot read"),
+    ],
+)
 def test_verify_malformed_exits_2(capsys, name, fragment) -> None:
     assert main(["verify", str(FIXTURES / name)]) == 2
     assert fragment in _error_line(capsys)
@@ -81,12 +93,15 @@ def test_convert_to_stdout(capsys) -> None:
     assert out.startswith('<algo name="allgather_ring_1channelsperring"') and 'outofplace="0"' in out
 
 
-@pytest.mark.parametrize("source, output, fragment", [
-    (BROKEN_XML, "out.json", "incorrect: uninitialized read (rank 0, tb 5, step 0, chunk 1)"),
-    (GOOD_XML, "out.yaml", "extension: '.yaml'"),
-    (GOOD_XML, "out.json --dialect old", "dialect old given for a JSON file"),
-    (FIXTURES / "bad_xml/unknown_step_type.xml", "out.xml", "unknown value 'xchg'"),
-])
+@pytest.mark.parametrize(
+    "source, output, fragment",
+    [
+        (BROKEN_XML, "out.json", "incorrect: uninitialized read (rank 0, tb 5, step 0, chunk 1)"),
+        (GOOD_XML, "out.yaml", "extension: '.yaml'"),
+        (GOOD_XML, "out.json --dialect old", "dialect old given for a JSON file"),
+        (FIXTURES / "bad_xml/unknown_step_type.xml", "out.xml", "unknown value 'xchg'"),
+    ],
+)
 def test_convert_failures_write_nothing(tmp_path, capsys, source, output, fragment) -> None:
     out, *extra = output.split()
     assert main(["convert", str(source), "-o", str(tmp_path / out), *extra]) == 2
@@ -102,15 +117,30 @@ def test_export_msccl_writes_every_band_of_a_machines_shipped_libraries(tmp_path
     assert names == sorted(f"ndv2-n2-{c}-{i}.xml" for c, lib in libraries.items() for i in range(len(lib.bands)))
     band = libraries["allreduce"].bands[1]
     parsed = read_msccl_xml(str(out / "ndv2-n2-allreduce-1.xml"))
-    assert (parsed.collective, parsed.num_ranks, parsed.min_bytes, parsed.max_bytes) == (Collective.ALLREDUCE, 16, band.min_bytes, band.max_bytes)
+    assert (parsed.collective, parsed.num_ranks, parsed.min_bytes, parsed.max_bytes) == (
+        Collective.ALLREDUCE,
+        16,
+        band.min_bytes,
+        band.max_bytes,
+    )
     assert capsys.readouterr().err.strip() == f"wrote {len(names)} MSCCL XML files to {out}"
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (["nosuch"], "error: nosuch: no such library file or built-in machine; expected a *.library.json file or one of dgx-a100"),
-    (["ndv2", "--nodes", "3"], "error: ndv2: --nodes: no shipped libraries at 3 nodes; expected 1, 2 or 4 nodes"),
-    (["ndv2", "--dialect", "old", "-o", "/no/such/dir/x"], "error: /no/such/dir/x: -o: its parent folder does not exist"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (
+            ["nosuch"],
+            "error: nosuch: no such library file or built-in machine; expected a *.library.json file or one of "
+            "dgx-a100",
+        ),
+        (["ndv2", "--nodes", "3"], "error: ndv2: --nodes: no shipped libraries at 3 nodes; expected 1, 2 or 4 nodes"),
+        (
+            ["ndv2", "--dialect", "old", "-o", "/no/such/dir/x"],
+            "error: /no/such/dir/x: -o: its parent folder does not exist",
+        ),
+    ],
+)
 def test_export_msccl_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, fragment) -> None:
     argv = ["export-msccl", *args] + ([] if "-o" in args else ["-o", str(tmp_path / "out")])
     assert main(argv) == 2

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ring_algorithm
-from taccl_py.ir.algorithm_json import write_algorithm
 from taccl_py.cli import main
+from taccl_py.ir.algorithm_json import write_algorithm
 from taccl_py.ir.collectives import Collective
+
+from helpers import ring_algorithm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 
@@ -27,21 +28,55 @@ def assert_one_error_line(capsys: pytest.CaptureFixture[str], status: int, patte
 def test_bench_prints_a_row_per_size_against_torch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "ring.json"
     write_algorithm(ring_algorithm(Collective.ALLREDUCE, 2, inplace=True), str(path))
-    status = main(["bench", "--algorithm", str(path), "--nproc", "2", "--sizes", "4KB,40KB", "--iters", "2", "--warmup", "1"])
+    status = main(
+        ["bench", "--algorithm", str(path), "--nproc", "2", "--sizes", "4KB,40KB", "--iters", "2", "--warmup", "1"]
+    )
     out = capsys.readouterr().out
     assert status == 0
     lines = out.strip().splitlines()
-    assert lines[0].split() == ["collective", "size", "algorithm", "ours_us", "torch_us", "ours_GBps", "torch_GBps", "speedup"]
-    assert [line.split()[:3] for line in lines[2:]] == [["allreduce", "4KB", "ring_allreduce_2"], ["allreduce", "40KB", "ring_allreduce_2"]]
+    assert lines[0].split() == [
+        "collective",
+        "size",
+        "algorithm",
+        "ours_us",
+        "torch_us",
+        "ours_GBps",
+        "torch_GBps",
+        "speedup",
+    ]
+    assert [line.split()[:3] for line in lines[2:]] == [
+        ["allreduce", "4KB", "ring_allreduce_2"],
+        ["allreduce", "40KB", "ring_allreduce_2"],
+    ]
 
 
 @pytest.mark.multiprocess
 def test_bench_json_rows_fall_back_to_torch_where_the_library_has_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     xml = FIXTURES / "microsoft" / "allgather_ring_4gpu_1ch_simple.xml"
-    status = main(["bench", "--library", str(xml), "--collective", "allgather", "--collective", "allreduce", "--nproc", "4", "--sizes", "8KB", "--iters", "1", "--json"])
+    status = main(
+        [
+            "bench",
+            "--library",
+            str(xml),
+            "--collective",
+            "allgather",
+            "--collective",
+            "allreduce",
+            "--nproc",
+            "4",
+            "--sizes",
+            "8KB",
+            "--iters",
+            "1",
+            "--json",
+        ]
+    )
     rows = json.loads(capsys.readouterr().out)
     assert status == 0
-    assert [(r["collective"], r["size_bytes"], r["algorithm"]) for r in rows] == [("allgather", 8000, "allgather_ring_1channelsperring"), ("allreduce", 8000, "torch")]
+    assert [(r["collective"], r["size_bytes"], r["algorithm"]) for r in rows] == [
+        ("allgather", 8000, "allgather_ring_1channelsperring"),
+        ("allreduce", 8000, "torch"),
+    ]
     assert all(r["ours_time_us"] > 0 and r["torch_time_us"] > 0 for r in rows)
 
 
@@ -56,18 +91,25 @@ def test_bench_algorithm_for_another_world_size(capsys: pytest.CaptureFixture[st
     assert_one_error_line(capsys, status, "runs on 4 ranks, the group has 2")
 
 
-def test_bench_outside_torchrun_needs_nproc(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_outside_torchrun_needs_nproc(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
     status = main(["bench", "--library", "ndv2"])
-    assert_one_error_line(capsys, status, "launch: not started by torchrun and no --nproc; expected torchrun --nproc-per-node N")
+    assert_one_error_line(
+        capsys, status, "launch: not started by torchrun and no --nproc; expected torchrun --nproc-per-node N"
+    )
 
 
-@pytest.mark.parametrize(("argv", "pattern"), [
-    (["--nproc", "1"], "--nproc: 1; expected 2 or more local ranks"),
-    (["--nproc", "2", "--iters", "0"], "--iters/--warmup: 0/2"),
-    (["--nproc", "2", "--sizes", "64XB"], "sizes: cannot read size '64XB'"),
-])
+@pytest.mark.parametrize(
+    ("argv", "pattern"),
+    [
+        (["--nproc", "1"], "--nproc: 1; expected 2 or more local ranks"),
+        (["--nproc", "2", "--iters", "0"], "--iters/--warmup: 0/2"),
+        (["--nproc", "2", "--sizes", "64XB"], "sizes: cannot read size '64XB'"),
+    ],
+)
 def test_bench_bad_arguments(argv: list[str], pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["bench", "--library", "ndv2", *argv])
     assert_one_error_line(capsys, status, pattern)

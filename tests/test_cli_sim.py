@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from test_simulate import ALPHA_US, BYTES_PER_US, full_mesh
+
+from taccl_py.cli import main
+from taccl_py.files import read_any_algorithm
+from taccl_py.topology import write_topology
 
 from helpers import assert_valid_algorithm
-from test_simulate import ALPHA_US, BYTES_PER_US, full_mesh
-from taccl_py.files import read_any_algorithm
-from taccl_py.cli import main
-from taccl_py.topology import write_topology
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RING_XML = FIXTURES / "msccl" / "microsoft" / "allgather_ring_4gpu_1ch_simple.xml"
@@ -26,8 +27,31 @@ def mesh4(tmp_path):
 
 def test_baseline_writes_a_verified_json_and_xml(tmp_path, capsys):
     out_json, out_xml = tmp_path / "ring.json", tmp_path / "tree.xml"
-    assert main(["baseline", "ring", "--topology", "ndv2", "--nodes", "2", "--collective", "allgather", "-o", str(out_json)]) == 0
-    assert main(["baseline", "tree", "-t", "ndv2", "-c", "allreduce", "--channels", "2", "--chunks", "3", "-o", str(out_xml)]) == 0
+    assert (
+        main(
+            ["baseline", "ring", "--topology", "ndv2", "--nodes", "2", "--collective", "allgather", "-o", str(out_json)]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "baseline",
+                "tree",
+                "-t",
+                "ndv2",
+                "-c",
+                "allreduce",
+                "--channels",
+                "2",
+                "--chunks",
+                "3",
+                "-o",
+                str(out_xml),
+            ]
+        )
+        == 0
+    )
     ring, tree = read_any_algorithm(out_json), read_any_algorithm(out_xml)
     assert_valid_algorithm(ring)
     assert_valid_algorithm(tree)
@@ -82,7 +106,12 @@ def test_simulate_json_carries_the_baseline(mesh4, capsys):
 
 def test_simulate_plot_and_no_baselines(mesh4, tmp_path, capsys):
     image = tmp_path / "timeline.png"
-    assert main(["simulate", str(RING_XML), "-t", str(mesh4), "--sizes", "1KB-64KB", "--no-baselines", "--plot", str(image)]) == 0
+    assert (
+        main(
+            ["simulate", str(RING_XML), "-t", str(mesh4), "--sizes", "1KB-64KB", "--no-baselines", "--plot", str(image)]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert image.read_bytes()[:4] == b"\x89PNG"
     assert "timeline at 64KB" in captured.err

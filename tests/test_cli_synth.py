@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from taccl_py.cli import main
 from taccl_py.ir.algorithm_json import read_algorithm
 from taccl_py.ir.library import read_library
-from taccl_py.cli import main
 from taccl_py.msccl import read_msccl_xml
 
 from helpers import FIXTURES, assert_valid_algorithm
@@ -31,13 +31,30 @@ def _pairs() -> list[tuple[str, str]]:
 def _one_profile_each() -> list[tuple[str, str]]:
     """Every sketch once, the profiles of its machine taken in turn (each profile at least once)."""
     turns = {"dgx2": itertools.cycle(DGX2_PROFILES), "ndv2": itertools.cycle(NDV2_PROFILES)}
-    return [(s, next(turns["dgx2" if "dgx2" in s else "ndv2"])) for s in sorted(p.name for p in SKETCHES.glob("sk*.json"))]
+    return [
+        (s, next(turns["dgx2" if "dgx2" in s else "ndv2"])) for s in sorted(p.name for p in SKETCHES.glob("sk*.json"))
+    ]
 
 
 def _run(sketch: str, profile: str, tmp_path, collective: str = "allgather") -> None:
     out = tmp_path / "algo.json"
-    status = main(["synthesize", "-t", str(SKETCHES / profile), "--sketch", str(SKETCHES / sketch), "-c", collective,
-                   "--size", "64KB", "--time-limit", "0.5", "-o", str(out)])
+    status = main(
+        [
+            "synthesize",
+            "-t",
+            str(SKETCHES / profile),
+            "--sketch",
+            str(SKETCHES / sketch),
+            "-c",
+            collective,
+            "--size",
+            "64KB",
+            "--time-limit",
+            "0.5",
+            "-o",
+            str(out),
+        ]
+    )
     assert status == 0
     algorithm = read_algorithm(str(out))
     assert_valid_algorithm(algorithm)
@@ -62,7 +79,26 @@ def test_every_taccl_sketch_with_every_profile(sketch, profile, collective, tmp_
 
 def test_builtin_topology_with_xml(tmp_path, capsys):
     out, xml = tmp_path / "ar.json", tmp_path / "ar.xml"
-    assert main(["synthesize", "-t", "ndv2", "-c", "allreduce", "--size", "1MB", "--time-limit", "1", "-o", str(out), "--xml", str(xml)]) == 0
+    assert (
+        main(
+            [
+                "synthesize",
+                "-t",
+                "ndv2",
+                "-c",
+                "allreduce",
+                "--size",
+                "1MB",
+                "--time-limit",
+                "1",
+                "-o",
+                str(out),
+                "--xml",
+                str(xml),
+            ]
+        )
+        == 0
+    )
     assert_valid_algorithm(read_algorithm(str(out)))
     assert read_msccl_xml(str(xml)).num_ranks == 8
     captured = capsys.readouterr()
@@ -72,11 +108,19 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
 
 def test_sizes_write_a_library(tmp_path):
     out = tmp_path / "ag.library.json"
-    assert main(["synthesize", "-t", "dgx2", "-c", "allgather", "--sizes", "1KB,1MB", "--time-limit", "1", "-o", str(out)]) == 0
+    assert (
+        main(["synthesize", "-t", "dgx2", "-c", "allgather", "--sizes", "1KB,1MB", "--time-limit", "1", "-o", str(out)])
+        == 0
+    )
     library = read_library(out)
     assert library.num_ranks == 16 and library.bands
-    assert library.provenance.command == f"taccl synthesize -t dgx2 -c allgather --sizes 1KB,1MB --time-limit 1 -o {out}"
-    assert dict(library.provenance.solver_options)["time_limit_s"] == 1.0 and library.provenance.sizes == (1000, 1000000)
+    assert (
+        library.provenance.command == f"taccl synthesize -t dgx2 -c allgather --sizes 1KB,1MB --time-limit 1 -o {out}"
+    )
+    assert dict(library.provenance.solver_options)["time_limit_s"] == 1.0 and library.provenance.sizes == (
+        1000,
+        1000000,
+    )
     assert library.provenance.sketch == "auto-dgx2" and library.provenance.solver.startswith("highs (highspy ")
     for band in library.bands:
         assert_valid_algorithm(band.algorithm)
@@ -88,14 +132,52 @@ def test_sizes_write_a_library(tmp_path):
 
 def test_time_limit_reached_says_so(tmp_path, capsys):
     out = tmp_path / "ag.json"
-    assert main(["synthesize", "-t", "ndv2", "--nodes", "2", "-c", "allgather", "--size", "16MB", "--time-limit", "0.01", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "synthesize",
+                "-t",
+                "ndv2",
+                "--nodes",
+                "2",
+                "-c",
+                "allgather",
+                "--size",
+                "16MB",
+                "--time-limit",
+                "0.01",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "time limit was reached; the result is the best verified schedule" in capsys.readouterr().err
     assert_valid_algorithm(read_algorithm(str(out)))
 
 
 def test_cbc_solver(tmp_path):
     out = tmp_path / "ag.json"
-    assert main(["synthesize", "-t", "ndv2", "-c", "allgather", "--size", "64KB", "--solver", "cbc", "--time-limit", "2", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "synthesize",
+                "-t",
+                "ndv2",
+                "-c",
+                "allgather",
+                "--size",
+                "64KB",
+                "--solver",
+                "cbc",
+                "--time-limit",
+                "2",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert_valid_algorithm(read_algorithm(str(out)))
 
 
@@ -108,28 +190,75 @@ def _fails(argv: list[str], tmp_path, capsys, message: str) -> None:
 
 def test_sketch_for_the_wrong_gpu_count(tmp_path, capsys):
     out = tmp_path / "x.json"
-    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "--sketch", str(SKETCHES / "sk1-dgx2-n2.json"), "-o", str(out)],
-           tmp_path, capsys, "out of range (the topology has 8 GPUs per node)")
+    _fails(
+        ["synthesize", "-t", "ndv2", "-c", "allgather", "--sketch", str(SKETCHES / "sk1-dgx2-n2.json"), "-o", str(out)],
+        tmp_path,
+        capsys,
+        "out of range (the topology has 8 GPUs per node)",
+    )
 
 
 def test_sketch_for_the_wrong_node_count(tmp_path, capsys):
     out = tmp_path / "x.json"
-    _fails(["synthesize", "-t", "ndv2", "--nodes", "4", "-c", "allgather", "--sketch", str(SKETCHES / "sk1-ndv2-n2.json"), "-o", str(out)],
-           tmp_path, capsys, "sketch for 2 nodes but the topology has 4")
+    _fails(
+        [
+            "synthesize",
+            "-t",
+            "ndv2",
+            "--nodes",
+            "4",
+            "-c",
+            "allgather",
+            "--sketch",
+            str(SKETCHES / "sk1-ndv2-n2.json"),
+            "-o",
+            str(out),
+        ],
+        tmp_path,
+        capsys,
+        "sketch for 2 nodes but the topology has 4",
+    )
 
 
 def test_infeasible_sketch(tmp_path, capsys):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"nnodes": 2, "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [1]}, '
-                   '"gpus_to_sender_rev_map": {"0": [0]}}}')
-    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "--sketch", str(bad), "-o", str(tmp_path / "x.json")],
-           tmp_path, capsys, "infeasible sketch: chunks of rank 1 cannot reach rank 8")
+    bad.write_text(
+        '{"nnodes": 2, "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [1]}, '
+        '"gpus_to_sender_rev_map": {"0": [0]}}}'
+    )
+    _fails(
+        ["synthesize", "-t", "ndv2", "-c", "allgather", "--sketch", str(bad), "-o", str(tmp_path / "x.json")],
+        tmp_path,
+        capsys,
+        "infeasible sketch: chunks of rank 1 cannot reach rank 8",
+    )
 
 
 def test_bad_output_extension(tmp_path, capsys):
-    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "-o", str(tmp_path / "x.txt")], tmp_path, capsys, "'.json' (taccl) or '.xml'")
+    _fails(
+        ["synthesize", "-t", "ndv2", "-c", "allgather", "-o", str(tmp_path / "x.txt")],
+        tmp_path,
+        capsys,
+        "'.json' (taccl) or '.xml'",
+    )
 
 
 def test_xml_with_sizes(tmp_path, capsys):
-    _fails(["synthesize", "-t", "ndv2", "-c", "allgather", "--sizes", "1KB,1MB", "-o", str(tmp_path / "l.json"), "--xml", str(tmp_path / "l.xml")],
-           tmp_path, capsys, "--xml with --sizes")
+    _fails(
+        [
+            "synthesize",
+            "-t",
+            "ndv2",
+            "-c",
+            "allgather",
+            "--sizes",
+            "1KB,1MB",
+            "-o",
+            str(tmp_path / "l.json"),
+            "--xml",
+            str(tmp_path / "l.xml"),
+        ],
+        tmp_path,
+        capsys,
+        "--xml with --sizes",
+    )

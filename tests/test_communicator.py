@@ -10,23 +10,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ring_algorithm
-from mp_utils import Case, assert_no_mismatches, compare, random_input, run_ranks, torch_collective
+from taccl_py.errors import ArgumentError, TransportError, VerificationError
+from taccl_py.ir import library as library_module
 from taccl_py.ir.algorithm import Buffer
 from taccl_py.ir.algorithm_json import write_algorithm
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.ir.collectives import Collective
-from taccl_py.errors import ArgumentError, TransportError, VerificationError
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
-from taccl_py.ir import library as library_module
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.selection import collect_algorithms
+
+from helpers import ring_algorithm
+from mp_utils import Case, assert_no_mismatches, compare, random_input, run_ranks, torch_collective
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 I, O = Buffer.INPUT, Buffer.OUTPUT
 
 
-def write_library(folder: Path, collective: Collective, num_ranks: int, bands: list[tuple[int, int | None, object]], topology: str = "test") -> Path:
+def write_library(
+    folder: Path,
+    collective: Collective,
+    num_ranks: int,
+    bands: list[tuple[int, int | None, object]],
+    topology: str = "test",
+) -> Path:
     """Write a ``*.library.json`` with its algorithm files into ``folder``; return its path."""
     folder.mkdir(parents=True, exist_ok=True)
     entries = []
@@ -35,7 +42,9 @@ def write_library(folder: Path, collective: Collective, num_ranks: int, bands: l
         write_algorithm(algorithm, str(folder / name))
         entries.append(SizeBand(low, high, algorithm, name))
     path = folder / f"{collective.value}.library.json"
-    path.write_text(generate_library(AlgorithmLibrary(topology, 1, collective, num_ranks, tuple(entries))), encoding="utf-8")
+    path.write_text(
+        generate_library(AlgorithmLibrary(topology, 1, collective, num_ranks, tuple(entries))), encoding="utf-8"
+    )
     return path
 
 
@@ -56,6 +65,7 @@ def wrong_allgather(n: int):
 
 
 # -- selection (one process) ------------------------------------------------------------------------
+
 
 def test_library_bands_choose_by_size(tmp_path: Path) -> None:
     small, large = ring_algorithm(Collective.ALLGATHER, 4), two_chunk_ring_allgather(4)
@@ -86,11 +96,25 @@ def test_unknown_library_name_is_refused() -> None:
 
 
 def test_topology_name_finds_its_shipped_libraries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write_library(tmp_path / "mybox" / "n1", Collective.ALLGATHER, 4, [(0, None, ring_algorithm(Collective.ALLGATHER, 4))], "mybox")
-    write_library(tmp_path / "mybox" / "n2", Collective.ALLGATHER, 8, [(0, None, ring_algorithm(Collective.ALLGATHER, 8))], "mybox")
+    write_library(
+        tmp_path / "mybox" / "n1",
+        Collective.ALLGATHER,
+        4,
+        [(0, None, ring_algorithm(Collective.ALLGATHER, 4))],
+        "mybox",
+    )
+    write_library(
+        tmp_path / "mybox" / "n2",
+        Collective.ALLGATHER,
+        8,
+        [(0, None, ring_algorithm(Collective.ALLGATHER, 8))],
+        "mybox",
+    )
     monkeypatch.setattr(library_module, "shipped_library_dir", lambda: tmp_path)
     assert collect_algorithms("mybox", 8).select(Collective.ALLGATHER, 10).algorithm.num_ranks == 8
-    assert collect_algorithms(None, 4, topology="mybox", nodes=1).select(Collective.ALLGATHER, 10).algorithm.num_ranks == 4
+    assert (
+        collect_algorithms(None, 4, topology="mybox", nodes=1).select(Collective.ALLGATHER, 10).algorithm.num_ranks == 4
+    )
     with pytest.raises(ArgumentError, match=r"3 ranks, but the shipped algorithms of mybox run on \[4, 8\] ranks"):
         collect_algorithms("mybox", 3)
 
@@ -108,13 +132,17 @@ def test_from_env_names_the_missing_variables(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_import_taccl_py_does_not_import_torch() -> None:
-    code = "import sys, taccl_py; assert 'torch' not in sys.modules; print(taccl_py.Communicator.__name__, 'torch' in sys.modules)"
+    code = (
+        "import sys, taccl_py; assert 'torch' not in sys.modules; "
+        "print(taccl_py.Communicator.__name__, 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["Communicator", "True"]
 
 
 # -- collectives on gloo ----------------------------------------------------------------------------
+
 
 def run_collective(comm: Communicator, collective: Collective, case: Case, rank: int) -> str | None:
     """Run one call of ``collective`` with ``comm`` and with torch; return a mismatch or None."""
@@ -149,14 +177,19 @@ def sweep(collectives: tuple[Collective, ...], numels: tuple[int, ...] = (1, 5, 
     plan = []
     for collective in collectives:
         for dtype, numel in [(d, n) for d in ("float32", "float16", "int64") for n in numels]:
-            for op in (("sum", "avg", "max", "min") if collective.reduces else ("sum",)):
+            for op in ("sum", "avg", "max", "min") if collective.reduces else ("sum",):
                 plan.append((collective, Case(collective.value, dtype, numel, op, seed=numel)))
     return plan
 
 
 @pytest.mark.multiprocess
 def test_library_file_runs_all_three_collectives_on_4_ranks(tmp_path: Path) -> None:
-    path = write_library(tmp_path / "ag", Collective.ALLGATHER, 4, [(0, 2000, ring_algorithm(Collective.ALLGATHER, 4)), (2000, None, two_chunk_ring_allgather(4))])
+    path = write_library(
+        tmp_path / "ag",
+        Collective.ALLGATHER,
+        4,
+        [(0, 2000, ring_algorithm(Collective.ALLGATHER, 4)), (2000, None, two_chunk_ring_allgather(4))],
+    )
     xml = FIXTURES / "azure" / "reducescatter_allpairs_4gpu_ll.xml"
     ar = tmp_path / "ar.json"
     write_algorithm(ring_algorithm(Collective.ALLREDUCE, 4, inplace=True), str(ar))
@@ -191,9 +224,13 @@ def checks_worker(rank: int, world: int) -> list[str]:
     with pytest.raises(VerificationError, match="forgets_own_chunk: incorrect"):
         Communicator(None, wrong_allgather(2))
     comm = Communicator(None, [ring_algorithm(Collective.ALLGATHER, 2)], timeout_s=20)
-    with pytest.raises(ArgumentError, match=r"all_gather.output: 5 elements for an input of 3 on 2 ranks; expected 6 elements"):
+    with pytest.raises(
+        ArgumentError, match=r"all_gather.output: 5 elements for an input of 3 on 2 ranks; expected 6 elements"
+    ):
         comm.all_gather(torch.zeros(5), torch.zeros(3))
-    with pytest.raises(ArgumentError, match="reduce_scatter: output is torch.float64 but input is torch.float32; expected one dtype"):
+    with pytest.raises(
+        ArgumentError, match="reduce_scatter: output is torch.float64 but input is torch.float32; expected one dtype"
+    ):
         comm.reduce_scatter(torch.zeros(3, dtype=torch.float64), torch.zeros(6))
     with pytest.raises(ArgumentError, match="all_reduce.output: tensor is not contiguous"):
         comm.all_reduce(torch.zeros(4, 2)[:, 1])
@@ -205,7 +242,12 @@ def checks_worker(rank: int, world: int) -> list[str]:
 
     problems = []
     for repeat in range(2):  # the group is in step: no stray message was sent above
-        problem = run_collective(comm, Collective.ALLREDUCE, Case(ring_algorithm(Collective.ALLREDUCE, 2), "float32", 10, "sum", seed=repeat), rank)
+        problem = run_collective(
+            comm,
+            Collective.ALLREDUCE,
+            Case(ring_algorithm(Collective.ALLREDUCE, 2), "float32", 10, "sum", seed=repeat),
+            rank,
+        )
         problems += [problem] if problem else []
     tensor = torch.full((4,), float(rank + 1))
     comm.all_reduce(tensor, op=dist.ReduceOp.MAX)

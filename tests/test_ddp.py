@@ -12,10 +12,11 @@ import time
 from typing import Any
 
 import pytest
-from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, make_mlp, max_difference, ring_library, train
-from mp_utils import run_ranks
 
 from taccl_py.errors import ArgumentError, TransportError
+
+from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, make_mlp, max_difference, ring_library, train
+from mp_utils import run_ranks
 
 torch = pytest.importorskip("torch", reason="the DDP hook needs torch")
 
@@ -79,7 +80,9 @@ def _uneven_buckets(rank: int, library: list[Any]) -> dict[str, Any]:
     }
 
 
-def _register_scenario(rank: int, library: list[Any], *, unused: bool = False, dtype: Any = None, background: bool = True) -> dict[str, Any]:
+def _register_scenario(
+    rank: int, library: list[Any], *, unused: bool = False, dtype: Any = None, background: bool = True
+) -> dict[str, Any]:
     """Train with register() and with default DDP from the same seed; return the difference."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -94,7 +97,12 @@ def _register_scenario(rank: int, library: list[Any], *, unused: bool = False, d
     elapsed_s = time.perf_counter() - start
     state.close()
     single = train(make_mlp(unused=unused), rank, steps=0)  # the untrained start, fp32
-    return {"diff": max_difference(reference, hooked), "moved": max_difference(single, hooked), "reduced": state.buckets_reduced, "elapsed_s": elapsed_s}
+    return {
+        "diff": max_difference(reference, hooked),
+        "moved": max_difference(single, hooked),
+        "reduced": state.buckets_reduced,
+        "elapsed_s": elapsed_s,
+    }
 
 
 def _failure_scenario(rank: int) -> dict[str, Any]:
@@ -130,7 +138,12 @@ def _failure_scenario(rank: int) -> dict[str, Any]:
         after = str(error)
     start = time.perf_counter()
     state.close()
-    return {"raised": raised, "after": after, "close_s": time.perf_counter() - start, "alive": any(t.name.startswith("taccl-ddp") for t in threading.enumerate())}
+    return {
+        "raised": raised,
+        "after": after,
+        "close_s": time.perf_counter() - start,
+        "alive": any(t.name.startswith("taccl-ddp") for t in threading.enumerate()),
+    }
 
 
 def _hook_scenarios(rank: int, world_size: int) -> dict[str, Any]:
@@ -159,8 +172,12 @@ def test_hook_matches_default_ddp_with_uneven_buckets(hook_results: list[dict[st
         uneven = result["uneven"]
         assert uneven["diff"] <= FP32_TOLERANCE, f"rank {rank}: parameters differ by {uneven['diff']}"
         assert len(uneven["sizes"]) >= 3, f"rank {rank}: bucket lengths {uneven['sizes']}"
-        assert any(n % WORLD_SIZE for n in uneven["sizes"]), f"rank {rank}: every bucket divides evenly: {uneven['sizes']}"
-        assert uneven["calls"] == uneven["reduced"] > 20, f"rank {rank}: {uneven['calls']} hook calls, {uneven['reduced']} reduced"
+        assert any(n % WORLD_SIZE for n in uneven["sizes"]), (
+            f"rank {rank}: every bucket divides evenly: {uneven['sizes']}"
+        )
+        assert uneven["calls"] == uneven["reduced"] > 20, (
+            f"rank {rank}: {uneven['calls']} hook calls, {uneven['reduced']} reduced"
+        )
         assert uneven["runs_taccl"], f"rank {rank}: some bucket fell back to torch's all-reduce"
         assert uneven["pending"] > 0, f"rank {rank}: every bucket was reduced before the hook returned"
 
@@ -232,7 +249,9 @@ def test_ordered_worker_failure_reaches_later_jobs() -> None:
 
     worker = OrderedWorker("test-failure")
     first, second = worker.submit(fail), worker.submit(lambda: 1)
-    with pytest.raises(RuntimeError, match="TransportError: test-failure: collective failed: ValueError: peer vanished"):
+    with pytest.raises(
+        RuntimeError, match="TransportError: test-failure: collective failed: ValueError: peer vanished"
+    ):
         first.wait()
     with pytest.raises(RuntimeError, match="TransportError: test-failure: not run: an earlier collective failed"):
         second.wait()
@@ -257,7 +276,10 @@ def test_ordered_worker_refuses_pickling() -> None:
 def test_register_rejects_a_plain_module() -> None:
     from taccl_py.runtime.ddp import register
 
-    with pytest.raises(ArgumentError, match="taccl_py.ddp: model: got Linear; expected a torch.nn.parallel.DistributedDataParallel"):
+    with pytest.raises(
+        ArgumentError,
+        match="taccl_py.runtime.ddp: model: got Linear; expected a torch.nn.parallel.DistributedDataParallel",
+    ):
         register(torch.nn.Linear(2, 2))
 
 
@@ -266,4 +288,3 @@ def test_hook_state_needs_a_communicator() -> None:
 
     with pytest.raises(ArgumentError, match="communicator: got str; expected a Communicator"):
         HookState("gloo")
-

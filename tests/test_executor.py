@@ -13,16 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ring_algorithm
-from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.files import read_any_algorithm
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError, TransportError, VerificationError
+from taccl_py.files import read_any_algorithm
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import Transfer, lower_plan
 from taccl_py.runtime.executor import Executor, block_layout
 from taccl_py.runtime.rank_plan import Storage, compile_rank_plan
 from taccl_py.runtime.transports.local import LocalHub
 from taccl_py.verify import verify_algorithm
+
+from helpers import ring_algorithm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 BROKEN_XML = "sccl_allreduce_dgx1_composed.xml"
@@ -37,7 +38,9 @@ def msccl_algorithms() -> list[Algorithm]:
 def make_inputs(algorithm: Algorithm, numel: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
     in_blocks, _, _ = block_layout(algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop)
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(-8, 9, (in_blocks * numel,), generator=generator).to(dtype) for _ in range(algorithm.num_ranks)]
+    return [
+        torch.randint(-8, 9, (in_blocks * numel,), generator=generator).to(dtype) for _ in range(algorithm.num_ranks)
+    ]
 
 
 def expected(algorithm: Algorithm, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
@@ -59,13 +62,22 @@ def expected(algorithm: Algorithm, inputs: list[torch.Tensor], op: str) -> list[
 
 
 def run_threads(
-    algorithm: Algorithm, inputs: list[torch.Tensor], numel: int, op: str = "sum", timeout_s: float = 10.0,
-    executors: list[Executor] | None = None, prepost: bool = False, segment_bytes: int | None = None,
+    algorithm: Algorithm,
+    inputs: list[torch.Tensor],
+    numel: int,
+    op: str = "sum",
+    timeout_s: float = 10.0,
+    executors: list[Executor] | None = None,
+    prepost: bool = False,
+    segment_bytes: int | None = None,
 ) -> list[torch.Tensor]:
     """Run ``algorithm`` on one thread per rank; return the outputs (raise the first rank's error)."""
     n = algorithm.num_ranks
     hub = LocalHub(n)
-    executors = executors or [Executor(algorithm, r, inputs[0].dtype, numel, prepost_receives=prepost, segment_bytes=segment_bytes) for r in range(n)]
+    executors = executors or [
+        Executor(algorithm, r, inputs[0].dtype, numel, prepost_receives=prepost, segment_bytes=segment_bytes)
+        for r in range(n)
+    ]
     outputs = [torch.full((executors[r].expected_numels()[1],), 99, dtype=inputs[0].dtype) for r in range(n)]
     errors: dict[int, BaseException] = {}
 
@@ -86,7 +98,9 @@ def run_threads(
     return outputs
 
 
-def assert_runs_correctly(algorithm: Algorithm, numel: int, dtype: torch.dtype = torch.float32, op: str = "sum", seed: int = 0) -> None:
+def assert_runs_correctly(
+    algorithm: Algorithm, numel: int, dtype: torch.dtype = torch.float32, op: str = "sum", seed: int = 0
+) -> None:
     """Run plain, with receives posted ahead, and with messages cut into segments (reduced as they
     arrive); each must give torch's result and keep the inputs."""
     for prepost, segment_bytes in ((False, None), (True, None), (True, 40)):
@@ -95,12 +109,16 @@ def assert_runs_correctly(algorithm: Algorithm, numel: int, dtype: torch.dtype =
         outputs = run_threads(algorithm, inputs, numel, op, prepost=prepost, segment_bytes=segment_bytes)
         for rank, (got, want) in enumerate(zip(outputs, expected(algorithm, kept, op))):
             variant = f"prepost={prepost} segment_bytes={segment_bytes}"
-            assert torch.equal(got, want), f"{algorithm.name} {variant} rank {rank} numel {numel} {dtype} {op}: {got[:8].tolist()} != {want[:8].tolist()}"
+            assert torch.equal(got, want), (
+                f"{algorithm.name} {variant} rank {rank} numel {numel} {dtype} {op}: {got[:8].tolist()} != "
+                f"{want[:8].tolist()}"
+            )
         for rank, (now, before) in enumerate(zip(inputs, kept)):
             assert torch.equal(now, before), f"{algorithm.name}: rank {rank}'s input was modified"
 
 
 # -- the plan ---------------------------------------------------------------------------------------
+
 
 def test_ring_allgather_plan_posts_one_message_each_way_per_round() -> None:
     algorithm = ring_algorithm(Collective.ALLGATHER, 4)
@@ -120,12 +138,20 @@ def swap_through_scratch() -> Algorithm:
     programs = []
     for rank in range(2):
         other = 1 - rank
-        local = Threadblock(0, (
-            Step(OpType.COPY, I, 0, S, 0),
-            Step(OpType.COPY, S, 0, O, other, depends=((1, 1),)),
-            Step(OpType.COPY, I, 0, O, rank),
-        ))
-        wire = Threadblock(1, (Step(OpType.SEND, S, 0, depends=((0, 0),)), Step(OpType.RECV, None, 0, S, 0)), send_peer=other, recv_peer=other)
+        local = Threadblock(
+            0,
+            (
+                Step(OpType.COPY, I, 0, S, 0),
+                Step(OpType.COPY, S, 0, O, other, depends=((1, 1),)),
+                Step(OpType.COPY, I, 0, O, rank),
+            ),
+        )
+        wire = Threadblock(
+            1,
+            (Step(OpType.SEND, S, 0, depends=((0, 0),)), Step(OpType.RECV, None, 0, S, 0)),
+            send_peer=other,
+            recv_peer=other,
+        )
         programs.append(RankProgram(rank, (local, wire), 1, 2, 1))
     return Algorithm("swap", Collective.ALLGATHER, 2, 2, tuple(programs))
 
@@ -169,7 +195,11 @@ def test_without_the_snapshot_the_thread_transport_exposes_the_race() -> None:
         source_of = {copy: source for r in executor.plan.rounds for copy, source in r.snapshots}
         assert source_of and all(copy.storage is Storage.SNAP for copy in source_of)
         rounds = tuple(
-            dataclasses.replace(r, snapshots=(), sends=tuple(dataclasses.replace(m, span=source_of.get(m.span, m.span)) for m in r.sends))
+            dataclasses.replace(
+                r,
+                snapshots=(),
+                sends=tuple(dataclasses.replace(m, span=source_of.get(m.span, m.span)) for m in r.sends),
+            )
             for r in executor.plan.rounds
         )
         executor.plan = dataclasses.replace(executor.plan, rounds=rounds)  # send straight from the scratch chunk
@@ -182,7 +212,12 @@ def test_without_the_snapshot_the_thread_transport_exposes_the_race() -> None:
 
 # -- correctness on every algorithm kind ------------------------------------------------------------
 
-@pytest.mark.parametrize("collective", [Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL], ids=lambda c: c.value)
+
+@pytest.mark.parametrize(
+    "collective",
+    [Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL],
+    ids=lambda c: c.value,
+)
 @pytest.mark.parametrize("num_ranks", [2, 3, 4])
 def test_lowered_rings_on_odd_sizes(collective: Collective, num_ranks: int) -> None:
     algorithm = ring_algorithm(collective, num_ranks)
@@ -190,10 +225,15 @@ def test_lowered_rings_on_odd_sizes(collective: Collective, num_ranks: int) -> N
         assert_runs_correctly(algorithm, numel, seed=numel)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64], ids=str
+)
 @pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
 def test_every_dtype_and_op(dtype: torch.dtype, op: str) -> None:
-    for algorithm in (ring_algorithm(Collective.ALLREDUCE, 4, inplace=True), ring_algorithm(Collective.REDUCESCATTER, 3)):
+    for algorithm in (
+        ring_algorithm(Collective.ALLREDUCE, 4, inplace=True),
+        ring_algorithm(Collective.REDUCESCATTER, 3),
+    ):
         assert_runs_correctly(algorithm, 13, dtype, op, seed=3)
 
 
@@ -215,7 +255,12 @@ def test_inplace_allreduce_reduces_the_callers_tensor() -> None:
     algorithm = ring_algorithm(Collective.ALLREDUCE, 2, inplace=True)
     hub = LocalHub(2)
     tensors = [torch.arange(6, dtype=torch.float64) + 10 * r for r in range(2)]
-    threads = [threading.Thread(target=Executor(algorithm, r, torch.float64, 6).run, args=(tensors[r], tensors[r], hub.transport(r))) for r in range(2)]
+    threads = [
+        threading.Thread(
+            target=Executor(algorithm, r, torch.float64, 6).run, args=(tensors[r], tensors[r], hub.transport(r))
+        )
+        for r in range(2)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -234,6 +279,7 @@ def test_repeated_runs_reuse_bindings_and_follow_new_tensors() -> None:
 
 
 # -- errors -----------------------------------------------------------------------------------------
+
 
 def test_unsupported_dtype_is_refused() -> None:
     with pytest.raises(ArgumentError, match="dtype: torch.complex64 is not supported"):
@@ -264,5 +310,7 @@ def test_a_silent_peer_times_out_with_a_transport_error_naming_it() -> None:
     algorithm = ring_algorithm(Collective.ALLGATHER, 2)
     hub = LocalHub(2)
     executor = Executor(algorithm, 0, torch.float32, 2)
-    with pytest.raises(TransportError, match=r"rank 0: receive from rank 1 failed in round \d+ \(threadblock \d+, step \d+\)"):
+    with pytest.raises(
+        TransportError, match=r"rank 0: receive from rank 1 failed in round \d+ \(threadblock \d+, step \d+\)"
+    ):
         executor.run(torch.zeros(4), torch.ones(2), hub.transport(0), timeout_s=0.2)

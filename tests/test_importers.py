@@ -61,7 +61,9 @@ def pcie_reach(topo: Topology, start: str) -> set[str]:
 def nic_affinity(topo: Topology) -> dict[str, list[int]]:
     """Return, per NIC, the ranks of the GPUs sharing its PCIe switch tree."""
     return {
-        nic.name: sorted(topo.vertex(v).rank for v in pcie_reach(topo, nic.name) if topo.vertex(v).kind is VertexKind.GPU)
+        nic.name: sorted(
+            topo.vertex(v).rank for v in pcie_reach(topo, nic.name) if topo.vertex(v).kind is VertexKind.GPU
+        )
         for nic in topo.nics()
     }
 
@@ -90,8 +92,26 @@ def test_v100_dgx1_style_has_the_files_nvlink_pairs():
     assert topo.num_ranks == 8 and topo.nodes == 1 and not topo.nics()
     pairs = gpu_links(topo)
     # NV2 and NV1 cells of the file (rows GPU0..GPU7, upper triangle).
-    assert {p for p, (count, _) in pairs.items() if count == 2} == {(0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7)}
-    assert {p for p, (count, _) in pairs.items() if count == 1} == {(0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7)}
+    assert {p for p, (count, _) in pairs.items() if count == 2} == {
+        (0, 3),
+        (0, 4),
+        (1, 2),
+        (1, 5),
+        (2, 3),
+        (4, 7),
+        (5, 6),
+        (6, 7),
+    }
+    assert {p for p, (count, _) in pairs.items() if count == 1} == {
+        (0, 1),
+        (0, 2),
+        (1, 3),
+        (2, 6),
+        (3, 7),
+        (4, 5),
+        (4, 6),
+        (5, 7),
+    }
     # 6 NVLinks per GPU -> V100; NCCL's SM70 rate is 20 GB/s per link.
     assert {bw for count, bw in pairs.values() if count == 2} == {40.0}
     assert [gpu.numa for gpu in topo.gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -116,8 +136,16 @@ def test_dgx_a100_nv12_goes_through_one_nvswitch_and_10_nics():
     assert switch_ports(topo) == {(12, 240.0)}  # 12 NVLink3 x NCCL's SM80 20 GB/s
     assert len(topo.nics()) == 10
     assert nic_affinity(topo) == {
-        "nic0": [0, 1], "nic1": [0, 1], "nic2": [2, 3], "nic3": [2, 3], "nic4": [4, 5],
-        "nic5": [4, 5], "nic6": [6, 7], "nic7": [6, 7], "nic8": [], "nic9": [],
+        "nic0": [0, 1],
+        "nic1": [0, 1],
+        "nic2": [2, 3],
+        "nic3": [2, 3],
+        "nic4": [4, 5],
+        "nic5": [4, 5],
+        "nic6": [6, 7],
+        "nic7": [6, 7],
+        "nic8": [],
+        "nic9": [],
     }
     assert [gpu.numa for gpu in topo.gpus] == [3, 3, 1, 1, 7, 7, 5, 5]
     assert "nic0=mlx5_0" in topo.description and "nic9=mlx5_9" in topo.description
@@ -132,7 +160,9 @@ def test_h100_nv18_13_nics_with_pix_and_pxb_affinity():
     assert len(nics) == 13
     assert [nic.net_kind for nic in nics] == [LinkKind.IB] * 8 + [LinkKind.ETHERNET] * 5
     affinity = nic_affinity(topo)
-    assert affinity == {f"nic{j}": [2 * (j // 2), 2 * (j // 2) + 1] for j in range(8)} | {f"nic{j}": [] for j in range(8, 13)}
+    assert affinity == {f"nic{j}": [2 * (j // 2), 2 * (j // 2) + 1] for j in range(8)} | {
+        f"nic{j}": [] for j in range(8, 13)
+    }
     # PIX: NIC0 sits on GPU0's switch, NIC1 on GPU1's; the other GPU of the pair is PXB away.
     assert [nearest_gpus(topo, f"nic{j}") for j in range(8)] == [[j] for j in range(8)]
     assert {nic.numa for nic in nics[8:]} == {1}  # the Ethernet ports are NODE to GPUs 4-7
@@ -143,7 +173,12 @@ def test_nvidia_smi_tabs_overrides_and_old_format():
     tabbed = "\n".join("\t".join(line.split("    ")) for line in text.splitlines())
     topo = parse_nvidia_smi_topo(tabbed, "tabbed", nvlink_GBps=25.0)
     assert gpu_links(topo)[(0, 3)] == (2, 50.0)
-    old = "\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\nGPU0\t X \tPIX\tPIX\t0-11\nGPU1\tPIX\t X \tPIX\t0-11\nmlx5_0\tPIX\tPIX\t X \t\n"
+    old = (
+        "\tGPU0\tGPU1\tmlx5_0\tCPU Affinity\n"
+        "GPU0\t X \tPIX\tPIX\t0-11\n"
+        "GPU1\tPIX\t X \tPIX\t0-11\n"
+        "mlx5_0\tPIX\tPIX\t X \t\n"
+    )
     topo = parse_nvidia_smi_topo(old, "old", pcie_bandwidth_GBps=16.0, net_bandwidth_GBps=50.0, net_alpha_us=3.0)
     assert nic_affinity(topo) == {"nic0": [0, 1]}
     (nic,) = topo.nics()
@@ -278,7 +313,9 @@ def test_custom_matrix_and_mi300x_profiles():
 def test_taccl_profile_units_can_be_given(caplog):
     text = (TOPO / "topo-ndv2-32KB.json").read_text().replace("NDv2_32KB", "NDv2")
     given = parse_taccl_profile(text, "renamed", chunk_size_bytes=32 * 1024, time_scale=10)
-    assert given.link("gpu0", "gpu1").bandwidth_GBps == pytest.approx(load("topo-ndv2-32KB.json").link("gpu0", "gpu1").bandwidth_GBps)
+    assert given.link("gpu0", "gpu1").bandwidth_GBps == pytest.approx(
+        load("topo-ndv2-32KB.json").link("gpu0", "gpu1").bandwidth_GBps
+    )
     with caplog.at_level(logging.WARNING):
         parse_taccl_profile(text, "renamed", chunk_size_bytes=4096)
     assert "no known time scale" in caplog.text

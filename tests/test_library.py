@@ -30,13 +30,18 @@ def test_builtin_names():
     assert builtin_topology_names() == ("dgx-a100", "dgx-h100", "dgx1", "dgx2", "ndv2", "ndv2-teccl", "pcie-8gpu")
 
 
-@pytest.mark.parametrize(("alias", "name"), [("NDv4", "dgx-a100"), ("NDV2", "ndv2"), ("dgx-2", "dgx2"), ("ndv5", "dgx-h100")])
+@pytest.mark.parametrize(
+    ("alias", "name"), [("NDv4", "dgx-a100"), ("NDV2", "ndv2"), ("dgx-2", "dgx2"), ("ndv5", "dgx-h100")]
+)
 def test_names_and_aliases_are_case_insensitive(alias, name):
     assert load_topology(alias).name == name
 
 
 def test_unknown_name_lists_the_builtins():
-    with pytest.raises(ArgumentError, match=r"^nosuch: no such built-in topology or file; expected one of dgx-a100, dgx-h100, dgx1, dgx2, ndv2, "):
+    with pytest.raises(
+        ArgumentError,
+        match=r"^nosuch: no such built-in topology or file; expected one of dgx-a100, dgx-h100, dgx1, dgx2, ndv2, ",
+    ):
         load_topology("nosuch")
 
 
@@ -97,7 +102,11 @@ def test_compose_numbers_ranks_node_major_and_prefixes_names():
 
 def test_compose_needs_nics_with_network_figures():
     machine = load_topology(str(PAIR))
-    bare = make_topology("bare", [v for v in machine.vertices if v.kind is VertexKind.GPU], [l for l in machine.links if l.kind is LinkKind.NVLINK])
+    bare = make_topology(
+        "bare",
+        [v for v in machine.vertices if v.kind is VertexKind.GPU],
+        [l for l in machine.links if l.kind is LinkKind.NVLINK],
+    )
     with pytest.raises(TopologyError, match="^bare: vertices: no NIC to join machines through"):
         compose_nodes(bare, 2)
     vertices = [replace(v, net_alpha_us=None) if v.kind is VertexKind.NIC else v for v in machine.vertices]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Buffer, OpType
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import build_dataflow
-from taccl_py.errors import ArgumentError
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 
 O, I, S = Buffer.OUTPUT, Buffer.INPUT, Buffer.SCRATCH

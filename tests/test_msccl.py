@@ -8,12 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import BROKEN_MSCCL_FIXTURES, FIXTURES, assert_valid_algorithm, msccl_fixture_paths, ring_algorithm
+from taccl_py.errors import ArgumentError, FormatError, VerificationError
+from taccl_py.files import read_any_algorithm, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.algorithm_json import generate_algorithm_json
-from taccl_py.files import read_any_algorithm, write_any_algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.errors import ArgumentError, FormatError, VerificationError
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.msccl import (
     MAX_CHANNELS,
@@ -27,6 +26,8 @@ from taccl_py.msccl import (
 )
 from taccl_py.verify import verify_algorithm
 
+from helpers import BROKEN_MSCCL_FIXTURES, FIXTURES, assert_valid_algorithm, msccl_fixture_paths, ring_algorithm
+
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 FIXTURE_IDS = lambda p: f"{p.parent.name}/{p.name}"  # noqa: E731
 
@@ -36,6 +37,7 @@ def _steps(text: str) -> list[dict[str, str]]:
 
 
 # -- import of the reference files ------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", msccl_fixture_paths(), ids=FIXTURE_IDS)
 def test_reference_files_import_and_round_trip(path) -> None:
@@ -53,7 +55,11 @@ def test_reference_step_and_buffer_counts_survive(tmp_path) -> None:
     original = path.read_text()
     algorithm = read_msccl_xml(str(path))
     assert (algorithm.protocol, algorithm.chunks_per_loop, algorithm.inplace) == ("LL", 16, True)
-    assert (algorithm.ranks[0].input_chunks, algorithm.ranks[0].output_chunks, algorithm.ranks[0].scratch_chunks) == (16, 0, 12)
+    assert (algorithm.ranks[0].input_chunks, algorithm.ranks[0].output_chunks, algorithm.ranks[0].scratch_chunks) == (
+        16,
+        0,
+        12,
+    )
     exported = generate_msccl_xml(algorithm, "old")
     # same steps, types, counts and published flags as msccl-tools wrote, and the same dependencies
     # (nops order them by threadblock; unused buffer slots may differ)
@@ -63,11 +69,14 @@ def test_reference_step_and_buffer_counts_survive(tmp_path) -> None:
     assert deps(exported) == deps(original)
 
 
-@pytest.mark.parametrize("name, collective, inputs, outputs", [
-    ("microsoft/allgather_ring_4gpu_1ch_simple.xml", Collective.ALLGATHER, 0, 4),
-    ("azure/allreduce_ring_4gpu_simple.xml", Collective.ALLREDUCE, 4, 0),
-    ("azure/reducescatter_allpairs_4gpu_ll.xml", Collective.REDUCESCATTER, 16, 0),
-])
+@pytest.mark.parametrize(
+    "name, collective, inputs, outputs",
+    [
+        ("microsoft/allgather_ring_4gpu_1ch_simple.xml", Collective.ALLGATHER, 0, 4),
+        ("azure/allreduce_ring_4gpu_simple.xml", Collective.ALLREDUCE, 4, 0),
+        ("azure/reducescatter_allpairs_4gpu_ll.xml", Collective.REDUCESCATTER, 16, 0),
+    ],
+)
 def test_inplace_files_map_to_aliased_buffers(name, collective, inputs, outputs) -> None:
     algorithm = read_msccl_xml(str(FIXTURES / "msccl" / name))
     assert algorithm.inplace and algorithm.collective is collective
@@ -87,6 +96,7 @@ def test_both_collective_spellings_and_size_band() -> None:
 
 # -- export of lowered algorithms --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("collective", list(Collective), ids=lambda c: c.value)
 def test_lowered_rings_round_trip(collective) -> None:
     algorithm = ring_algorithm(collective, 5)
@@ -100,10 +110,15 @@ def test_lowered_rings_round_trip(collective) -> None:
 def _fan_in() -> Algorithm:
     """Rank 0 receives from three peers on three threadblocks, then copies all three with one step."""
     tbs = [Threadblock(t, (Step(OpType.RECV, dst_buffer=O, dst_offset=t + 1),), recv_peer=t + 1) for t in range(3)]
-    tbs.append(Threadblock(3, (
-        Step(OpType.COPY, I, 0, O, 0),
-        Step(OpType.COPY, O, 0, S, 0, count=4, depends=((2, 0), (0, 0), (1, 0), (0, 0))),
-    )))
+    tbs.append(
+        Threadblock(
+            3,
+            (
+                Step(OpType.COPY, I, 0, O, 0),
+                Step(OpType.COPY, O, 0, S, 0, count=4, depends=((2, 0), (0, 0), (1, 0), (0, 0))),
+            ),
+        )
+    )
     tbs.append(Threadblock(4, (Step(OpType.NOP, depends=((3, 1),)), Step(OpType.COPY, S, 0, S, 4, count=4))))
     programs = [RankProgram(0, tuple(tbs), 1, 4, 8)]
     for r in (1, 2, 3):
@@ -116,7 +131,12 @@ def test_extra_dependencies_become_nops_and_references_are_remapped() -> None:
     text = generate_msccl_xml(algorithm)
     gpu0 = text.split('<gpu id="1"')[0]
     tb3 = _steps(gpu0.split('<tb id="3"')[1].split("</tb>")[0])
-    assert [(s["type"], s["depid"], s["deps"]) for s in tb3] == [("cpy", "-1", "-1"), ("nop", "0", "0"), ("nop", "1", "0"), ("cpy", "2", "0")]
+    assert [(s["type"], s["depid"], s["deps"]) for s in tb3] == [
+        ("cpy", "-1", "-1"),
+        ("nop", "0", "0"),
+        ("nop", "1", "0"),
+        ("cpy", "2", "0"),
+    ]
     assert [s["hasdep"] for s in tb3] == ["0", "0", "0", "1"]
     tb4 = _steps(gpu0.split('<tb id="4"')[1].split("</tb>")[0])
     assert [(s["type"], s["depid"], s["deps"]) for s in tb4] == [("cpy", "3", "3")]  # the nop folded, index 1 -> 3
@@ -161,7 +181,11 @@ def test_metadata_and_inplace_outofplace_survive() -> None:
     text = generate_msccl_xml(algorithm)
     assert text.startswith("<!-- taccl-metadata ") and "--x" not in text.split("-->")[0][4:]
     assert parse_msccl_xml(text).metadata == algorithm.metadata
-    both = (FIXTURES / "msccl/azure/allreduce_ring_4gpu_simple.xml").read_text().replace('outofplace="0"', 'outofplace="1"')
+    both = (
+        (FIXTURES / "msccl/azure/allreduce_ring_4gpu_simple.xml")
+        .read_text()
+        .replace('outofplace="0"', 'outofplace="1"')
+    )
     imported = parse_msccl_xml(both)
     assert imported.inplace  # o_chunks=0: only the in-place reading makes sense
     assert 'inplace="1" outofplace="1"' in generate_msccl_xml(imported)
@@ -173,7 +197,10 @@ def test_dependency_released_by_a_later_published_step() -> None:
     moved = text.replace(
         '<step s="0" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="1"/>',
         '<step s="0" type="r" srcbuf="o" srcoff="1" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>\n'
-        '      <step s="1" type="cpy" srcbuf="i" srcoff="0" dstbuf="s" dstoff="7" cnt="1" depid="-1" deps="-1" hasdep="1"/>', 1)
+        '      <step s="1" type="cpy" srcbuf="i" srcoff="0" dstbuf="s" dstoff="7" cnt="1" depid="-1" deps="-1" '
+        'hasdep="1"/>',
+        1,
+    )
     assert moved != text
     tb3 = parse_msccl_xml(moved).ranks[0].threadblocks[3]
     assert tb3.steps[1].depends == ((0, 1),)
@@ -181,22 +208,24 @@ def test_dependency_released_by_a_later_published_step() -> None:
 
 # -- malformed files: one fixture per class --------------------------------------------------------
 
-MALFORMED = dict([
-    ("truncated.xml", r"truncated.xml: line 6, column 7: malformed XML: unclosed token"),
-    ("missing_attribute.xml", r"algo/gpu\[0\]/tb\[0\]/step\[1\]@cnt \(line 5\): missing attribute; expected cnt="),
-    ("unknown_step_type.xml", r"step\[2\]@type \(line 6\): unknown value 'xchg'; expected one of 's', 'r'"),
-    ("unknown_buffer.xml", r"step\[3\]@dstbuf \(line 7\): unknown value 'q'; expected one of 'i', 'o', 's'"),
-    ("non_integer.xml", r"step\[1\]@cnt \(line 5\): 'one' is not an integer; expected a decimal integer"),
-    ("unknown_collective.xml", r"algo@coll \(line 1\): unknown value 'broadcast'"),
-    ("self_peer.xml", r"algo/gpu\[1\]/tb\[0\]@recv \(line 11\): peer 1 is the GPU itself"),
-    ("misnumbered_steps.xml", r"step index 4 at position 3"),
-    ("missing_gpu.xml", r"algo@ngpus \(line 1\): <gpu> ids \[0, 1, 2\] for 4 GPUs"),
-    ("unexpected_element.xml", r"unexpected element <threadblock>; expected <tb> inside <gpu>"),
-    ("dangling_dependency.xml", r"@depid \(line 7\): depends on tb 4 step 0, which does not exist"),
-    ("unpublished_dependency.xml", r"has hasdep=\"1\", so the runtime would wait forever"),
-    ("indivisible_chunks.xml", r"algo@nchunksperloop \(line 1\): 6 chunks do not split over 4 ranks"),
-    ("wrong_root.xml", r"root element <algorithm>; expected <algo>"),
-])
+MALFORMED = dict(
+    [
+        ("truncated.xml", r"truncated.xml: line 6, column 7: malformed XML: unclosed token"),
+        ("missing_attribute.xml", r"algo/gpu\[0\]/tb\[0\]/step\[1\]@cnt \(line 5\): missing attribute; expected cnt="),
+        ("unknown_step_type.xml", r"step\[2\]@type \(line 6\): unknown value 'xchg'; expected one of 's', 'r'"),
+        ("unknown_buffer.xml", r"step\[3\]@dstbuf \(line 7\): unknown value 'q'; expected one of 'i', 'o', 's'"),
+        ("non_integer.xml", r"step\[1\]@cnt \(line 5\): 'one' is not an integer; expected a decimal integer"),
+        ("unknown_collective.xml", r"algo@coll \(line 1\): unknown value 'broadcast'"),
+        ("self_peer.xml", r"algo/gpu\[1\]/tb\[0\]@recv \(line 11\): peer 1 is the GPU itself"),
+        ("misnumbered_steps.xml", r"step index 4 at position 3"),
+        ("missing_gpu.xml", r"algo@ngpus \(line 1\): <gpu> ids \[0, 1, 2\] for 4 GPUs"),
+        ("unexpected_element.xml", r"unexpected element <threadblock>; expected <tb> inside <gpu>"),
+        ("dangling_dependency.xml", r"@depid \(line 7\): depends on tb 4 step 0, which does not exist"),
+        ("unpublished_dependency.xml", r"has hasdep=\"1\", so the runtime would wait forever"),
+        ("indivisible_chunks.xml", r"algo@nchunksperloop \(line 1\): 6 chunks do not split over 4 ranks"),
+        ("wrong_root.xml", r"root element <algorithm>; expected <algo>"),
+    ]
+)
 
 
 @pytest.mark.parametrize("name, message", sorted(MALFORMED.items()))
@@ -210,6 +239,7 @@ def test_every_bad_fixture_is_tested() -> None:
 
 
 # -- algorithm_io -------------------------------------------------------------------------------------
+
 
 def test_read_any_algorithm_by_content(tmp_path, monkeypatch) -> None:
     algorithm = ring_algorithm(Collective.REDUCESCATTER, 3)
@@ -244,7 +274,9 @@ def test_write_msccl_xml_is_atomic_on_limit_errors(tmp_path) -> None:
     target = tmp_path / "out.xml"
     write_msccl_xml(ring_algorithm(Collective.ALLGATHER, 2), str(target))
     before = target.read_text()
-    far = replace(ring_algorithm(Collective.ALLGATHER, 2), ranks=(RankProgram(0, (Threadblock(0, (), channel=40),), 1, 2),) * 2)
+    far = replace(
+        ring_algorithm(Collective.ALLGATHER, 2), ranks=(RankProgram(0, (Threadblock(0, (), channel=40),), 1, 2),) * 2
+    )
     with pytest.raises(ArgumentError):
         write_msccl_xml(far, str(target))
     assert target.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["out.xml"]
@@ -252,7 +284,10 @@ def test_write_msccl_xml_is_atomic_on_limit_errors(tmp_path) -> None:
 
 def test_per_channel_and_peer_limits() -> None:
     from taccl_py.msccl.limits import check_gpu_limits
-    with pytest.raises(ArgumentError, match=r"x: rank 0 channel 0: 33 sending threadblocks; expected at most 32 per channel"):
+
+    with pytest.raises(
+        ArgumentError, match=r"x: rank 0 channel 0: 33 sending threadblocks; expected at most 32 per channel"
+    ):
         check_gpu_limits("x", 0, [(t, t + 1, None, 0, 1) for t in range(33)])
     check_gpu_limits("x", 0, [(t, t + 1, None, t % 2, 1) for t in range(33)])  # spread over two channels: fine
     with pytest.raises(ArgumentError, match=r"x: rank 2 tb 1: peer 2 is the GPU itself"):

@@ -73,7 +73,9 @@ def test_xml_is_well_formed_with_unique_bus_ids_and_stable() -> None:
 def test_real_bus_ids_are_kept() -> None:
     topology = load_topology("dgx-a100")
     root = ET.fromstring(generate_nccl_topology_xml(topology, sm=80))
-    bus_of_dev = {int(pci.find("gpu").get("dev")): pci.get("busid") for pci in root.iter("pci") if pci.find("gpu") is not None}
+    bus_of_dev = {
+        int(pci.find("gpu").get("dev")): pci.get("busid") for pci in root.iter("pci") if pci.find("gpu") is not None
+    }
     assert bus_of_dev == {r: topology.gpu(r).pci_bus_id for r in range(8)}
     assert {g.get("sm") for g in root.iter("gpu")} == {"80"}
 

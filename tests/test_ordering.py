@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+from test_routing import ring_topology
 
-from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.logical import LogicalLink, build_logical_graph
 from taccl_py.synth.ordering import is_slow_link, occupy_resources, order_sends, remaining_path_us, send_lane
 from taccl_py.synth.routing import greedy_routing
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.topology import load_topology
-
-from test_routing import ring_topology
 
 MB = 1_000_000
 

@@ -33,7 +33,10 @@ libraries = {name: read_library(shipped_library_paths(name, 2)[0]) for name in m
 print(json.dumps({
     "package": taccl_py.__file__,
     "topologies": loaded,
-    "libraries": {name: [lib.collective.value, lib.num_ranks, len(lib.bands), lib.provenance.taccl_py] for name, lib in libraries.items()},
+    "libraries": {
+        name: [lib.collective.value, lib.num_ranks, len(lib.bands), lib.provenance.taccl_py]
+        for name, lib in libraries.items()
+    },
 }))
 """
 
@@ -69,7 +72,22 @@ def wheel(tmp_path_factory) -> Path:
             shutil.copytree(REPO / entry, source / entry, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(REPO / entry, source / entry)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(root / "dist"), str(source)], root)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(root / "dist"),
+            str(source),
+        ],
+        root,
+    )
     (built,) = (root / "dist").glob("taccl_py-*.whl")
     return built
 
@@ -78,8 +96,11 @@ def test_wheel_carries_every_topology_and_shipped_algorithm_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for package, folder in DATA_PACKAGES.items():
         prefix = package.replace(".", "/")
-        expected = {f"{prefix}/{p.relative_to(REPO / folder).as_posix()}" for p in (REPO / folder).rglob("*")
-                    if p.is_file() and "__pycache__" not in p.parts}
+        expected = {
+            f"{prefix}/{p.relative_to(REPO / folder).as_posix()}"
+            for p in (REPO / folder).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
         assert expected <= names, f"missing from the wheel: {sorted(expected - names)[:5]}"
         assert {n for n in names if n.startswith(prefix + "/")} == expected, "the wheel carries files the tree does not"
 
@@ -87,7 +108,10 @@ def test_wheel_carries_every_topology_and_shipped_algorithm_file(wheel):
 def test_installed_wheel_loads_every_builtin_topology_and_a_shipped_library_of_each_machine(wheel, tmp_path):
     site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)], tmp_path)
+    _run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site), str(wheel)],
+        tmp_path,
+    )
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
     report = json.loads(_run([sys.executable, "-c", LOAD_EVERYTHING], elsewhere, env))
     assert Path(report["package"]).is_relative_to(site), "the test must use the installed wheel, not the checkout"

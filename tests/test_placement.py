@@ -26,7 +26,10 @@ MB = 1_000_000
 def _toy(nodes: int, gpus: int, seed: int, net_GBps: float = 12.5) -> Topology:
     """Return ``nodes`` identical machines of ``gpus`` GPUs (random all-pairs links, one NIC each)."""
     rng = random.Random(seed)
-    pair = {(i, j): (rng.uniform(0.1, 2.0), rng.choice([5.0, 10.0, 20.0, 40.0])) for i, j in itertools.permutations(range(gpus), 2)}
+    pair = {
+        (i, j): (rng.uniform(0.1, 2.0), rng.choice([5.0, 10.0, 20.0, 40.0]))
+        for i, j in itertools.permutations(range(gpus), 2)
+    }
     to_nic = {i: (rng.uniform(0.5, 1.0), rng.choice([5.0, 12.0, 24.0])) for i in range(gpus)}
     vertices, links = [], []
     for node in range(nodes):

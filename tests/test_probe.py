@@ -134,7 +134,9 @@ def test_bad_pci_bus_id(bad: str) -> None:
 def _ibstatus_values(port: int = 0) -> dict[str, str]:
     """Return the state/rate/link_layer lines of the recorded ibstatus (sysfs files verbatim)."""
     block = _text("ibstatus-nccl-1866.txt").split("\n\n")[port]
-    return {key: value.strip() for key, value in re.findall(r"^\s+(state|rate|link_layer):\s+(.*)$", block, re.MULTILINE)}
+    return {
+        key: value.strip() for key, value in re.findall(r"^\s+(state|rate|link_layer):\s+(.*)$", block, re.MULTILINE)
+    }
 
 
 def _pci_link_values() -> dict[tuple[str, str], str]:
@@ -142,7 +144,9 @@ def _pci_link_values() -> dict[tuple[str, str], str]:
     return {(device, name): value for device, name, value in found}
 
 
-def _make_pci(root: Path, chain: list[str], numa: int | None = None, speed: str | None = None, width: str | None = None) -> Path:
+def _make_pci(
+    root: Path, chain: list[str], numa: int | None = None, speed: str | None = None, width: str | None = None
+) -> Path:
     """Create sys/devices/<chain...> and the sys/bus/pci/devices/<bus id> link to it."""
     directory = root.joinpath("sys/devices", *chain)
     directory.mkdir(parents=True, exist_ok=True)
@@ -224,8 +228,13 @@ def _dump() -> tuple[list[dict], list[dict]]:
     for cpu in ET.fromstring(_text("nccl-dump-ibm-gx3d-8xh100.xml")).findall("cpu"):
         for bridge in cpu.findall("pci"):
             for pci in bridge.findall("pci"):
-                common = {"bus": pci.get("busid"), "bridge": bridge.get("busid"), "numa": int(cpu.get("numaid")),
-                          "speed": pci.get("link_speed"), "width": pci.get("link_width")}
+                common = {
+                    "bus": pci.get("busid"),
+                    "bridge": bridge.get("busid"),
+                    "numa": int(cpu.get("numaid")),
+                    "speed": pci.get("link_speed"),
+                    "width": pci.get("link_width"),
+                }
                 if pci.find("gpu") is not None:
                     gpu = pci.find("gpu")
                     nvlinks = [(n.get("target"), int(n.get("count"))) for n in gpu.findall("nvlink")]
@@ -346,14 +355,19 @@ def test_probed_topology_feeds_the_rest_of_taccl_py(tmp_path: Path, capsys: pyte
     assert reimported.link("gpu3", "nvswitch0").count == 18
     result = place_pipeline(compose_nodes(topology, 2), 16)
     (crossing,) = [h for h in result.hops if h.src_rank // 8 != h.dst_rank // 8]
-    assert "host" not in crossing.link_kinds and len(route(compose_nodes(topology, 2), crossing.src_rank, crossing.dst_rank).links) == 6
+    assert (
+        "host" not in crossing.link_kinds
+        and len(route(compose_nodes(topology, 2), crossing.src_rank, crossing.dst_rank).links) == 6
+    )
 
 
 def test_probe_falls_back_to_nvidia_smi(tmp_path: Path) -> None:
     """nvidia-smi outputs recorded on DGX A100s; the --query-gpu rows are test input in its format."""
     buses = ["07", "0f", "47", "4e", "87", "90", "b7", "bd"]
     outputs = {
-        "--query-gpu=index,pci.bus_id,name": "".join(f"{i}, 00000000:{b.upper()}:00.0, NVIDIA A100-SXM4-80GB\n" for i, b in enumerate(buses)),
+        "--query-gpu=index,pci.bus_id,name": "".join(
+            f"{i}, 00000000:{b.upper()}:00.0, NVIDIA A100-SXM4-80GB\n" for i, b in enumerate(buses)
+        ),
         "topo": _text("topo-m-dgx-a100-8gpu-10nic.txt"),
         "nvlink": _text("nvlink-s-a100-nccl-tests-228.txt"),
     }
@@ -382,11 +396,15 @@ def test_probe_without_gpus_names_every_source(tmp_path: Path) -> None:
     def run(argv: list[str]) -> str:
         raise FileNotFoundError(argv[0])
 
-    with pytest.raises(TopologyError, match=r"^probe: gpus: no NVIDIA GPU found \(NVML: Driver Not Loaded; nvidia-smi: not found\)"):
+    with pytest.raises(
+        TopologyError, match=r"^probe: gpus: no NVIDIA GPU found \(NVML: Driver Not Loaded; nvidia-smi: not found\)"
+    ):
         probe_machine(root=tmp_path, nvml=FakeNvml([], fail_init="Driver Not Loaded"), run=run)
 
 
-def test_cli_probe_without_gpus_exits_2_with_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_probe_without_gpus_exits_2_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     out = tmp_path / "topo.json"
@@ -397,7 +415,9 @@ def test_cli_probe_without_gpus_exits_2_with_one_line(tmp_path: Path, monkeypatc
     assert not out.exists()
 
 
-def test_cli_probe_writes_a_topology_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_probe_writes_a_topology_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     gpus, _ = _dump()
     _dump_sysfs(tmp_path / "root")
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(gpus))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.routing import (
     Routing,
@@ -14,6 +13,7 @@ from taccl_py.synth.routing import (
     route_chunks,
     routing_objective_us,
 )
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import SolverOptions, SolveStatus
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
@@ -38,7 +38,9 @@ def assert_spanning_trees(routing: Routing) -> None:
         reached = {routing.root(c)}
         for l in tree:
             link = graph.links[l]
-            assert link.src in reached, f"chunk {c}: link {link.src}->{link.dst} leaves a rank the chunk has not reached"
+            assert link.src in reached, (
+                f"chunk {c}: link {link.src}->{link.dst} leaves a rank the chunk has not reached"
+            )
             assert link.dst not in reached, f"chunk {c}: rank {link.dst} gets two copies"
             reached.add(link.dst)
         assert reached == set(range(graph.num_ranks))
@@ -69,7 +71,11 @@ def test_symmetry_ties_chunks():
     sym = chunk_symmetry(graph, 2)
     assert sym.reps == (0, 1)
     routing = route_chunks(graph, 2, MB, MB, SolverOptions(time_limit_s=20))
-    shapes = {tuple(sorted(((graph.links[l].src - c // 2) % 4, (graph.links[l].dst - c // 2) % 4) for l in tree)) for c, tree in enumerate(routing.trees) if c % 2 == 0}
+    shapes = {
+        tuple(sorted(((graph.links[l].src - c // 2) % 4, (graph.links[l].dst - c // 2) % 4) for l in tree))
+        for c, tree in enumerate(routing.trees)
+        if c % 2 == 0
+    }
     assert len(shapes) == 1, "rotated chunks take rotated routes"
 
 

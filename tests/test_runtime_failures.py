@@ -9,14 +9,15 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from helpers import ring_algorithm
-from mp_utils import launch_ranks
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import TransportError
+from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.launch import launch_local, run_local
 from taccl_py.runtime.transport import Message, Pending, Transport
 from taccl_py.runtime.transports.torch_dist import TorchDistTransport
+
+from helpers import ring_algorithm
+from mp_utils import launch_ranks
 
 TIMEOUT_S = 3.0
 VICTIM = 2
@@ -27,7 +28,12 @@ class DyingTransport(Transport):
 
     def __init__(self, die_at: int) -> None:
         self.inner = TorchDistTransport()
-        self.rank, self.world_size, self.device, self.name = self.inner.rank, self.inner.world_size, self.inner.device, "dying"
+        self.rank, self.world_size, self.device, self.name = (
+            self.inner.rank,
+            self.inner.world_size,
+            self.inner.device,
+            "dying",
+        )
         self.posts, self.die_at = 0, die_at
 
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:

@@ -6,12 +6,12 @@ import pytest
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import simulate
-from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.lower_schedule import lower_schedule
+from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.routing import greedy_routing
 from taccl_py.synth.scheduling import MAX_MILP_SENDS, replay_groups, schedule_sends
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology import load_topology
 
@@ -46,7 +46,10 @@ def test_merges_on_slow_links_at_small_sizes():
     graph = ordering.routing.graph
     for group in merged:
         assert len({ordering.sends[i].link for i in group}) == 1
-        assert graph.links[ordering.sends[group[0]].link].internode or graph.links[ordering.sends[group[0]].link].alpha_us > 0
+        assert (
+            graph.links[ordering.sends[group[0]].link].internode
+            or graph.links[ordering.sends[group[0]].link].alpha_us > 0
+        )
 
 
 def test_groups_partition_the_sends():
@@ -62,15 +65,20 @@ def test_cyclic_merges_are_refused():
     sends = ordering.sends
     # merge a send with the send that forwards its own piece: the group would wait for itself
     child = next(i for i, s in enumerate(sends) if s.parent is not None)
-    groups = tuple((i,) for i in range(len(sends)) if i not in (child, sends[child].parent)) + ((sends[child].parent, child),)
+    groups = tuple((i,) for i in range(len(sends)) if i not in (child, sends[child].parent)) + (
+        (sends[child].parent, child),
+    )
     assert replay_groups(ordering, groups) is None
 
 
-@pytest.mark.parametrize("name, nodes, size, collective", [
-    ("ndv2", 2, 4 * KB, Collective.ALLGATHER),
-    ("ndv2", 2, 16 * MB, Collective.ALLGATHER),
-    ("dgx2", 1, 1 * MB, Collective.REDUCESCATTER),
-])
+@pytest.mark.parametrize(
+    "name, nodes, size, collective",
+    [
+        ("ndv2", 2, 4 * KB, Collective.ALLGATHER),
+        ("ndv2", 2, 16 * MB, Collective.ALLGATHER),
+        ("dgx2", 1, 1 * MB, Collective.REDUCESCATTER),
+    ],
+)
 def test_schedule_matches_the_simulator(name, nodes, size, collective):
     topology = load_topology(name, nodes=nodes)
     graph = build_logical_graph(topology, Sketch())

@@ -20,8 +20,10 @@ PAIR = Path(__file__).parent / "fixtures" / "cli_topo" / "pair.json"
 MALFORMED = {
     "invalid_json.json": r"line \d+ column \d+: invalid JSON: ",
     "missing_field.json": r"links\[2\]\.bandwidth_GBps: missing field; expected a value for 'bandwidth_GBps'",
-    "unknown_vertex_kind.json": r"vertices\[2\]\.kind: unknown vertex kind 'tpu'; expected one of gpu, nic, nvswitch, pcie_switch, net_switch, cpu",
-    "unknown_link_kind.json": r"links\[3\]\.kind: unknown link kind 'nvlnk'; expected one of nvlink, nvswitch, pcie, host, ib, ethernet, xgmi",
+    "unknown_vertex_kind.json": r"vertices\[2\]\.kind: unknown vertex kind 'tpu'; expected one of gpu, nic, "
+    "nvswitch, pcie_switch, net_switch, cpu",
+    "unknown_link_kind.json": r"links\[3\]\.kind: unknown link kind 'nvlnk'; expected one of nvlink, nvswitch, pcie, "
+    "host, ib, ethernet, xgmi",
     "duplicate_gpu_name.json": r"vertices\[2\]\.name: vertex 'gpu1' listed twice \(also vertices\[1\]\)",
     "duplicate_gpu_index.json": r"vertices\[2\]\.local_index: gpu local_index 1 listed twice \(also vertices\[1\]\)",
     "zero_bandwidth.json": r"links\[0\]\.bandwidth_GBps: bandwidth 0 is not positive; expected a number > 0",
@@ -110,14 +112,26 @@ def test_write_then_read_gives_the_machine_back(tmp_path):
         (lambda d: d["links"][0].update(bandwith_GBps=3), r"links\[0\]\.bandwith_GBps: unknown field 'bandwith_GBps'"),
         (lambda d: d.update(extra=1), r"extra: unknown field 'extra'"),
         (lambda d: d["vertices"][0].pop("local_index"), r"vertices\[0\]\.local_index: missing field"),
-        (lambda d: d["vertices"][0].update(local_index=True), r"vertices\[0\]\.local_index: found True; expected an integer >= 0"),
+        (
+            lambda d: d["vertices"][0].update(local_index=True),
+            r"vertices\[0\]\.local_index: found True; expected an integer >= 0",
+        ),
         (lambda d: d["vertices"][1].update(local_index=3), r"vertices: GPU local indices \[0, 3\] have gaps"),
         (lambda d: d["vertices"][2].update(net_kind="ib"), r"vertices\[2\]\.net_kind: network field on a cpu vertex"),
-        (lambda d: d["vertices"][3].update(net_kind="nvlink"), r"vertices\[3\]\.net_kind: unknown network kind 'nvlink'; expected one of ib, ethernet"),
-        (lambda d: d["links"].append(dict(d["links"][0], src="gpu1", dst="gpu0")), r"links\[4\]: link gpu1->gpu0 listed twice \(also links\[0\]\)"),
+        (
+            lambda d: d["vertices"][3].update(net_kind="nvlink"),
+            r"vertices\[3\]\.net_kind: unknown network kind 'nvlink'; expected one of ib, ethernet",
+        ),
+        (
+            lambda d: d["links"].append(dict(d["links"][0], src="gpu1", dst="gpu0")),
+            r"links\[4\]: link gpu1->gpu0 listed twice \(also links\[0\]\)",
+        ),
         (lambda d: d["links"][0].update(dst="gpu0"), r"links\[0\]: link from 'gpu0' to itself"),
         (lambda d: d["links"][0].update(count=0), r"links\[0\]\.count: found 0; expected an integer >= 1"),
-        (lambda d: d["links"][0].update(bidirectional="yes"), r"links\[0\]\.bidirectional: found 'yes'; expected true or false"),
+        (
+            lambda d: d["links"][0].update(bidirectional="yes"),
+            r"links\[0\]\.bidirectional: found 'yes'; expected true or false",
+        ),
         (lambda d: d.update(vertices={}), r"vertices: found dict; expected a list of vertex objects"),
         (lambda d: d.update(name=""), r"name: found ''; expected a non-empty string"),
     ],
@@ -147,4 +161,6 @@ def test_unreadable_file_is_a_topology_error(tmp_path):
 
 def test_schema_id_is_the_documented_one():
     assert SCHEMA_ID == "taccl-topology/1"
-    assert f'"schema": "{SCHEMA_ID}"' in (Path(__file__).parents[1] / "docs" / "topology-format.md").read_text(encoding="utf-8")
+    assert f'"schema": "{SCHEMA_ID}"' in (Path(__file__).parents[1] / "docs" / "topology-format.md").read_text(
+        encoding="utf-8"
+    )

@@ -54,7 +54,11 @@ def test_no_stray_files():
     for path in LIBRARIES:
         for band in _header(path)["bands"]:
             referenced.add(path.parent / band["algorithm"])
-    stray = sorted(str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and p not in referenced and p.name != "__init__.py")
+    stray = sorted(
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*")
+        if p.is_file() and p not in referenced and p.name != "__init__.py"
+    )
     assert not stray, f"files no library names: {stray}"
 
 
@@ -69,7 +73,9 @@ def test_library_is_well_formed(path):
         assert before["max_bytes"] == after["min_bytes"] > before["min_bytes"]
     for band in bands:
         assert band["algorithm"].endswith(".json.xz") and (path.parent / band["algorithm"]).is_file()
-        assert set(band) == {"min_bytes", "max_bytes", "algorithm", "simulated_time_us"}, "no XML: it is derived on demand"
+        assert set(band) == {"min_bytes", "max_bytes", "algorithm", "simulated_time_us"}, (
+            "no XML: it is derived on demand"
+        )
 
 
 @pytest.mark.parametrize("path", LIBRARIES, ids=_ids)
@@ -87,7 +93,10 @@ def test_algorithms_folder_stays_lean():
 
 
 def _verify(path) -> None:
-    """Check every band, and its MSCCL XML (unless beyond the limits) as a runtime would load it, against the collective."""
+    """Check every band against its collective, and its MSCCL XML too, as a runtime would load it.
+
+    Only a schedule beyond the MSCCL runtime limits has no XML.
+    """
     library = read_library(path)
     export = generate_library_xml(library)
     xml_of = {name: text for name, text in export.files}
@@ -103,7 +112,11 @@ def _verify(path) -> None:
             continue
         parsed = parse_msccl_xml(xml_of[name], name)
         assert (parsed.num_ranks, parsed.chunks_per_loop, parsed.min_bytes, parsed.max_bytes) == (
-            algorithm.num_ranks, algorithm.chunks_per_loop, band.min_bytes, band.max_bytes or None)
+            algorithm.num_ranks,
+            algorithm.chunks_per_loop,
+            band.min_bytes,
+            band.max_bytes or None,
+        )
         assert generate_msccl_xml(parsed) == xml_of[name], "export and import are inverse up to normalisation"
         assert_valid_algorithm(parsed)
 

@@ -6,15 +6,16 @@ import math
 
 import pytest
 
-from helpers import ring_algorithm
+from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, bus_factor
-from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.simulate import prepare_simulation, simulate, simulate_plan, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_timeline
 from taccl_py.topology import lower_bound
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
+
+from helpers import ring_algorithm
 
 I, O = Buffer.INPUT, Buffer.OUTPUT
 ALPHA_US = 1.5
@@ -22,15 +23,20 @@ BANDWIDTH_GBPS = 10.0
 BYTES_PER_US = BANDWIDTH_GBPS * 1e3  # 1 GB/s = 1e3 bytes/µs
 
 
-
 def _usage(result, resource):
     """Return the LinkUsage of ``resource`` in a simulation result, or None when unused."""
     return next((usage for usage in result.link_usage if usage.resource == resource), None)
 
+
 def full_mesh(n: int, alpha_us: float = ALPHA_US, bandwidth_GBps: float = BANDWIDTH_GBPS):
     """Return n GPUs, every ordered pair joined by its own link of α and B."""
     gpus = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(n)]
-    links = [Link(f"gpu{a}", f"gpu{b}", LinkKind.NVLINK, alpha_us, bandwidth_GBps) for a in range(n) for b in range(n) if a != b]
+    links = [
+        Link(f"gpu{a}", f"gpu{b}", LinkKind.NVLINK, alpha_us, bandwidth_GBps)
+        for a in range(n)
+        for b in range(n)
+        if a != b
+    ]
     return make_topology(f"mesh{n}", gpus, links)
 
 
@@ -39,13 +45,23 @@ def two_nodes_one_nic(nic_alpha_us: float = ALPHA_US, nic_GBps: float = BANDWIDT
 
     The PCIe links (0 µs, 100 GB/s) never limit; the NIC-to-NIC link carries α and B.
     """
-    vertices = [Vertex(f"n{m}.gpu{g}", VertexKind.GPU, node=m, local_index=g, rank=2 * m + g) for m in range(2) for g in range(2)]
+    vertices = [
+        Vertex(f"n{m}.gpu{g}", VertexKind.GPU, node=m, local_index=g, rank=2 * m + g)
+        for m in range(2)
+        for g in range(2)
+    ]
     vertices += [Vertex(f"n{m}.nic", VertexKind.NIC, node=m, local_index=0) for m in range(2)]
     links = []
     for m in range(2):
         for g in range(2):
-            links += [Link(f"n{m}.gpu{g}", f"n{m}.nic", LinkKind.PCIE, 0.0, 100.0), Link(f"n{m}.nic", f"n{m}.gpu{g}", LinkKind.PCIE, 0.0, 100.0)]
-    links += [Link("n0.nic", "n1.nic", LinkKind.IB, nic_alpha_us, nic_GBps), Link("n1.nic", "n0.nic", LinkKind.IB, nic_alpha_us, nic_GBps)]
+            links += [
+                Link(f"n{m}.gpu{g}", f"n{m}.nic", LinkKind.PCIE, 0.0, 100.0),
+                Link(f"n{m}.nic", f"n{m}.gpu{g}", LinkKind.PCIE, 0.0, 100.0),
+            ]
+    links += [
+        Link("n0.nic", "n1.nic", LinkKind.IB, nic_alpha_us, nic_GBps),
+        Link("n1.nic", "n0.nic", LinkKind.IB, nic_alpha_us, nic_GBps),
+    ]
     return make_topology("nic2x2", vertices, links, nodes=2)
 
 
@@ -115,7 +131,9 @@ def test_different_sizes_on_a_shared_link_share_then_the_larger_runs_alone():
 
 
 def test_max_min_gives_the_unconstrained_flow_what_the_constrained_one_leaves():
-    vertices = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(3)] + [Vertex("sw", VertexKind.NVSWITCH)]
+    vertices = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(3)] + [
+        Vertex("sw", VertexKind.NVSWITCH)
+    ]
     links = [
         Link("gpu0", "sw", LinkKind.NVSWITCH, 0.0, 10.0),
         Link("gpu1", "sw", LinkKind.NVSWITCH, 0.0, 100.0),
@@ -126,7 +144,9 @@ def test_max_min_gives_the_unconstrained_flow_what_the_constrained_one_leaves():
     size = 2_000_000
     b = size / 2
     # gpu0 and gpu1 cannot reach each other: no cut bound, so give one
-    result = simulate(lower_plan("maxmin", Collective.ALLREDUCE, 3, 2, plan), topology, size, record_timeline=True, bound_time_us=1.0)
+    result = simulate(
+        lower_plan("maxmin", Collective.ALLREDUCE, 3, 2, plan), topology, size, record_timeline=True, bound_time_us=1.0
+    )
     ends = {r.src_rank: r.end_us for r in result.timeline if r.resource == ("sw", "gpu2")}
     assert ends[1] == pytest.approx(b / 20e3)  # 30 GB/s minus the 10 GB/s gpu0 can send
     assert ends[0] == pytest.approx(b / 10e3)  # limited by its own 10 GB/s link throughout
@@ -141,7 +161,9 @@ def test_a_threadblocks_consecutive_sends_each_pay_latency():
 
 
 def test_local_copies_take_no_time():
-    algorithm = lower_plan("copies", Collective.ALLGATHER, 2, 2, [LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1))])
+    algorithm = lower_plan(
+        "copies", Collective.ALLGATHER, 2, 2, [LocalCopy(0, (I, 0), (O, 0)), LocalCopy(1, (I, 0), (O, 1))]
+    )
     result = simulate(algorithm, full_mesh(2), 1000, bound_time_us=1.0)
     assert result.time_us == 0.0
     assert math.isinf(result.algbw_GBps)
@@ -209,11 +231,15 @@ def test_plot_timeline_rejects_missing_timeline_and_bad_extension(tmp_path):
     with pytest.raises(ArgumentError, match="record_timeline=True"):
         plot_timeline(result, tmp_path / "run.png")
     with pytest.raises(ArgumentError, match="expected '.png' or '.svg'"):
-        plot_timeline(simulate(ring_algorithm(Collective.ALLGATHER, 2), full_mesh(2), 2000, record_timeline=True), tmp_path / "run.jpg")
+        plot_timeline(
+            simulate(ring_algorithm(Collective.ALLGATHER, 2), full_mesh(2), 2000, record_timeline=True),
+            tmp_path / "run.jpg",
+        )
     assert list(tmp_path.iterdir()) == []
 
 
 # -- cross-check against a naive reference: global max-min recomputed at every event -------------
+
 
 def _reference_time_us(algorithm: Algorithm, topology, size_bytes: int) -> float:
     """Return the collective time by the model's definition, computed the slow, obvious way."""
@@ -233,7 +259,12 @@ def _reference_time_us(algorithm: Algorithm, topology, size_bytes: int) -> float
         while changed:
             changed = False
             for a in flow.actions:
-                if a.id in finished or a.id in waiting or a.id in active or any(p not in finished for p in flow.predecessors[a.id]):
+                if (
+                    a.id in finished
+                    or a.id in waiting
+                    or a.id in active
+                    or any(p not in finished for p in flow.predecessors[a.id])
+                ):
                     continue
                 if a.kind is ActionKind.SEND:
                     waiting[a.id] = now + sends[a.id].alpha_us
@@ -246,7 +277,9 @@ def _reference_time_us(algorithm: Algorithm, topology, size_bytes: int) -> float
                     active[a] = size[a]
         if not active and not waiting:
             break
-        rates = _reference_max_min({a: sends[a].resources for a in active}, {l.key: l.bandwidth_GBps * 1e3 for l in topology.links})
+        rates = _reference_max_min(
+            {a: sends[a].resources for a in active}, {l.key: l.bandwidth_GBps * 1e3 for l in topology.links}
+        )
         step = min([left / rates[a] for a, left in active.items()] + [start - now for start in waiting.values()])
         now += step
         for a in list(active):
@@ -282,12 +315,19 @@ def _random_topology(rng):
     n = 4
     gpus = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(n)]
     if kind == "mesh":
-        links = [Link(f"gpu{a}", f"gpu{b}", LinkKind.NVLINK, rng.choice([0.0, 0.5, 1.0]), rng.choice([5.0, 10.0, 25.0]))
-                 for a in range(n) for b in range(n) if a != b]
+        links = [
+            Link(f"gpu{a}", f"gpu{b}", LinkKind.NVLINK, rng.choice([0.0, 0.5, 1.0]), rng.choice([5.0, 10.0, 25.0]))
+            for a in range(n)
+            for b in range(n)
+            if a != b
+        ]
         return make_topology("rmesh", gpus, links)
     links = []
     for r in range(n):
-        links += [Link(f"gpu{r}", "sw", LinkKind.NVSWITCH, rng.choice([0.0, 0.3]), rng.choice([10.0, 20.0])), Link("sw", f"gpu{r}", LinkKind.NVSWITCH, 0.0, rng.choice([10.0, 30.0]))]
+        links += [
+            Link(f"gpu{r}", "sw", LinkKind.NVSWITCH, rng.choice([0.0, 0.3]), rng.choice([10.0, 20.0])),
+            Link("sw", f"gpu{r}", LinkKind.NVSWITCH, 0.0, rng.choice([10.0, 30.0])),
+        ]
     return make_topology("rswitch", gpus + [Vertex("sw", VertexKind.NVSWITCH)], links)
 
 
@@ -302,8 +342,17 @@ def test_engine_matches_naive_reference_on_random_plans(seed):
     for _ in range(rng.randint(3, 14)):
         src, dst = rng.sample(range(n), 2)
         count = rng.randint(1, 2)
-        items.append(Transfer(src, dst, (I, rng.randint(0, chunks - count)), (O, rng.randint(0, chunks - count)), count,
-                              reduce=rng.random() < 0.3, channel=rng.randint(0, 1)))
+        items.append(
+            Transfer(
+                src,
+                dst,
+                (I, rng.randint(0, chunks - count)),
+                (O, rng.randint(0, chunks - count)),
+                count,
+                reduce=rng.random() < 0.3,
+                channel=rng.randint(0, 1),
+            )
+        )
         if rng.random() < 0.2:
             items.append(LocalCopy(dst, (O, 0), (O, chunks - 1)))
     algorithm = lower_plan(f"random{seed}", Collective.ALLREDUCE, n, chunks, items)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from taccl_py.errors import InfeasibleError, SketchError
+from taccl_py.synth.logical import build_logical_graph
 from taccl_py.synth.sketch import auto_sketch, check_sketch, generate_sketch, parse_sketch, read_sketch
-from taccl_py.synth.sketch_taccl import parse_taccl_sketch
 from taccl_py.synth.sketch_auto import find_symmetry, nic_relays
 from taccl_py.synth.sketch_model import IntranodeStrategy, Sketch, SwitchPolicy, rotate_rank
-from taccl_py.synth.logical import build_logical_graph
+from taccl_py.synth.sketch_taccl import parse_taccl_sketch
 from taccl_py.topology import load_topology
 
 from helpers import FIXTURES
@@ -51,9 +51,16 @@ def test_connection_keywords_expand(name, pairs):
 
 def test_our_format_round_trips():
     sketch = Sketch(
-        name="mine", nodes=2, intranode=IntranodeStrategy.SWITCH, switches=((0, 1, 2, 3),),
-        switch_policies=(SwitchPolicy.UC_MAX,), internode_conn=((0, 1), (2, 3)),
-        relay_roots=((0, (0, 1)),), symmetry=((2, 4), (4, 8)), chunkup=3, source="mine.json",
+        name="mine",
+        nodes=2,
+        intranode=IntranodeStrategy.SWITCH,
+        switches=((0, 1, 2, 3),),
+        switch_policies=(SwitchPolicy.UC_MAX,),
+        internode_conn=((0, 1), (2, 3)),
+        relay_roots=((0, (0, 1)),),
+        symmetry=((2, 4), (4, 8)),
+        chunkup=3,
+        source="mine.json",
     )
     again = parse_sketch(generate_sketch(sketch), "mine.json")
     assert again == sketch
@@ -104,6 +111,7 @@ def test_reversed_graph_keeps_costs():
 
 # -- faults -----------------------------------------------------------------------------------------
 
+
 def test_invalid_json():
     with pytest.raises(SketchError, match=r"bad.json: line 1: invalid JSON"):
         parse_sketch("{", "bad.json")
@@ -145,7 +153,8 @@ def test_symmetry_that_does_not_fit():
 def test_infeasible_relays():
     sketch = parse_taccl_sketch(
         '{"nnodes": 2, "internode_sketch": {"strategy": "relay", "internode_conn": {"0": [1]}, '
-        '"gpus_to_sender_rev_map": {"0": [0]}}}', "relay.json",
+        '"gpus_to_sender_rev_map": {"0": [0]}}}',
+        "relay.json",
     )
     with pytest.raises(InfeasibleError, match=r"relay.json: infeasible sketch: chunks of rank 1 cannot reach rank 8"):
         build_logical_graph(load_topology("ndv2", nodes=2), sketch)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.ir.library import read_library
-from taccl_py.ir.collectives import Collective
-from taccl_py.errors import ArgumentError
-from taccl_py.simulate import simulate
-from taccl_py.synth.sketch_model import Sketch
 from taccl_py import __version__
+from taccl_py.errors import ArgumentError
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import read_library
+from taccl_py.simulate import simulate
 from taccl_py.synth import default_time_limit_s, synthesize, write_library
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Vertex, VertexKind, make_topology
 
@@ -59,7 +59,9 @@ def test_size_bands_keep_the_fastest(tmp_path):
     write_library(library, tmp_path / "ar.library.json")
     loaded = read_library(tmp_path / "ar.library.json")
     assert loaded.provenance == library.provenance and loaded.provenance.taccl_py == __version__
-    assert isinstance(loaded.provenance.timed_out, bool) and loaded.provenance.sizes == tuple(sorted(loaded.provenance.sizes))
+    assert isinstance(loaded.provenance.timed_out, bool) and loaded.provenance.sizes == tuple(
+        sorted(loaded.provenance.sizes)
+    )
     assert [b.min_bytes for b in loaded.bands] == [b.min_bytes for b in library.bands]
     for band in loaded.bands:
         assert_valid_algorithm(band.algorithm)
@@ -82,13 +84,16 @@ def test_default_time_limits_grow_with_gpus():
     assert default_time_limit_s(8) <= default_time_limit_s(16) < default_time_limit_s(32) < default_time_limit_s(64)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"collective": "alltoall"}, r"alltoall is not synthesized"),
-    ({"collective": "broadcast"}, r"unknown collective 'broadcast'"),
-    ({"collective": "allgather", "size_bytes": MB, "sizes": (MB,)}, r"both a size and a list of sizes"),
-    ({"collective": "allgather", "size_bytes": 0}, r"positive integers"),
-    ({"collective": "allgather", "solver": "gurobi"}, r"unknown solver 'gurobi'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"collective": "alltoall"}, r"alltoall is not synthesized"),
+        ({"collective": "broadcast"}, r"unknown collective 'broadcast'"),
+        ({"collective": "allgather", "size_bytes": MB, "sizes": (MB,)}, r"both a size and a list of sizes"),
+        ({"collective": "allgather", "size_bytes": 0}, r"positive integers"),
+        ({"collective": "allgather", "solver": "gurobi"}, r"unknown solver 'gurobi'"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ArgumentError, match=message):
         synthesize(load_topology("ndv2"), **kwargs)

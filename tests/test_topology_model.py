@@ -63,7 +63,15 @@ def test_route_through_an_nvswitch_holds_two_links():
 
 @pytest.mark.parametrize(
     ("name", "alpha_us"),
-    [("ndv2", 2.6), ("dgx1", 2.6), ("dgx2", 2.6), ("ndv2-teccl", 1.3), ("dgx-a100", 2.7), ("dgx-h100", 2.7), ("pcie-8gpu", 2.7)],
+    [
+        ("ndv2", 2.6),
+        ("dgx1", 2.6),
+        ("dgx2", 2.6),
+        ("ndv2-teccl", 1.3),
+        ("dgx-a100", 2.7),
+        ("dgx-h100", 2.7),
+        ("pcie-8gpu", 2.7),
+    ],
 )
 def test_cross_node_route_from_a_nic_local_gpu_costs_the_published_alpha(name, alpha_us):
     topology = load_topology(name, nodes=2)
@@ -84,6 +92,9 @@ def test_unreachable_gpu_is_a_topology_error():
 
 
 def test_make_topology_rejects_a_repeated_rank():
-    gpus = [Vertex("gpu0", VertexKind.GPU, local_index=0, rank=0), Vertex("gpu1", VertexKind.GPU, local_index=1, rank=0)]
+    gpus = [
+        Vertex("gpu0", VertexKind.GPU, local_index=0, rank=0),
+        Vertex("gpu1", VertexKind.GPU, local_index=1, rank=0),
+    ]
     with pytest.raises(TopologyError, match=r"GPU ranks \[0, 0\] are not 0\.\.1 each once"):
         make_topology("twice", gpus, [])

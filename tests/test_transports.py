@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ring_algorithm
-from mp_utils import Case, assert_no_mismatches, check_executor_cases, run_ranks
-from taccl_py.ir.algorithm import Algorithm
-from taccl_py.files import read_any_algorithm
-from taccl_py.ir.library import read_library, shipped_library_dir
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import TransportError
+from taccl_py.files import read_any_algorithm
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import read_library, shipped_library_dir
 from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport, unique_id_candidates, unique_id_to_bytes
 from taccl_py.runtime.transports.torch_dist import TorchDistTransport
+
+from helpers import ring_algorithm
+from mp_utils import Case, assert_no_mismatches, check_executor_cases, run_ranks
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 BROKEN_XML = "sccl_allreduce_dgx1_composed.xml"
@@ -31,12 +32,16 @@ REDUCING = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE
 
 # -- where the algorithms come from -----------------------------------------------------------------
 
+
 def small_machine(gpus: int):
     """Return a one-node machine of ``gpus`` NVLink-connected GPUs with one NIC on a PCIe switch."""
     from taccl_py.topology import Link, LinkKind, Vertex, VertexKind, make_topology
 
     vertices = [Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i) for i in range(gpus)]
-    vertices += [Vertex("sw0", VertexKind.PCIE_SWITCH), Vertex("nic0", VertexKind.NIC, local_index=0, net_kind=LinkKind.IB, net_bandwidth_GBps=25.0, net_alpha_us=0.7)]
+    vertices += [
+        Vertex("sw0", VertexKind.PCIE_SWITCH),
+        Vertex("nic0", VertexKind.NIC, local_index=0, net_kind=LinkKind.IB, net_bandwidth_GBps=25.0, net_alpha_us=0.7),
+    ]
     links = [Link(f"gpu{a}", f"gpu{b}", LinkKind.NVLINK, 0.3, 50.0) for a, b in itertools.permutations(range(gpus), 2)]
     for name in [f"gpu{i}" for i in range(gpus)] + ["nic0"]:
         links += [Link(name, "sw0", LinkKind.PCIE, 0.5, 24.0), Link("sw0", name, LinkKind.PCIE, 0.5, 24.0)]
@@ -69,7 +74,11 @@ def baseline_algorithms(num_ranks: int) -> list[Algorithm]:
 
 
 def msccl_algorithms(num_ranks: int) -> list[Algorithm]:
-    return [a for a in (read_any_algorithm(p) for p in sorted(FIXTURES.glob("*/*.xml")) if p.name != BROKEN_XML) if a.num_ranks == num_ranks]
+    return [
+        a
+        for a in (read_any_algorithm(p) for p in sorted(FIXTURES.glob("*/*.xml")) if p.name != BROKEN_XML)
+        if a.num_ranks == num_ranks
+    ]
 
 
 def shipped_algorithms(num_ranks: int) -> list[Algorithm]:
@@ -83,15 +92,24 @@ def shipped_algorithms(num_ranks: int) -> list[Algorithm]:
 
 
 def ring_algorithms(num_ranks: int) -> list[Algorithm]:
-    return [ring_algorithm(c, num_ranks) for c in Collective] + [ring_algorithm(Collective.ALLREDUCE, num_ranks, inplace=True)]
+    return [ring_algorithm(c, num_ranks) for c in Collective] + [
+        ring_algorithm(Collective.ALLREDUCE, num_ranks, inplace=True)
+    ]
 
 
-def cases_for(algorithms: list[Algorithm], dtypes: tuple[str, ...], numels: tuple[int, ...], ops: tuple[str, ...] = ("sum", "max", "avg")) -> list[Case]:
+def cases_for(
+    algorithms: list[Algorithm],
+    dtypes: tuple[str, ...],
+    numels: tuple[int, ...],
+    ops: tuple[str, ...] = ("sum", "max", "avg"),
+) -> list[Case]:
     cases = []
     for index, algorithm in enumerate(algorithms):
         for dtype, numel in itertools.product(dtypes, numels):
-            for op in (ops if algorithm.collective.reduces else ("sum",)):
-                cases.append(Case(algorithm, dtype, numel, op, seed=index, segment_bytes=256 if numel == max(numels) else None))
+            for op in ops if algorithm.collective.reduces else ("sum",):
+                cases.append(
+                    Case(algorithm, dtype, numel, op, seed=index, segment_bytes=256 if numel == max(numels) else None)
+                )
         if algorithm.collective.reduces:
             cases.append(Case(algorithm, "float32", 1000, "sum", seed=index, real=True))
     return cases
@@ -99,10 +117,16 @@ def cases_for(algorithms: list[Algorithm], dtypes: tuple[str, ...], numels: tupl
 
 # -- gloo -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("num_ranks", [2, 4])
 def test_gloo_executor_matches_torch_on_every_algorithm(num_ranks: int) -> None:
-    algorithms = ring_algorithms(num_ranks) + msccl_algorithms(num_ranks) + baseline_algorithms(num_ranks) + shipped_algorithms(num_ranks)
+    algorithms = (
+        ring_algorithms(num_ranks)
+        + msccl_algorithms(num_ranks)
+        + baseline_algorithms(num_ranks)
+        + shipped_algorithms(num_ranks)
+    )
     cases = cases_for(algorithms, ("float32", "bfloat16", "int64"), (1, 7, 1000))
     assert_no_mismatches(run_ranks(check_executor_cases, num_ranks, cases))
 
@@ -110,9 +134,13 @@ def test_gloo_executor_matches_torch_on_every_algorithm(num_ranks: int) -> None:
 @pytest.mark.multiprocess
 def test_gloo_executor_matches_torch_on_8_ranks_representative() -> None:
     algorithms = [ring_algorithm(Collective.ALLGATHER, 8), ring_algorithm(Collective.ALLREDUCE, 8, inplace=True)]
-    algorithms += [a for a in msccl_algorithms(8) if a.name.startswith(("Allgather(n=8)-DGX1", "Reducescatter", "alltoall"))][:3]
+    algorithms += [
+        a for a in msccl_algorithms(8) if a.name.startswith(("Allgather(n=8)-DGX1", "Reducescatter", "alltoall"))
+    ][:3]
     shipped = shipped_algorithms(8)
-    algorithms += [next(a for a in shipped if a.collective is c) for c in REDUCING if any(a.collective is c for a in shipped)]
+    algorithms += [
+        next(a for a in shipped if a.collective is c) for c in REDUCING if any(a.collective is c for a in shipped)
+    ]
     cases = cases_for(algorithms, ("float32", "int32"), (3, 1001), ("sum", "min"))
     assert_no_mismatches(run_ranks(check_executor_cases, 8, cases))
 
@@ -132,6 +160,7 @@ def test_torch_transport_needs_an_initialised_group() -> None:
 
 # -- GPU transports ---------------------------------------------------------------------------------
 
+
 def _cuda_ranks_or_skip(needed: int) -> None:
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: the NCCL transports need GPUs")
@@ -143,8 +172,9 @@ def nccl_worker(rank: int, world_size: int, transport_kind: str) -> list[str]:
     """Worker: run rings over an NCCL transport on GPU ``rank`` and compare with torch's results on CPU."""
     import torch.distributed as dist
 
-    from mp_utils import random_input, torch_collective
     from taccl_py.runtime.executor import Executor
+
+    from mp_utils import random_input, torch_collective
 
     torch.cuda.set_device(rank)
     nccl_group = dist.new_group(backend="nccl")
@@ -156,7 +186,9 @@ def nccl_worker(rank: int, world_size: int, transport_kind: str) -> list[str]:
         data = random_input(case, rank, blocks * case.numel)
         out_blocks = world_size if algorithm.collective in (Collective.ALLGATHER, Collective.ALLTOALL) else 1
         output = torch.zeros(out_blocks * case.numel, device=transport.device)
-        Executor(algorithm, rank, torch.float32, case.numel, transport.device).run(output, data.to(transport.device), transport)
+        Executor(algorithm, rank, torch.float32, case.numel, transport.device).run(
+            output, data.to(transport.device), transport
+        )
         torch.cuda.synchronize()
         if not torch.equal(output.cpu(), torch_collective(algorithm.collective.value, data, "sum", world_size)):
             problems.append(f"{case.label()} over {transport.name}")

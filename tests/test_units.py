@@ -20,7 +20,13 @@ def test_ranges_grow_by_four_and_keep_both_ends():
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("", "no size given"), ("12XB", "cannot read size"), ("-4MB", "cannot read size"), ("0", "not positive"), ("1GB-1KB", "runs backwards")],
+    [
+        ("", "no size given"),
+        ("12XB", "cannot read size"),
+        ("-4MB", "cannot read size"),
+        ("0", "not positive"),
+        ("1GB-1KB", "runs backwards"),
+    ],
 )
 def test_bad_sizes(text, match):
     with pytest.raises(ArgumentError, match=match):

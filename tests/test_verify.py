@@ -10,6 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from taccl_py.errors import VerificationError
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.msccl import read_msccl_xml
+from taccl_py.verify import VerificationReport, check_algorithm, describe_value, verify_algorithm
+
 from helpers import (
     BROKEN_MSCCL_FIXTURES,
     assert_valid_algorithm,
@@ -18,12 +25,6 @@ from helpers import (
     ring_allgather_plan,
     ring_reducescatter_plan,
 )
-from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.ir.collectives import Collective
-from taccl_py.errors import VerificationError
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
-from taccl_py.msccl import read_msccl_xml
-from taccl_py.verify import VerificationReport, check_algorithm, describe_value, verify_algorithm
 
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 
@@ -32,8 +33,14 @@ def _kinds(report: VerificationReport) -> set[str]:
     return {v.kind for v in report.violations}
 
 
-def _algorithm(collective: Collective, programs: list[list[Threadblock]], chunks_per_loop: int, *, scratch: int = 0,
-               inplace: bool = False) -> Algorithm:
+def _algorithm(
+    collective: Collective,
+    programs: list[list[Threadblock]],
+    chunks_per_loop: int,
+    *,
+    scratch: int = 0,
+    inplace: bool = False,
+) -> Algorithm:
     """Return a hand-written algorithm with the collective's buffer sizes (in-place aware)."""
     n = len(programs)
     probe = Algorithm("probe", collective, n, chunks_per_loop, ())
@@ -45,6 +52,7 @@ def _algorithm(collective: Collective, programs: list[list[Threadblock]], chunks
 
 
 # -- correct schedules ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("collective", list(Collective), ids=lambda c: c.value)
 @pytest.mark.parametrize("num_ranks", [2, 3, 5, 8])
@@ -81,7 +89,9 @@ def test_composed_sccl_allreduce_is_rejected_for_reading_uninitialized_scratch()
     assert "s[1]" in first.message
     assert {"uninitialized read", "wrong result"} <= _kinds(report)
     assert "deadlock" not in _kinds(report) and "race" not in _kinds(report)
-    with pytest.raises(VerificationError, match=r"incorrect: uninitialized read \(rank 0, tb 5, step 0, chunk 1\).*\(\+\d+ more\)"):
+    with pytest.raises(
+        VerificationError, match=r"incorrect: uninitialized read \(rank 0, tb 5, step 0, chunk 1\).*\(\+\d+ more\)"
+    ):
         check_algorithm(algorithm)
 
 
@@ -98,6 +108,7 @@ def test_report_is_frozen_and_summarises() -> None:
 
 
 # -- one test per fault class -----------------------------------------------------------------------
+
 
 def test_wrong_result_names_rank_chunk_and_values() -> None:
     # a direct allgather whose rank 1 forgets to copy its own input into its output
@@ -135,8 +146,17 @@ def test_uninitialized_scratch_read() -> None:
 
 
 def test_deadlock_is_structural_and_spelled_out() -> None:
-    ring = [[Threadblock(0, (Step(OpType.RECV, dst_buffer=O, dst_offset=1 - r), Step(OpType.SEND, I, 0)),
-                         send_peer=1 - r, recv_peer=1 - r)] for r in range(2)]
+    ring = [
+        [
+            Threadblock(
+                0,
+                (Step(OpType.RECV, dst_buffer=O, dst_offset=1 - r), Step(OpType.SEND, I, 0)),
+                send_peer=1 - r,
+                recv_peer=1 - r,
+            )
+        ]
+        for r in range(2)
+    ]
     report = verify_algorithm(_algorithm(Collective.ALLGATHER, ring, 2))
     assert report.first.kind == "deadlock" and report.rounds == 0
     assert "circular wait" in report.first.message
@@ -145,8 +165,10 @@ def test_deadlock_is_structural_and_spelled_out() -> None:
 def test_unmatched_send_and_size_mismatch() -> None:
     lonely = [[Threadblock(0, (Step(OpType.SEND, I, 0),), send_peer=1)], []]
     assert verify_algorithm(_algorithm(Collective.ALLGATHER, lonely, 2)).first.kind == "unmatched send"
-    sizes = [[Threadblock(0, (Step(OpType.SEND, I, 0, count=2),), send_peer=1)],
-             [Threadblock(0, (Step(OpType.RECV, dst_buffer=O, dst_offset=0, count=1),), recv_peer=0)]]
+    sizes = [
+        [Threadblock(0, (Step(OpType.SEND, I, 0, count=2),), send_peer=1)],
+        [Threadblock(0, (Step(OpType.RECV, dst_buffer=O, dst_offset=0, count=1),), recv_peer=0)],
+    ]
     assert "size mismatch" in _kinds(verify_algorithm(_algorithm(Collective.ALLREDUCE, sizes, 2)))
 
 
@@ -162,12 +184,14 @@ def _copy_race(with_dependency: bool) -> Algorithm:
     dep = ((0, 0),) if with_dependency else ()
     programs = []
     for r in range(2):
-        programs.append([
-            Threadblock(0, (Step(OpType.COPY, I, 0, O, r),)),
-            Threadblock(1, (Step(OpType.COPY, I, 0, O, r, depends=dep),)),
-            Threadblock(2, (Step(OpType.SEND, I, 0, depends=dep),), send_peer=1 - r),
-            Threadblock(3, (Step(OpType.RECV, dst_buffer=O, dst_offset=1 - r),), recv_peer=1 - r),
-        ])
+        programs.append(
+            [
+                Threadblock(0, (Step(OpType.COPY, I, 0, O, r),)),
+                Threadblock(1, (Step(OpType.COPY, I, 0, O, r, depends=dep),)),
+                Threadblock(2, (Step(OpType.SEND, I, 0, depends=dep),), send_peer=1 - r),
+                Threadblock(3, (Step(OpType.RECV, dst_buffer=O, dst_offset=1 - r),), recv_peer=1 - r),
+            ]
+        )
     return _algorithm(Collective.ALLGATHER, programs, 2)
 
 
@@ -182,9 +206,18 @@ def test_write_write_race_between_threadblocks() -> None:
 
 def test_stripped_dependencies_make_races() -> None:
     algorithm = ring_algorithm(Collective.ALLGATHER, 3)
-    stripped = replace(algorithm, ranks=tuple(
-        replace(p, threadblocks=tuple(replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks))
-        for p in algorithm.ranks))
+    stripped = replace(
+        algorithm,
+        ranks=tuple(
+            replace(
+                p,
+                threadblocks=tuple(
+                    replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks
+                ),
+            )
+            for p in algorithm.ranks
+        ),
+    )
     assert "race" in _kinds(verify_algorithm(stripped))
 
 
@@ -195,8 +228,14 @@ def test_ordering_through_another_rank_is_not_a_race() -> None:
         Threadblock(0, (Step(OpType.COPY, I, 0, O, 0), Step(OpType.SEND, O, 0)), send_peer=1),
         Threadblock(1, (Step(OpType.RECV, dst_buffer=O, dst_offset=1), Step(OpType.COPY, O, 0, S, 0)), recv_peer=1),
     ]
-    rank1 = [Threadblock(0, (Step(OpType.RECV, dst_buffer=O, dst_offset=0), Step(OpType.COPY, I, 0, O, 1), Step(OpType.SEND, O, 1)),
-                         send_peer=0, recv_peer=0)]
+    rank1 = [
+        Threadblock(
+            0,
+            (Step(OpType.RECV, dst_buffer=O, dst_offset=0), Step(OpType.COPY, I, 0, O, 1), Step(OpType.SEND, O, 1)),
+            send_peer=0,
+            recv_peer=0,
+        )
+    ]
     report = verify_algorithm(_algorithm(Collective.ALLGATHER, [rank0, rank1], 2, scratch=1))
     assert report.ok, report.summary()
 
@@ -207,6 +246,7 @@ def test_describe_value_marks_repeats() -> None:
 
 # -- property tests: corrupted correct algorithms are rejected --------------------------------------
 
+
 @lru_cache(maxsize=1)
 def _correct_algorithms() -> tuple[Algorithm, ...]:
     rings = [ring_algorithm(c, n) for c in Collective for n in range(2, 9)]
@@ -216,8 +256,13 @@ def _correct_algorithms() -> tuple[Algorithm, ...]:
 
 
 def _steps(algorithm: Algorithm, predicate) -> list[tuple[int, int, int]]:
-    return [(p.rank, t, s) for p in algorithm.ranks for t, tb in enumerate(p.threadblocks)
-            for s, step in enumerate(tb.steps) if predicate(step)]
+    return [
+        (p.rank, t, s)
+        for p in algorithm.ranks
+        for t, tb in enumerate(p.threadblocks)
+        for s, step in enumerate(tb.steps)
+        if predicate(step)
+    ]
 
 
 def _edit_threadblock(algorithm: Algorithm, rank: int, t: int, steps: tuple[Step, ...], index_map) -> Algorithm:
@@ -232,9 +277,13 @@ def _edit_threadblock(algorithm: Algorithm, rank: int, t: int, steps: tuple[Step
         return replace(step, depends=tuple(d for d in deps if d[1] is not None))
 
     prog = algorithm.ranks[rank]
-    tbs = tuple(replace(tb, steps=tuple(remap(x) for x in (steps if index == t else tb.steps)))
-                for index, tb in enumerate(prog.threadblocks))
-    return replace(algorithm, ranks=tuple(replace(p, threadblocks=tbs) if p.rank == rank else p for p in algorithm.ranks))
+    tbs = tuple(
+        replace(tb, steps=tuple(remap(x) for x in (steps if index == t else tb.steps)))
+        for index, tb in enumerate(prog.threadblocks)
+    )
+    return replace(
+        algorithm, ranks=tuple(replace(p, threadblocks=tbs) if p.rank == rank else p for p in algorithm.ranks)
+    )
 
 
 _FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -246,7 +295,7 @@ def test_dropping_a_step_is_detected(data) -> None:
     algorithm = data.draw(st.sampled_from(_correct_algorithms()))
     rank, t, s = data.draw(st.sampled_from(_steps(algorithm, lambda step: step.op is not OpType.NOP)))
     old = algorithm.ranks[rank].threadblocks[t].steps
-    dropped = old[:s] + old[s + 1:]
+    dropped = old[:s] + old[s + 1 :]
     mutated = _edit_threadblock(algorithm, rank, t, dropped, lambda i: i if i < s else (None if i == s else i - 1))
     assert not verify_algorithm(mutated).ok
 
@@ -266,7 +315,7 @@ def test_moving_a_step_offset_is_detected(data) -> None:
         return
     moved = replace(step, **{f"{field}_offset": data.draw(st.sampled_from(choices))})
     steps = prog.threadblocks[t].steps
-    mutated = _edit_threadblock(algorithm, rank, t, steps[:s] + (moved,) + steps[s + 1:], lambda i: i)
+    mutated = _edit_threadblock(algorithm, rank, t, steps[:s] + (moved,) + steps[s + 1 :], lambda i: i)
     assert not verify_algorithm(mutated).ok
 
 
@@ -276,16 +325,26 @@ def test_duplicating_a_reducing_step_is_detected(data) -> None:
     algorithm = data.draw(st.sampled_from([a for a in _correct_algorithms() if a.collective.reduces]))
     rank, t, s = data.draw(st.sampled_from(_steps(algorithm, lambda step: step.op.reduces)))
     steps = algorithm.ranks[rank].threadblocks[t].steps
-    mutated = _edit_threadblock(algorithm, rank, t, steps[:s + 1] + steps[s:], lambda i: i if i <= s else i + 1)
+    mutated = _edit_threadblock(algorithm, rank, t, steps[: s + 1] + steps[s:], lambda i: i if i <= s else i + 1)
     assert not verify_algorithm(mutated).ok
 
 
 def test_race_detection_in_small_clock_blocks(monkeypatch) -> None:
     import taccl_py.verify.races as hb
+
     algorithm = ring_algorithm(Collective.ALLGATHER, 4)
-    stripped = replace(algorithm, ranks=tuple(
-        replace(p, threadblocks=tuple(replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks))
-        for p in algorithm.ranks))
+    stripped = replace(
+        algorithm,
+        ranks=tuple(
+            replace(
+                p,
+                threadblocks=tuple(
+                    replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks
+                ),
+            )
+            for p in algorithm.ranks
+        ),
+    )
     expected = [v for v in verify_algorithm(stripped).violations if v.kind == "race"]
     monkeypatch.setattr(hb, "CLOCK_BLOCK_BYTES", 1)  # one threadblock column per block
     assert [v for v in verify_algorithm(stripped).violations if v.kind == "race"] == expected and expected
@@ -294,6 +353,7 @@ def test_race_detection_in_small_clock_blocks(monkeypatch) -> None:
 def test_happens_before_clocks_follow_messages_across_ranks() -> None:
     from taccl_py.ir.dataflow import ActionKind, build_dataflow
     from taccl_py.verify.races import happens_before_clocks
+
     flow = build_dataflow(ring_algorithm(Collective.ALLGATHER, 2))
     send = next(a for a in flow.actions if a.kind is ActionKind.SEND and a.rank == 0)
     recv = flow.actions[flow.match[send.id]]

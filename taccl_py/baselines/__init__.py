@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
-from taccl_py.ir.algorithm import Algorithm
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm, tree_parents
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
@@ -55,7 +55,9 @@ def _collective(collective: Collective | str) -> Collective:
     try:
         return Collective(collective)
     except ValueError:
-        raise ArgumentError(None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce") from None
+        raise ArgumentError(
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce"
+        ) from None
 
 
 def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[BaselineKind, ...]:
@@ -121,15 +123,22 @@ def build_baseline(
     return hierarchical_algorithm(topology, collective, channels=channels, chunks=chunks)
 
 
-def all_baselines(topology: Topology, collective: Collective | str, size_bytes: int | None = None) -> tuple[Algorithm, ...]:
+def all_baselines(
+    topology: Topology, collective: Collective | str, size_bytes: int | None = None
+) -> tuple[Algorithm, ...]:
     """Return every applicable baseline (``applicable_kinds``) with default settings.
 
     ``size_bytes`` tunes the tree's pipeline depth when given.
     """
-    return tuple(build_baseline(kind, topology, collective, size_bytes=size_bytes) for kind in applicable_kinds(topology, collective))
+    return tuple(
+        build_baseline(kind, topology, collective, size_bytes=size_bytes)
+        for kind in applicable_kinds(topology, collective)
+    )
 
 
-def _simulate_all(algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float]) -> list[SimulationResult]:
+def _simulate_all(
+    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float]
+) -> list[SimulationResult]:
     plan = prepare_simulation(algorithm, topology)
     return [simulate_plan(plan, size, bound_time_us=bounds[size]) for size in sizes]
 
@@ -151,7 +160,9 @@ def best_baselines(
     if not sizes:
         return ()
     if collective is Collective.ALLTOALL:
-        raise ArgumentError(topology.name, "collective", "no baselines for alltoall", "allgather, reducescatter or allreduce")
+        raise ArgumentError(
+            topology.name, "collective", "no baselines for alltoall", "allgather, reducescatter or allreduce"
+        )
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     best: dict[int, tuple[Algorithm, SimulationResult]] = {}
     for kind in applicable_kinds(topology, collective):
@@ -171,7 +182,9 @@ def best_baselines(
     return tuple(best[size] for size in sizes)
 
 
-def best_baseline(topology: Topology, collective: Collective | str, size_bytes: int) -> tuple[Algorithm, SimulationResult]:
+def best_baseline(
+    topology: Topology, collective: Collective | str, size_bytes: int
+) -> tuple[Algorithm, SimulationResult]:
     """Return the baseline with the smallest simulated time at ``size_bytes``, with its result.
 
     See ``best_baselines`` to compare at several sizes at once (cheaper).

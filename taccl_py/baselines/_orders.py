@@ -40,7 +40,9 @@ def _pair_bandwidth(topology: Topology, a: int, b: int) -> float:
     return min(route(topology, a, b).bandwidth_GBps, route(topology, b, a).bandwidth_GBps)
 
 
-def _search(adjacent: dict[int, list[int]], start: int, end: int | None, cycle: bool, size: int, budget: list[int]) -> list[int] | None:
+def _search(
+    adjacent: dict[int, list[int]], start: int, end: int | None, cycle: bool, size: int, budget: list[int]
+) -> list[int] | None:
     """Return a Hamiltonian path from ``start`` (to ``end`` if given; linking back if ``cycle``)."""
     path = [start]
     seen = {start}
@@ -87,7 +89,8 @@ def best_path(
         return (start,), float("inf")
     pairs = {
         frozenset((a, b)): _pair_bandwidth(topology, a, b)
-        for i, a in enumerate(ranks) for b in ranks[i + 1:]
+        for i, a in enumerate(ranks)
+        for b in ranks[i + 1 :]
         if allowed is None or frozenset((a, b)) in allowed
     }
     for threshold in sorted(set(pairs.values()), reverse=True):
@@ -131,7 +134,9 @@ def disjoint_cycles(topology: Topology, ranks: Sequence[int]) -> tuple[tuple[tup
     used = _resources(topology, first[0])
     while len(cycles) < _MAX_CYCLES:
         allowed = {
-            frozenset((a, b)) for i, a in enumerate(ranks) for b in ranks[i + 1:]
+            frozenset((a, b))
+            for i, a in enumerate(ranks)
+            for b in ranks[i + 1 :]
             if not used & (set(route(topology, a, b).resources) | set(route(topology, b, a).resources))
         }
         found = best_path(topology, ranks, ranks[0], cycle=True, allowed=allowed)
@@ -144,10 +149,12 @@ def disjoint_cycles(topology: Topology, ranks: Sequence[int]) -> tuple[tuple[tup
 
 def _relay_weight(graph: nx.DiGraph) -> Callable[[str, str, dict], float | None]:
     """Return a Dijkstra weight that lets only in-machine switches, CPUs and NICs relay."""
+
     def weight(u: str, v: str, data: dict) -> float | None:
         if graph.nodes[u]["vertex"].kind not in _IN_MACHINE_RELAYS:
             return None
         return data["link"].time_us(ROUTE_REFERENCE_BYTES)
+
     return weight
 
 

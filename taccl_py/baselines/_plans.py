@@ -14,12 +14,21 @@ from collections.abc import Sequence
 from taccl_py.ir.algorithm import Buffer
 from taccl_py.ir.lowering import Transfer
 
-__all__ = ["Piece", "ring_allgather_items", "ring_reducescatter_items", "tree_allreduce_items", "binary_tree_parents", "complement_tree_parents"]
+__all__ = [
+    "Piece",
+    "ring_allgather_items",
+    "ring_reducescatter_items",
+    "tree_allreduce_items",
+    "binary_tree_parents",
+    "complement_tree_parents",
+]
 
 Piece = tuple[int, int]
 
 
-def ring_allgather_items(ring: Sequence[int], owned: Sequence[Sequence[Piece]], buffer: Buffer, channel: int) -> list[Transfer]:
+def ring_allgather_items(
+    ring: Sequence[int], owned: Sequence[Sequence[Piece]], buffer: Buffer, channel: int
+) -> list[Transfer]:
     """Return the transfers that pass each position's pieces around ``ring`` (len - 1 steps).
 
     At step s position i forwards what position i - s owns to position i + 1.
@@ -30,11 +39,15 @@ def ring_allgather_items(ring: Sequence[int], owned: Sequence[Sequence[Piece]], 
         for k in range(len(owned[0])):
             for i in range(n):
                 offset, count = owned[(i - step) % n][k]
-                items.append(Transfer(ring[i], ring[(i + 1) % n], (buffer, offset), (buffer, offset), count, channel=channel))
+                items.append(
+                    Transfer(ring[i], ring[(i + 1) % n], (buffer, offset), (buffer, offset), count, channel=channel)
+                )
     return items
 
 
-def ring_reducescatter_items(ring: Sequence[int], owned: Sequence[Sequence[Piece]], buffer: Buffer, channel: int) -> list[Transfer]:
+def ring_reducescatter_items(
+    ring: Sequence[int], owned: Sequence[Sequence[Piece]], buffer: Buffer, channel: int
+) -> list[Transfer]:
     """Return the transfers that sum every piece into its owner around ``ring`` (len - 1 steps).
 
     At step s position i adds its partial sum of what position i - s - 1 owns into position
@@ -46,7 +59,17 @@ def ring_reducescatter_items(ring: Sequence[int], owned: Sequence[Sequence[Piece
         for k in range(len(owned[0])):
             for i in range(n):
                 offset, count = owned[(i - step - 1) % n][k]
-                items.append(Transfer(ring[i], ring[(i + 1) % n], (buffer, offset), (buffer, offset), count, reduce=True, channel=channel))
+                items.append(
+                    Transfer(
+                        ring[i],
+                        ring[(i + 1) % n],
+                        (buffer, offset),
+                        (buffer, offset),
+                        count,
+                        reduce=True,
+                        channel=channel,
+                    )
+                )
     return items
 
 
@@ -69,7 +92,9 @@ def _orders(parents: dict[int, int | None]) -> tuple[list[int], list[int]]:
     return [r for r in post if r != root], pre[1:]
 
 
-def tree_allreduce_items(parents: dict[int, int | None], pieces: Sequence[Piece], buffer: Buffer, channel: int) -> list[Transfer]:
+def tree_allreduce_items(
+    parents: dict[int, int | None], pieces: Sequence[Piece], buffer: Buffer, channel: int
+) -> list[Transfer]:
     """Return the transfers of a pipelined tree allreduce over ``pieces`` held in ``buffer``.
 
     ``parents`` maps each rank of the tree to its parent (None for the root). Each piece is
@@ -79,7 +104,9 @@ def tree_allreduce_items(parents: dict[int, int | None], pieces: Sequence[Piece]
     up, down = _orders(parents)
     items = []
     for offset, count in pieces:
-        items += [Transfer(r, parents[r], (buffer, offset), (buffer, offset), count, reduce=True, channel=channel) for r in up]
+        items += [
+            Transfer(r, parents[r], (buffer, offset), (buffer, offset), count, reduce=True, channel=channel) for r in up
+        ]
         items += [Transfer(parents[r], r, (buffer, offset), (buffer, offset), count, channel=channel) for r in down]
     return items
 

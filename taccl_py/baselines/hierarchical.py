@@ -14,12 +14,12 @@ channel's share into ``chunks`` pieces. With one machine this is the ring algori
 
 from __future__ import annotations
 
-from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.baselines._orders import node_ranks
 from taccl_py.baselines._plans import Piece, ring_allgather_items, ring_reducescatter_items
 from taccl_py.baselines.ring import MAX_CHANNELS, machine_rings
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
@@ -113,7 +113,9 @@ def _gather_items(grid: _Grid, chunks: int, reduce: bool) -> tuple[int, Items]:
         return [(grid.rank(node, local) * units + u, 1) for u in range(units)]
 
     def gathered(node: int, local: int, channel: int) -> list[Piece]:  # local l's column of machines, channel c
-        return [(grid.rank(m, local) * units + channel * chunks + p, 1) for m in range(grid.nodes) for p in range(chunks)]
+        return [
+            (grid.rank(m, local) * units + channel * chunks + p, 1) for m in range(grid.nodes) for p in range(chunks)
+        ]
 
     if not reduce:
         items: Items = [LocalCopy(r, (I, 0), (O, r * units), units) for r in range(ranks)]
@@ -127,7 +129,9 @@ def _gather_items(grid: _Grid, chunks: int, reduce: bool) -> tuple[int, Items]:
     return ranks * units, items
 
 
-def hierarchical_algorithm(topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None) -> Algorithm:
+def hierarchical_algorithm(
+    topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None
+) -> Algorithm:
     """Return a verified hierarchical (intra-machine rings + cross-machine rings) algorithm.
 
     Parameters
@@ -148,7 +152,12 @@ def hierarchical_algorithm(topology: Topology, collective: Collective, *, channe
     """
     collective = Collective(collective)
     if collective is Collective.ALLTOALL:
-        raise ArgumentError(topology.name, "collective", "no hierarchical baseline for alltoall", "allgather, reducescatter or allreduce")
+        raise ArgumentError(
+            topology.name,
+            "collective",
+            "no hierarchical baseline for alltoall",
+            "allgather, reducescatter or allreduce",
+        )
     if topology.num_ranks < 2:
         raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs")
     pieces = 1 if chunks is None else chunks
@@ -156,15 +165,22 @@ def hierarchical_algorithm(topology: Topology, collective: Collective, *, channe
         raise ArgumentError(topology.name, "chunks", f"{pieces} chunks", "at least 1 chunk per channel")
     rings = local_rings(topology, channels)
     if len(rings) + 1 > MAX_CHANNELS and topology.nodes > 1:
-        raise ArgumentError(topology.name, "channels", f"{len(rings)} channels", f"1..{MAX_CHANNELS - 1} (one more crosses machines)")
+        raise ArgumentError(
+            topology.name, "channels", f"{len(rings)} channels", f"1..{MAX_CHANNELS - 1} (one more crosses machines)"
+        )
     grid = _Grid(topology, rings)
     if collective is Collective.ALLREDUCE:
         total, items = _allreduce_items(grid, pieces)
     else:
         total, items = _gather_items(grid, pieces, reduce=collective is Collective.REDUCESCATTER)
     metadata = (
-        ("baseline", "hierarchical"), ("topology", topology.name), ("channels", str(len(rings))), ("chunks", str(pieces)),
+        ("baseline", "hierarchical"),
+        ("topology", topology.name),
+        ("channels", str(len(rings))),
+        ("chunks", str(pieces)),
         ("local_rings", "; ".join(" ".join(map(str, ring)) for ring in rings)),
     )
-    algorithm = lower_plan(f"hierarchical-{len(rings)}ch-{pieces}p", collective, topology.num_ranks, total, items, metadata=metadata)
+    algorithm = lower_plan(
+        f"hierarchical-{len(rings)}ch-{pieces}p", collective, topology.num_ranks, total, items, metadata=metadata
+    )
     return check_algorithm(algorithm)

@@ -19,11 +19,11 @@ Ring orders follow what NCCL builds on the machine:
 
 from __future__ import annotations
 
-from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
 from taccl_py.baselines._plans import ring_allgather_items, ring_reducescatter_items
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
@@ -104,7 +104,9 @@ def _owned(ring: tuple[int, ...], units: int, channel: int, chunks: int) -> list
     return [[(rank * units + channel * chunks + piece, 1) for piece in range(chunks)] for rank in ring]
 
 
-def _ring_items(collective: Collective, rings: tuple[tuple[int, ...], ...], n: int, chunks: int) -> list[Transfer | LocalCopy]:
+def _ring_items(
+    collective: Collective, rings: tuple[tuple[int, ...], ...], n: int, chunks: int
+) -> list[Transfer | LocalCopy]:
     units = len(rings) * chunks
     total = n * units
     if collective is Collective.ALLGATHER:
@@ -125,7 +127,9 @@ def _ring_items(collective: Collective, rings: tuple[tuple[int, ...], ...], n: i
     return items
 
 
-def ring_algorithm(topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None) -> Algorithm:
+def ring_algorithm(
+    topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None
+) -> Algorithm:
     """Return a verified NCCL-like ring algorithm for ``collective`` on ``topology``.
 
     Parameters
@@ -152,18 +156,27 @@ def ring_algorithm(topology: Topology, collective: Collective, *, channels: int 
     """
     collective = Collective(collective)
     if collective is Collective.ALLTOALL:
-        raise ArgumentError(topology.name, "collective", "no ring baseline for alltoall", "allgather, reducescatter or allreduce")
+        raise ArgumentError(
+            topology.name, "collective", "no ring baseline for alltoall", "allgather, reducescatter or allreduce"
+        )
     pieces = 1 if chunks is None else chunks
     if pieces < 1:
         raise ArgumentError(topology.name, "chunks", f"{pieces} chunks", "at least 1 chunk per channel")
     rings = ring_orders(topology, channels)
     n = topology.num_ranks
     metadata = (
-        ("baseline", "ring"), ("topology", topology.name), ("channels", str(len(rings))), ("chunks", str(pieces)),
+        ("baseline", "ring"),
+        ("topology", topology.name),
+        ("channels", str(len(rings))),
+        ("chunks", str(pieces)),
         ("rings", "; ".join(" ".join(map(str, ring)) for ring in rings)),
     )
     algorithm = lower_plan(
-        f"ring-{len(rings)}ch-{pieces}p", collective, n, n * len(rings) * pieces, _ring_items(collective, rings, n, pieces),
+        f"ring-{len(rings)}ch-{pieces}p",
+        collective,
+        n,
+        n * len(rings) * pieces,
+        _ring_items(collective, rings, n, pieces),
         metadata=metadata,
     )
     return check_algorithm(algorithm)

@@ -23,18 +23,25 @@ from __future__ import annotations
 
 import math
 
-from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
 from taccl_py.baselines._plans import binary_tree_parents, complement_tree_parents, tree_allreduce_items
 from taccl_py.baselines.ring import MAX_CHANNELS
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology, route
-from taccl_py.verify import check_algorithm
 from taccl_py.units import BYTES_PER_US_PER_GBPS
+from taccl_py.verify import check_algorithm
 
-__all__ = ["tree_parents", "tree_algorithm", "default_tree_chunks", "default_tree_channels", "DEFAULT_TREE_CHUNKS", "MAX_TREE_CHUNKS"]
+__all__ = [
+    "tree_parents",
+    "tree_algorithm",
+    "default_tree_chunks",
+    "default_tree_channels",
+    "DEFAULT_TREE_CHUNKS",
+    "MAX_TREE_CHUNKS",
+]
 
 DEFAULT_TREE_CHUNKS = 4  # pipeline depth when no size is given
 MAX_TREE_CHUNKS = 32  # MSCCL allows 64 steps per threadblock; a head's upward one holds `chunks`
@@ -86,7 +93,10 @@ def _uniform(topology: Topology, ranks: tuple[int, ...]) -> bool:
     routes = [route(topology, a, b) for a in ranks for b in ranks if a != b]
     bandwidths = [r.bandwidth_GBps for r in routes]
     alphas = [r.alpha_us for r in routes]
-    return max(bandwidths) <= min(bandwidths) * _UNIFORM_TOLERANCE and max(alphas) <= min(alphas) * _UNIFORM_TOLERANCE + 1e-12
+    return (
+        max(bandwidths) <= min(bandwidths) * _UNIFORM_TOLERANCE
+        and max(alphas) <= min(alphas) * _UNIFORM_TOLERANCE + 1e-12
+    )
 
 
 def _depth(parents: dict[int, int | None]) -> int:
@@ -151,7 +161,12 @@ def tree_algorithm(
     """
     collective = Collective(collective)
     if collective is not Collective.ALLREDUCE:
-        raise ArgumentError(topology.name, "collective", f"no tree baseline for {collective.value}", "allreduce (trees reduce and broadcast)")
+        raise ArgumentError(
+            topology.name,
+            "collective",
+            f"no tree baseline for {collective.value}",
+            "allreduce (trees reduce and broadcast)",
+        )
     if topology.num_ranks < 2:
         raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs for a tree")
     count = default_tree_channels(topology) if channels is None else channels

@@ -21,7 +21,9 @@ _SUBCOMMAND_MODULES = (topo, algo, sim, synth, bench, place)
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(prog="taccl", description="Synthesize, verify, simulate and run collective algorithms.")
+    parser = argparse.ArgumentParser(
+        prog="taccl", description="Synthesize, verify, simulate and run collective algorithms."
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _SUBCOMMAND_MODULES:

@@ -20,7 +20,9 @@ __all__ = ["register", "format_report"]
 SHOWN_VIOLATIONS = 5  # violations printed by default; --all prints every one
 
 
-def format_report(report: VerificationReport, collective: str, num_ranks: int, limit: int | None = SHOWN_VIOLATIONS) -> str:
+def format_report(
+    report: VerificationReport, collective: str, num_ranks: int, limit: int | None = SHOWN_VIOLATIONS
+) -> str:
     """Return the human-readable verdict: one ``ok`` line, or the first violations and a count."""
     if report.ok:
         return f"ok: {report.name}: {collective}, {num_ranks} ranks, {report.rounds} rounds"
@@ -34,17 +36,27 @@ def format_report(report: VerificationReport, collective: str, num_ranks: int, l
 
 
 def _report_json(report: VerificationReport, collective: str, num_ranks: int) -> str:
-    return json.dumps({
-        "name": report.name,
-        "collective": collective,
-        "num_ranks": num_ranks,
-        "ok": report.ok,
-        "rounds": report.rounds,
-        "violations": [
-            {"kind": v.kind, "message": v.message, "rank": v.rank, "threadblock": v.threadblock, "step": v.step, "chunk": v.chunk}
-            for v in report.violations
-        ],
-    }, indent=2)
+    return json.dumps(
+        {
+            "name": report.name,
+            "collective": collective,
+            "num_ranks": num_ranks,
+            "ok": report.ok,
+            "rounds": report.rounds,
+            "violations": [
+                {
+                    "kind": v.kind,
+                    "message": v.message,
+                    "rank": v.rank,
+                    "threadblock": v.threadblock,
+                    "step": v.step,
+                    "chunk": v.chunk,
+                }
+                for v in report.violations
+            ],
+        },
+        indent=2,
+    )
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -62,7 +74,10 @@ def _convert(args: argparse.Namespace) -> int:
     algorithm = read_any_algorithm(args.input)
     write_any_algorithm(algorithm, args.output, args.dialect)
     if args.output != "-":
-        print(f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks)", file=sys.stderr)
+        print(
+            f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -74,7 +89,12 @@ def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrar
 
     name = ALIASES.get(source.lower(), source.lower())
     if name not in builtin_topology_names():
-        raise ArgumentError(source, None, "no such library file or built-in machine", "a *.library.json file or one of " + ", ".join(builtin_topology_names()))
+        raise ArgumentError(
+            source,
+            None,
+            "no such library file or built-in machine",
+            "a *.library.json file or one of " + ", ".join(builtin_topology_names()),
+        )
     paths = shipped_library_paths(name, nodes or 1)
     if not paths:
         raise ArgumentError(source, "--nodes", f"no shipped libraries at {nodes or 1} nodes", "1, 2 or 4 nodes")
@@ -93,17 +113,31 @@ def _export_msccl(args: argparse.Namespace) -> int:
         for index, why in export.skipped:
             band = library.bands[index]
             upper = "up" if band.max_bytes is None else format_size(band.max_bytes)
-            print(f"warning: {library.topology} n{library.nodes} {library.collective.value} band {index} "
-                  f"({format_size(band.min_bytes)}-{upper}) has no MSCCL XML: {why}", file=sys.stderr)
+            print(
+                f"warning: {library.topology} n{library.nodes} {library.collective.value} band {index} "
+                f"({format_size(band.min_bytes)}-{upper}) has no MSCCL XML: {why}",
+                file=sys.stderr,
+            )
     print(f"wrote {written} MSCCL XML files to {folder}", file=sys.stderr)
     return 0
+
+
+def _add_dialect_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dialect",
+        choices=[d.value for d in Dialect],
+        default=None,
+        help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``verify``, ``convert`` and ``export-msccl`` to ``subparsers``."""
     verify = subparsers.add_parser(
-        "verify", help="check that an algorithm file (JSON or MSCCL XML) implements its collective",
-        description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, 2 if the file is malformed.",
+        "verify",
+        help="check that an algorithm file (JSON or MSCCL XML) implements its collective",
+        description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, "
+        "2 if the file is malformed.",
     )
     verify.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
     verify.add_argument("--all", action="store_true", help="print every violation, not only the first few")
@@ -111,23 +145,35 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.set_defaults(func=_verify)
 
     convert = subparsers.add_parser(
-        "convert", help="translate an algorithm between taccl JSON and MSCCL-IR XML",
-        description="Read IN (JSON or XML), verify it, and write OUT in the format its extension names; nothing is written on failure.",
+        "convert",
+        help="translate an algorithm between taccl JSON and MSCCL-IR XML",
+        description="Read IN (JSON or XML), verify it, and write OUT in the format its extension names; "
+        "nothing is written on failure.",
     )
     convert.add_argument("input", metavar="IN", help=ALGORITHM_FILE_HELP)
-    convert.add_argument("-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for stdout)")
-    convert.add_argument("--dialect", choices=[d.value for d in Dialect], default=None,
-                         help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)")
+    convert.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for stdout)"
+    )
+    _add_dialect_argument(convert)
     convert.set_defaults(func=_convert)
 
     export = subparsers.add_parser(
-        "export-msccl", help="write every size band of a library as MSCCL-IR XML, for an MSCCL runtime's algorithm folder",
+        "export-msccl",
+        help="write every size band of a library as MSCCL-IR XML, for an MSCCL runtime's algorithm folder",
         description="Write one XML file per band with minBytes/maxBytes set to the band's sizes; a band beyond the "
-                    "MSCCL runtime limits is reported and left out.",
+        "MSCCL runtime limits is reported and left out.",
     )
-    export.add_argument("library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)")
-    export.add_argument("--nodes", type=int, default=None, help="with a machine name: the node count of the shipped libraries (default 1)")
-    export.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)")
-    export.add_argument("--dialect", choices=[d.value for d in Dialect], default=None,
-                        help="MSCCL XML dialect: new (msccl-executor-nccl, RCCL; default) or old (microsoft/msccl)")
+    export.add_argument(
+        "library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)"
+    )
+    export.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="with a machine name: the node count of the shipped libraries (default 1)",
+    )
+    export.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)"
+    )
+    _add_dialect_argument(export)
     export.set_defaults(func=_export_msccl)

@@ -12,8 +12,8 @@ import os
 from dataclasses import asdict
 
 from taccl_py.cli._output import format_table, progress_to_stderr
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.collectives import Collective
 from taccl_py.units import format_size, parse_sizes
 
 __all__ = ["register", "format_rows", "DEFAULT_SIZES"]
@@ -27,8 +27,16 @@ def format_rows(rows: list) -> str:
     """Return the benchmark table: per size, our time and torch's (µs), algbw (GB/s) and speedup."""
     headers = ["collective", "size", "algorithm", "ours_us", "torch_us", "ours_GBps", "torch_GBps", "speedup"]
     body = [
-        [r.collective, format_size(r.size_bytes), r.algorithm, f"{r.ours_time_us:.0f}", f"{r.torch_time_us:.0f}",
-         f"{r.ours_algbw_GBps:.3f}", f"{r.torch_algbw_GBps:.3f}", f"{r.speedup:.2f}x"]
+        [
+            r.collective,
+            format_size(r.size_bytes),
+            r.algorithm,
+            f"{r.ours_time_us:.0f}",
+            f"{r.torch_time_us:.0f}",
+            f"{r.ours_algbw_GBps:.3f}",
+            f"{r.torch_algbw_GBps:.3f}",
+            f"{r.speedup:.2f}x",
+        ]
         for r in rows
     ]
     return format_table(headers, body)
@@ -38,10 +46,24 @@ def _spec(args: argparse.Namespace):
     from taccl_py.runtime.bench import BenchSpec
 
     if args.iters < 1 or args.warmup < 0:
-        raise ArgumentError(None, "--iters/--warmup", f"{args.iters}/{args.warmup}", "at least 1 timed iteration and 0 or more warm-up ones")
+        raise ArgumentError(
+            None,
+            "--iters/--warmup",
+            f"{args.iters}/{args.warmup}",
+            "at least 1 timed iteration and 0 or more warm-up ones",
+        )
     library = (args.algorithm,) if args.algorithm else tuple(args.library)
     collectives = tuple(Collective(c).value for c in args.collective) if args.collective else None
-    return BenchSpec(library, collectives, parse_sizes(args.sizes), args.dtype, args.iters, args.warmup, args.timeout_s, progress_to_stderr() if args.progress else None)
+    return BenchSpec(
+        library,
+        collectives,
+        parse_sizes(args.sizes),
+        args.dtype,
+        args.iters,
+        args.warmup,
+        args.timeout_s,
+        progress_to_stderr() if args.progress else None,
+    )
 
 
 def _check_library(spec, world_size: int) -> None:
@@ -69,7 +91,12 @@ def _bench(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]) != 0:
             return 0
     else:
-        raise ArgumentError(None, "launch", "not started by torchrun and no --nproc", "torchrun --nproc-per-node N taccl bench ..., or taccl bench --nproc N ...")
+        raise ArgumentError(
+            None,
+            "launch",
+            "not started by torchrun and no --nproc",
+            "torchrun --nproc-per-node N taccl bench ..., or taccl bench --nproc N ...",
+        )
     if args.json:
         print(json.dumps([asdict(row) for row in rows], indent=2))
     else:
@@ -80,22 +107,39 @@ def _bench(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to ``subparsers``."""
     bench = subparsers.add_parser(
-        "bench", help="time an algorithm or library against torch.distributed's own collectives",
+        "bench",
+        help="time an algorithm or library against torch.distributed's own collectives",
         description="Run under torchrun (every rank runs, rank 0 prints) or with --nproc N local gloo ranks. "
         "Each size reports the median over iterations of the slowest rank's time, ours and torch's timed alternately.",
     )
     source = bench.add_mutually_exclusive_group(required=True)
     source.add_argument("--algorithm", metavar="FILE", help="one algorithm file (taccl JSON or MSCCL-IR XML)")
-    source.add_argument("--library", metavar="L", nargs="+", help="a built-in topology name, a *.library.json, or algorithm files")
-    bench.add_argument("--collective", action="append", choices=[c.value for c in Collective if c.reduces or c is Collective.ALLGATHER],
-                       help="collective to time (repeatable; default: those the library has)")
-    bench.add_argument("--sizes", default=DEFAULT_SIZES, help=f"sizes: a list '1MB,4MB' or a range growing x4 (default {DEFAULT_SIZES})")
+    source.add_argument(
+        "--library", metavar="L", nargs="+", help="a built-in topology name, a *.library.json, or algorithm files"
+    )
+    bench.add_argument(
+        "--collective",
+        action="append",
+        choices=[c.value for c in Collective if c.reduces or c is Collective.ALLGATHER],
+        help="collective to time (repeatable; default: those the library has)",
+    )
+    bench.add_argument(
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"sizes: a list '1MB,4MB' or a range growing x4 (default {DEFAULT_SIZES})",
+    )
     bench.add_argument("--dtype", default="float32", choices=_DTYPES, help="element type (default float32)")
     bench.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
     bench.add_argument("--warmup", type=int, default=2, help="untimed iterations per size (default 2)")
-    bench.add_argument("--nproc", type=int, metavar="N", help="start N local gloo ranks instead of running under torchrun")
-    bench.add_argument("--timeout-s", type=float, default=60.0, help="longest wait for one message, seconds (default 60)")
-    bench.add_argument("--join-timeout-s", type=float, default=1800.0, help="with --nproc: deadline for all ranks, seconds")
+    bench.add_argument(
+        "--nproc", type=int, metavar="N", help="start N local gloo ranks instead of running under torchrun"
+    )
+    bench.add_argument(
+        "--timeout-s", type=float, default=60.0, help="longest wait for one message, seconds (default 60)"
+    )
+    bench.add_argument(
+        "--join-timeout-s", type=float, default=1800.0, help="with --nproc: deadline for all ranks, seconds"
+    )
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")
     bench.set_defaults(func=_bench)

@@ -25,8 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--topology", required=True, help="built-in name or topology file")
     parser.add_argument("--nodes", type=int, default=1, help="machines joined by a network switch (default 1)")
     parser.add_argument("--stages", type=int, required=True, help="number of pipeline stages (<= GPUs)")
-    parser.add_argument("--activation-size", default=format_size(DEFAULT_ACTIVATION_BYTES), help="bytes sent between stages per microbatch (default 16MB)")
-    parser.add_argument("--method", choices=("auto", "exact", "heuristic"), default="auto", help="exact up to 16 GPUs per node (auto)")
+    parser.add_argument(
+        "--activation-size",
+        default=format_size(DEFAULT_ACTIVATION_BYTES),
+        help="bytes sent between stages per microbatch (default 16MB)",
+    )
+    parser.add_argument(
+        "--method", choices=("auto", "exact", "heuristic"), default="auto", help="exact up to 16 GPUs per node (auto)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.set_defaults(func=_place)
 
@@ -44,13 +50,21 @@ def _report(result: PlacementResult) -> str:
     rows = []
     for stage, (rank, node, local) in enumerate(zip(result.stage_ranks, result.rank_nodes, result.rank_local_indices)):
         hop = result.hops[stage] if stage < len(result.hops) else None
-        rows.append((stage, rank, node, local, f"{hop.time_us:.1f}" if hop else "-", "+".join(hop.link_kinds) if hop else "-"))
+        rows.append(
+            (stage, rank, node, local, f"{hop.time_us:.1f}" if hop else "-", "+".join(hop.link_kinds) if hop else "-")
+        )
     lines = [
-        f"{result.topology}: {len(result.stage_ranks)} stages, {format_size(result.activation_bytes)} activations, {result.method}",
+        f"{result.topology}: {len(result.stage_ranks)} stages, {format_size(result.activation_bytes)} activations, "
+        f"{result.method}",
         format_table(("stage", "rank", "node", "gpu", "to next (us)", "via"), rows),
         "",
     ]
-    lines += [f"CUDA_VISIBLE_DEVICES (node {node}): {devices}" for node, devices in result.cuda_visible_devices().items()]
+    lines += [
+        f"CUDA_VISIBLE_DEVICES (node {node}): {devices}" for node, devices in result.cuda_visible_devices().items()
+    ]
     lines.append(f"rank list: {result.rank_list()}")
-    lines.append(f"p2p per microbatch: placed {result.time_us:.1f} us, naive {result.naive_time_us:.1f} us, gain {result.gain:.2f}x")
+    lines.append(
+        f"p2p per microbatch: placed {result.time_us:.1f} us, naive {result.naive_time_us:.1f} us, gain "
+        f"{result.gain:.2f}x"
+    )
     return "\n".join(lines)

@@ -6,23 +6,31 @@ import argparse
 import json
 from typing import Any
 
-from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
-from taccl_py.ir.collectives import Collective
+from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_table, progress_to_stderr
 from taccl_py.errors import ArgumentError
+from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology import load_topology
 from taccl_py.units import format_size, parse_sizes
-
-from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_table, progress_to_stderr
 
 __all__ = ["register", "format_simulation_table"]
 
 _PROGRESS = progress_to_stderr()
 
 DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
-_HEADERS = ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "of bound", "best baseline", "baseline (us)", "speedup")
+_HEADERS = (
+    "size",
+    "time (us)",
+    "algbw (GB/s)",
+    "busbw (GB/s)",
+    "of bound",
+    "best baseline",
+    "baseline (us)",
+    "speedup",
+)
 
 
 def format_simulation_table(results: list[SimulationResult], baselines: list[tuple[str, float] | None]) -> str:
@@ -33,11 +41,18 @@ def format_simulation_table(results: list[SimulationResult], baselines: list[tup
     rows = []
     for result, baseline in zip(results, baselines):
         name, time_us = baseline if baseline is not None else ("-", None)
-        rows.append((
-            format_size(result.size_bytes), f"{result.time_us:.2f}", f"{result.algbw_GBps:.2f}", f"{result.busbw_GBps:.2f}",
-            f"{result.fraction_of_bound:.3f}", name, "-" if time_us is None else f"{time_us:.2f}",
-            "-" if time_us is None else f"{time_us / result.time_us:.2f}x",
-        ))
+        rows.append(
+            (
+                format_size(result.size_bytes),
+                f"{result.time_us:.2f}",
+                f"{result.algbw_GBps:.2f}",
+                f"{result.busbw_GBps:.2f}",
+                f"{result.fraction_of_bound:.3f}",
+                name,
+                "-" if time_us is None else f"{time_us:.2f}",
+                "-" if time_us is None else f"{time_us / result.time_us:.2f}x",
+            )
+        )
     return format_table(_HEADERS, rows)
 
 
@@ -49,7 +64,9 @@ def _simulate(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology, nodes=args.nodes)
     if algorithm.num_ranks != topology.num_ranks:
         raise ArgumentError(
-            args.file, "num_ranks", f"{algorithm.num_ranks} ranks but topology {topology.name} has {topology.num_ranks} GPUs",
+            args.file,
+            "num_ranks",
+            f"{algorithm.num_ranks} ranks but topology {topology.name} has {topology.num_ranks} GPUs",
             "an algorithm for the topology's rank count (check --topology and --nodes)",
         )
     results = list(simulate_sizes(algorithm, topology, sizes))
@@ -65,9 +82,15 @@ def _simulate(args: argparse.Namespace) -> int:
         out: list[dict[str, Any]] = []
         for result, baseline in zip(results, baselines):
             record = simulation_result_to_dict(result)
-            record["best_baseline"] = None if baseline is None else {
-                "name": baseline[0], "time_us": baseline[1], "speedup": baseline[1] / result.time_us,
-            }
+            record["best_baseline"] = (
+                None
+                if baseline is None
+                else {
+                    "name": baseline[0],
+                    "time_us": baseline[1],
+                    "speedup": baseline[1] / result.time_us,
+                }
+            )
             out.append(record)
         print(json.dumps(out, indent=2))
     else:
@@ -90,33 +113,49 @@ def _baseline(args: argparse.Namespace) -> int:
 
 
 def _add_topology(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--topology", "-t", required=True, metavar="TOPO", help="a built-in name (see `taccl topo list`) or a topology file")
+    parser.add_argument(
+        "--topology",
+        "-t",
+        required=True,
+        metavar="TOPO",
+        help="a built-in name (see `taccl topo list`) or a topology file",
+    )
     parser.add_argument("--nodes", type=int, default=1, help="join this many copies of the machine (default 1)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``simulate`` and ``baseline`` to ``subparsers``."""
     sim = subparsers.add_parser(
-        "simulate", help="predict an algorithm's time on a topology, against the best baseline",
+        "simulate",
+        help="predict an algorithm's time on a topology, against the best baseline",
         description="Replay the algorithm in the alpha-beta model with fair link sharing; print time, bandwidths, "
         "the fraction of the lower bound reached and the fastest baseline at each size.",
     )
     sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
     _add_topology(sim)
-    sim.add_argument("--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES})")
+    sim.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES})"
+    )
     sim.add_argument("--plot", metavar="IMAGE", help="also draw the timeline at the largest size (.png or .svg)")
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sim.add_argument("--no-baselines", action="store_true", help="skip simulating the baselines")
     sim.set_defaults(func=_simulate)
 
     base = subparsers.add_parser(
-        "baseline", help="write an NCCL-like ring, double binary tree or hierarchical algorithm",
+        "baseline",
+        help="write an NCCL-like ring, double binary tree or hierarchical algorithm",
         description="Build the baseline for the topology, verify it and write it (.json or MSCCL-IR .xml).",
     )
-    base.add_argument("kind", choices=[k.value for k in BaselineKind], help="ring, tree (allreduce only) or hierarchical")
+    base.add_argument(
+        "kind", choices=[k.value for k in BaselineKind], help="ring, tree (allreduce only) or hierarchical"
+    )
     _add_topology(base)
-    base.add_argument("--collective", "-c", required=True, choices=["allgather", "reducescatter", "allreduce"], help="the collective")
+    base.add_argument(
+        "--collective", "-c", required=True, choices=["allgather", "reducescatter", "allreduce"], help="the collective"
+    )
     base.add_argument("--channels", type=int, help="rings or trees in parallel (default: as the topology suggests)")
     base.add_argument("--chunks", type=int, help="pieces per channel, the pipeline depth (default: 1; trees 4)")
-    base.add_argument("-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for JSON on stdout)")
+    base.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for JSON on stdout)"
+    )
     base.set_defaults(func=_baseline)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from dataclasses import replace
 import sys
+from dataclasses import replace
 
-from taccl_py.files import algorithm_format, write_any_algorithm
+from taccl_py.cli._output import format_table
 from taccl_py.errors import ArgumentError
-from taccl_py.synth.sketch import read_sketch
+from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.synth import SynthesisResult, synthesize, write_library
+from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth.solver import SOLVERS
 from taccl_py.topology import load_topology
 from taccl_py.units import format_size, parse_size, parse_sizes
-
-from taccl_py.cli._output import format_table
 
 __all__ = ["register", "format_synthesis_table"]
 
@@ -36,12 +35,18 @@ def format_synthesis_table(result: SynthesisResult) -> str:
     rows = []
     for choice in result.choices:
         syn, base = choice.synthesized, choice.baseline
-        rows.append((
-            format_size(choice.size_bytes), choice.chosen.name, f"{choice.chosen_result.time_us:.2f}",
-            f"{choice.chosen_result.fraction_of_bound:.3f}", "-" if syn is None else f"{syn.time_us:.2f}",
-            choice.baseline_name or "-", "-" if base is None else f"{base.time_us:.2f}",
-            "-" if base is None or syn is None else f"{base.time_us / syn.time_us:.2f}x",
-        ))
+        rows.append(
+            (
+                format_size(choice.size_bytes),
+                choice.chosen.name,
+                f"{choice.chosen_result.time_us:.2f}",
+                f"{choice.chosen_result.fraction_of_bound:.3f}",
+                "-" if syn is None else f"{syn.time_us:.2f}",
+                choice.baseline_name or "-",
+                "-" if base is None else f"{base.time_us:.2f}",
+                "-" if base is None or syn is None else f"{base.time_us / syn.time_us:.2f}x",
+            )
+        )
     return format_table(_HEADERS, rows)
 
 
@@ -49,9 +54,16 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """Raise ``ArgumentError`` for output paths that cannot be written, before any work."""
     if args.sizes is not None:
         if not str(args.output).endswith(".json"):
-            raise ArgumentError(args.output, "-o", "a library needs a .json path", "OUT.json (band files are written beside it)")
+            raise ArgumentError(
+                args.output, "-o", "a library needs a .json path", "OUT.json (band files are written beside it)"
+            )
         if args.xml is not None:
-            raise ArgumentError(args.xml, "--xml", "--xml with --sizes", "no --xml; then 'taccl export-msccl LIBRARY -o DIR' writes every band's XML")
+            raise ArgumentError(
+                args.xml,
+                "--xml",
+                "--xml with --sizes",
+                "no --xml; then 'taccl export-msccl LIBRARY -o DIR' writes every band's XML",
+            )
         return
     algorithm_format(args.output)
     if args.xml is not None and algorithm_format(args.xml) != "xml":
@@ -66,8 +78,14 @@ def _synthesize(args: argparse.Namespace) -> int:
     size = parse_size(args.size) if args.size is not None else None
     sizes = parse_sizes(args.sizes) if args.sizes is not None else None
     result = synthesize(
-        topology, args.collective, size_bytes=size, sizes=sizes, sketch=sketch,
-        time_limit_s=args.time_limit, solver=args.solver, progress=_stderr,
+        topology,
+        args.collective,
+        size_bytes=size,
+        sizes=sizes,
+        sketch=sketch,
+        time_limit_s=args.time_limit,
+        solver=args.solver,
+        progress=_stderr,
     )
     if result.library is not None:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
@@ -80,8 +98,10 @@ def _synthesize(args: argparse.Namespace) -> int:
             _stderr(f"wrote {args.xml}")
     if result.timed_out:
         _stderr("note: a solver time limit was reached; the result is the best verified schedule found in time")
-    print(f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
-          f"{result.wall_s:.1f} s; candidates {', '.join(result.candidates)}")
+    print(
+        f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
+        f"{result.wall_s:.1f} s; candidates {', '.join(result.candidates)}"
+    )
     print(format_synthesis_table(result))
     return 0
 
@@ -89,20 +109,33 @@ def _synthesize(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``synthesize`` to ``subparsers``."""
     parser = subparsers.add_parser(
-        "synthesize", help="synthesize a verified algorithm for a topology (TACCL-style MILP)",
+        "synthesize",
+        help="synthesize a verified algorithm for a topology (TACCL-style MILP)",
         description="Route chunks (MILP), order and schedule them, verify the result and compare it under the "
         "simulator with the lower bound and the best baseline. With --sizes, write a library of size bands "
         "(JSON plus one algorithm JSON and MSCCL XML per band).",
     )
-    parser.add_argument("--topology", "-t", required=True, metavar="TOPO", help="a built-in name, a topology file or a TACCL profile JSON")
-    parser.add_argument("--nodes", type=int, default=None, help="machines to join (default: the sketch's nnodes, else 1)")
+    parser.add_argument(
+        "--topology",
+        "-t",
+        required=True,
+        metavar="TOPO",
+        help="a built-in name, a topology file or a TACCL profile JSON",
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="machines to join (default: the sketch's nnodes, else 1)"
+    )
     parser.add_argument("--collective", "-c", required=True, choices=_COLLECTIVES)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--size", help="the size to synthesize for, e.g. 64MB (default 64MB)")
     group.add_argument("--sizes", help="sizes for a library of bands: a list or a range, e.g. 1KB-1GB")
     parser.add_argument("--sketch", metavar="FILE", help="a sketch: ours (taccl-sketch/1) or TACCL's sketch JSON")
-    parser.add_argument("--time-limit", type=float, default=None, metavar="S", help="MILP time budget in seconds (default by GPU count)")
+    parser.add_argument(
+        "--time-limit", type=float, default=None, metavar="S", help="MILP time budget in seconds (default by GPU count)"
+    )
     parser.add_argument("--solver", choices=SOLVERS, default="highs", help="MILP solver (default highs)")
-    parser.add_argument("-o", "--output", required=True, metavar="OUT", help="algorithm .json/.xml, or the library .json with --sizes")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="algorithm .json/.xml, or the library .json with --sizes"
+    )
     parser.add_argument("--xml", metavar="OUT.xml", help="also write the algorithm as MSCCL-IR XML")
     parser.set_defaults(func=_synthesize)

@@ -24,7 +24,9 @@ _DESCRIPTION_CHARS = 90  # `topo list` trims longer descriptions
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``taccl topo`` and its subcommands to ``subparsers``."""
-    parser = subparsers.add_parser("topo", help="list, show, import and draw topologies", description="List, show, import and draw topologies.")
+    parser = subparsers.add_parser(
+        "topo", help="list, show, import and draw topologies", description="List, show, import and draw topologies."
+    )
     topo_subparsers = parser.add_subparsers(dest="topo_command", required=True, metavar="SUBCOMMAND")
 
     listing = topo_subparsers.add_parser("list", help="list the built-in topologies")
@@ -36,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.add_argument("--json", action="store_true", help="print JSON instead of tables")
     show.set_defaults(func=_run_show)
 
-    importer = topo_subparsers.add_parser("import", help="convert nvidia-smi topo -m text, NCCL topology XML or a TACCL profile to taccl-topology/1 JSON")
+    importer = topo_subparsers.add_parser(
+        "import", help="convert nvidia-smi topo -m text, NCCL topology XML or a TACCL profile to taccl-topology/1 JSON"
+    )
     importer.add_argument("file", metavar="FILE", help="the file to import")
     importer.add_argument("-o", "--output", required=True, help="the JSON file to write (- for stdout)")
     importer.set_defaults(func=_run_import)
@@ -50,7 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("topology", metavar="TOPO", help="a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import")
+    parser.add_argument(
+        "topology",
+        metavar="TOPO",
+        help="a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import",
+    )
     parser.add_argument("--nodes", type=int, default=1, help="join this many copies of the machine (default 1)")
 
 
@@ -64,7 +72,15 @@ def _run_list(args: argparse.Namespace) -> int:
         description = topology.description
         if len(description) > _DESCRIPTION_CHARS:
             description = description[: _DESCRIPTION_CHARS - 3] + "..."
-        rows.append((name, ",".join(sorted(aliases.get(name, []))) or "-", topology.num_ranks, len(topology.nics()), description))
+        rows.append(
+            (
+                name,
+                ",".join(sorted(aliases.get(name, []))) or "-",
+                topology.num_ranks,
+                len(topology.nics()),
+                description,
+            )
+        )
     print(format_table(("name", "aliases", "GPUs", "NICs", "description"), rows))
     return 0
 
@@ -140,21 +156,41 @@ def _print_show(topology: Topology, nics: Sequence[dict], bounds: Sequence[Lower
     print(f"GPUs: {topology.num_ranks} ({topology.nodes} node(s) x {topology.gpus_per_node}), NICs: {len(nics)}")
     print()
     nic_rows = [
-        (nic["name"], nic["net_kind"] or "-", _number(nic["net_bandwidth_GBps"]), _number(nic["net_alpha_us"]), _ranks(nic["nearest_gpus"]))
+        (
+            nic["name"],
+            nic["net_kind"] or "-",
+            _number(nic["net_bandwidth_GBps"]),
+            _number(nic["net_alpha_us"]),
+            _ranks(nic["nearest_gpus"]),
+        )
         for nic in nics
     ]
     if nic_rows:
         print(format_table(("NIC", "kind", "GB/s", "alpha_us", "nearest GPUs"), nic_rows))
         print()
-    class_rows = [(c["kind"], c["lanes"], _number(c["bandwidth_GBps"]), _number(c["alpha_us"]), c["directed_links"]) for c in _link_classes(topology)]
+    class_rows = [
+        (c["kind"], c["lanes"], _number(c["bandwidth_GBps"]), _number(c["alpha_us"]), c["directed_links"])
+        for c in _link_classes(topology)
+    ]
     print(format_table(("link class", "lanes", "GB/s", "alpha_us", "directed links"), class_rows))
     print()
     bound_rows = [
-        (b.collective.value, format_size(b.size_bytes), _format_time_us(b.time_us), _format_time_us(b.bandwidth_time_us), _format_time_us(b.latency_floor_us), b.description)
+        (
+            b.collective.value,
+            format_size(b.size_bytes),
+            _format_time_us(b.time_us),
+            _format_time_us(b.bandwidth_time_us),
+            _format_time_us(b.latency_floor_us),
+            b.description,
+        )
         for b in bounds
     ]
     print("lower bounds (time = max(cut bound, latency floor)):")
-    print(_left_last(format_table(("collective", "size", "bound", "cut bound", "latency floor", "binding cut"), bound_rows)))
+    print(
+        _left_last(
+            format_table(("collective", "size", "bound", "cut bound", "latency floor", "binding cut"), bound_rows)
+        )
+    )
 
 
 def _left_last(table: str) -> str:
@@ -185,7 +221,10 @@ def _run_import(args: argparse.Namespace) -> int:
     topology = import_topology(args.file)
     write_topology(topology, args.output)
     if args.output != "-":
-        print(f"wrote {args.output}: {topology.name}, {topology.num_ranks} GPUs, {len(topology.nics())} NICs, {len(topology.links)} links")
+        print(
+            f"wrote {args.output}: {topology.name}, {topology.num_ranks} GPUs, {len(topology.nics())} NICs, "
+            f"{len(topology.links)} links"
+        )
     return 0
 
 

@@ -35,7 +35,9 @@ def register(topo_subparsers: argparse._SubParsersAction) -> None:
     )
     export.add_argument("topology", help="built-in name or topology file (one machine)")
     export.add_argument("-o", "--output", required=True, help="XML file to write (- for stdout)")
-    export.add_argument("--sm", type=int, default=None, help="GPU compute capability to write, e.g. 80 (default: guessed)")
+    export.add_argument(
+        "--sm", type=int, default=None, help="GPU compute capability to write, e.g. 80 (default: guessed)"
+    )
     export.set_defaults(func=_export_nccl)
 
 
@@ -53,5 +55,7 @@ def _export_nccl(args: argparse.Namespace) -> int:
     topology = load_topology(args.topology)
     write_nccl_topology_xml(topology, args.output, sm=args.sm)
     if args.output != "-":
-        print(f"wrote {args.output}: {topology.name}, {topology.num_ranks} GPUs; use it with NCCL_TOPO_FILE={args.output}")
+        print(
+            f"wrote {args.output}: {topology.name}, {topology.num_ranks} GPUs; use it with NCCL_TOPO_FILE={args.output}"
+        )
     return 0

@@ -39,6 +39,7 @@ __all__ = [
     "output_slot",
 ]
 
+
 class Buffer(str, Enum):
     """A per-rank buffer; values are MSCCL-IR's spelling."""
 
@@ -77,7 +78,9 @@ class OpType(str, Enum):
 
 
 _SENDING = frozenset({OpType.SEND, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY_SEND})
-_RECEIVING = frozenset({OpType.RECV, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND})
+_RECEIVING = frozenset(
+    {OpType.RECV, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND}
+)
 _REDUCING = frozenset({OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND, OpType.REDUCE})
 
 
@@ -121,7 +124,11 @@ class RankProgram:
 
     def chunks(self, buffer: Buffer) -> int:
         """Return how many chunks ``buffer`` holds on this rank."""
-        return {Buffer.INPUT: self.input_chunks, Buffer.OUTPUT: self.output_chunks, Buffer.SCRATCH: self.scratch_chunks}[buffer]
+        return {
+            Buffer.INPUT: self.input_chunks,
+            Buffer.OUTPUT: self.output_chunks,
+            Buffer.SCRATCH: self.scratch_chunks,
+        }[buffer]
 
 
 @dataclass(frozen=True)

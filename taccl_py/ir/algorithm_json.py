@@ -55,7 +55,8 @@ def generate_algorithm_json(algorithm: Algorithm) -> str:
         )
         for t_index, tb in enumerate(prog.threadblocks):
             lines.append(
-                f'      {{"id": {tb.id}, "send_peer": {json.dumps(tb.send_peer)}, "recv_peer": {json.dumps(tb.recv_peer)}, '
+                f'      {{"id": {tb.id}, "send_peer": {json.dumps(tb.send_peer)}, '
+                f'"recv_peer": {json.dumps(tb.recv_peer)}, '
                 f'"channel": {tb.channel}, "steps": ['
             )
             for s_index, step in enumerate(tb.steps):
@@ -81,7 +82,12 @@ def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], source:
         raise FormatError(source, f"{where}.{key}" if where else key, "missing", f"a {getattr(kind, '__name__', kind)}")
     value = obj[key]
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-        raise FormatError(source, f"{where}.{key}" if where else key, f"{value!r} has the wrong type", f"a {getattr(kind, '__name__', kind)}")
+        raise FormatError(
+            source,
+            f"{where}.{key}" if where else key,
+            f"{value!r} has the wrong type",
+            f"a {getattr(kind, '__name__', kind)}",
+        )
     return value
 
 
@@ -100,7 +106,9 @@ def _parse_step(obj: Any, source: str, where: str) -> Step:
     depends = obj.get("depends", [])
     if not all(isinstance(d, list) and len(d) == 2 and all(isinstance(x, int) for x in d) for d in depends):
         raise FormatError(source, f"{where}.depends", f"{depends!r}", "a list of [threadblock, step] pairs")
-    return Step(op, src[0], src[1], dst[0], dst[1], _field(obj, "count", int, source, where), tuple(tuple(d) for d in depends))
+    return Step(
+        op, src[0], src[1], dst[0], dst[1], _field(obj, "count", int, source, where), tuple(tuple(d) for d in depends)
+    )
 
 
 def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
@@ -108,22 +116,41 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as error:
-        raise FormatError(source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "an algorithm JSON file") from None
+        raise FormatError(
+            source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "an algorithm JSON file"
+        ) from None
     if not isinstance(obj, dict) or obj.get("schema") != ALGORITHM_SCHEMA:
-        raise FormatError(source, "schema", f"{obj.get('schema') if isinstance(obj, dict) else obj!r}", repr(ALGORITHM_SCHEMA))
+        raise FormatError(
+            source, "schema", f"{obj.get('schema') if isinstance(obj, dict) else obj!r}", repr(ALGORITHM_SCHEMA)
+        )
     ranks = []
     for r_index, prog in enumerate(_field(obj, "ranks", list, source, "")):
         where = f"ranks[{r_index}]"
         tbs = []
         for t_index, tb in enumerate(_field(prog, "threadblocks", list, source, where)):
             tb_where = f"{where}.threadblocks[{t_index}]"
-            steps = tuple(_parse_step(s, source, f"{tb_where}.steps[{i}]") for i, s in enumerate(_field(tb, "steps", list, source, tb_where)))
-            tbs.append(Threadblock(_field(tb, "id", int, source, tb_where), steps, tb.get("send_peer"), tb.get("recv_peer"), tb.get("channel", 0)))
-        ranks.append(RankProgram(
-            _field(prog, "rank", int, source, where), tuple(tbs),
-            _field(prog, "input_chunks", int, source, where), _field(prog, "output_chunks", int, source, where),
-            prog.get("scratch_chunks", 0),
-        ))
+            steps = tuple(
+                _parse_step(s, source, f"{tb_where}.steps[{i}]")
+                for i, s in enumerate(_field(tb, "steps", list, source, tb_where))
+            )
+            tbs.append(
+                Threadblock(
+                    _field(tb, "id", int, source, tb_where),
+                    steps,
+                    tb.get("send_peer"),
+                    tb.get("recv_peer"),
+                    tb.get("channel", 0),
+                )
+            )
+        ranks.append(
+            RankProgram(
+                _field(prog, "rank", int, source, where),
+                tuple(tbs),
+                _field(prog, "input_chunks", int, source, where),
+                _field(prog, "output_chunks", int, source, where),
+                prog.get("scratch_chunks", 0),
+            )
+        )
     metadata = obj.get("metadata", {})
     return Algorithm(
         name=_field(obj, "name", str, source, ""),

@@ -72,7 +72,12 @@ def chunk_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -
         raise ArgumentError(None, "chunks", f"{num_ranks} ranks and {chunks_per_loop} chunks", "positive counts")
     per_rank, remainder = divmod(chunks_per_loop, num_ranks)
     if collective is not Collective.ALLREDUCE and remainder:
-        raise ArgumentError(None, "nchunksperloop", f"{chunks_per_loop} chunks do not split over {num_ranks} ranks", "a multiple of the rank count")
+        raise ArgumentError(
+            None,
+            "nchunksperloop",
+            f"{chunks_per_loop} chunks do not split over {num_ranks} ranks",
+            "a multiple of the rank count",
+        )
     if collective is Collective.ALLGATHER:
         return ChunkLayout(collective, num_ranks, chunks_per_loop, per_rank, chunks_per_loop)
     if collective is Collective.REDUCESCATTER:

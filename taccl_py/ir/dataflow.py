@@ -17,8 +17,8 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from enum import Enum
 
-from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step, Threadblock
 from taccl_py.errors import Violation
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step, Threadblock
 
 __all__ = ["ActionKind", "Region", "Action", "Dataflow", "build_dataflow"]
 
@@ -95,7 +95,9 @@ def _region(buffer: Buffer | None, offset: int, count: int) -> Region:
     return Region(buffer, offset, count)
 
 
-def _decompose_step(rank: int, tb: Threadblock, index: int, step: Step) -> list[tuple[ActionKind, tuple[Region, ...], Region | None, int | None]]:
+def _decompose_step(
+    rank: int, tb: Threadblock, index: int, step: Step
+) -> list[tuple[ActionKind, tuple[Region, ...], Region | None, int | None]]:
     """Return (kind, sources, target, peer) for each action of ``step``, in execution order."""
     src = _region(step.src_buffer, step.src_offset, step.count)
     dst = _region(step.dst_buffer, step.dst_offset, step.count)
@@ -109,11 +111,19 @@ def _decompose_step(rank: int, tb: Threadblock, index: int, step: Step) -> list[
     if op is OpType.RECV_COPY_SEND:
         return [(ActionKind.RECV, (), dst, tb.recv_peer), (ActionKind.SEND, (dst,), None, tb.send_peer)]
     if op is OpType.RECV_REDUCE_SEND:
-        return [(recv[0], (), temp, recv[3]), (ActionKind.COMPUTE, (temp, src), temp, None), (ActionKind.SEND, (temp,), None, tb.send_peer)]
+        return [
+            (recv[0], (), temp, recv[3]),
+            (ActionKind.COMPUTE, (temp, src), temp, None),
+            (ActionKind.SEND, (temp,), None, tb.send_peer),
+        ]
     if op is OpType.RECV_REDUCE_COPY:
         return [(recv[0], (), temp, recv[3]), (ActionKind.COMPUTE, (src, temp), dst, None)]
     if op is OpType.RECV_REDUCE_COPY_SEND:
-        return [(recv[0], (), temp, recv[3]), (ActionKind.COMPUTE, (src, temp), dst, None), (ActionKind.SEND, (dst,), None, tb.send_peer)]
+        return [
+            (recv[0], (), temp, recv[3]),
+            (ActionKind.COMPUTE, (src, temp), dst, None),
+            (ActionKind.SEND, (dst,), None, tb.send_peer),
+        ]
     if op is OpType.COPY:
         return [(ActionKind.COMPUTE, (src,), dst, None)]
     if op is OpType.REDUCE:
@@ -130,7 +140,9 @@ class _Builder:
 
 def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> None:
     if len(algorithm.ranks) != algorithm.num_ranks:
-        violations.append(Violation("structure", f"{len(algorithm.ranks)} rank programs for {algorithm.num_ranks} ranks"))
+        violations.append(
+            Violation("structure", f"{len(algorithm.ranks)} rank programs for {algorithm.num_ranks} ranks")
+        )
     for prog in algorithm.ranks:
         ids = [tb.id for tb in prog.threadblocks]
         if len(set(ids)) != len(ids):
@@ -138,15 +150,35 @@ def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> Non
         for tb in prog.threadblocks:
             for index, step in enumerate(tb.steps):
                 if step.op.sends and tb.send_peer is None:
-                    violations.append(Violation("structure", f"{step.op.value} on a threadblock with no send peer", prog.rank, tb.id, index))
+                    violations.append(
+                        Violation(
+                            "structure", f"{step.op.value} on a threadblock with no send peer", prog.rank, tb.id, index
+                        )
+                    )
                 if step.op.receives and tb.recv_peer is None:
-                    violations.append(Violation("structure", f"{step.op.value} on a threadblock with no receive peer", prog.rank, tb.id, index))
+                    violations.append(
+                        Violation(
+                            "structure",
+                            f"{step.op.value} on a threadblock with no receive peer",
+                            prog.rank,
+                            tb.id,
+                            index,
+                        )
+                    )
                 for peer in (tb.send_peer, tb.recv_peer):
                     if peer is not None and not 0 <= peer < algorithm.num_ranks:
                         violations.append(Violation("structure", f"peer {peer} out of range", prog.rank, tb.id, index))
                 for buffer, offset in ((step.src_buffer, step.src_offset), (step.dst_buffer, step.dst_offset)):
                     if buffer is not None and not (0 <= offset and offset + step.count <= prog.chunks(buffer)):
-                        violations.append(Violation("out of bounds", f"{buffer.value}[{offset}:{offset + step.count}] outside {prog.chunks(buffer)} chunks", prog.rank, tb.id, index))
+                        violations.append(
+                            Violation(
+                                "out of bounds",
+                                f"{buffer.value}[{offset}:{offset + step.count}] outside {prog.chunks(buffer)} chunks",
+                                prog.rank,
+                                tb.id,
+                                index,
+                            )
+                        )
 
 
 def _add_actions(algorithm: Algorithm, builder: _Builder) -> dict[tuple[int, int, int], tuple[int, int]]:
@@ -162,7 +194,9 @@ def _add_actions(algorithm: Algorithm, builder: _Builder) -> dict[tuple[int, int
                 first = len(builder.actions)
                 for kind, sources, target, peer in parts:
                     action_id = len(builder.actions)
-                    builder.actions.append(Action(action_id, kind, prog.rank, tb.id, index, sources, target, peer, tb.channel))
+                    builder.actions.append(
+                        Action(action_id, kind, prog.rank, tb.id, index, sources, target, peer, tb.channel)
+                    )
                     builder.preds.append([action_id - 1] if action_id > first else [])
                 if previous_last is not None:
                     builder.preds[first].append(previous_last)
@@ -171,14 +205,24 @@ def _add_actions(algorithm: Algorithm, builder: _Builder) -> dict[tuple[int, int
     return span
 
 
-def _add_dependencies(algorithm: Algorithm, span: dict[tuple[int, int, int], tuple[int, int]], builder: _Builder) -> None:
+def _add_dependencies(
+    algorithm: Algorithm, span: dict[tuple[int, int, int], tuple[int, int]], builder: _Builder
+) -> None:
     for prog in algorithm.ranks:
         for tb in prog.threadblocks:
             for index, step in enumerate(tb.steps):
                 for dep_tb, dep_step in step.depends:
                     target = span.get((prog.rank, dep_tb, dep_step))
                     if target is None:
-                        builder.violations.append(Violation("bad dependency", f"depends on missing tb {dep_tb} step {dep_step}", prog.rank, tb.id, index))
+                        builder.violations.append(
+                            Violation(
+                                "bad dependency",
+                                f"depends on missing tb {dep_tb} step {dep_step}",
+                                prog.rank,
+                                tb.id,
+                                index,
+                            )
+                        )
                         continue
                     builder.preds[span[(prog.rank, tb.id, index)][0]].append(target[1])
 
@@ -201,13 +245,37 @@ def _match_transfers(actions: list[Action], violations: list[Violation]) -> list
             match[s_id], match[r_id] = r_id, s_id
             sent, received = actions[s_id].sources[0].count, actions[r_id].target.count
             if sent != received:
-                violations.append(Violation("size mismatch", f"receives {received} chunks from rank {key[0]} which sends {sent}", actions[r_id].rank, actions[r_id].threadblock, actions[r_id].step))
-        for s_id in s_ids[len(r_ids):]:
+                violations.append(
+                    Violation(
+                        "size mismatch",
+                        f"receives {received} chunks from rank {key[0]} which sends {sent}",
+                        actions[r_id].rank,
+                        actions[r_id].threadblock,
+                        actions[r_id].step,
+                    )
+                )
+        for s_id in s_ids[len(r_ids) :]:
             a = actions[s_id]
-            violations.append(Violation("unmatched send", f"send to rank {a.peer} on channel {a.channel} is never received", a.rank, a.threadblock, a.step))
-        for r_id in r_ids[len(s_ids):]:
+            violations.append(
+                Violation(
+                    "unmatched send",
+                    f"send to rank {a.peer} on channel {a.channel} is never received",
+                    a.rank,
+                    a.threadblock,
+                    a.step,
+                )
+            )
+        for r_id in r_ids[len(s_ids) :]:
             a = actions[r_id]
-            violations.append(Violation("unmatched receive", f"receive from rank {a.peer} on channel {a.channel} has no matching send", a.rank, a.threadblock, a.step))
+            violations.append(
+                Violation(
+                    "unmatched receive",
+                    f"receive from rank {a.peer} on channel {a.channel} has no matching send",
+                    a.rank,
+                    a.threadblock,
+                    a.step,
+                )
+            )
     return match
 
 
@@ -239,10 +307,19 @@ def _describe_deadlock(actions: list[Action], preds: list[list[int]], stuck: set
         seen[node] = len(path)
         path.append(node)
         node = next(p for p in preds[node] if p in stuck)
-    cycle = path[seen[node]:]
-    words = [f"rank {actions[i].rank} tb {actions[i].threadblock} step {actions[i].step} ({actions[i].kind.value})" for i in reversed(cycle)]
+    cycle = path[seen[node] :]
+    words = [
+        f"rank {actions[i].rank} tb {actions[i].threadblock} step {actions[i].step} ({actions[i].kind.value})"
+        for i in reversed(cycle)
+    ]
     first = actions[cycle[-1]]
-    return Violation("deadlock", "circular wait: " + " waits on ".join(words[::-1] + words[-1:]), first.rank, first.threadblock, first.step)
+    return Violation(
+        "deadlock",
+        "circular wait: " + " waits on ".join(words[::-1] + words[-1:]),
+        first.rank,
+        first.threadblock,
+        first.step,
+    )
 
 
 def _assign_rounds(actions: list[Action], preds: list[list[int]], order: list[int]) -> list[int]:

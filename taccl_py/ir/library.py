@@ -108,9 +108,15 @@ def _provenance_from_json(obj: Any) -> Provenance | None:
         return None
     sizes = tuple(int(size) for size in obj["sizes"])
     return Provenance(
-        taccl_py=str(obj["taccl_py"]), solver=str(obj["solver"]), solver_options=tuple(sorted(dict(obj["solver_options"]).items())),
-        sketch=str(obj["sketch"]), sizes=sizes, timed_out=obj.get("timed_out"), source_commit=obj.get("source_commit"),
-        command=obj.get("command"), note=obj.get("note"),
+        taccl_py=str(obj["taccl_py"]),
+        solver=str(obj["solver"]),
+        solver_options=tuple(sorted(dict(obj["solver_options"]).items())),
+        sketch=str(obj["sketch"]),
+        sizes=sizes,
+        timed_out=obj.get("timed_out"),
+        source_commit=obj.get("source_commit"),
+        command=obj.get("command"),
+        note=obj.get("note"),
     )
 
 
@@ -140,16 +146,30 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
     try:
         provenance = _provenance_from_json(obj.get("provenance"))
     except (KeyError, TypeError, ValueError) as error:
-        raise FormatError(source, "provenance", f"malformed ({error})", "taccl_py, solver, solver_options, sketch and sizes") from None
+        raise FormatError(
+            source, "provenance", f"malformed ({error})", "taccl_py, solver, solver_options, sketch and sizes"
+        ) from None
     try:
         collective = Collective(obj["collective"])
         bands = []
         for band in obj["bands"]:
             algorithm = read_algorithm(base_dir / band["algorithm"])
-            bands.append(SizeBand(int(band["min_bytes"]), band["max_bytes"], algorithm, band["algorithm"], band.get("simulated_time_us")))
-        return AlgorithmLibrary(str(obj["topology"]), int(obj["nodes"]), collective, int(obj["num_ranks"]), tuple(bands), provenance)
+            bands.append(
+                SizeBand(
+                    int(band["min_bytes"]),
+                    band["max_bytes"],
+                    algorithm,
+                    band["algorithm"],
+                    band.get("simulated_time_us"),
+                )
+            )
+        return AlgorithmLibrary(
+            str(obj["topology"]), int(obj["nodes"]), collective, int(obj["num_ranks"]), tuple(bands), provenance
+        )
     except (KeyError, TypeError, ValueError) as error:
-        raise FormatError(source, "bands", f"malformed entry ({error})", "topology, nodes, collective, num_ranks and bands") from None
+        raise FormatError(
+            source, "bands", f"malformed entry ({error})", "topology, nodes, collective, num_ranks and bands"
+        ) from None
 
 
 def read_library(path: str | Path | Traversable) -> AlgorithmLibrary:
@@ -193,7 +213,9 @@ def shipped_library_paths(topology: str, nodes: int) -> tuple[Traversable, ...]:
     folder = shipped_library_dir() / topology / f"n{nodes}"
     if not folder.is_dir():
         return ()
-    return tuple(sorted((item for item in folder.iterdir() if item.name.endswith(".library.json")), key=lambda item: item.name))
+    return tuple(
+        sorted((item for item in folder.iterdir() if item.name.endswith(".library.json")), key=lambda item: item.name)
+    )
 
 
 def shipped_node_counts(topology: str) -> tuple[int, ...]:
@@ -201,4 +223,6 @@ def shipped_node_counts(topology: str) -> tuple[int, ...]:
     folder = shipped_library_dir() / topology
     if not folder.is_dir():
         return ()
-    return tuple(sorted(int(item.name[1:]) for item in folder.iterdir() if item.name[:1] == "n" and item.name[1:].isdigit()))
+    return tuple(
+        sorted(int(item.name[1:]) for item in folder.iterdir() if item.name[:1] == "n" and item.name[1:].isdigit())
+    )

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
-from taccl_py.errors import ArgumentError
 
 __all__ = ["Transfer", "LocalCopy", "lower_plan"]
 
@@ -74,7 +74,16 @@ def _slots(slot: Slot, count: int) -> list[Slot]:
     return [(slot[0], slot[1] + i) for i in range(count)]
 
 
-def _append_step(state: _RankState, tb_id: int, op: OpType, src: Slot | None, dst: Slot | None, count: int, reads: list[Slot], writes: list[Slot]) -> None:
+def _append_step(
+    state: _RankState,
+    tb_id: int,
+    op: OpType,
+    src: Slot | None,
+    dst: Slot | None,
+    count: int,
+    reads: list[Slot],
+    writes: list[Slot],
+) -> None:
     """Append a step to ``tb_id`` with the dependencies its reads and writes need."""
     needed: dict[int, int] = {}
     for slot in reads + writes:
@@ -86,12 +95,17 @@ def _append_step(state: _RankState, tb_id: int, op: OpType, src: Slot | None, ds
             needed[reader[0]] = max(needed.get(reader[0], -1), reader[1])
     needed.pop(tb_id, None)  # program order already covers the threadblock's own earlier steps
     step_index = len(state.steps[tb_id])
-    state.steps[tb_id].append(Step(
-        op,
-        src[0] if src else None, src[1] if src else 0,
-        dst[0] if dst else None, dst[1] if dst else 0,
-        count, tuple(sorted(needed.items())),
-    ))
+    state.steps[tb_id].append(
+        Step(
+            op,
+            src[0] if src else None,
+            src[1] if src else 0,
+            dst[0] if dst else None,
+            dst[1] if dst else 0,
+            count,
+            tuple(sorted(needed.items())),
+        )
+    )
     for slot in reads:
         state.readers.setdefault(slot, set()).add((tb_id, step_index))
     for slot in writes:
@@ -160,9 +174,15 @@ def lower_plan(
     programs = tuple(
         RankProgram(
             state.rank,
-            tuple(Threadblock(tb_id, tuple(state.steps[tb_id]), *state.tb_peers[tb_id]) for tb_id in sorted(state.steps)),
-            in_chunks, out_chunks, state.scratch_used,
+            tuple(
+                Threadblock(tb_id, tuple(state.steps[tb_id]), *state.tb_peers[tb_id]) for tb_id in sorted(state.steps)
+            ),
+            in_chunks,
+            out_chunks,
+            state.scratch_used,
         )
         for state in states
     )
-    return Algorithm(name, collective, num_ranks, chunks_per_loop, programs, inplace=inplace, metadata=tuple(sorted(metadata)))
+    return Algorithm(
+        name, collective, num_ranks, chunks_per_loop, programs, inplace=inplace, metadata=tuple(sorted(metadata))
+    )

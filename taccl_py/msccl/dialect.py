@@ -45,7 +45,9 @@ def parse_dialect(dialect: Dialect | str) -> Dialect:
     try:
         return Dialect(dialect)
     except ValueError:
-        raise ArgumentError(None, "dialect", f"{dialect!r}", "'new' (msccl-executor-nccl, RCCL) or 'old' (microsoft/msccl)") from None
+        raise ArgumentError(
+            None, "dialect", f"{dialect!r}", "'new' (msccl-executor-nccl, RCCL) or 'old' (microsoft/msccl)"
+        ) from None
 
 
 class Protocol(str, Enum):
@@ -69,19 +71,21 @@ _CURRENT_NAMES = MappingProxyType({c: c.value for c in Collective})
 
 # The one table of dialect differences (sources: microsoft/msccl-tools ncclize and Azure/msccl-tools
 # ir.py emit these spellings; RCCL src/misc/msccl/msccl_parser.cc reads the new one).
-DIALECTS: Mapping[Dialect, DialectSpec] = MappingProxyType({
-    Dialect.NEW: DialectSpec(_CURRENT_NAMES, True, "Azure/msccl-executor-nccl, RCCL"),
-    Dialect.OLD: DialectSpec(
-        MappingProxyType({**_CURRENT_NAMES, Collective.REDUCESCATTER: "reduce_scatter"}),
-        False,
-        "microsoft/msccl",
-    ),
-})
+DIALECTS: Mapping[Dialect, DialectSpec] = MappingProxyType(
+    {
+        Dialect.NEW: DialectSpec(_CURRENT_NAMES, True, "Azure/msccl-executor-nccl, RCCL"),
+        Dialect.OLD: DialectSpec(
+            MappingProxyType({**_CURRENT_NAMES, Collective.REDUCESCATTER: "reduce_scatter"}),
+            False,
+            "microsoft/msccl",
+        ),
+    }
+)
 
 # Every spelling either dialect uses, for reading.
-COLLECTIVE_SPELLINGS: Mapping[str, Collective] = MappingProxyType({
-    name: collective for spec in DIALECTS.values() for collective, name in spec.collective_names.items()
-})
+COLLECTIVE_SPELLINGS: Mapping[str, Collective] = MappingProxyType(
+    {name: collective for spec in DIALECTS.values() for collective, name in spec.collective_names.items()}
+)
 
 NO_PEER = -1  # send/recv attribute of a threadblock without that peer
 NO_DEPENDENCY = -1  # depid/deps of a step that waits for nothing
@@ -91,14 +95,16 @@ NOP_OFFSET = -1  # srcoff/dstoff msccl-tools writes for a nop step (RCCL accepts
 # (msccl-tools writes the peer's location there). Source: the interpreter in RCCL's
 # msccl_kernel_impl.h: send(src), recv(dst), recvCopySend(dst), recvReduceSend(src),
 # recvReduceCopy(src, dst), recvReduceCopySend(src, dst), localCopy(src, dst), reduce(src into dst).
-STEP_OPERANDS: Mapping[OpType, tuple[bool, bool]] = MappingProxyType({
-    OpType.SEND: (True, False),
-    OpType.RECV: (False, True),
-    OpType.RECV_COPY_SEND: (False, True),
-    OpType.RECV_REDUCE_SEND: (True, False),
-    OpType.RECV_REDUCE_COPY: (True, True),
-    OpType.RECV_REDUCE_COPY_SEND: (True, True),
-    OpType.COPY: (True, True),
-    OpType.REDUCE: (True, True),
-    OpType.NOP: (False, False),
-})
+STEP_OPERANDS: Mapping[OpType, tuple[bool, bool]] = MappingProxyType(
+    {
+        OpType.SEND: (True, False),
+        OpType.RECV: (False, True),
+        OpType.RECV_COPY_SEND: (False, True),
+        OpType.RECV_REDUCE_SEND: (True, False),
+        OpType.RECV_REDUCE_COPY: (True, True),
+        OpType.RECV_REDUCE_COPY_SEND: (True, True),
+        OpType.COPY: (True, True),
+        OpType.REDUCE: (True, True),
+        OpType.NOP: (False, False),
+    }
+)

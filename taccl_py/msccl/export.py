@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from taccl_py._io import write_text_atomic
-from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol, parse_dialect
 from taccl_py.msccl.limits import MAX_COUNT, check_gpu_limits
 
@@ -130,15 +130,21 @@ def _rank_threadblocks(algorithm: Algorithm, prog: RankProgram) -> list[tuple[Th
             for dep_tb, dep_step in unit.deps:
                 target = plans.get(dep_tb, ({}, {}))[1].get(dep_step)
                 if target is None:
-                    raise ArgumentError(algorithm.name, f"rank {prog.rank} tb {tb.id}",
-                                        f"depends on tb {dep_tb} step {dep_step}, which does not exist", "dependencies on existing steps")
+                    raise ArgumentError(
+                        algorithm.name,
+                        f"rank {prog.rank} tb {tb.id}",
+                        f"depends on tb {dep_tb} step {dep_step}, which does not exist",
+                        "dependencies on existing steps",
+                    )
                 translated.append((new_id[dep_tb], target))
             steps.extend(_emit_unit(unit, sorted(translated)))
         result.append((tb, steps))
     marked = {step.dep for _, steps in result for step in steps if step.dep is not None}
     return [
-        (Threadblock(new_id[tb.id], (), tb.send_peer, tb.recv_peer, tb.channel),
-         [_XmlStep(s.op, s.src, s.dst, s.count, s.dep, (new_id[tb.id], i) in marked) for i, s in enumerate(steps)])
+        (
+            Threadblock(new_id[tb.id], (), tb.send_peer, tb.recv_peer, tb.channel),
+            [_XmlStep(s.op, s.src, s.dst, s.count, s.dep, (new_id[tb.id], i) in marked) for i, s in enumerate(steps)],
+        )
         for tb, steps in result
     ]
 
@@ -151,12 +157,20 @@ def _header(algorithm: Algorithm, dialect: Dialect) -> str:
     spec = DIALECTS[dialect]
     both = algorithm.meta(BOTH_PLACES_KEY) == "1"
     attrs = [
-        ("name", algorithm.name), ("proto", algorithm.protocol), ("nchannels", algorithm.num_channels),
-        ("nchunksperloop", algorithm.chunks_per_loop), ("ngpus", algorithm.num_ranks),
-        ("coll", spec.collective_names[algorithm.collective]), ("inplace", int(algorithm.inplace or both)),
+        ("name", algorithm.name),
+        ("proto", algorithm.protocol),
+        ("nchannels", algorithm.num_channels),
+        ("nchunksperloop", algorithm.chunks_per_loop),
+        ("ngpus", algorithm.num_ranks),
+        ("coll", spec.collective_names[algorithm.collective]),
+        ("inplace", int(algorithm.inplace or both)),
     ]
     if spec.size_band:
-        attrs += [("outofplace", int(not algorithm.inplace or both)), ("minBytes", algorithm.min_bytes), ("maxBytes", algorithm.max_bytes or 0)]
+        attrs += [
+            ("outofplace", int(not algorithm.inplace or both)),
+            ("minBytes", algorithm.min_bytes),
+            ("maxBytes", algorithm.max_bytes or 0),
+        ]
     return "<algo " + " ".join(f'{key}="{_attr(value)}"' for key, value in attrs) + ">"
 
 
@@ -200,10 +214,12 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
     >>> text = generate_msccl_xml(lower_plan("ag2", Collective.ALLGATHER, 2, 2, plan))
     >>> text.splitlines()[0]
     '<algo name="ag2" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
-    """
+    """  # noqa: E501
     dialect = parse_dialect(dialect)
     if algorithm.protocol not in {p.value for p in Protocol}:
-        raise ArgumentError(algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol))
+        raise ArgumentError(
+            algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol)
+        )
     lines = []
     if algorithm.metadata:
         blob = json.dumps(dict(algorithm.metadata), sort_keys=True).replace("--", "-\\u002d")
@@ -211,8 +227,15 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
     lines.append(_header(algorithm, dialect))
     for prog in algorithm.ranks:
         tbs = _rank_threadblocks(algorithm, prog)
-        check_gpu_limits(algorithm.name, prog.rank, [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs])
-        lines.append(f'  <gpu id="{prog.rank}" i_chunks="{prog.input_chunks}" o_chunks="{prog.output_chunks}" s_chunks="{prog.scratch_chunks}">')
+        check_gpu_limits(
+            algorithm.name,
+            prog.rank,
+            [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs],
+        )
+        lines.append(
+            f'  <gpu id="{prog.rank}" i_chunks="{prog.input_chunks}" o_chunks="{prog.output_chunks}" '
+            f's_chunks="{prog.scratch_chunks}">'
+        )
         for tb, steps in tbs:
             send = NO_PEER if tb.send_peer is None else tb.send_peer
             recv = NO_PEER if tb.recv_peer is None else tb.recv_peer

@@ -44,8 +44,12 @@ def library_xml_name(library: AlgorithmLibrary, index: int) -> str:
 
 def _band_xml(library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect) -> str:
     # The band's range is what a runtime selects by, whatever range the algorithm was saved with.
-    algorithm = replace(band.algorithm, name=library_xml_name(library, index).removesuffix(".xml"),
-                        min_bytes=band.min_bytes, max_bytes=band.max_bytes)
+    algorithm = replace(
+        band.algorithm,
+        name=library_xml_name(library, index).removesuffix(".xml"),
+        min_bytes=band.min_bytes,
+        max_bytes=band.max_bytes,
+    )
     return generate_msccl_xml(algorithm, dialect)
 
 
@@ -64,14 +68,18 @@ def generate_library_xml(library: AlgorithmLibrary, dialect: Dialect | str = Dia
     return LibraryXml(tuple(files), tuple(skipped))
 
 
-def write_library_xml(library: AlgorithmLibrary, folder: str | Path, dialect: Dialect | str = Dialect.NEW) -> LibraryXml:
+def write_library_xml(
+    library: AlgorithmLibrary, folder: str | Path, dialect: Dialect | str = Dialect.NEW
+) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 
     Every text is generated before the first file is written, each file through a temporary name.
     """
     export = generate_library_xml(library, dialect)
     for index, why in export.skipped:
-        logger.warning("band %d of %s is beyond the MSCCL runtime limits and has no XML: %s", index, library.topology, why)
+        logger.warning(
+            "band %d of %s is beyond the MSCCL runtime limits and has no XML: %s", index, library.topology, why
+        )
     for name, text in export.files:
         write_text_atomic(Path(folder) / name, text)
     return export

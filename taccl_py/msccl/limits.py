@@ -43,13 +43,21 @@ def check_gpu_limits(
     after dependency nops and count splitting were added. Counts are split before this check.
     """
     if len(threadblocks) > MAX_THREADBLOCKS_PER_GPU:
-        raise ArgumentError(name, f"rank {rank}", f"{len(threadblocks)} threadblocks",
-                            f"at most {MAX_THREADBLOCKS_PER_GPU} threadblocks per GPU (MSCCL_MAX_NUM_THREAD_BLOCKS)")
+        raise ArgumentError(
+            name,
+            f"rank {rank}",
+            f"{len(threadblocks)} threadblocks",
+            f"at most {MAX_THREADBLOCKS_PER_GPU} threadblocks per GPU (MSCCL_MAX_NUM_THREAD_BLOCKS)",
+        )
     for tb_id, send, recv, channel, num_steps in threadblocks:
         where = f"rank {rank} tb {tb_id}"
         if num_steps > MAX_STEPS_PER_THREADBLOCK:
-            raise ArgumentError(name, where, f"{num_steps} steps (dependency nops and split counts included)",
-                                f"at most {MAX_STEPS_PER_THREADBLOCK} steps per threadblock (MSCCL_MAX_NUM_STEPS)")
+            raise ArgumentError(
+                name,
+                where,
+                f"{num_steps} steps (dependency nops and split counts included)",
+                f"at most {MAX_STEPS_PER_THREADBLOCK} steps per threadblock (MSCCL_MAX_NUM_STEPS)",
+            )
         if not 0 <= channel < MAX_CHANNELS:
             raise ArgumentError(name, where, f"channel {channel}", f"a channel in 0..{MAX_CHANNELS - 1} (MAXCHANNELS)")
         if rank in (send, recv):
@@ -58,5 +66,9 @@ def check_gpu_limits(
         per_channel = Counter(tb[3] for tb in threadblocks if tb[index] is not None)
         for channel, count in sorted(per_channel.items()):
             if count > MAX_THREADBLOCKS_PER_CHANNEL:
-                raise ArgumentError(name, f"rank {rank} channel {channel}", f"{count} {role} threadblocks",
-                                    f"at most {MAX_THREADBLOCKS_PER_CHANNEL} per channel (MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL)")
+                raise ArgumentError(
+                    name,
+                    f"rank {rank} channel {channel}",
+                    f"{count} {role} threadblocks",
+                    f"at most {MAX_THREADBLOCKS_PER_CHANNEL} per channel (MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL)",
+                )

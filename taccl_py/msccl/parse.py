@@ -21,9 +21,9 @@ from typing import Any
 from xml.parsers import expat
 
 from taccl_py._io import read_text
+from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
-from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, NO_DEPENDENCY, NO_PEER, STEP_OPERANDS, Protocol
 from taccl_py.msccl.export import BOTH_PLACES_KEY, METADATA_COMMENT
 
@@ -76,8 +76,12 @@ def _build_tree(text: str, source: str) -> _Doc:
     try:
         parser.Parse(text, True)
     except expat.ExpatError as error:
-        raise FormatError(source, f"line {error.lineno}, column {error.offset + 1}",
-                          f"malformed XML: {expat.ErrorString(error.code)}", "a well-formed MSCCL-IR XML document") from None
+        raise FormatError(
+            source,
+            f"line {error.lineno}, column {error.offset + 1}",
+            f"malformed XML: {expat.ErrorString(error.code)}",
+            "a well-formed MSCCL-IR XML document",
+        ) from None
     if doc.root is None:
         raise FormatError(source, "line 1", "no element", "an <algo> element")
     return doc
@@ -93,7 +97,9 @@ def _raw(doc: _Doc, node: _Node, attr: str) -> str:
     return node.attrs[attr]
 
 
-def _int(doc: _Doc, node: _Node, attr: str, low: int | None = None, high: int | None = None, default: int | None = None) -> int:
+def _int(
+    doc: _Doc, node: _Node, attr: str, low: int | None = None, high: int | None = None, default: int | None = None
+) -> int:
     if default is not None and attr not in node.attrs:
         return default
     text = _raw(doc, node, attr)
@@ -111,14 +117,18 @@ def _choice(doc: _Doc, node: _Node, attr: str, kind: type[Enum] | dict[str, Any]
     text = _raw(doc, node, attr)
     table = kind if isinstance(kind, dict) else {member.value: member for member in kind}
     if text not in table:
-        raise FormatError(doc.source, _where(node, attr), f"unknown value {text!r}", "one of " + ", ".join(repr(k) for k in table))
+        raise FormatError(
+            doc.source, _where(node, attr), f"unknown value {text!r}", "one of " + ", ".join(repr(k) for k in table)
+        )
     return table[text]
 
 
 def _children(doc: _Doc, node: _Node, tag: str) -> list[_Node]:
     for child in node.children:
         if child.tag != tag:
-            raise FormatError(doc.source, _where(child), f"unexpected element <{child.tag}>", f"<{tag}> inside <{node.tag}>")
+            raise FormatError(
+                doc.source, _where(child), f"unexpected element <{child.tag}>", f"<{tag}> inside <{node.tag}>"
+            )
     return node.children
 
 
@@ -133,7 +143,12 @@ class _RawStep:
 def _parse_step(doc: _Doc, node: _Node, position: int) -> _RawStep:
     index = _int(doc, node, "s")
     if index != position:
-        raise FormatError(doc.source, _where(node, "s"), f"step index {index} at position {position}", "steps numbered 0, 1, 2, ... in order")
+        raise FormatError(
+            doc.source,
+            _where(node, "s"),
+            f"step index {index} at position {position}",
+            "steps numbered 0, 1, 2, ... in order",
+        )
     op = _choice(doc, node, "type", OpType)
     src = (_choice(doc, node, "srcbuf", Buffer), _int(doc, node, "srcoff"))
     dst = (_choice(doc, node, "dstbuf", Buffer), _int(doc, node, "dstoff"))
@@ -143,17 +158,23 @@ def _parse_step(doc: _Doc, node: _Node, position: int) -> _RawStep:
     uses_src, uses_dst = STEP_OPERANDS[op]
     step = Step(
         op,
-        src[0] if uses_src else None, src[1] if uses_src else 0,
-        dst[0] if uses_dst else None, dst[1] if uses_dst else 0,
+        src[0] if uses_src else None,
+        src[1] if uses_src else 0,
+        dst[0] if uses_dst else None,
+        dst[1] if uses_dst else 0,
         count,
     )
     dep = (depid, deps) if depid != NO_DEPENDENCY else None
     if dep is not None and deps == NO_DEPENDENCY:
-        raise FormatError(doc.source, _where(node, "deps"), f"depid={depid} without a step", "deps naming a step of that threadblock")
+        raise FormatError(
+            doc.source, _where(node, "deps"), f"depid={depid} without a step", "deps naming a step of that threadblock"
+        )
     return _RawStep(node, step, dep, hasdep)
 
 
-def _parse_threadblock(doc: _Doc, node: _Node, rank: int, num_ranks: int, num_channels: int) -> tuple[Threadblock, list[_RawStep]]:
+def _parse_threadblock(
+    doc: _Doc, node: _Node, rank: int, num_ranks: int, num_channels: int
+) -> tuple[Threadblock, list[_RawStep]]:
     tb_id = _int(doc, node, "id", low=0)
     peers = []
     for attr in ("send", "recv"):
@@ -171,16 +192,31 @@ def _resolve_dependency(doc: _Doc, raw: _RawStep, steps_of: dict[int, list[_RawS
     dep_tb, dep_step = raw.dep
     target = steps_of.get(dep_tb)
     if target is None or dep_step >= len(target):
-        raise FormatError(doc.source, _where(raw.node, "depid"), f"depends on tb {dep_tb} step {dep_step}, which does not exist",
-                          "a dependency on a step of this GPU")
+        raise FormatError(
+            doc.source,
+            _where(raw.node, "depid"),
+            f"depends on tb {dep_tb} step {dep_step}, which does not exist",
+            "a dependency on a step of this GPU",
+        )
     for index in range(dep_step, len(target)):
         if target[index].hasdep and target[index].step.op is not OpType.NOP:
             if index != dep_step:
-                logger.debug("%s: %s waits for tb %d step %d, published at step %d", doc.source, raw.node.path, dep_tb, dep_step, index)
+                logger.debug(
+                    "%s: %s waits for tb %d step %d, published at step %d",
+                    doc.source,
+                    raw.node.path,
+                    dep_tb,
+                    dep_step,
+                    index,
+                )
             return dep_tb, index
-    raise FormatError(doc.source, _where(raw.node, "depid"),
-                      f"depends on tb {dep_tb} step {dep_step}, but neither it nor a later step of tb {dep_tb} has hasdep=\"1\", "
-                      "so the runtime would wait forever", 'hasdep="1" on the step depended on')
+    raise FormatError(
+        doc.source,
+        _where(raw.node, "depid"),
+        f'depends on tb {dep_tb} step {dep_step}, but neither it nor a later step of tb {dep_tb} has hasdep="1", '
+        "so the runtime would wait forever",
+        'hasdep="1" on the step depended on',
+    )
 
 
 def _parse_gpu(doc: _Doc, node: _Node, num_ranks: int, num_channels: int) -> RankProgram:
@@ -195,8 +231,15 @@ def _parse_gpu(doc: _Doc, node: _Node, num_ranks: int, num_channels: int) -> Ran
     threadblocks = []
     for tb, raw in parsed:
         steps = tuple(
-            Step(r.step.op, r.step.src_buffer, r.step.src_offset, r.step.dst_buffer, r.step.dst_offset, r.step.count,
-                 (_resolve_dependency(doc, r, steps_of),) if r.dep is not None else ())
+            Step(
+                r.step.op,
+                r.step.src_buffer,
+                r.step.src_offset,
+                r.step.dst_buffer,
+                r.step.dst_offset,
+                r.step.count,
+                (_resolve_dependency(doc, r, steps_of),) if r.dep is not None else (),
+            )
             for r in raw
         )
         threadblocks.append(Threadblock(tb.id, steps, tb.send_peer, tb.recv_peer, tb.channel))
@@ -208,9 +251,11 @@ def _metadata(doc: _Doc) -> tuple[tuple[str, str], ...]:
         text = comment.strip()
         if text.startswith(METADATA_COMMENT):
             try:
-                items = json.loads(text[len(METADATA_COMMENT):])
+                items = json.loads(text[len(METADATA_COMMENT) :])
             except json.JSONDecodeError as error:
-                raise FormatError(doc.source, f"<!-- {METADATA_COMMENT} --> comment", f"invalid JSON: {error.msg}", "a JSON object") from None
+                raise FormatError(
+                    doc.source, f"<!-- {METADATA_COMMENT} --> comment", f"invalid JSON: {error.msg}", "a JSON object"
+                ) from None
             if not isinstance(items, dict):
                 raise FormatError(doc.source, f"<!-- {METADATA_COMMENT} --> comment", "not an object", "a JSON object")
             return tuple(sorted((str(k), str(v)) for k, v in items.items()))
@@ -243,7 +288,12 @@ def _parse_algo(doc: _Doc) -> Algorithm:
     ranks = sorted(gpus, key=lambda prog: prog.rank)
     if [prog.rank for prog in ranks] != list(range(num_ranks)):
         found = ", ".join(str(prog.rank) for prog in ranks)
-        raise FormatError(doc.source, _where(root, "ngpus"), f"<gpu> ids [{found}] for {num_ranks} GPUs", f"one <gpu> for each id 0..{num_ranks - 1}")
+        raise FormatError(
+            doc.source,
+            _where(root, "ngpus"),
+            f"<gpu> ids [{found}] for {num_ranks} GPUs",
+            f"one <gpu> for each id 0..{num_ranks - 1}",
+        )
     metadata = _metadata(doc)
     if inplace and outofplace:  # serves both call forms: the IR models the out-of-place one
         inplace = _aliased(collective, ranks)
@@ -285,11 +335,10 @@ def parse_msccl_xml(text: str, source: str = "<string>") -> Algorithm:
     ...                        'coll="allreduce" inplace="1"><gpu id="0" i_chunks="1" o_chunks="0" s_chunks="0"/></algo>')
     >>> algo.collective.value, algo.inplace, algo.max_bytes
     ('allreduce', True, None)
-    """
+    """  # noqa: E501
     return _parse_algo(_build_tree(text, source))
 
 
 def read_msccl_xml(path: str) -> Algorithm:
     """Return the Algorithm in the MSCCL-IR XML file at ``path`` (``-`` for stdin)."""
     return parse_msccl_xml(read_text(path), str(path))
-

@@ -115,7 +115,7 @@ def _two_opt(local: np.ndarray, chain: tuple[int, ...], max_passes: int = 4) -> 
     for _ in range(max_passes):
         improved = False
         for i, j in itertools.combinations(range(1, len(best)), 2):
-            candidate = best[:i] + best[i:j + 1][::-1] + best[j + 1:]
+            candidate = best[:i] + best[i : j + 1][::-1] + best[j + 1 :]
             value = path_cost(local, candidate)
             if value < best_value - 1e-9:
                 best, best_value, improved = candidate, value, True

@@ -121,7 +121,13 @@ class PlacementResult:
             "activation_bytes": self.activation_bytes,
             "method": self.method,
             "hops": [
-                {"stage": h.stage, "src_rank": h.src_rank, "dst_rank": h.dst_rank, "time_us": h.time_us, "link_kinds": list(h.link_kinds)}
+                {
+                    "stage": h.stage,
+                    "src_rank": h.src_rank,
+                    "dst_rank": h.dst_rank,
+                    "time_us": h.time_us,
+                    "link_kinds": list(h.link_kinds),
+                }
                 for h in self.hops
             ],
         }
@@ -148,7 +154,9 @@ def stage_cost_matrix_us(topology: Topology, activation_bytes: int = DEFAULT_ACT
     return costs
 
 
-def pipeline_time_us(topology: Topology, stage_ranks: Sequence[int], activation_bytes: int = DEFAULT_ACTIVATION_BYTES) -> float:
+def pipeline_time_us(
+    topology: Topology, stage_ranks: Sequence[int], activation_bytes: int = DEFAULT_ACTIVATION_BYTES
+) -> float:
     """Return the modelled per-microbatch p2p time (µs) of running stage k on ``stage_ranks[k]``."""
     _check_bytes(activation_bytes)
     _check_order(topology, stage_ranks)
@@ -210,13 +218,20 @@ def place_pipeline(
     """
     _check_bytes(activation_bytes)
     if not isinstance(stages, int) or not 1 <= stages <= topology.num_ranks:
-        raise ArgumentError(topology.name, "stages", f"{stages!r} stages", f"1..{topology.num_ranks} (one GPU per stage)")
+        raise ArgumentError(
+            topology.name, "stages", f"{stages!r} stages", f"1..{topology.num_ranks} (one GPU per stage)"
+        )
     if method not in _METHODS:
         raise ArgumentError(topology.name, "method", f"unknown method {method!r}", "one of " + ", ".join(_METHODS))
     groups = _node_groups(topology)
     largest = max(len(group) for group in groups)
     if method == "exact" and largest > EXACT_MAX_GPUS_PER_NODE:
-        raise ArgumentError(topology.name, "method", f"exact placement over {largest} GPUs per node", f"at most {EXACT_MAX_GPUS_PER_NODE} GPUs per node, or method 'heuristic'")
+        raise ArgumentError(
+            topology.name,
+            "method",
+            f"exact placement over {largest} GPUs per node",
+            f"at most {EXACT_MAX_GPUS_PER_NODE} GPUs per node, or method 'heuristic'",
+        )
     chosen = method if method != "auto" else ("exact" if largest <= EXACT_MAX_GPUS_PER_NODE else "heuristic")
     costs = stage_cost_matrix_us(topology, activation_bytes)
     order, total = _place(costs, groups, stages, chosen, progress)
@@ -235,7 +250,12 @@ def _check_bytes(activation_bytes: int) -> None:
 
 def _check_order(topology: Topology, stage_ranks: Sequence[int]) -> None:
     if len(set(stage_ranks)) != len(stage_ranks) or any(not 0 <= r < topology.num_ranks for r in stage_ranks):
-        raise ArgumentError(topology.name, "stage_ranks", f"{list(stage_ranks)} is not a list of distinct ranks", f"distinct ranks in 0..{topology.num_ranks - 1}")
+        raise ArgumentError(
+            topology.name,
+            "stage_ranks",
+            f"{list(stage_ranks)} is not a list of distinct ranks",
+            f"distinct ranks in 0..{topology.num_ranks - 1}",
+        )
 
 
 def _node_groups(topology: Topology) -> list[list[int]]:
@@ -245,7 +265,15 @@ def _node_groups(topology: Topology) -> list[list[int]]:
     return [groups[node] for node in sorted(groups)]
 
 
-def _result(topology: Topology, costs: np.ndarray, order: tuple[int, ...], total: float, naive_total: float, activation_bytes: int, method: str) -> PlacementResult:
+def _result(
+    topology: Topology,
+    costs: np.ndarray,
+    order: tuple[int, ...],
+    total: float,
+    naive_total: float,
+    activation_bytes: int,
+    method: str,
+) -> PlacementResult:
     hops = tuple(
         PlacementHop(k, a, b, float(costs[a, b]), tuple(link.kind.value for link in route(topology, a, b).links))
         for k, (a, b) in enumerate(zip(order, order[1:]))
@@ -272,7 +300,9 @@ def _local_index(topology: Topology, rank: int) -> int:
     return rank - vertex.node * topology.gpus_per_node
 
 
-def _place(costs: np.ndarray, groups: list[list[int]], stages: int, method: str, progress: Callable[[str], None] | None) -> tuple[tuple[int, ...], float]:
+def _place(
+    costs: np.ndarray, groups: list[list[int]], stages: int, method: str, progress: Callable[[str], None] | None
+) -> tuple[tuple[int, ...], float]:
     tables: list[ChainTable] = []
     cache: dict[bytes, ChainTable] = {}
     for node, group in enumerate(groups):
@@ -286,7 +316,9 @@ def _place(costs: np.ndarray, groups: list[list[int]], stages: int, method: str,
     return _node_dp(costs, groups, tables, stages)
 
 
-def _node_dp(costs: np.ndarray, groups: list[list[int]], tables: list[ChainTable], stages: int) -> tuple[tuple[int, ...], float]:
+def _node_dp(
+    costs: np.ndarray, groups: list[list[int]], tables: list[ChainTable], stages: int
+) -> tuple[tuple[int, ...], float]:
     """Choose each node's block length and boundary GPUs; return the best order and its cost."""
     # history[k]: states before node k, (stages placed, last global rank or -1) -> (cost, back)
     # with back = (key in history[node], node, first, last, length) of the block that made it.
@@ -305,7 +337,9 @@ def _node_dp(costs: np.ndarray, groups: list[list[int]], tables: list[ChainTable
     return order, path_cost(costs, order)
 
 
-def _extend_states(costs: np.ndarray, group: list[int], table: ChainTable, node: int, states: dict, stages: int) -> dict:
+def _extend_states(
+    costs: np.ndarray, group: list[int], table: ChainTable, node: int, states: dict, stages: int
+) -> dict:
     """Return the node-DP states after ``node`` takes a block of 0..len(group) stages."""
     nxt = dict(states)  # an empty block leaves every state as it was
     members = np.array(group)

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
@@ -87,7 +87,17 @@ class TacclProcessGroup(dist.ProcessGroup):
         Where the algorithms come from, as for :class:`Communicator`.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout: datetime.timedelta, *, library: Any = None, topology: str | None = None, nodes: int | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        timeout: datetime.timedelta,
+        *,
+        library: Any = None,
+        topology: str | None = None,
+        nodes: int | None = None,
+    ) -> None:
         super().__init__(rank, world_size)
         self._spec = (library, topology, nodes)
         self._timeout_s = float(timeout.total_seconds())
@@ -98,11 +108,15 @@ class TacclProcessGroup(dist.ProcessGroup):
         self.delegated: Counter = Counter()
         default_type = None
         for device_type, (kind, device) in _device_kinds().items():
-            inner_type, inner = make_backend(kind, dist.PrefixStore(f"{device_type}/inner/", store), rank, world_size, timeout)
+            inner_type, inner = make_backend(
+                kind, dist.PrefixStore(f"{device_type}/inner/", store), rank, world_size, timeout
+            )
             self._register_backend(torch.device(device_type), inner_type, inner)
             default_type = default_type or inner_type
             if self._has_algorithms:
-                _, link = make_backend(kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout)
+                _, link = make_backend(
+                    kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout
+                )
                 self._links[device_type] = BackendTransport(link, device)
         self._set_default_backend(default_type)
         self._worker = OrderedWorker(f"taccl-pg-rank{rank}")
@@ -116,7 +130,9 @@ class TacclProcessGroup(dist.ProcessGroup):
 
     # -- routing ----------------------------------------------------------------------------------
 
-    def _communicator(self, collective: Collective, tensors: tuple[torch.Tensor, ...], size_bytes: int) -> Communicator | None:
+    def _communicator(
+        self, collective: Collective, tensors: tuple[torch.Tensor, ...], size_bytes: int
+    ) -> Communicator | None:
         """Return the Communicator that runs this call, or None when the inner backend should.
 
         ``size_bytes`` is the call's nccl-tests size (all-gather: output, reduce-scatter: input).
@@ -124,12 +140,20 @@ class TacclProcessGroup(dist.ProcessGroup):
         link = self._links.get(tensors[0].device.type)
         if link is None or size_bytes == 0 or self._worker.in_worker_thread():
             return None
-        if any(t.layout != torch.strided or t.dtype not in SUPPORTED_DTYPES or not t.is_contiguous() or t.device != link.device for t in tensors):
+        if any(
+            t.layout != torch.strided
+            or t.dtype not in SUPPORTED_DTYPES
+            or not t.is_contiguous()
+            or t.device != link.device
+            for t in tensors
+        ):
             return None
         communicator = self._communicators.get(link.device.type)
         if communicator is None:
             library, topology, nodes = self._spec
-            communicator = Communicator(self, library, topology=topology, nodes=nodes, transport=link, timeout_s=self._timeout_s)
+            communicator = Communicator(
+                self, library, topology=topology, nodes=nodes, transport=link, timeout_s=self._timeout_s
+            )
             self._communicators[link.device.type] = communicator
         return communicator if communicator.algorithm_for(collective, size_bytes) is not None else None
 
@@ -157,18 +181,28 @@ class TacclProcessGroup(dist.ProcessGroup):
         """Gather every rank's ``input`` into ``output`` (rank-major); return the Work."""
         communicator = self._communicator(Collective.ALLGATHER, (output, input), _nbytes(output))
         if communicator is None:
-            return self._delegate(Collective.ALLGATHER, "_allgather_base", input, output, input, opts or dist.AllgatherOptions())
+            return self._delegate(
+                Collective.ALLGATHER, "_allgather_base", input, output, input, opts or dist.AllgatherOptions()
+            )
         return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input))
 
     _allgather_base = all_gather_single
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Any:
         """Gather ``input_tensors[0]`` of every rank into the list ``output_tensors[0]``; return the Work."""
         opts = dist.AllgatherOptions() if opts is None else opts
         input = input_tensors[0]
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
-        routable = len(input_tensors) == 1 and len(outputs) == self.size() and all(_same_kind(t, input) for t in outputs)
-        communicator = self._communicator(Collective.ALLGATHER, (input, *outputs), _nbytes(input) * self.size()) if routable else None
+        routable = (
+            len(input_tensors) == 1 and len(outputs) == self.size() and all(_same_kind(t, input) for t in outputs)
+        )
+        communicator = (
+            self._communicator(Collective.ALLGATHER, (input, *outputs), _nbytes(input) * self.size())
+            if routable
+            else None
+        )
         if communicator is None:
             return self._delegate(Collective.ALLGATHER, "allgather", input, output_tensors, input_tensors, opts)
         return self._submit(Collective.ALLGATHER, partial(_all_gather_list, communicator, outputs, input))
@@ -184,15 +218,28 @@ class TacclProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Any:
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
         """Reduce the list ``input_tensors[0]`` over ranks into ``output_tensors[0]``; return the Work."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
         op, output = _op_name(opts), output_tensors[0]
         inputs = input_tensors[0] if len(input_tensors) == 1 else []
-        routable = op is not None and len(output_tensors) == 1 and len(inputs) == self.size() and all(_same_kind(t, output) for t in inputs)
-        communicator = self._communicator(Collective.REDUCESCATTER, (output, *inputs), _nbytes(output) * self.size()) if routable else None
+        routable = (
+            op is not None
+            and len(output_tensors) == 1
+            and len(inputs) == self.size()
+            and all(_same_kind(t, output) for t in inputs)
+        )
+        communicator = (
+            self._communicator(Collective.REDUCESCATTER, (output, *inputs), _nbytes(output) * self.size())
+            if routable
+            else None
+        )
         if communicator is None:
-            return self._delegate(Collective.REDUCESCATTER, "reduce_scatter", output, output_tensors, input_tensors, opts)
+            return self._delegate(
+                Collective.REDUCESCATTER, "reduce_scatter", output, output_tensors, input_tensors, opts
+            )
         return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, inputs, op))
 
     # -- ordering and lifetime --------------------------------------------------------------------
@@ -230,7 +277,9 @@ def _all_gather(communicator: Communicator, output: torch.Tensor, input: torch.T
     return [output]
 
 
-def _all_gather_list(communicator: Communicator, outputs: list[torch.Tensor], input: torch.Tensor) -> list[torch.Tensor]:
+def _all_gather_list(
+    communicator: Communicator, outputs: list[torch.Tensor], input: torch.Tensor
+) -> list[torch.Tensor]:
     flat = torch.empty(input.numel() * len(outputs), dtype=input.dtype, device=input.device)
     communicator.all_gather(flat, input.contiguous())
     for block, out in zip(flat.chunk(len(outputs)), outputs):
@@ -238,12 +287,16 @@ def _all_gather_list(communicator: Communicator, outputs: list[torch.Tensor], in
     return list(outputs)
 
 
-def _reduce_scatter(communicator: Communicator, output: torch.Tensor, input: torch.Tensor, op: str) -> list[torch.Tensor]:
+def _reduce_scatter(
+    communicator: Communicator, output: torch.Tensor, input: torch.Tensor, op: str
+) -> list[torch.Tensor]:
     communicator.reduce_scatter(output, input, op)
     return [output]
 
 
-def _reduce_scatter_list(communicator: Communicator, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
+def _reduce_scatter_list(
+    communicator: Communicator, output: torch.Tensor, inputs: list[torch.Tensor], op: str
+) -> list[torch.Tensor]:
     flat = torch.cat([t.reshape(-1) for t in inputs])
     communicator.reduce_scatter(output, flat, op)
     return [output]
@@ -264,7 +317,9 @@ def _check_library(library: Any, topology: str | None, nodes: int | None, world_
     return bool(choices.candidates)
 
 
-def _create_group(settings: tuple[Any, str | None, int | None], store: Any, rank: int, world_size: int, timeout: datetime.timedelta) -> TacclProcessGroup:
+def _create_group(
+    settings: tuple[Any, str | None, int | None], store: Any, rank: int, world_size: int, timeout: datetime.timedelta
+) -> TacclProcessGroup:
     library, topology, nodes = settings
     return TacclProcessGroup(store, rank, world_size, timeout, library=library, topology=topology, nodes=nodes)
 

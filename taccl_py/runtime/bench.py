@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
-from taccl_py.errors import ArgumentError
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import Executor, block_layout
@@ -100,7 +100,15 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) ->
     dtype = getattr(torch, spec.dtype)
     rows: list[BenchRow] = []
     for collective in collectives:
-        rows += bench_sizes(comm, collective, spec.sizes, dtype=dtype, iters=spec.iters, warmup=spec.warmup, progress=progress if comm.rank == 0 else None)
+        rows += bench_sizes(
+            comm,
+            collective,
+            spec.sizes,
+            dtype=dtype,
+            iters=spec.iters,
+            warmup=spec.warmup,
+            progress=progress if comm.rank == 0 else None,
+        )
     return rows
 
 
@@ -127,7 +135,9 @@ def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int 
         for step in range(n - 1):
             for r in range(n):
                 block = (r - step - 1) % n
-                items += [Transfer(r, (r + 1) % n, (_I, block * k + j), (_I, block * k + j), reduce=True) for j in range(k)]
+                items += [
+                    Transfer(r, (r + 1) % n, (_I, block * k + j), (_I, block * k + j), reduce=True) for j in range(k)
+                ]
     if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
         # rank r holds block r whole (its own, or the reduce-scatter's result) and passes it on
         for step in range(n - 1):
@@ -148,9 +158,13 @@ def _tensors(collective: Collective, size_bytes: int, world_size: int, dtype: An
     shard = max(1, size_bytes // element // (1 if collective is Collective.ALLREDUCE else world_size))
     generator = torch.Generator().manual_seed(world_size)
     if collective is Collective.ALLGATHER:
-        return torch.empty(shard * world_size, dtype=dtype, device=device), torch.randn(shard, generator=generator).to(dtype).to(device)
+        return torch.empty(shard * world_size, dtype=dtype, device=device), torch.randn(shard, generator=generator).to(
+            dtype
+        ).to(device)
     if collective is Collective.REDUCESCATTER:
-        return torch.empty(shard, dtype=dtype, device=device), torch.randn(shard * world_size, generator=generator).to(dtype).to(device)
+        return torch.empty(shard, dtype=dtype, device=device), torch.randn(shard * world_size, generator=generator).to(
+            dtype
+        ).to(device)
     tensor = torch.randn(shard, generator=generator).to(dtype).to(device)
     return tensor, tensor
 
@@ -190,7 +204,11 @@ def bench_sizes(
     device = comm.transport.device
     for size_bytes in sizes:
         output, input = _tensors(collective, size_bytes, comm.world_size, dtype, device)
-        actual = output.numel() * output.element_size() if collective is Collective.ALLGATHER else input.numel() * input.element_size()
+        actual = (
+            output.numel() * output.element_size()
+            if collective is Collective.ALLGATHER
+            else input.numel() * input.element_size()
+        )
         algorithm = comm.algorithm_for(collective, actual)
         ours = _caller(comm, collective, output, input, use_torch=False)
         theirs = _caller(comm, collective, output, input, use_torch=True)
@@ -238,7 +256,9 @@ def executor_overhead_us(algorithm: Algorithm, rank: int = 0, iters: int = 200) 
     Runs rank ``rank``'s plan over a transport that completes every message at once, so what is
     timed is the replay loop, the view bookkeeping and the torch calls on one-element chunks.
     """
-    _in_blocks, _out_blocks, per_block = block_layout(algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop)
+    _in_blocks, _out_blocks, per_block = block_layout(
+        algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop
+    )
     executor = Executor(algorithm, rank, torch.float32, per_block)
     want_in, want_out = executor.expected_numels()
     input, output = torch.ones(want_in), torch.zeros(want_out)

@@ -41,8 +41,12 @@ class BoundRound:
     recv_steps: list[tuple[int, int, int]]
     num_early: int
     send_waits: list[int]
-    computes: list[tuple[Any, Any, Any, bool, int]]  # (target, source, source or None, copy sources first, receive to wait for)
-    eager: list[tuple[int, int]] | None = None  # per leading send segment of the next round: (piece, receive) it waits for
+    computes: list[
+        tuple[Any, Any, Any, bool, int]
+    ]  # (target, source, source or None, copy sources first, receive to wait for)
+    eager: list[tuple[int, int]] | None = (
+        None  # per leading send segment of the next round: (piece, receive) it waits for
+    )
 
 
 def overlaps(a: Any, b: Any) -> bool:
@@ -57,7 +61,9 @@ def _pieces(tensor: Any, segment_elems: int | None) -> list[Any]:
     return list(tensor.tensor_split(math.ceil(tensor.numel() / segment_elems)))
 
 
-def _messages(ops: tuple, view: Any, segment_elems: int | None) -> tuple[list[Message], list[int], list[tuple[int, int, int]]]:
+def _messages(
+    ops: tuple, view: Any, segment_elems: int | None
+) -> tuple[list[Message], list[int], list[tuple[int, int, int]]]:
     messages, owners, steps = [], [], []
     for op in ops:
         for piece in _pieces(view(op.span), segment_elems):
@@ -67,7 +73,9 @@ def _messages(ops: tuple, view: Any, segment_elems: int | None) -> tuple[list[Me
     return messages, owners, steps
 
 
-def _computes(rnd: RoundPlan, view: Any, arrivals: list[Any], send_sources: list[Any], segment_elems: int | None) -> list[tuple[Any, Any, Any, bool, int]]:
+def _computes(
+    rnd: RoundPlan, view: Any, arrivals: list[Any], send_sources: list[Any], segment_elems: int | None
+) -> list[tuple[Any, Any, Any, bool, int]]:
     """Return the round's computation pieces, each with the last arrival it must wait for.
 
     A piece that overwrites the source of a send the round waits for runs only after every
@@ -80,11 +88,17 @@ def _computes(rnd: RoundPlan, view: Any, arrivals: list[Any], send_sources: list
         target, sources = view(op.target), [view(s) for s in op.sources]
         # a source that partly overlaps its target is read into a copy before the target is written
         staged = any(span != op.target and span.overlaps(op.target) for span in op.sources)
-        splits = [[target], [[s] for s in sources]] if staged else [_pieces(target, segment_elems), [_pieces(s, segment_elems) for s in sources]]
+        splits = (
+            [[target], [[s] for s in sources]]
+            if staged
+            else [_pieces(target, segment_elems), [_pieces(s, segment_elems) for s in sources]]
+        )
         for index, piece in enumerate(splits[0]):
             parts = [split[index] if not staged else split[0] for split in splits[1]]
             touched = [piece] + parts
-            needs = max((p for p, arrival in enumerate(arrivals) if any(overlaps(t, arrival) for t in touched)), default=-1)
+            needs = max(
+                (p for p, arrival in enumerate(arrivals) if any(overlaps(t, arrival) for t in touched)), default=-1
+            )
             if any(overlaps(piece, source) for source in send_sources):
                 needs = max(needs, last)
             ready_after = max(ready_after, needs)
@@ -100,11 +114,15 @@ def _eager_sends(now: BoundRound, arrivals: list[Any], nxt: BoundRound, snapshot
     Segments from a snapshot are taken at ``nxt``'s start and never go early; the list stops at
     the first segment that cannot go, so the order of sends per peer is kept.
     """
-    ahead = [m.tensor for m in now.recvs[len(now.recvs) - now.num_early:]]
+    ahead = [m.tensor for m in now.recvs[len(now.recvs) - now.num_early :]]
     found = []
     for message in nxt.sends:
         source = message.tensor
-        if snapshot_storage is not None and overlaps(source, snapshot_storage) or any(overlaps(source, r) for r in ahead):
+        if (
+            snapshot_storage is not None
+            and overlaps(source, snapshot_storage)
+            or any(overlaps(source, r) for r in ahead)
+        ):
             break
         piece = max((i for i, c in enumerate(now.computes) if overlaps(source, c[0])), default=-1)
         arrival = max((p for p, a in enumerate(arrivals) if overlaps(source, a)), default=-1)
@@ -113,7 +131,13 @@ def _eager_sends(now: BoundRound, arrivals: list[Any], nxt: BoundRound, snapshot
 
 
 def bind_rounds(
-    rounds: tuple[RoundPlan, ...], storages: dict[Storage, Any], chunk_elems: int, segment_bytes: int | None, element_size: int, *, eager_sends: bool = False,
+    rounds: tuple[RoundPlan, ...],
+    storages: dict[Storage, Any],
+    chunk_elems: int,
+    segment_bytes: int | None,
+    element_size: int,
+    *,
+    eager_sends: bool = False,
 ) -> list[BoundRound]:
     """Return ``rounds`` over the flat tensors in ``storages`` (chunks of ``chunk_elems`` elements).
 
@@ -124,7 +148,7 @@ def bind_rounds(
     segment_elems = None if segment_bytes is None else max(1, segment_bytes // element_size)
 
     def view(span: Span) -> Any:
-        return storages[span.storage][span.offset * chunk_elems:(span.offset + span.count) * chunk_elems]
+        return storages[span.storage][span.offset * chunk_elems : (span.offset + span.count) * chunk_elems]
 
     send_source = {op.index: op.span for rnd in rounds for op in rnd.sends}
     bound: list[BoundRound] = []
@@ -135,11 +159,21 @@ def bind_rounds(
         own, _own_ids, own_steps = _messages(rnd.recvs, view, segment_elems)
         early, _early_ids, early_steps = _messages(rnd.early_recvs, view, segment_elems)
         arrivals_of.append([m.tensor for m in early_prev + own])
-        bound.append(BoundRound(
-            rnd.index, list(rnd.pre_waits), [(view(copy), view(src)) for copy, src in rnd.snapshots],
-            sends, send_ids, send_steps, own + early, own_steps + early_steps, len(early),
-            list(rnd.send_waits), _computes(rnd, view, arrivals_of[-1], [view(send_source[i]) for i in rnd.send_waits], segment_elems),
-        ))
+        bound.append(
+            BoundRound(
+                rnd.index,
+                list(rnd.pre_waits),
+                [(view(copy), view(src)) for copy, src in rnd.snapshots],
+                sends,
+                send_ids,
+                send_steps,
+                own + early,
+                own_steps + early_steps,
+                len(early),
+                list(rnd.send_waits),
+                _computes(rnd, view, arrivals_of[-1], [view(send_source[i]) for i in rnd.send_waits], segment_elems),
+            )
+        )
         early_prev = early
     if eager_sends:
         snapshots = storages.get(Storage.SNAP)

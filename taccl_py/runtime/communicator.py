@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from taccl_py.errors import ArgumentError, TransportError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow, build_dataflow
-from taccl_py.errors import ArgumentError, TransportError
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
@@ -102,7 +102,17 @@ class Communicator:
     The Communicator must be the only user of its group while a call runs.
     """
 
-    __slots__ = ("group", "rank", "world_size", "transport", "timeout_s", "choices", "_executors", "_dataflows", "_logged")
+    __slots__ = (
+        "group",
+        "rank",
+        "world_size",
+        "transport",
+        "timeout_s",
+        "choices",
+        "_executors",
+        "_dataflows",
+        "_logged",
+    )
 
     def __init__(
         self,
@@ -116,7 +126,9 @@ class Communicator:
         verify: bool = True,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise TransportError("torch.distributed is not initialised; call init_process_group first or use Communicator.from_env()")
+            raise TransportError(
+                "torch.distributed is not initialised; call init_process_group first or use Communicator.from_env()"
+            )
         if not timeout_s > 0:
             raise ArgumentError(_SOURCE, "timeout_s", f"{timeout_s!r}", "a positive number of seconds")
         self.group = process_group
@@ -130,7 +142,12 @@ class Communicator:
                 check_algorithm(algorithm)
         self.transport = _make_transport(transport, process_group)
         if (self.transport.rank, self.transport.world_size) != (self.rank, self.world_size):
-            raise ArgumentError(_SOURCE, "transport", f"rank {self.transport.rank} of {self.transport.world_size}", f"rank {self.rank} of {self.world_size} as in the group")
+            raise ArgumentError(
+                _SOURCE,
+                "transport",
+                f"rank {self.transport.rank} of {self.transport.world_size}",
+                f"rank {self.rank} of {self.world_size} as in the group",
+            )
         self.timeout_s = float(timeout_s)
         self._executors: OrderedDict[tuple, Executor] = OrderedDict()
         self._dataflows: dict[int, Dataflow] = {}
@@ -140,7 +157,9 @@ class Communicator:
         raise TypeError("a Communicator holds a process group and cannot be pickled; build one in each process")
 
     @classmethod
-    def from_env(cls, library: Any = None, *, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any) -> Communicator:
+    def from_env(
+        cls, library: Any = None, *, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs: Any
+    ) -> Communicator:
         """Return a Communicator on the default group, initialising it from torchrun's env vars if needed.
 
         Reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (and LOCAL_RANK for the CUDA device);
@@ -149,7 +168,12 @@ class Communicator:
         if not dist.is_initialized():
             missing = [name for name in _ENV_VARS if name not in os.environ]
             if missing:
-                raise ArgumentError("environment", ", ".join(missing), "not set", "the variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)")
+                raise ArgumentError(
+                    "environment",
+                    ", ".join(missing),
+                    "not set",
+                    "the variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
+                )
             backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -172,8 +196,14 @@ class Communicator:
                 flow = self._dataflows[id(algorithm)] = build_dataflow(algorithm)
             independent = self.transport.independent_messages
             executor = Executor(
-                algorithm, self.rank, dtype, numel, device, flow,
-                prepost_receives=independent, segment_bytes=DEFAULT_SEGMENT_BYTES if independent else None,
+                algorithm,
+                self.rank,
+                dtype,
+                numel,
+                device,
+                flow,
+                prepost_receives=independent,
+                segment_bytes=DEFAULT_SEGMENT_BYTES if independent else None,
             )
             self._executors[key] = executor
             while len(self._executors) > MAX_CACHED_EXECUTORS:
@@ -188,18 +218,37 @@ class Communicator:
         """Raise ArgumentError unless the tensors fit: numel(output) * ratio[0] == numel(input) * ratio[1]."""
         for role, tensor in (("output", output), ("input", input)):
             if not isinstance(tensor, torch.Tensor):
-                raise ArgumentError(_SOURCE, f"{what}.{role}", f"{type(tensor).__name__} is not a tensor", "a torch.Tensor")
+                raise ArgumentError(
+                    _SOURCE, f"{what}.{role}", f"{type(tensor).__name__} is not a tensor", "a torch.Tensor"
+                )
             if tensor.dtype not in SUPPORTED_DTYPES:
-                raise ArgumentError(_SOURCE, f"{what}.{role}", f"dtype {tensor.dtype} is not supported", ", ".join(str(d) for d in SUPPORTED_DTYPES))
+                raise ArgumentError(
+                    _SOURCE,
+                    f"{what}.{role}",
+                    f"dtype {tensor.dtype} is not supported",
+                    ", ".join(str(d) for d in SUPPORTED_DTYPES),
+                )
             if not tensor.is_contiguous():
-                raise ArgumentError(_SOURCE, f"{what}.{role}", "tensor is not contiguous", "a contiguous tensor (call .contiguous())")
+                raise ArgumentError(
+                    _SOURCE, f"{what}.{role}", "tensor is not contiguous", "a contiguous tensor (call .contiguous())"
+                )
             if tensor.device != self.transport.device:
-                raise ArgumentError(_SOURCE, f"{what}.{role}", f"tensor on {tensor.device}", f"a tensor on {self.transport.device} for the {self.transport.name} transport")
+                raise ArgumentError(
+                    _SOURCE,
+                    f"{what}.{role}",
+                    f"tensor on {tensor.device}",
+                    f"a tensor on {self.transport.device} for the {self.transport.name} transport",
+                )
         if output.dtype != input.dtype:
             raise ArgumentError(_SOURCE, what, f"output is {output.dtype} but input is {input.dtype}", "one dtype")
         if output.numel() * ratio[0] != input.numel() * ratio[1]:
             want = input.numel() * ratio[1] // ratio[0]
-            raise ArgumentError(_SOURCE, f"{what}.output", f"{output.numel()} elements for an input of {input.numel()} on {self.world_size} ranks", f"{want} elements")
+            raise ArgumentError(
+                _SOURCE,
+                f"{what}.output",
+                f"{output.numel()} elements for an input of {input.numel()} on {self.world_size} ranks",
+                f"{want} elements",
+            )
 
     # -- collectives ------------------------------------------------------------------------------
 
@@ -223,7 +272,9 @@ class Communicator:
     def _run(self, collective: Collective, output: Any, input: Any, op: str, numel: int) -> None:
         if numel == 0:
             return
-        size_bytes = collective_size_bytes(collective, input.numel() * input.element_size(), output.numel() * output.element_size())
+        size_bytes = collective_size_bytes(
+            collective, input.numel() * input.element_size(), output.numel() * output.element_size()
+        )
         candidate = self.choices.select(collective, size_bytes)
         if candidate is None:
             self._log_fallback(collective, size_bytes)
@@ -236,8 +287,11 @@ class Communicator:
         if collective not in self._logged:  # one line per collective, not one per call
             self._logged.add(collective)
             logger.info(
-                "no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own (logged once per collective)",
-                collective.value, size_bytes, self.world_size,
+                "no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own (logged once per "
+                "collective)",
+                collective.value,
+                size_bytes,
+                self.world_size,
             )
 
     def _torch_collective(self, collective: Collective, output: Any, input: Any, op: str) -> None:

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 #: Gradient dtypes the hook accepts (those the Communicator reduces in floating point).
 GRADIENT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
-_SOURCE = "taccl_py.ddp"
+_SOURCE = "taccl_py.runtime.ddp"
 
 
 class HookState:
@@ -186,7 +186,9 @@ def register(
         If ``model`` is not a DistributedDataParallel, or both ``communicator`` and ``library`` are given.
     """
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        raise ArgumentError(_SOURCE, "model", f"got {type(model).__name__}", "a torch.nn.parallel.DistributedDataParallel")
+        raise ArgumentError(
+            _SOURCE, "model", f"got {type(model).__name__}", "a torch.nn.parallel.DistributedDataParallel"
+        )
     owned_group = None
     if communicator is None:
         owned_group, transport = _dedicated_group(model)

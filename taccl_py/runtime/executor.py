@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
+from taccl_py.errors import ArgumentError, TacclError, TransportError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow
-from taccl_py.errors import ArgumentError, TacclError, TransportError
 from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
 from taccl_py.runtime.rank_plan import RankPlan, Storage, compile_rank_plan
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
@@ -43,7 +43,9 @@ __all__ = ["Executor", "SUPPORTED_DTYPES", "REDUCE_OPS", "block_layout"]
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64)
 #: Reduction operators; avg is sum followed by a division by the rank count.
 REDUCE_OPS = ("sum", "avg", "max", "min")
-_COMBINE: Mapping[str, Callable[..., Any]] = MappingProxyType({"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum})
+_COMBINE: Mapping[str, Callable[..., Any]] = MappingProxyType(
+    {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}
+)
 _SOURCE = "executor"
 
 
@@ -134,25 +136,57 @@ class Executor:
     [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     """
 
-    __slots__ = ("algorithm", "plan", "rank", "dtype", "numel", "device", "chunk_elems", "blocks", "padded", "segment_bytes", "eager_sends", "_scratch", "_bindings")
+    __slots__ = (
+        "algorithm",
+        "plan",
+        "rank",
+        "dtype",
+        "numel",
+        "device",
+        "chunk_elems",
+        "blocks",
+        "padded",
+        "segment_bytes",
+        "eager_sends",
+        "_scratch",
+        "_bindings",
+    )
 
     def __init__(
-        self, algorithm: Algorithm, rank: int, dtype: Any, numel: int, device: Any = "cpu", dataflow: Dataflow | None = None, *,
-        prepost_receives: bool = False, segment_bytes: int | None = None,
+        self,
+        algorithm: Algorithm,
+        rank: int,
+        dtype: Any,
+        numel: int,
+        device: Any = "cpu",
+        dataflow: Dataflow | None = None,
+        *,
+        prepost_receives: bool = False,
+        segment_bytes: int | None = None,
     ) -> None:
         if dtype not in SUPPORTED_DTYPES:
-            raise ArgumentError(_SOURCE, "dtype", f"{dtype} is not supported", ", ".join(str(d) for d in SUPPORTED_DTYPES))
+            raise ArgumentError(
+                _SOURCE, "dtype", f"{dtype} is not supported", ", ".join(str(d) for d in SUPPORTED_DTYPES)
+            )
         if not isinstance(numel, int) or numel < 1:
             raise ArgumentError(_SOURCE, "numel", f"{numel!r}", "a positive element count")
         if segment_bytes is not None and segment_bytes < 1:
             raise ArgumentError(_SOURCE, "segment_bytes", f"{segment_bytes!r}", "a positive byte count or None")
-        self.algorithm, self.rank, self.dtype, self.numel, self.segment_bytes = algorithm, rank, dtype, numel, segment_bytes
+        self.algorithm, self.rank, self.dtype, self.numel, self.segment_bytes = (
+            algorithm,
+            rank,
+            dtype,
+            numel,
+            segment_bytes,
+        )
         self.eager_sends = prepost_receives  # both need a transport that matches messages one by one
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.plan: RankPlan = compile_rank_plan(algorithm, rank, dataflow, prepost_receives=prepost_receives)
-        in_blocks, out_blocks, per_block = block_layout(algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop)
+        in_blocks, out_blocks, per_block = block_layout(
+            algorithm.collective, algorithm.num_ranks, algorithm.chunks_per_loop
+        )
         self.blocks = (in_blocks, out_blocks, per_block)
         self.chunk_elems = math.ceil(numel / per_block)
         self.padded = self.chunk_elems * per_block != numel
@@ -175,9 +209,13 @@ class Executor:
             if not isinstance(tensor, torch.Tensor):
                 raise ArgumentError(_SOURCE, role, f"{type(tensor).__name__} is not a tensor", "a torch.Tensor")
             if tensor.dtype != self.dtype or tensor.device != self.device:
-                raise ArgumentError(_SOURCE, role, f"{tensor.dtype} on {tensor.device}", f"{self.dtype} on {self.device}")
+                raise ArgumentError(
+                    _SOURCE, role, f"{tensor.dtype} on {tensor.device}", f"{self.dtype} on {self.device}"
+                )
             if tensor.numel() != want:
-                raise ArgumentError(_SOURCE, role, f"{tensor.numel()} elements", f"{want} elements for {self.algorithm.name}")
+                raise ArgumentError(
+                    _SOURCE, role, f"{tensor.numel()} elements", f"{want} elements for {self.algorithm.name}"
+                )
             if not tensor.is_contiguous():
                 raise ArgumentError(_SOURCE, role, "not contiguous", "a contiguous tensor")
 
@@ -194,11 +232,11 @@ class Executor:
 
     def _user_blocks(self, tensor: Any, blocks: int) -> list[Any]:
         flat = tensor.view(-1)
-        return [flat[b * self.numel:(b + 1) * self.numel] for b in range(blocks)]
+        return [flat[b * self.numel : (b + 1) * self.numel] for b in range(blocks)]
 
     def _work_blocks(self, work: Any, blocks: int) -> list[Any]:
         stride = self.blocks[2] * self.chunk_elems
-        return [work[b * stride:b * stride + self.numel] for b in range(blocks)]
+        return [work[b * stride : b * stride + self.numel] for b in range(blocks)]
 
     def _work(self, tensor: Any, blocks: int, chunks: int) -> tuple[Any, list[tuple[Any, Any]]]:
         """Return a padded work buffer for a user tensor of ``blocks`` blocks and its (work, user) block pairs."""
@@ -240,12 +278,16 @@ class Executor:
                 storages[Storage.OUTPUT] = output.view(-1)
         copy_in = [(dst, src) for dst, src in copy_in if dst.data_ptr() != src.data_ptr()]
         element_size = torch.empty((), dtype=self.dtype).element_size()
-        rounds = bind_rounds(plan.rounds, storages, self.chunk_elems, self.segment_bytes, element_size, eager_sends=self.eager_sends)
+        rounds = bind_rounds(
+            plan.rounds, storages, self.chunk_elems, self.segment_bytes, element_size, eager_sends=self.eager_sends
+        )
         return _Binding((output, input), copy_in, rounds, copy_out, list(plan.final_send_waits))
 
     # -- replay -----------------------------------------------------------------------------------
 
-    def run(self, output: Any, input: Any, transport: Transport, op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def run(
+        self, output: Any, input: Any, transport: Transport, op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
         """Run the collective: ``output`` receives the result of ``input`` over all ranks.
 
         For allreduce pass the same tensor twice to reduce in place. ``op`` applies when the
@@ -256,7 +298,12 @@ class Executor:
             raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
         self.check(output, input)
         if transport.rank != self.rank or transport.world_size != self.algorithm.num_ranks:
-            raise ArgumentError(_SOURCE, "transport", f"rank {transport.rank} of {transport.world_size}", f"rank {self.rank} of {self.algorithm.num_ranks} for {self.algorithm.name}")
+            raise ArgumentError(
+                _SOURCE,
+                "transport",
+                f"rank {transport.rank} of {transport.world_size}",
+                f"rank {self.rank} of {self.algorithm.num_ranks} for {self.algorithm.name}",
+            )
         binding = self._binding(output, input)
         for dst, src in binding.copy_in:
             dst.copy_(src)
@@ -296,7 +343,16 @@ class Executor:
         except TacclError as error:
             raise self._failure("post", rnd.index, (rnd.send_steps + rnd.recv_steps)[0], error) from error
 
-    def _progress(self, rnd: BoundRound, arrived: list, pending: list[list[Any]], combine: Callable[..., Any], timeout_s: float, transport: Transport, following: BoundRound | None) -> int:
+    def _progress(
+        self,
+        rnd: BoundRound,
+        arrived: list,
+        pending: list[list[Any]],
+        combine: Callable[..., Any],
+        timeout_s: float,
+        transport: Transport,
+        following: BoundRound | None,
+    ) -> int:
         """Wait for the round's receives in order, reducing each piece as soon as its data is in.
 
         Posts the leading sends of ``following`` whose data became final; returns how many.
@@ -320,7 +376,9 @@ class Executor:
                 ready += 1
             if ready > ahead:
                 handles, _ = self._post(transport, following, following.sends[ahead:ready], [])
-                for index, handle, where in zip(following.send_ids[ahead:ready], handles, following.send_steps[ahead:ready]):
+                for index, handle, where in zip(
+                    following.send_ids[ahead:ready], handles, following.send_steps[ahead:ready]
+                ):
                     pending[index].append((handle, following.index, where))
                 ahead = ready
             if position < len(arrived):

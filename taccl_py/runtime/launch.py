@@ -51,12 +51,27 @@ class RankOutcome:
 def _torchrun_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
     """Return the variables torchrun gives a worker, pointing at the parent's store (the agent store)."""
     return {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-        "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
     }
 
 
-def _child(rank: int, world_size: int, port: int, backend: str | None, pg_timeout_s: float, fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def _child(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    pg_timeout_s: float,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
+) -> None:
     start = time.perf_counter()
     try:
         import torch
@@ -107,12 +122,22 @@ def _collect(processes: list[Any], results: Any, deadline: float) -> dict[int, R
                     got = results.get(timeout=0.5)
                     outcomes[got[0]] = RankOutcome(got[0], got[1], got[2], got[3], None, got[4])
                 except queue_module.Empty:
-                    outcomes[rank] = RankOutcome(rank, False, None, f"exited with code {process.exitcode} without a result", process.exitcode)
+                    outcomes[rank] = RankOutcome(
+                        rank, False, None, f"exited with code {process.exitcode} without a result", process.exitcode
+                    )
                     deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
     return outcomes
 
 
-def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, backend: str | None = "gloo", timeout_s: float = DEFAULT_JOIN_TIMEOUT_S, pg_timeout_s: float = 60.0) -> list[RankOutcome]:
+def launch_local(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str | None = "gloo",
+    timeout_s: float = DEFAULT_JOIN_TIMEOUT_S,
+    pg_timeout_s: float = 60.0,
+) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes; return every rank's outcome.
 
     Parameters
@@ -141,11 +166,17 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
 
     if world_size < 1:
         raise ArgumentError(None, "world_size", f"{world_size}", "at least 1 process")
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=pg_timeout_s), wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", 0, world_size + 1, True, timeout=datetime.timedelta(seconds=pg_timeout_s), wait_for_workers=False
+    )
     context = _context()
     results = context.Queue()
     processes = [
-        context.Process(target=_child, args=(rank, world_size, store.port, backend, pg_timeout_s, fn, tuple(args), results), daemon=True)
+        context.Process(
+            target=_child,
+            args=(rank, world_size, store.port, backend, pg_timeout_s, fn, tuple(args), results),
+            daemon=True,
+        )
         for rank in range(world_size)
     ]
     for process in processes:
@@ -160,7 +191,9 @@ def launch_local(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = 
             process.join(5)
     for rank, process in enumerate(processes):
         if rank not in outcomes:
-            outcomes[rank] = RankOutcome(rank, False, None, f"did not finish within {timeout_s:g} s (terminated)", process.exitcode)
+            outcomes[rank] = RankOutcome(
+                rank, False, None, f"did not finish within {timeout_s:g} s (terminated)", process.exitcode
+            )
     del store
     return [outcomes[rank] for rank in range(world_size)]
 

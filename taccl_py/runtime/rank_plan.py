@@ -31,10 +31,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from enum import Enum
 
+from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
-from taccl_py.errors import ArgumentError, VerificationError
 
 __all__ = ["Storage", "Span", "WireOp", "ComputeOp", "RoundPlan", "RankPlan", "compile_rank_plan"]
 
@@ -59,7 +59,11 @@ class Span:
 
     def overlaps(self, other: Span) -> bool:
         """Return True when both spans share a chunk of the same storage."""
-        return self.storage is other.storage and self.offset < other.offset + other.count and other.offset < self.offset + self.count
+        return (
+            self.storage is other.storage
+            and self.offset < other.offset + other.count
+            and other.offset < self.offset + self.count
+        )
 
 
 @dataclass(frozen=True)
@@ -129,8 +133,11 @@ class RankPlan:
     def chunks(self, storage: Storage) -> int:
         """Return how many chunks ``storage`` holds in this plan."""
         return {
-            Storage.INPUT: self.input_chunks, Storage.OUTPUT: self.output_chunks, Storage.SCRATCH: self.scratch_chunks,
-            Storage.TEMP: self.temp_chunks, Storage.SNAP: self.snapshot_chunks,
+            Storage.INPUT: self.input_chunks,
+            Storage.OUTPUT: self.output_chunks,
+            Storage.SCRATCH: self.scratch_chunks,
+            Storage.TEMP: self.temp_chunks,
+            Storage.SNAP: self.snapshot_chunks,
         }[storage]
 
 
@@ -192,7 +199,9 @@ def _sequence_numbers(actions: tuple[Action, ...]) -> dict[int, int]:
 
 def _checked_dataflow(algorithm: Algorithm, rank: int, dataflow: Dataflow | None) -> Dataflow:
     if not 0 <= rank < algorithm.num_ranks:
-        raise ArgumentError(algorithm.name, "rank", f"rank {rank} outside 0..{algorithm.num_ranks - 1}", "a rank of the algorithm")
+        raise ArgumentError(
+            algorithm.name, "rank", f"rank {rank} outside 0..{algorithm.num_ranks - 1}", "a rank of the algorithm"
+        )
     flow = dataflow if dataflow is not None else build_dataflow(algorithm)
     if flow.violations or flow.rounds is None:
         raise VerificationError(algorithm.name, flow.violations)
@@ -218,7 +227,9 @@ def _send_hazard(send_round: int, wire_round: int, source: Span, writes: list[_W
     return False, first.round - 1 if first.is_recv else first.round
 
 
-def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None = None, *, prepost_receives: bool = False) -> RankPlan:
+def compile_rank_plan(
+    algorithm: Algorithm, rank: int, dataflow: Dataflow | None = None, *, prepost_receives: bool = False
+) -> RankPlan:
     """Return the flat plan that runs ``rank``'s part of ``algorithm`` under the round semantics.
 
     Parameters
@@ -260,12 +271,18 @@ def compile_rank_plan(algorithm: Algorithm, rank: int, dataflow: Dataflow | None
     flow = _checked_dataflow(algorithm, rank, dataflow)
     spans = _Spans(algorithm, rank, {})
     mine = [a for a in flow.actions_in_round_order() if a.rank == rank]
-    writes = [_Write(flow.rounds[a.id], a.kind is ActionKind.RECV, spans.span(a.target)) for a in mine if a.target is not None and a.kind is not ActionKind.SEND]
+    writes = [
+        _Write(flow.rounds[a.id], a.kind is ActionKind.RECV, spans.span(a.target))
+        for a in mine
+        if a.target is not None and a.kind is not ActionKind.SEND
+    ]
     per_round, send_keys, snapshot_chunks = _place_actions(flow, mine, spans, writes)
     return _assemble(algorithm, rank, spans, snapshot_chunks, per_round, send_keys, writes, prepost_receives)
 
 
-def _place_actions(flow: Dataflow, mine: list[Action], spans: _Spans, writes: list[_Write]) -> tuple[dict, list[tuple], int]:
+def _place_actions(
+    flow: Dataflow, mine: list[Action], spans: _Spans, writes: list[_Write]
+) -> tuple[dict, list[tuple], int]:
     """Put each action of the rank in its round; sends go to their wire round, snapshotted where needed.
 
     Returns the per-round parts, the sends as (wire round, peer, channel, sequence number, source,
@@ -280,10 +297,14 @@ def _place_actions(flow: Dataflow, mine: list[Action], spans: _Spans, writes: li
         if action.kind is ActionKind.COMPUTE:
             if action.target is not None:  # a nop carries only dependencies
                 sources = tuple(spans.span(region) for region in action.sources)
-                per_round[level]["computes"].append(ComputeOp(spans.span(action.target), sources, action.threadblock, action.step))
+                per_round[level]["computes"].append(
+                    ComputeOp(spans.span(action.target), sources, action.threadblock, action.step)
+                )
         elif action.kind is ActionKind.RECV:
             key = (action.channel, seq[action.id])
-            per_round[level]["recvs"].append((key, WireOp(action.peer, action.channel, spans.span(action.target), action.threadblock, action.step)))
+            per_round[level]["recvs"].append(
+                (key, WireOp(action.peer, action.channel, spans.span(action.target), action.threadblock, action.step))
+            )
         else:
             source = spans.span(action.sources[0])
             wire_round = rounds[flow.match[action.id]]
@@ -297,14 +318,25 @@ def _place_actions(flow: Dataflow, mine: list[Action], spans: _Spans, writes: li
     return per_round, send_keys, snapshot_chunks
 
 
-def _busy_spans(parts: dict, a: int, b: int, arriving: list[WireOp], sends: dict[int, tuple[Span, int]], waits: dict[int, tuple[str, int | None]]) -> tuple[list[Span], dict[int, Span]]:
+def _busy_spans(
+    parts: dict,
+    a: int,
+    b: int,
+    arriving: list[WireOp],
+    sends: dict[int, tuple[Span, int]],
+    waits: dict[int, tuple[str, int | None]],
+) -> tuple[list[Span], dict[int, Span]]:
     """Return what rank-local work touches between round ``a``'s post and round ``b``'s receive wait.
 
     The second value holds the in-flight sends of rounds before ``a``: instead of blocking an early
     receive they can be waited for at the start of round ``a``.
     """
     now, after = parts[a], parts[b]
-    busy = [m.span for m in list(now["recvs"]) + arriving] + [c.target for c in now["computes"]] + [x for c in now["computes"] for x in c.sources]
+    busy = (
+        [m.span for m in list(now["recvs"]) + arriving]
+        + [c.target for c in now["computes"]]
+        + [x for c in now["computes"] for x in c.sources]
+    )
     busy += [source for _copy, source in after["snapshots"]] + [op.span for _key, op in after["sends"]]
     movable: dict[int, Span] = {}
     for index, (source, wire_round) in sends.items():
@@ -318,7 +350,9 @@ def _busy_spans(parts: dict, a: int, b: int, arriving: list[WireOp], sends: dict
     return busy, movable
 
 
-def _prepost(parts: dict, levels: list[int], sends: dict[int, tuple[Span, int]], waits: dict[int, tuple[str, int | None]]) -> None:
+def _prepost(
+    parts: dict, levels: list[int], sends: dict[int, tuple[Span, int]], waits: dict[int, tuple[str, int | None]]
+) -> None:
     """Move each round's receives that nothing touches in between into the previous round's early list.
 
     A send of an earlier round whose source an early receive would overwrite is waited for at the
@@ -342,13 +376,24 @@ def _prepost(parts: dict, levels: list[int], sends: dict[int, tuple[Span, int]],
         parts[a]["early"], parts[b]["recvs"], arriving = early, late, early
 
 
-def _assemble(algorithm: Algorithm, rank: int, spans: _Spans, snapshot_chunks: int, per_round: dict, send_keys: list[tuple], writes: list[_Write], prepost_receives: bool) -> RankPlan:
+def _assemble(
+    algorithm: Algorithm,
+    rank: int,
+    spans: _Spans,
+    snapshot_chunks: int,
+    per_round: dict,
+    send_keys: list[tuple],
+    writes: list[_Write],
+    prepost_receives: bool,
+) -> RankPlan:
     """Order the wire sends, place the lazy waits (and receives posted ahead) and build the RankPlan."""
     send_keys.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
     waits: dict[int, tuple[str, int | None]] = {}
     sources: dict[int, tuple[Span, int]] = {}
     for index, (wire_round, peer, channel, seq, source, action, wait_round) in enumerate(send_keys):
-        per_round[wire_round]["sends"].append(((peer, channel, seq), WireOp(peer, channel, source, action.threadblock, action.step, index)))
+        per_round[wire_round]["sends"].append(
+            ((peer, channel, seq), WireOp(peer, channel, source, action.threadblock, action.step, index))
+        )
         waits[index] = ("final", None) if wait_round is None else ("after", wait_round)
         sources[index] = (source, wire_round)
     for kind, level in waits.values():
@@ -367,17 +412,34 @@ def _assemble(algorithm: Algorithm, rank: int, spans: _Spans, snapshot_chunks: i
     built = []
     for level in levels:
         parts = per_round[level]
-        built.append(RoundPlan(
-            level, tuple(parts["snapshots"]), tuple(op for _key, op in parts["sends"]), tuple(parts["recvs"]),
-            tuple(sorted(parts["send_waits"])), tuple(parts["computes"]), tuple(parts["early"]), tuple(sorted(parts["pre_waits"])),
-        ))
+        built.append(
+            RoundPlan(
+                level,
+                tuple(parts["snapshots"]),
+                tuple(op for _key, op in parts["sends"]),
+                tuple(parts["recvs"]),
+                tuple(sorted(parts["send_waits"])),
+                tuple(parts["computes"]),
+                tuple(parts["early"]),
+                tuple(sorted(parts["pre_waits"])),
+            )
+        )
     input_chunks, output_chunks = _data_chunks(algorithm)
     program = algorithm.ranks[rank]
     return RankPlan(
-        name=algorithm.name, collective=algorithm.collective, rank=rank, num_ranks=algorithm.num_ranks,
-        chunks_per_loop=algorithm.chunks_per_loop, inplace=algorithm.inplace,
-        input_chunks=input_chunks, output_chunks=output_chunks, scratch_chunks=program.scratch_chunks,
-        temp_chunks=spans.temp_chunks, snapshot_chunks=snapshot_chunks, rounds=tuple(built),
-        num_sends=len(send_keys), final_send_waits=tuple(i for i, (kind, _l) in sorted(waits.items()) if kind == "final"),
+        name=algorithm.name,
+        collective=algorithm.collective,
+        rank=rank,
+        num_ranks=algorithm.num_ranks,
+        chunks_per_loop=algorithm.chunks_per_loop,
+        inplace=algorithm.inplace,
+        input_chunks=input_chunks,
+        output_chunks=output_chunks,
+        scratch_chunks=program.scratch_chunks,
+        temp_chunks=spans.temp_chunks,
+        snapshot_chunks=snapshot_chunks,
+        rounds=tuple(built),
+        num_sends=len(send_keys),
+        final_send_waits=tuple(i for i, (kind, _l) in sorted(waits.items()) if kind == "final"),
         writes_input=any(write.span.storage is Storage.INPUT for write in writes),
     )

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
 
 __all__ = ["Candidate", "AlgorithmChoices", "collect_algorithms", "collective_size_bytes"]
 
@@ -64,14 +64,22 @@ def collective_size_bytes(collective: Collective, input_bytes: int, output_bytes
 
 
 def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
-    return [Candidate(band.algorithm, band.min_bytes, band.max_bytes, f"{origin} ({band.algorithm_file})") for band in library.bands]
+    return [
+        Candidate(band.algorithm, band.min_bytes, band.max_bytes, f"{origin} ({band.algorithm_file})")
+        for band in library.bands
+    ]
 
 
 def _read_path(path: Path) -> list[Candidate]:
     if path.is_dir():
         found = sorted(path.glob("*.library.json"))
         if not found:
-            raise ArgumentError(str(path), "library", "folder holds no *.library.json", "a library file, an algorithm file or a topology name")
+            raise ArgumentError(
+                str(path),
+                "library",
+                "folder holds no *.library.json",
+                "a library file, an algorithm file or a topology name",
+            )
         return [c for item in found for c in _read_path(item)]
     if path.name.endswith(".library.json"):
         return _from_library(read_library(path), str(path))
@@ -89,7 +97,12 @@ def _topology_candidates(name: str, nodes: int | None, world_size: int) -> list[
     if libraries and not fitting:
         counts = sorted({lib.num_ranks for lib in libraries})
         where = f"{name} at {nodes} nodes" if nodes is not None else name
-        raise ArgumentError(_SOURCE, "world_size", f"{world_size} ranks, but the shipped algorithms of {where} run on {counts} ranks", "a world size of the topology")
+        raise ArgumentError(
+            _SOURCE,
+            "world_size",
+            f"{world_size} ranks, but the shipped algorithms of {where} run on {counts} ranks",
+            "a world size of the topology",
+        )
     return [c for lib in fitting for c in _from_library(lib, f"{name} n{lib.nodes}")]
 
 
@@ -117,11 +130,23 @@ def _collect_one(spec: Any, nodes: int | None, world_size: int) -> list[Candidat
         name = _topology_name(spec) if isinstance(spec, str) and os.sep not in spec else None
         if name is not None:
             return _topology_candidates(name, nodes, world_size)
-        raise ArgumentError(str(spec), "library", "neither a file nor a built-in topology", "a library or algorithm file, or a topology name")
-    raise ArgumentError(_SOURCE, "library", f"{type(spec).__name__} {spec!r}", "an Algorithm, an AlgorithmLibrary, a path or a topology name")
+        raise ArgumentError(
+            str(spec),
+            "library",
+            "neither a file nor a built-in topology",
+            "a library or algorithm file, or a topology name",
+        )
+    raise ArgumentError(
+        _SOURCE,
+        "library",
+        f"{type(spec).__name__} {spec!r}",
+        "an Algorithm, an AlgorithmLibrary, a path or a topology name",
+    )
 
 
-def collect_algorithms(library: Any, world_size: int, *, topology: str | None = None, nodes: int | None = None) -> AlgorithmChoices:
+def collect_algorithms(
+    library: Any, world_size: int, *, topology: str | None = None, nodes: int | None = None
+) -> AlgorithmChoices:
     """Return the algorithms a Communicator on ``world_size`` ranks may run, in priority order.
 
     Parameters
@@ -155,6 +180,12 @@ def collect_algorithms(library: Any, world_size: int, *, topology: str | None = 
     for spec in specs:
         for candidate in _collect_one(spec, nodes, world_size):
             if candidate.algorithm.num_ranks != world_size:
-                raise ArgumentError(candidate.origin, "num_ranks", f"{candidate.algorithm.name} runs on {candidate.algorithm.num_ranks} ranks, the group has {world_size}", "an algorithm for the group's world size")
+                raise ArgumentError(
+                    candidate.origin,
+                    "num_ranks",
+                    f"{candidate.algorithm.name} runs on {candidate.algorithm.num_ranks} ranks, the group has "
+                    f"{world_size}",
+                    "an algorithm for the group's world size",
+                )
             candidates.append(candidate)
     return AlgorithmChoices(world_size, tuple(candidates))

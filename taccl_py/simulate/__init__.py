@@ -9,11 +9,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective, bus_factor
-from taccl_py.errors import ArgumentError
 from taccl_py.simulate.engine import ReplayOutcome, SimulationPlan, prepare_simulation, replay
-from taccl_py.simulate.result import LinkUsage, SimulationResult, TimelineRecord, resource_label, simulation_result_to_dict
+from taccl_py.simulate.result import (
+    LinkUsage,
+    SimulationResult,
+    TimelineRecord,
+    resource_label,
+    simulation_result_to_dict,
+)
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -30,7 +36,6 @@ __all__ = [
     "simulate_sizes",
     "simulation_result_to_dict",
 ]
-
 
 
 def _check_size(name: str, size_bytes: object) -> int:
@@ -52,10 +57,18 @@ def _timeline(plan: SimulationPlan, outcome: ReplayOutcome, chunk_bytes: float) 
         src, dst = plan.route_ranks[route_id]
         size = plan.send_chunks[action] * chunk_bytes
         for link in plan.route_links[route_id]:
-            records.append(TimelineRecord(
-                plan.link_keys[link], transfer, src, dst, size,
-                outcome.ready_us[action], outcome.start_us[action], outcome.end_us[action],
-            ))
+            records.append(
+                TimelineRecord(
+                    plan.link_keys[link],
+                    transfer,
+                    src,
+                    dst,
+                    size,
+                    outcome.ready_us[action],
+                    outcome.start_us[action],
+                    outcome.end_us[action],
+                )
+            )
     return tuple(records)
 
 
@@ -88,7 +101,9 @@ def _result(plan: SimulationPlan, size_bytes: int, outcome: ReplayOutcome, bound
     )
 
 
-def simulate_plan(plan: SimulationPlan, size_bytes: int, *, record_timeline: bool = False, bound_time_us: float | None = None) -> SimulationResult:
+def simulate_plan(
+    plan: SimulationPlan, size_bytes: int, *, record_timeline: bool = False, bound_time_us: float | None = None
+) -> SimulationResult:
     """Return the simulated run of a prepared plan at ``size_bytes``; see ``simulate``.
 
     Pass ``bound_time_us`` (µs) to skip computing the lower bound, e.g. when simulating many
@@ -158,7 +173,12 @@ def simulate(
     >>> simulate(algo, topo, 40_000, bound_time_us=1.0).time_us  # 1 µs + 20 kB at 10 GB/s
     3.0
     """
-    return simulate_plan(prepare_simulation(algorithm, topology), size_bytes, record_timeline=record_timeline, bound_time_us=bound_time_us)
+    return simulate_plan(
+        prepare_simulation(algorithm, topology),
+        size_bytes,
+        record_timeline=record_timeline,
+        bound_time_us=bound_time_us,
+    )
 
 
 def simulate_sizes(
@@ -173,6 +193,5 @@ def simulate_sizes(
     plan = prepare_simulation(algorithm, topology)
     bounds = _bounds_us(topology, algorithm.collective, sizes)
     return tuple(
-        _result(plan, size, replay(plan, size, record=record_timeline), bound)
-        for size, bound in zip(sizes, bounds)
+        _result(plan, size, replay(plan, size, record=record_timeline), bound) for size, bound in zip(sizes, bounds)
     )

@@ -33,9 +33,9 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.dataflow import ActionKind, build_dataflow
-from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
@@ -85,7 +85,9 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
     """
     if algorithm.num_ranks != topology.num_ranks:
         raise ArgumentError(
-            algorithm.name, "num_ranks", f"{algorithm.num_ranks} ranks but topology {topology.name!r} has {topology.num_ranks} GPUs",
+            algorithm.name,
+            "num_ranks",
+            f"{algorithm.num_ranks} ranks but topology {topology.name!r} has {topology.num_ranks} GPUs",
             "an algorithm for the topology's rank count",
         )
     flow = build_dataflow(algorithm)
@@ -156,9 +158,26 @@ class _Replay:
     """
 
     __slots__ = (
-        "plan", "flow_bytes", "pending", "heap", "seq", "time_us", "remaining", "rate", "last_us", "version",
-        "route_flows", "link_routes", "link_count", "busy_since", "busy_us", "link_bytes",
-        "ready_us", "start_us", "end_us", "dirty",
+        "plan",
+        "flow_bytes",
+        "pending",
+        "heap",
+        "seq",
+        "time_us",
+        "remaining",
+        "rate",
+        "last_us",
+        "version",
+        "route_flows",
+        "link_routes",
+        "link_count",
+        "busy_since",
+        "busy_us",
+        "link_bytes",
+        "ready_us",
+        "start_us",
+        "end_us",
+        "dirty",
     )
 
     def __init__(self, plan: SimulationPlan, chunk_bytes: float) -> None:
@@ -191,7 +210,12 @@ class _Replay:
 
     def release(self, stack: list[int], now: float) -> None:
         """Start every action on ``stack`` at ``now``; RECVs and COMPUTEs finish at once."""
-        send_route, alpha_us, pending, successors = self.plan.send_route, self.plan.route_alpha_us, self.pending, self.plan.successors
+        send_route, alpha_us, pending, successors = (
+            self.plan.send_route,
+            self.plan.route_alpha_us,
+            self.pending,
+            self.plan.successors,
+        )
         while stack:
             action = stack.pop()
             route_id = send_route[action]
@@ -301,7 +325,9 @@ class _Replay:
                             frontier.append(other)
         route_flows, rate = self.route_flows, self.rate
         counts = {route_id: len(route_flows[route_id]) for route_id in members}
-        new_rate = _max_min_rates(comp_links, link_routes, route_links, counts, self.link_count, self.plan.link_capacity)
+        new_rate = _max_min_rates(
+            comp_links, link_routes, route_links, counts, self.link_count, self.plan.link_capacity
+        )
         for route_id in members:
             new = new_rate[route_id]
             for flow in route_flows[route_id]:
@@ -345,9 +371,9 @@ def _max_min_rates(
 ) -> dict[int, float]:
     """Return the max-min fair rate (bytes/µs) of one flow on each route, by progressive filling.
 
-    ``counts[r]`` flows run on route r, ``link_count[l]`` on link l. The link with the smallest fair share (spare capacity /
-    flows not yet fixed) fixes its flows at that share; shares only grow as flows are fixed,
-    so a lazy heap finds the next bottleneck.
+    ``counts[r]`` flows run on route r, ``link_count[l]`` on link l. The link with the smallest fair
+    share (spare capacity / flows not yet fixed) fixes its flows at that share; shares only grow as
+    flows are fixed, so a lazy heap finds the next bottleneck.
     """
     spare = {link: capacity[link] for link in links}
     unfixed = {link: link_count[link] for link in links}
@@ -381,7 +407,9 @@ def replay(plan: SimulationPlan, size_bytes: float, *, record: bool = False) -> 
         raise ArgumentError(plan.algorithm.name, "size_bytes", f"size {size_bytes!r}", "a positive number of bytes")
     state = _Replay(plan, size_bytes / plan.algorithm.chunks_per_loop)
     time_us = state.run()
-    logger.debug("%s: replayed %d transfers at %d bytes: %.3f us", plan.algorithm.name, plan.num_transfers, size_bytes, time_us)
+    logger.debug(
+        "%s: replayed %d transfers at %d bytes: %.3f us", plan.algorithm.name, plan.num_transfers, size_bytes, time_us
+    )
     return ReplayOutcome(
         time_us=time_us,
         link_busy_us=tuple(state.busy_us),

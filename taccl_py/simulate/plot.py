@@ -85,7 +85,13 @@ def _draw(result: SimulationResult, rows: list[tuple[str, str]], by_link: dict, 
             chosen = [r for r, l in zip(records, lanes) if l == lane]
             bars = [(r.start_us, max(r.end_us - r.start_us, 0.0)) for r in chosen]
             top = y - 0.38 + 0.76 * lane / count
-            axes.broken_barh(bars, (top, 0.76 / count), facecolors=[colours(r.src_rank % 20) for r in chosen], edgecolor="black", linewidth=0.3)
+            axes.broken_barh(
+                bars,
+                (top, 0.76 / count),
+                facecolors=[colours(r.src_rank % 20) for r in chosen],
+                edgecolor="black",
+                linewidth=0.3,
+            )
         waits = [(r.ready_us, r.start_us - r.ready_us) for r in records if r.start_us > r.ready_us]
         if waits:
             axes.broken_barh(waits, (y - 0.06, 0.12), facecolors="0.6")
@@ -101,7 +107,10 @@ def _draw(result: SimulationResult, rows: list[tuple[str, str]], by_link: dict, 
         fontsize=9,
     )
     ranks = sorted({r.src_rank for key in rows for r in by_link[key]})
-    handles = [Patch(facecolor=colours(rank % 20), edgecolor="black", linewidth=0.3, label=f"from rank {rank}") for rank in ranks[:20]]
+    handles = [
+        Patch(facecolor=colours(rank % 20), edgecolor="black", linewidth=0.3, label=f"from rank {rank}")
+        for rank in ranks[:20]
+    ]
     handles.append(Line2D([], [], color="0.6", linewidth=4, label="latency α (no bandwidth)"))
     axes.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.005, 1.0), frameon=False)
     return figure
@@ -135,7 +144,9 @@ def plot_timeline(result: SimulationResult, path: str | Path) -> None:
     path = Path(path)
     fmt = plot_format(path)
     if result.timeline is None:
-        raise ArgumentError(result.algorithm, "timeline", "the result has no timeline", "a result simulated with record_timeline=True")
+        raise ArgumentError(
+            result.algorithm, "timeline", "the result has no timeline", "a result simulated with record_timeline=True"
+        )
     rows, by_link = _rows(result)
     figure = _draw(result, rows, by_link, len(by_link))
     buffer = io.BytesIO()

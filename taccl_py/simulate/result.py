@@ -97,15 +97,26 @@ def simulation_result_to_dict(result: SimulationResult, *, timeline: bool = Fals
         "fraction_of_bound": _finite(result.fraction_of_bound),
         "num_transfers": result.num_transfers,
         "link_usage": [
-            {"resource": resource_label(u.resource), "busy_us": u.busy_us, "busy_fraction": u.busy_fraction, "size_bytes": u.size_bytes}
+            {
+                "resource": resource_label(u.resource),
+                "busy_us": u.busy_us,
+                "busy_fraction": u.busy_fraction,
+                "size_bytes": u.size_bytes,
+            }
             for u in result.link_usage
         ],
     }
     if timeline and result.timeline is not None:
         out["timeline"] = [
             {
-                "resource": resource_label(r.resource), "transfer": r.transfer, "src_rank": r.src_rank, "dst_rank": r.dst_rank,
-                "size_bytes": r.size_bytes, "ready_us": r.ready_us, "start_us": r.start_us, "end_us": r.end_us,
+                "resource": resource_label(r.resource),
+                "transfer": r.transfer,
+                "src_rank": r.src_rank,
+                "dst_rank": r.dst_rank,
+                "size_bytes": r.size_bytes,
+                "ready_us": r.ready_us,
+                "start_us": r.start_us,
+                "end_us": r.end_us,
             }
             for r in result.timeline
         ]

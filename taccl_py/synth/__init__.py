@@ -17,17 +17,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from taccl_py.ir.algorithm import Algorithm
 from taccl_py import __version__
-from taccl_py.ir.library import AlgorithmLibrary, Provenance
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.sketch_model import Sketch
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, Provenance
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
 from taccl_py.synth.compose import Candidate, Chunking, synthesize_chunking
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
+from taccl_py.synth.sketch import auto_sketch
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import SolverOptions, describe_solver, solver_settings
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
@@ -85,24 +85,36 @@ class SynthesisResult:
     wall_s: float
 
 
-def _check_arguments(topology: Topology, collective: Collective | str, size_bytes: int | None, sizes: Sequence[int] | None) -> tuple[Collective, tuple[int, ...]]:
+def _check_arguments(
+    topology: Topology, collective: Collective | str, size_bytes: int | None, sizes: Sequence[int] | None
+) -> tuple[Collective, tuple[int, ...]]:
     try:
         collective = Collective(collective)
     except ValueError:
-        raise ArgumentError(None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce") from None
+        raise ArgumentError(
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce"
+        ) from None
     if collective not in _SYNTHESIZED:
-        raise ArgumentError(None, "collective", f"{collective.value} is not synthesized", "allgather, reducescatter or allreduce")
+        raise ArgumentError(
+            None, "collective", f"{collective.value} is not synthesized", "allgather, reducescatter or allreduce"
+        )
     if size_bytes is not None and sizes is not None:
         raise ArgumentError(None, "size", "both a size and a list of sizes", "either --size or --sizes")
-    chosen = tuple(sorted(set(sizes))) if sizes is not None else (DEFAULT_SIZE_BYTES if size_bytes is None else size_bytes,)
+    chosen = (
+        tuple(sorted(set(sizes))) if sizes is not None else (DEFAULT_SIZE_BYTES if size_bytes is None else size_bytes,)
+    )
     if not chosen or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in chosen):
         raise ArgumentError(None, "size", f"sizes {chosen!r}", "positive integers (bytes)")
     if topology.num_ranks < 2:
-        raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs to synthesize a collective")
+        raise ArgumentError(
+            topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs to synthesize a collective"
+        )
     return collective, chosen
 
 
-def _plan_chunkings(graph: LogicalGraph, collective: Collective, bounds: Sequence, chunkup: int | None) -> list[tuple[Chunking, tuple[int, ...]]]:
+def _plan_chunkings(
+    graph: LogicalGraph, collective: Collective, bounds: Sequence, chunkup: int | None
+) -> list[tuple[Chunking, tuple[int, ...]]]:
     """Return the chunkings to synthesize with the indices of the sizes to simulate each at.
 
     Routes and orders depend on the size (α against bandwidth), so a chunking wanted at many
@@ -117,7 +129,7 @@ def _plan_chunkings(graph: LogicalGraph, collective: Collective, bounds: Sequenc
     out = []
     for (k, p), indices in wanted.items():
         for start in range(0, len(indices), SIZES_PER_DESIGN):
-            run = indices[start:start + SIZES_PER_DESIGN]
+            run = indices[start : start + SIZES_PER_DESIGN]
             design = geometric_middle(bounds[run[0]].size_bytes, bounds[run[-1]].size_bytes)
             near = tuple(i for i in range(len(bounds)) if run[0] - 1 <= i <= run[-1] + 1)
             out.append((Chunking(k, p, design), near))
@@ -125,8 +137,14 @@ def _plan_chunkings(graph: LogicalGraph, collective: Collective, bounds: Sequenc
 
 
 def _run_candidates(
-    graph: LogicalGraph, topology: Topology, collective: Collective, chunkings: Sequence[tuple[Chunking, tuple[int, ...]]],
-    options: SolverOptions, sizes: Sequence[int], bounds: Sequence, progress: Callable[[str], None] | None,
+    graph: LogicalGraph,
+    topology: Topology,
+    collective: Collective,
+    chunkings: Sequence[tuple[Chunking, tuple[int, ...]]],
+    options: SolverOptions,
+    sizes: Sequence[int],
+    bounds: Sequence,
+    progress: Callable[[str], None] | None,
 ) -> list[tuple[Candidate, tuple]]:
     """Return each candidate with its simulated results (None at the sizes it was not simulated at)."""
     deadline = time.perf_counter() + options.time_limit_s
@@ -139,7 +157,9 @@ def _run_candidates(
         name = f"taccl-{collective.value}-{topology.name}-{chunking.label}-d{chunking.design_bytes}"
         candidate = synthesize_chunking(graph, collective, chunking, options, budget, name=name, progress=progress)
         if progress is not None:
-            progress(f"[{index}/{len(chunkings)}] {chunking.label}: verified; routing {candidate.routing_status}; simulating")
+            progress(
+                f"[{index}/{len(chunkings)}] {chunking.label}: verified; routing {candidate.routing_status}; simulating"
+            )
         found = simulate_at(candidate.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
         results = dict(zip(near, found))
         out.append((candidate, tuple(results.get(i) for i in range(len(sizes)))))
@@ -205,13 +225,22 @@ def synthesize(
     """
     began = time.perf_counter()
     collective, chosen_sizes = _check_arguments(topology, collective, size_bytes, sizes)
-    options = SolverOptions(solver=solver, time_limit_s=time_limit_s if time_limit_s is not None else default_time_limit_s(topology.num_ranks))
+    options = SolverOptions(
+        solver=solver,
+        time_limit_s=time_limit_s if time_limit_s is not None else default_time_limit_s(topology.num_ranks),
+    )
     return _synthesize_impl(topology, collective, chosen_sizes, sizes is not None, sketch, options, progress, began)
 
 
 def _synthesize_impl(
-    topology: Topology, collective: Collective, sizes: tuple[int, ...], banded: bool, sketch: Sketch | None,
-    options: SolverOptions, progress: Callable[[str], None] | None, began: float,
+    topology: Topology,
+    collective: Collective,
+    sizes: tuple[int, ...],
+    banded: bool,
+    sketch: Sketch | None,
+    options: SolverOptions,
+    progress: Callable[[str], None] | None,
+    began: float,
 ) -> SynthesisResult:
     sketch = sketch if sketch is not None else auto_sketch(topology)
     if progress is not None:
@@ -228,22 +257,39 @@ def _synthesize_impl(
         fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
         eligible = [base is not None and fits[base[0].name] for base in baselines]
     choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
-    best_at_top = min((pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us)[0]
+    best_at_top = min(
+        (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
+    )[0]
     timed_out = any("time-limit" in c.routing_status or c.routing_status == "heuristic" for c, _ in runs)
     library = None
     if banded:
         provenance = Provenance(
-            taccl_py=__version__, solver=describe_solver(options), solver_options=solver_settings(options),
-            sketch=sketch.name if sketch.source.startswith("<") else sketch.source, sizes=sizes, timed_out=timed_out,
+            taccl_py=__version__,
+            solver=describe_solver(options),
+            solver_options=solver_settings(options),
+            sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
+            sizes=sizes,
+            timed_out=timed_out,
         )
-        library = build_library(topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value, provenance)
+        library = build_library(
+            topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value, provenance
+        )
     return SynthesisResult(
-        best_at_top, collective, topology.name, sketch, choices, library,
-        tuple(f"{c.chunking.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs), timed_out, time.perf_counter() - began,
+        best_at_top,
+        collective,
+        topology.name,
+        sketch,
+        choices,
+        library,
+        tuple(f"{c.chunking.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs),
+        timed_out,
+        time.perf_counter() - began,
     )
 
 
-def _baselines(topology: Topology, collective: Collective, sizes: Sequence[int], progress: Callable[[str], None] | None) -> list:
+def _baselines(
+    topology: Topology, collective: Collective, sizes: Sequence[int], progress: Callable[[str], None] | None
+) -> list:
     from taccl_py.baselines import best_baselines
 
     return list(best_baselines(topology, collective, sizes, progress=progress))

@@ -17,12 +17,13 @@ from pathlib import Path
 from taccl_py._io import write_text_atomic
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
-from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, generate_library
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, generate_library
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.candidates import geometric_middle
 
 __all__ = ["SizeChoice", "choose_per_size", "build_library", "band_file_stem", "write_library"]
+
 
 @dataclass(frozen=True)
 class SizeChoice:
@@ -66,15 +67,26 @@ def choose_per_size(
         if base is not None and (competes or not options):
             options.append((base[1].time_us, 1, base[0], base[1]))
         _, _, algorithm, result = min(options, key=lambda o: (o[0], o[1]))
-        choices.append(SizeChoice(
-            size, algorithm, result, None if best_syn is None else best_syn[1][i],
-            None if base is None else base[1], None if base is None else base[0].name,
-        ))
+        choices.append(
+            SizeChoice(
+                size,
+                algorithm,
+                result,
+                None if best_syn is None else best_syn[1][i],
+                None if base is None else base[1],
+                None if base is None else base[0].name,
+            )
+        )
     return tuple(choices)
 
 
 def build_library(
-    topology_name: str, nodes: int, collective: Collective, num_ranks: int, choices: Sequence[SizeChoice], stem: str,
+    topology_name: str,
+    nodes: int,
+    collective: Collective,
+    num_ranks: int,
+    choices: Sequence[SizeChoice],
+    stem: str,
     provenance: Provenance | None = None,
 ) -> AlgorithmLibrary:
     """Return the library whose bands cover all sizes, one band per run of equal winners."""
@@ -119,10 +131,13 @@ def write_library(
     folder = Path(path).parent
     stem = band_file_stem(path)
     suffix = ".json.xz" if compress else ".json"
-    library = replace(library, bands=tuple(
-        replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}{suffix}")
-        for i, band in enumerate(library.bands)
-    ))
+    library = replace(
+        library,
+        bands=tuple(
+            replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}{suffix}")
+            for i, band in enumerate(library.bands)
+        ),
+    )
     texts = {folder / band.algorithm_file: generate_algorithm_json(band.algorithm) for band in library.bands}
     texts[Path(path)] = generate_library(library)
     for file, text in texts.items():

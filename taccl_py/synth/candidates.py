@@ -13,16 +13,24 @@ import logging
 import math
 from collections.abc import Sequence
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.errors import ArgumentError
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.compose import Chunking
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.topology.bounds import LowerBound
 from taccl_py.topology.model import Topology
 
-__all__ = ["LATENCY_REGIME", "BANDWIDTH_REGIME", "MAX_ROUTED_CHUNKS", "candidate_chunkings", "simulate_at", "exportable", "geometric_middle"]
+__all__ = [
+    "LATENCY_REGIME",
+    "BANDWIDTH_REGIME",
+    "MAX_ROUTED_CHUNKS",
+    "candidate_chunkings",
+    "simulate_at",
+    "exportable",
+    "geometric_middle",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +53,9 @@ def _is_mesh(graph: LogicalGraph) -> bool:
     return graph.num_ranks == graph.gpus_per_node and all(len(link.resources) == 1 for link in graph.links)
 
 
-def candidate_chunkings(graph: LogicalGraph, collective: Collective, bound: LowerBound, chunkup: int | None = None) -> tuple[Chunking, ...]:
+def candidate_chunkings(
+    graph: LogicalGraph, collective: Collective, bound: LowerBound, chunkup: int | None = None
+) -> tuple[Chunking, ...]:
     """Return the chunkings worth synthesizing for one size (``bound`` holds the size).
 
     ``chunkup`` (a sketch's ``input_chunkup``) fixes the routed chunks per rank.
@@ -66,7 +76,9 @@ def candidate_chunkings(graph: LogicalGraph, collective: Collective, bound: Lowe
     return tuple(dict.fromkeys(out))
 
 
-def simulate_at(algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: Sequence[LowerBound]) -> tuple[SimulationResult, ...]:
+def simulate_at(
+    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: Sequence[LowerBound]
+) -> tuple[SimulationResult, ...]:
     """Return the simulated runs of ``algorithm`` at ``sizes`` (bounds given, computed once)."""
     plan = prepare_simulation(algorithm, topology)
     return tuple(simulate_plan(plan, size, bound_time_us=bound.time_us) for size, bound in zip(sizes, bounds))

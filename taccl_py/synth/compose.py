@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.synth.logical import LogicalGraph
-from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.lower_schedule import lower_schedule
+from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
 from taccl_py.synth.solver import SolverOptions
@@ -72,7 +72,9 @@ def _schedule_phase(graph: LogicalGraph, chunking: Chunking, options: SolverOpti
     """Return the fastest schedule over the candidate routings (contiguity MILP on the winner only)."""
     chunk_bytes = chunking.design_bytes / (graph.num_ranks * chunking.chunkup)
     piece_bytes = chunk_bytes / chunking.pieces
-    routings = route_candidates(graph, chunking.chunkup, chunk_bytes, piece_bytes, options, ROUTING_TIME_SHARE * budget_s)
+    routings = route_candidates(
+        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, ROUTING_TIME_SHARE * budget_s
+    )
     orderings = [order_sends(routing, chunking.pieces, piece_bytes) for routing in routings]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
     best = min(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
@@ -101,7 +103,10 @@ def synthesize_chunking(
     schedules = []
     for index, phase_graph in enumerate(phases):
         if progress is not None:
-            progress(f"{chunking.label}: routing, ordering, scheduling ({'reduce' if phase_graph.reversed else 'gather'} phase)")
+            progress(
+                f"{chunking.label}: routing, ordering, scheduling ({'reduce' if phase_graph.reversed else 'gather'} "
+                "phase)"
+            )
         schedules.append(_schedule_phase(phase_graph, chunking, options, budget_s / len(phases)))
     statuses = sorted({s.routing.status for s in schedules})
     meta = {
@@ -117,5 +122,12 @@ def synthesize_chunking(
     algorithm = lower_schedule(name, collective, schedules, metadata=tuple(sorted(meta.items())))
     check_algorithm(algorithm)
     wall = time.perf_counter() - began
-    logger.info("%s %s: predicted %.1f us, routing %s, %.2f s", name, chunking.label, sum(s.makespan_us for s in schedules), "+".join(statuses), wall)
+    logger.info(
+        "%s %s: predicted %.1f us, routing %s, %.2f s",
+        name,
+        chunking.label,
+        sum(s.makespan_us for s in schedules),
+        "+".join(statuses),
+        wall,
+    )
     return Candidate(algorithm, chunking, tuple(schedules), "+".join(statuses), wall)

@@ -105,8 +105,18 @@ class LogicalGraph:
         An AllGather schedule on the reversed graph, run backwards in time, is a ReduceScatter
         on this one: a broadcast tree turned around is a reduction tree.
         """
-        links = tuple(replace(link, src=link.dst, dst=link.src, roots=_node_roots(link.dst, self.gpus_per_node) if link.internode else None) for link in self.links)
-        return LogicalGraph(self.topology_name, self.num_ranks, self.gpus_per_node, links, self.rotations, not self.reversed)
+        links = tuple(
+            replace(
+                link,
+                src=link.dst,
+                dst=link.src,
+                roots=_node_roots(link.dst, self.gpus_per_node) if link.internode else None,
+            )
+            for link in self.links
+        )
+        return LogicalGraph(
+            self.topology_name, self.num_ranks, self.gpus_per_node, links, self.rotations, not self.reversed
+        )
 
 
 def symmetry_group(num_ranks: int, rotations: tuple[tuple[int, int], ...]) -> tuple[tuple[int, ...], ...]:
@@ -134,11 +144,20 @@ def _node_roots(rank: int, gpn: int) -> frozenset[int]:
     return frozenset(range(node * gpn, (node + 1) * gpn))
 
 
-def _make_link(topology: Topology, src: int, dst: int, internode: bool, roots: frozenset[int] | None, policy: SwitchPolicy | None) -> LogicalLink:
+def _make_link(
+    topology: Topology, src: int, dst: int, internode: bool, roots: frozenset[int] | None, policy: SwitchPolicy | None
+) -> LogicalLink:
     path = route(topology, src, dst)
     return LogicalLink(
-        src, dst, path.alpha_us, path.bandwidth_GBps, path.resources,
-        tuple(link.bandwidth_GBps for link in path.links), internode, roots, policy,
+        src,
+        dst,
+        path.alpha_us,
+        path.bandwidth_GBps,
+        path.resources,
+        tuple(link.bandwidth_GBps for link in path.links),
+        internode,
+        roots,
+        policy,
     )
 
 
@@ -147,7 +166,9 @@ def _intranode_pairs(topology: Topology, sketch: Sketch, node: int) -> list[tupl
     gpn = topology.gpus_per_node
     base = node * gpn
     ranks = range(base, base + gpn)
-    direct = {(a, b) for a in ranks for b in ranks if a != b and topology.link(topology.gpu(a).name, topology.gpu(b).name)}
+    direct = {
+        (a, b) for a in ranks for b in ranks if a != b and topology.link(topology.gpu(a).name, topology.gpu(b).name)
+    }
     if sketch.intranode is IntranodeStrategy.SWITCH:
         pairs: dict[tuple[int, int], SwitchPolicy | None] = {pair: None for pair in direct}
         for index, group in enumerate(sketch.switches):
@@ -204,9 +225,16 @@ def _symmetry_fault(graph: LogicalGraph) -> str | None:
         for link in graph.links:
             image = graph.index.get((perm[link.src], perm[link.dst]))
             if image is None or not _same_cost(link, graph.links[image]):
-                return f"rotation [{offset}, {group}] maps link {link.src}->{link.dst} to {perm[link.src]}->{perm[link.dst]}, which differs"
+                return (
+                    f"rotation [{offset}, {group}] maps link {link.src}->{link.dst} "
+                    f"to {perm[link.src]}->{perm[link.dst]}, which differs"
+                )
             roots = graph.links[image].roots
-            if (link.roots is None) != (roots is None) or link.roots is not None and frozenset(perm[r] for r in link.roots) != roots:
+            if (
+                (link.roots is None) != (roots is None)
+                or link.roots is not None
+                and frozenset(perm[r] for r in link.roots) != roots
+            ):
                 return f"rotation [{offset}, {group}] does not preserve which chunks link {link.src}->{link.dst} relays"
     return None
 
@@ -226,7 +254,8 @@ def _check_reachable(graph: LogicalGraph, source: str) -> None:
         if len(seen) < graph.num_ranks:
             missing = min(set(range(graph.num_ranks)) - seen)
             raise InfeasibleError(
-                f"{source}: infeasible sketch: chunks of rank {root} cannot reach rank {missing} over the sketch's links; "
+                f"{source}: infeasible sketch: chunks of rank {root} cannot reach rank {missing} over the sketch's "
+                "links; "
                 "expected intranode and internode connections that join every GPU"
             )
 
@@ -250,11 +279,18 @@ def build_logical_graph(topology: Topology, sketch: Sketch) -> LogicalGraph:
     for node in range(topology.nodes):
         links.extend(_make_link(topology, a, b, False, None, p) for a, b, p in _intranode_pairs(topology, sketch, node))
     links.extend(_internode_links(topology, sketch))
-    graph = LogicalGraph(topology.name, topology.num_ranks, topology.gpus_per_node, tuple(links), tuple(sketch.symmetry or ()))
+    graph = LogicalGraph(
+        topology.name, topology.num_ranks, topology.gpus_per_node, tuple(links), tuple(sketch.symmetry or ())
+    )
     fault = _symmetry_fault(graph)
     if fault is not None:
         if explicit_symmetry:
-            raise SketchError(sketch.source, "symmetry_offsets", fault, "rotations that map the sketch's links onto links of equal cost")
+            raise SketchError(
+                sketch.source,
+                "symmetry_offsets",
+                fault,
+                "rotations that map the sketch's links onto links of equal cost",
+            )
         logger.info("dropping automatic symmetry: %s", fault)
         graph = replace(graph, rotations=())
     _check_reachable(graph, sketch.source)

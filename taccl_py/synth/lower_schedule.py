@@ -102,8 +102,13 @@ def _runs(first: Sequence[Slot], second: Sequence[Slot]) -> list[tuple[Slot, Slo
 
 
 def _group_items(
-    ranks: tuple[int, int, int], srcs: Sequence[Slot], dsts: Sequence[Slot], reduce: bool,
-    times: tuple[float, float], serial: tuple, scratch: _Scratch,
+    ranks: tuple[int, int, int],
+    srcs: Sequence[Slot],
+    dsts: Sequence[Slot],
+    reduce: bool,
+    times: tuple[float, float],
+    serial: tuple,
+    scratch: _Scratch,
 ) -> list[TimedItem]:
     """Return the items moving ``srcs`` to ``dsts`` as one transfer over (src rank, dst rank, channel).
 
@@ -122,26 +127,43 @@ def _group_items(
     if not _contiguous(dsts):
         land_at = (Buffer.SCRATCH, scratch.take(dst_rank, m))
         landed = [(Buffer.SCRATCH, land_at[1] + i) for i in range(m)]
-        items.extend(TimedItem(end, _UNSTAGE_ORDER, LocalCopy(dst_rank, a, b, n, reduce=reduce)) for a, b, n in _runs(landed, dsts))
+        items.extend(
+            TimedItem(end, _UNSTAGE_ORDER, LocalCopy(dst_rank, a, b, n, reduce=reduce))
+            for a, b, n in _runs(landed, dsts)
+        )
     reduce_on_arrival = reduce and land_at == dsts[0]
-    items.append(TimedItem(start, _TRANSFER_ORDER, Transfer(src_rank, dst_rank, send_from, land_at, m, reduce_on_arrival, channel), serial))
+    items.append(
+        TimedItem(
+            start,
+            _TRANSFER_ORDER,
+            Transfer(src_rank, dst_rank, send_from, land_at, m, reduce_on_arrival, channel),
+            serial,
+        )
+    )
     return items
 
 
-def allgather_items(schedule: Schedule, scratch: _Scratch, *, output_only: bool = False, offset_us: float = 0.0) -> list[TimedItem]:
+def allgather_items(
+    schedule: Schedule, scratch: _Scratch, *, output_only: bool = False, offset_us: float = 0.0
+) -> list[TimedItem]:
     """Return the AllGather items of ``schedule`` (``output_only``: roots send from their output)."""
     routing, pieces, sends = schedule.routing, schedule.ordering.pieces, schedule.ordering.sends
     graph, per_rank = routing.graph, _per_rank(schedule)
     items: list[TimedItem] = []
     if not output_only:
-        items.extend(TimedItem(0.0, _COPY_ORDER, LocalCopy(r, (Buffer.INPUT, 0), (Buffer.OUTPUT, r * per_rank), per_rank)) for r in range(graph.num_ranks))
+        items.extend(
+            TimedItem(0.0, _COPY_ORDER, LocalCopy(r, (Buffer.INPUT, 0), (Buffer.OUTPUT, r * per_rank), per_rank))
+            for r in range(graph.num_ranks)
+        )
     for group in schedule.groups:
         link = graph.links[sends[group[0]].link]
         srcs, dsts = [], []
         for i in group:
             g = sends[i].chunk * pieces + sends[i].piece
             root = routing.root(sends[i].chunk)
-            srcs.append((Buffer.INPUT, g - root * per_rank) if link.src == root and not output_only else (Buffer.OUTPUT, g))
+            srcs.append(
+                (Buffer.INPUT, g - root * per_rank) if link.src == root and not output_only else (Buffer.OUTPUT, g)
+            )
             dsts.append((Buffer.OUTPUT, g))
         times = (offset_us + schedule.start_us[group[0]], offset_us + schedule.end_us[group[0]])
         ranks = (link.src, link.dst, 0)
@@ -167,9 +189,15 @@ def reduction_items(schedule: Schedule, scratch: _Scratch, accumulate: Buffer, o
 
     # Every rank starts its partial sums from its whole input (one copy; the owner's own
     # column goes to its output): leaves send it, inner ranks add their children's into it.
-    items = [TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, 0), (accumulate, 0), chunks)) for v in range(graph.num_ranks)]
+    items = [
+        TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, 0), (accumulate, 0), chunks))
+        for v in range(graph.num_ranks)
+    ]
     if output_at_root:
-        items.extend(TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, v * per_rank), (Buffer.OUTPUT, 0), per_rank)) for v in range(graph.num_ranks))
+        items.extend(
+            TimedItem(0.0, _COPY_ORDER, LocalCopy(v, (Buffer.INPUT, v * per_rank), (Buffer.OUTPUT, 0), per_rank))
+            for v in range(graph.num_ranks)
+        )
     for group in schedule.groups:
         link = graph.links[sends[group[0]].link]  # reversed graph: the data goes link.dst -> link.src
         srcs, dsts = [], []
@@ -245,7 +273,12 @@ def _split_long_threadblocks(items: list[TimedItem]) -> list[TimedItem]:
 
 def _serialize_sends(algorithm: Algorithm, items: Sequence[TimedItem]) -> Algorithm:
     """Return ``algorithm`` with each chained send depending on the previous send of its queue and channel."""
-    tb_of = {(prog.rank, tb.send_peer, tb.channel): tb.id for prog in algorithm.ranks for tb in prog.threadblocks if tb.send_peer is not None}
+    tb_of = {
+        (prog.rank, tb.send_peer, tb.channel): tb.id
+        for prog in algorithm.ranks
+        for tb in prog.threadblocks
+        if tb.send_peer is not None
+    }
     count: dict[tuple[int, int, int], int] = {}
     last: dict[tuple, tuple[int, int]] = {}
     extra: dict[tuple[int, int, int], set[tuple[int, int]]] = {}

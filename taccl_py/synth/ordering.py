@@ -9,8 +9,9 @@ serves its work in order at its own bandwidth (port serialisation on switches;
 ``occupy_resources``).
 
 Sends of one rank whose routes start on the same physical link wait in one queue
-(``send_lane``) served one send at a time, so the NIC carries them in the schedule's order. Whenever
-a queue can start its next send, it takes, among the pieces already at its source, the one with the longest remaining path below the link's far end (TACCL's rule), earlier pieces
+(``send_lane``) served one send at a time, so the NIC carries them in the schedule's order.
+Whenever a queue can start its next send, it takes, among the pieces already at its source, the
+one with the longest remaining path below the link's far end (TACCL's rule), earlier pieces
 first on ties. On a latency-bound link (α above a piece's transfer time) the other pieces
 already waiting for the same link travel with it as one transfer. Queues are served in order
 of their earliest possible start, so no resource idles while a send could use it.
@@ -182,7 +183,10 @@ def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item],
     end = occupy_resources(graph.links[l], start, piece_bytes * len(items), state.res_free)
     queue.free = end
     first = len(state.sends)
-    sends = [Send(chunk, piece, l, start, end, None if parent < 0 else parent, lane, first) for _, _, piece, chunk, _, parent in items]
+    sends = [
+        Send(chunk, piece, l, start, end, None if parent < 0 else parent, lane, first)
+        for _, _, piece, chunk, _, parent in items
+    ]
     state.sends.extend(sends)
     return sends
 
@@ -237,7 +241,9 @@ def order_sends(routing: Routing, pieces: int, piece_bytes: float) -> Ordering:
     graph = routing.graph
     children, priority = _trees(routing, piece_bytes)
     lane_of = list(_lanes(graph))
-    latency_bound = [link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links]
+    latency_bound = [
+        link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links
+    ]
     state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [])
     for c in range(len(routing.trees)):
         for l in children[c].get(routing.root(c), []):

@@ -36,12 +36,21 @@ from dataclasses import dataclass
 
 import pulp
 
-from taccl_py.synth.sketch_model import SwitchPolicy
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
+from taccl_py.synth.sketch_model import SwitchPolicy
 from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["Routing", "ChunkSymmetry", "chunk_symmetry", "route_chunks", "route_candidates", "greedy_routing", "greedy_routings", "routing_objective_us"]
+__all__ = [
+    "Routing",
+    "ChunkSymmetry",
+    "chunk_symmetry",
+    "route_chunks",
+    "route_candidates",
+    "greedy_routing",
+    "greedy_routings",
+    "routing_objective_us",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -99,12 +108,16 @@ def _image(graph: LogicalGraph, perm: tuple[int, ...], link: int) -> int:
     return graph.index[(perm[src], perm[dst])]
 
 
-def _expand(graph: LogicalGraph, sym: ChunkSymmetry, rep_trees: dict[int, tuple[int, ...]]) -> tuple[tuple[int, ...], ...]:
+def _expand(
+    graph: LogicalGraph, sym: ChunkSymmetry, rep_trees: dict[int, tuple[int, ...]]
+) -> tuple[tuple[int, ...], ...]:
     group = graph.group
     return tuple(tuple(_image(graph, group[p], l) for l in rep_trees[rep]) for rep, p in sym.rep_of)
 
 
-def _load_coefficients(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, chunk_bytes: float) -> dict[Resource, dict[tuple[int, int], float]]:
+def _load_coefficients(
+    graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, chunk_bytes: float
+) -> dict[Resource, dict[tuple[int, int], float]]:
     """Return, per resource, the load (µs) each representative variable (rep, link) puts on it."""
     loads: dict[Resource, dict[tuple[int, int], float]] = {}
     group = graph.group
@@ -122,7 +135,9 @@ def _load_coefficients(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, ch
     return loads
 
 
-def routing_objective_us(graph: LogicalGraph, trees: tuple[tuple[int, ...], ...], chunkup: int, chunk_bytes: float, piece_bytes: float) -> float:
+def routing_objective_us(
+    graph: LogicalGraph, trees: tuple[tuple[int, ...], ...], chunkup: int, chunk_bytes: float, piece_bytes: float
+) -> float:
     """Return the relaxed objective of ``trees``: the busiest resource's load plus the deepest path (µs)."""
     load: dict[Resource, float] = {}
     deepest = 0.0
@@ -139,13 +154,26 @@ def routing_objective_us(graph: LogicalGraph, trees: tuple[tuple[int, ...], ...]
 
 # -- greedy -------------------------------------------------------------------------------------
 
-def _greedy_key(link: LogicalLink, start_us: float, load: dict[Resource, float], weight: float, chunk_bytes: float, piece_bytes: float) -> float:
+
+def _greedy_key(
+    link: LogicalLink,
+    start_us: float,
+    load: dict[Resource, float],
+    weight: float,
+    chunk_bytes: float,
+    piece_bytes: float,
+) -> float:
     """Return the Prim key of ``link``: arrival over it plus ``weight`` times its busiest resource's load."""
-    busy = max(load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS) for res, bw in zip(link.resources, link.resource_bandwidths_GBps))
+    busy = max(
+        load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
+        for res, bw in zip(link.resources, link.resource_bandwidths_GBps)
+    )
     return start_us + link.time_us(piece_bytes) + weight * busy
 
 
-def _greedy_tree(graph: LogicalGraph, root: int, load: dict[Resource, float], weight: float, chunk_bytes: float, piece_bytes: float) -> tuple[int, ...]:
+def _greedy_tree(
+    graph: LogicalGraph, root: int, load: dict[Resource, float], weight: float, chunk_bytes: float, piece_bytes: float
+) -> tuple[int, ...]:
     """Return a Prim-style arborescence for a chunk of ``root`` under current loads.
 
     Keys are rechecked when popped: the tree's own edges add load as it grows, so a second
@@ -183,7 +211,9 @@ def _add_load(load: dict[Resource, float], link: LogicalLink, chunk_bytes: float
         load[res] = load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
 
 
-def _greedy_trees(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, weight: float, chunk_bytes: float, piece_bytes: float) -> dict[int, tuple[int, ...]]:
+def _greedy_trees(
+    graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, weight: float, chunk_bytes: float, piece_bytes: float
+) -> dict[int, tuple[int, ...]]:
     load: dict[Resource, float] = {}
     rep_trees: dict[int, tuple[int, ...]] = {}
     for rep in sym.reps:
@@ -201,7 +231,16 @@ def greedy_routings(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece
     candidates = {}
     for weight in GREEDY_LOAD_WEIGHTS:
         trees = _expand(graph, sym, _greedy_trees(graph, sym, chunkup, weight, chunk_bytes, piece_bytes))
-        candidates.setdefault(trees, Routing(graph, chunkup, trees, routing_objective_us(graph, trees, chunkup, chunk_bytes, piece_bytes), "heuristic"))
+        candidates.setdefault(
+            trees,
+            Routing(
+                graph,
+                chunkup,
+                trees,
+                routing_objective_us(graph, trees, chunkup, chunk_bytes, piece_bytes),
+                "heuristic",
+            ),
+        )
     return tuple(sorted(candidates.values(), key=lambda r: r.objective_us))
 
 
@@ -211,6 +250,7 @@ def greedy_routing(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_
 
 
 # -- MILP ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class _Model:
@@ -235,9 +275,16 @@ def _shortest_latency(graph: LogicalGraph, root: int, piece_bytes: float) -> lis
     return dist
 
 
-def _build_model(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, chunk_bytes: float, piece_bytes: float, horizon: float) -> _Model:
+def _build_model(
+    graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, chunk_bytes: float, piece_bytes: float, horizon: float
+) -> _Model:
     prob = pulp.LpProblem("routing", pulp.LpMinimize)
-    keys = [(rep, l) for rep in sym.reps for l, link in enumerate(graph.links) if link.dst != rep // chunkup and link.allows(rep // chunkup)]
+    keys = [
+        (rep, l)
+        for rep in sym.reps
+        for l, link in enumerate(graph.links)
+        if link.dst != rep // chunkup and link.allows(rep // chunkup)
+    ]
     x = prob.add_variable_dicts("x", keys, cat=pulp.LpBinary)
     t_keys = [(rep, v) for rep in sym.reps for v in range(graph.num_ranks) if v != rep // chunkup]
     t = prob.add_variable_dicts("t", t_keys, lowBound=0, upBound=horizon)
@@ -255,18 +302,29 @@ def _build_model(graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int, chunk_by
                 continue
             ins = incoming[(rep, v)]
             prob += pulp.lpSum(x[(rep, l)] for l in ins) == 1, f"one_copy_{rep}_{v}"
-            prob += t[(rep, v)] >= pulp.lpSum((dist[graph.links[l].src] + graph.links[l].time_us(piece_bytes)) * x[(rep, l)] for l in ins), f"earliest_{rep}_{v}"
+            prob += (
+                t[(rep, v)]
+                >= pulp.lpSum(
+                    (dist[graph.links[l].src] + graph.links[l].time_us(piece_bytes)) * x[(rep, l)] for l in ins
+                ),
+                f"earliest_{rep}_{v}",
+            )
             prob += path_max >= t[(rep, v)], f"path_{rep}_{v}"
     for rep, l in keys:
         link = graph.links[l]
         t_src = 0 if link.src == rep // chunkup else t[(rep, link.src)]
-        prob += t[(rep, link.dst)] >= t_src + (link.time_us(piece_bytes) + horizon) * x[(rep, l)] - horizon, f"causal_{rep}_{l}"
+        prob += (
+            t[(rep, link.dst)] >= t_src + (link.time_us(piece_bytes) + horizon) * x[(rep, l)] - horizon,
+            f"causal_{rep}_{l}",
+        )
     for r_index, (res, row) in enumerate(sorted(_load_coefficients(graph, sym, chunkup, chunk_bytes).items())):
         prob += pulp.LpAffineExpression([(x[key], coef) for key, coef in row.items()]) <= load_max, f"load_{r_index}"
     return _Model(prob, x, t)
 
 
-def _policy_terms(prob: pulp.LpProblem, graph: LogicalGraph, x: dict[tuple[int, int], pulp.LpVariable]) -> pulp.LpAffineExpression:
+def _policy_terms(
+    prob: pulp.LpProblem, graph: LogicalGraph, x: dict[tuple[int, int], pulp.LpVariable]
+) -> pulp.LpAffineExpression:
     """Return the objective terms of the sketch's switch policies (uc-min: few peers, uc-max: many)."""
     links = [l for l, link in enumerate(graph.links) if link.policy is not None]
     if not links:
@@ -284,7 +342,9 @@ def _policy_terms(prob: pulp.LpProblem, graph: LogicalGraph, x: dict[tuple[int, 
     return pulp.LpAffineExpression(terms)
 
 
-def _start_values(model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, start: Routing, chunkup: int, piece_bytes: float) -> dict[str, float]:
+def _start_values(
+    model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, start: Routing, chunkup: int, piece_bytes: float
+) -> dict[str, float]:
     values: dict[str, float] = {var.name: 0.0 for var in model.x.values()}
     for rep in sym.reps:
         arrival = {rep // chunkup: 0.0}
@@ -296,12 +356,17 @@ def _start_values(model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, start:
     return values
 
 
-def _extract_trees(model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int) -> dict[int, tuple[int, ...]] | None:
+def _extract_trees(
+    model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, chunkup: int
+) -> dict[int, tuple[int, ...]] | None:
     rep_trees = {}
     for rep in sym.reps:
         chosen = [l for (r, l), var in model.x.items() if r == rep and (var.value() or 0.0) > 0.5]
         root = rep // chunkup
-        order = sorted(chosen, key=lambda l: 0.0 if graph.links[l].src == root else (model.t[(rep, graph.links[l].src)].value() or 0.0))
+        order = sorted(
+            chosen,
+            key=lambda l: 0.0 if graph.links[l].src == root else (model.t[(rep, graph.links[l].src)].value() or 0.0),
+        )
         reached, tree = {root}, []
         pending = list(order)
         while pending:
@@ -319,7 +384,14 @@ def _extract_trees(model: _Model, graph: LogicalGraph, sym: ChunkSymmetry, chunk
     return rep_trees
 
 
-def route_candidates(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float, options: SolverOptions, time_limit_s: float | None = None) -> tuple[Routing, ...]:
+def route_candidates(
+    graph: LogicalGraph,
+    chunkup: int,
+    chunk_bytes: float,
+    piece_bytes: float,
+    options: SolverOptions,
+    time_limit_s: float | None = None,
+) -> tuple[Routing, ...]:
     """Return the MILP's routing followed by the distinct greedy ones.
 
     Routings of equal relaxed objective can order very differently, so the caller orders each
@@ -330,7 +402,14 @@ def route_candidates(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piec
     return (best,) + others[:MAX_ALTERNATIVE_ROUTINGS]
 
 
-def route_chunks(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece_bytes: float, options: SolverOptions, time_limit_s: float | None = None) -> Routing:
+def route_chunks(
+    graph: LogicalGraph,
+    chunkup: int,
+    chunk_bytes: float,
+    piece_bytes: float,
+    options: SolverOptions,
+    time_limit_s: float | None = None,
+) -> Routing:
     """Return every chunk's route: the MILP's best within the time limit, else the greedy one.
 
     ``chunk_bytes`` sizes the loads, ``piece_bytes`` (<= chunk) the path latencies. The result's

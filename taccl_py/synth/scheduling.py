@@ -82,7 +82,11 @@ def _candidate_pairs(ordering: Ordering, *, adjacent: bool) -> list[tuple[int, i
         a = last_in_lane.get(send.lane) if adjacent else last_on_link.get(key)
         last_in_lane[send.lane] = i
         last_on_link[key] = i
-        if a is not None and ordering.sends[a].link == send.link and is_slow_link(graph.links[send.link], ordering.piece_bytes):
+        if (
+            a is not None
+            and ordering.sends[a].link == send.link
+            and is_slow_link(graph.links[send.link], ordering.piece_bytes)
+        ):
             pairs.append((a, i))
     return pairs
 
@@ -137,7 +141,9 @@ def _group_order(ordering: Ordering, groups: tuple[tuple[int, ...], ...]) -> lis
     return order if len(order) == len(groups) else None
 
 
-def replay_groups(ordering: Ordering, groups: tuple[tuple[int, ...], ...]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+def replay_groups(
+    ordering: Ordering, groups: tuple[tuple[int, ...], ...]
+) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
     """Return exact (start, end) per send (µs) when ``groups`` travel as single transfers.
 
     Returns None when the merges make precedence cyclic (a group would wait for itself).
@@ -169,7 +175,11 @@ def _batch_pairs(ordering: Ordering) -> set[tuple[int, int]]:
 
 def _greedy_merges(ordering: Ordering, pairs: list[tuple[int, int]]) -> set[tuple[int, int]]:
     sends = ordering.sends
-    return {(a, b) for a, b in pairs if (sends[sends[b].parent].end_us if sends[b].parent is not None else 0.0) <= sends[a].start_us}
+    return {
+        (a, b)
+        for a, b in pairs
+        if (sends[sends[b].parent].end_us if sends[b].parent is not None else 0.0) <= sends[a].start_us
+    }
 
 
 def _resource_pairs(ordering: Ordering) -> list[tuple[int, int, float]]:
@@ -191,8 +201,12 @@ def _resource_pairs(ordering: Ordering) -> list[tuple[int, int, float]]:
 
 
 def _contiguity_milp(
-    ordering: Ordering, free_pairs: list[tuple[int, int]], forced: set[tuple[int, int]], horizon: float,
-    options: SolverOptions, time_limit_s: float | None,
+    ordering: Ordering,
+    free_pairs: list[tuple[int, int]],
+    forced: set[tuple[int, int]],
+    horizon: float,
+    options: SolverOptions,
+    time_limit_s: float | None,
 ) -> set[tuple[int, int]] | None:
     """Return the merges among ``free_pairs`` the MILP picks (``forced`` pairs are merged anyway)."""
     graph, sends, n = ordering.routing.graph, ordering.sends, len(ordering.sends)
@@ -238,7 +252,9 @@ def _contiguity_milp(
     return {pairs[k] for k in range(len(free_pairs)) if (m[k].value() or 0.0) > 0.5}
 
 
-def schedule_sends(ordering: Ordering, options: SolverOptions, time_limit_s: float | None = None, *, milp: bool = True) -> Schedule:
+def schedule_sends(
+    ordering: Ordering, options: SolverOptions, time_limit_s: float | None = None, *, milp: bool = True
+) -> Schedule:
     """Return the schedule with the best contiguity found and exact send times.
 
     ``status`` names how the merges were chosen: ``none`` (nothing to merge), ``milp`` (optimal
@@ -257,7 +273,9 @@ def schedule_sends(ordering: Ordering, options: SolverOptions, time_limit_s: flo
     options_tried = [(_greedy_merges(ordering, pairs), "greedy")]
     adjacent = [pair for pair in _candidate_pairs(ordering, adjacent=True) if pair not in batched]
     if milp and adjacent and len(ordering.sends) <= MAX_MILP_SENDS:
-        chosen = _contiguity_milp(ordering, adjacent, batched, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s)
+        chosen = _contiguity_milp(
+            ordering, adjacent, batched, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s
+        )
         if chosen is not None:
             options_tried.append((chosen, "milp"))
     for merged, how in options_tried:

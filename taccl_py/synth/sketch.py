@@ -72,12 +72,16 @@ def parse_sketch(text: str, source: str = "<string>") -> Sketch:
     symmetry_raw = obj.get("symmetry", "auto")
     chunkup = obj.get("chunkup")
     return Sketch(
-        name=str(obj.get("name", source)), nodes=None if nodes is None else int_field(nodes, source, "nodes", 1),
-        intranode=strategy, switches=switches, switch_policies=policies,
+        name=str(obj.get("name", source)),
+        nodes=None if nodes is None else int_field(nodes, source, "nodes", 1),
+        intranode=strategy,
+        switches=switches,
+        switch_policies=policies,
         internode_conn=KEYWORD_PAIRS[conn] if isinstance(conn, str) else conn,
         relay_roots=relay_roots_field(obj.get("relay_roots"), source, "relay_roots"),
         symmetry=None if symmetry_raw == "auto" else symmetry_field(symmetry_raw, source, "symmetry"),
-        chunkup=None if chunkup is None else int_field(chunkup, source, "chunkup", 1), source=source,
+        chunkup=None if chunkup is None else int_field(chunkup, source, "chunkup", 1),
+        source=source,
     )
 
 
@@ -115,10 +119,16 @@ def write_sketch(sketch: Sketch, path: str) -> None:
 
 # -- checking against a topology ------------------------------------------------------------------
 
+
 def _check_local(ids: tuple[int, ...], gpn: int, source: str, field: str) -> None:
     for gpu in ids:
         if gpu >= gpn:
-            raise SketchError(source, field, f"local GPU {gpu} out of range (the topology has {gpn} GPUs per node)", f"local GPU ids 0..{gpn - 1}")
+            raise SketchError(
+                source,
+                field,
+                f"local GPU {gpu} out of range (the topology has {gpn} GPUs per node)",
+                f"local GPU ids 0..{gpn - 1}",
+            )
 
 
 def check_sketch(sketch: Sketch, topology: Topology) -> Sketch:
@@ -129,7 +139,12 @@ def check_sketch(sketch: Sketch, topology: Topology) -> Sketch:
     """
     gpn, source = topology.gpus_per_node, sketch.source
     if sketch.nodes is not None and sketch.nodes != topology.nodes:
-        raise SketchError(source, "nnodes", f"sketch for {sketch.nodes} nodes but the topology has {topology.nodes}", f"nnodes {topology.nodes}")
+        raise SketchError(
+            source,
+            "nnodes",
+            f"sketch for {sketch.nodes} nodes but the topology has {topology.nodes}",
+            f"nnodes {topology.nodes}",
+        )
     for index, group in enumerate(sketch.switches):
         _check_local(group, gpn, source, f"intranode_sketch.switches[{index}]")
     conn = sketch.internode_conn
@@ -146,13 +161,19 @@ def check_sketch(sketch: Sketch, topology: Topology) -> Sketch:
     symmetry = sketch.symmetry
     for offset, group in symmetry or ():
         if group > topology.num_ranks or topology.num_ranks % group or offset % group == 0 and offset:
-            raise SketchError(source, "symmetry_offsets", f"rotation [{offset}, {group}] does not fit {topology.num_ranks} ranks", "groups that divide the rank count")
+            raise SketchError(
+                source,
+                "symmetry_offsets",
+                f"rotation [{offset}, {group}] does not fit {topology.num_ranks} ranks",
+                "groups that divide the rank count",
+            )
     if symmetry is None:
         symmetry = find_symmetry(topology)
     return replace(sketch, nodes=topology.nodes, internode_conn=conn if topology.nodes > 1 else (), symmetry=symmetry)
 
 
 # -- the automatic sketch -------------------------------------------------------------------------
+
 
 def auto_sketch(topology: Topology) -> Sketch:
     """Return the sketch the synthesizer uses when none is given: NIC relays and symmetry found.
@@ -162,4 +183,7 @@ def auto_sketch(topology: Topology) -> Sketch:
     >>> s.symmetry, s.internode_conn
     (((8, 16),), ((0, 0), (0, 1)))
     """
-    return check_sketch(Sketch(name=f"auto-{topology.name}", nodes=topology.nodes, source=f"<auto sketch for {topology.name}>"), topology)
+    return check_sketch(
+        Sketch(name=f"auto-{topology.name}", nodes=topology.nodes, source=f"<auto sketch for {topology.name}>"),
+        topology,
+    )

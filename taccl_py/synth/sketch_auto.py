@@ -46,7 +46,9 @@ def _shares_first_hop(topology: Topology, local: int, nic: str) -> bool:
     """
     gpu = topology.gpus[local]
     allowed = {v.name for v in topology.vertices if v.kind is not VertexKind.GPU} | {gpu.name}
-    path = nx.dijkstra_path(topology.graph.subgraph(allowed), gpu.name, nic, weight=lambda a, b, d: d["link"].time_us(ROUTE_REFERENCE_BYTES))
+    path = nx.dijkstra_path(
+        topology.graph.subgraph(allowed), gpu.name, nic, weight=lambda a, b, d: d["link"].time_us(ROUTE_REFERENCE_BYTES)
+    )
     peers = [r for r in range(topology.gpus_per_node) if r != local]
     if not peers:
         return False

@@ -34,7 +34,7 @@ def int_key(value: Any, source: str, field: str) -> int:
     try:
         return int_field(int(value), source, field)
     except (TypeError, ValueError):
-        raise SketchError(source, field, f"key {value!r} is not a GPU id", "a local GPU id such as \"0\"") from None
+        raise SketchError(source, field, f"key {value!r} is not a GPU id", 'a local GPU id such as "0"') from None
 
 
 def int_list(value: Any, source: str, field: str) -> tuple[int, ...]:
@@ -61,7 +61,9 @@ def symmetry_field(value: Any, source: str, field: str) -> tuple[tuple[int, int]
     for index, pair in enumerate(value):
         if not (isinstance(pair, list) and len(pair) == 2):
             raise SketchError(source, f"{field}[{index}]", f"{pair!r} is not a pair", "[offset, group size]")
-        pairs.append((int_field(pair[0], source, f"{field}[{index}][0]"), int_field(pair[1], source, f"{field}[{index}][1]", 1)))
+        pairs.append(
+            (int_field(pair[0], source, f"{field}[{index}][0]"), int_field(pair[1], source, f"{field}[{index}][1]", 1))
+        )
     return tuple(pairs)
 
 
@@ -70,7 +72,9 @@ def json_object(text: str, source: str) -> dict[str, Any]:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as error:
-        raise SketchError(source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "a sketch JSON object") from None
+        raise SketchError(
+            source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "a sketch JSON object"
+        ) from None
     if not isinstance(obj, dict):
         raise SketchError(source, None, "not a JSON object", "a sketch JSON object")
     return obj
@@ -81,7 +85,9 @@ def connections_field(value: Any, source: str, field: str) -> tuple[tuple[int, i
     if value in ("fully-connected", "direct-map"):
         return value
     if not isinstance(value, dict):
-        raise SketchError(source, field, f"{value!r}", "a dict sender -> [receivers], 'fully-connected' or 'direct-map'")
+        raise SketchError(
+            source, field, f"{value!r}", "a dict sender -> [receivers], 'fully-connected' or 'direct-map'"
+        )
     pairs = []
     for key, receivers in value.items():
         sender = int_key(key, source, f"{field}.{key}")
@@ -89,20 +95,31 @@ def connections_field(value: Any, source: str, field: str) -> tuple[tuple[int, i
     return tuple(sorted(pairs))
 
 
-def intranode_field(obj: Any, source: str) -> tuple[IntranodeStrategy, tuple[tuple[int, ...], ...], tuple[SwitchPolicy, ...]]:
+def intranode_field(
+    obj: Any, source: str
+) -> tuple[IntranodeStrategy, tuple[tuple[int, ...], ...], tuple[SwitchPolicy, ...]]:
     """Return (strategy, switch groups, switch policies) of an intra-node sketch object."""
     if obj is None:
         return IntranodeStrategy.AUTO, (), ()
     if not isinstance(obj, dict):
         raise SketchError(source, "intranode_sketch", f"{obj!r}", "an object with 'strategy'")
     strategy = enum_field(IntranodeStrategy, obj.get("strategy", "none"), source, "intranode_sketch.strategy")
-    switches = tuple(int_list(group, source, f"intranode_sketch.switches[{i}]") for i, group in enumerate(obj.get("switches", [])))
+    switches = tuple(
+        int_list(group, source, f"intranode_sketch.switches[{i}]") for i, group in enumerate(obj.get("switches", []))
+    )
     policies = obj.get("switch_hyperedge_strategy", [])
     if not isinstance(policies, list):
-        raise SketchError(source, "intranode_sketch.switch_hyperedge_strategy", f"{policies!r}", "a list of 'uc-min'/'uc-max'")
-    policy = tuple(enum_field(SwitchPolicy, p, source, f"intranode_sketch.switch_hyperedge_strategy[{i}]") for i, p in enumerate(policies))
+        raise SketchError(
+            source, "intranode_sketch.switch_hyperedge_strategy", f"{policies!r}", "a list of 'uc-min'/'uc-max'"
+        )
+    policy = tuple(
+        enum_field(SwitchPolicy, p, source, f"intranode_sketch.switch_hyperedge_strategy[{i}]")
+        for i, p in enumerate(policies)
+    )
     if strategy is IntranodeStrategy.SWITCH and not switches:
-        raise SketchError(source, "intranode_sketch.switches", "strategy 'switch' without switches", "a list of local GPU groups")
+        raise SketchError(
+            source, "intranode_sketch.switches", "strategy 'switch' without switches", "a list of local GPU groups"
+        )
     return strategy, switches, policy
 
 
@@ -112,4 +129,6 @@ def relay_roots_field(value: Any, source: str, field: str) -> tuple[tuple[int, t
         return None
     if not isinstance(value, dict):
         raise SketchError(source, field, f"{value!r}", "a dict sender -> [local GPUs whose chunks it relays]")
-    return tuple(sorted((int_key(k, source, f"{field}.{k}"), int_list(v, source, f"{field}.{k}")) for k, v in value.items()))
+    return tuple(
+        sorted((int_key(k, source, f"{field}.{k}"), int_list(v, source, f"{field}.{k}")) for k, v in value.items())
+    )

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from types import MappingProxyType
 
-__all__ = ["DIRECT_MAP", "FULLY_CONNECTED", "KEYWORD_PAIRS", "IntranodeStrategy", "Sketch", "SwitchPolicy", "rotate_rank"]
+__all__ = [
+    "DIRECT_MAP",
+    "FULLY_CONNECTED",
+    "KEYWORD_PAIRS",
+    "IntranodeStrategy",
+    "Sketch",
+    "SwitchPolicy",
+    "rotate_rank",
+]
 
 # Placeholders for the two connection keywords until the GPU count is known (check_sketch).
 FULLY_CONNECTED = ((-1, -1),)
 DIRECT_MAP = ((-2, -2),)
-KEYWORD_PAIRS = {"fully-connected": FULLY_CONNECTED, "direct-map": DIRECT_MAP}
+KEYWORD_PAIRS = MappingProxyType({"fully-connected": FULLY_CONNECTED, "direct-map": DIRECT_MAP})
 
 
 class IntranodeStrategy(str, Enum):

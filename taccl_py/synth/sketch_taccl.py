@@ -52,15 +52,28 @@ def parse_taccl_sketch(text: str, source: str = "<string>") -> Sketch:
             raise SketchError(source, "internode_sketch.strategy", f"{inter!r}", "'relay'")
         raw = connections_field(inter.get("internode_conn", "direct-map"), source, "internode_sketch.internode_conn")
         conn = KEYWORD_PAIRS[raw] if isinstance(raw, str) else raw
-        relays = relay_roots_field(inter.get("gpus_to_sender_rev_map"), source, "internode_sketch.gpus_to_sender_rev_map")
+        relays = relay_roots_field(
+            inter.get("gpus_to_sender_rev_map"), source, "internode_sketch.gpus_to_sender_rev_map"
+        )
         if inter.get("enforce_ordering"):
             # Our orderer always fixes the order of the sends that share a NIC or switch port.
             logger.info("%s: internode_sketch.enforce_ordering is implied; the order is always enforced", source)
     symmetry = symmetry_field(obj.get("symmetry_offsets", []), source, "symmetry_offsets")
     hyper = obj.get("hyperparameters", {})
-    chunkup = int_field(hyper.get("input_chunkup", 1), source, "hyperparameters.input_chunkup", 1) if isinstance(hyper, dict) else 1
+    chunkup = (
+        int_field(hyper.get("input_chunkup", 1), source, "hyperparameters.input_chunkup", 1)
+        if isinstance(hyper, dict)
+        else 1
+    )
     return Sketch(
-        name=source.rsplit("/", 1)[-1].removesuffix(".json"), nodes=nodes, intranode=strategy, switches=switches,
-        switch_policies=policies, internode_conn=conn, relay_roots=relays,
-        symmetry=symmetry, chunkup=chunkup, source=source,
+        name=source.rsplit("/", 1)[-1].removesuffix(".json"),
+        nodes=nodes,
+        intranode=strategy,
+        switches=switches,
+        switch_policies=policies,
+        internode_conn=conn,
+        relay_roots=relays,
+        symmetry=symmetry,
+        chunkup=chunkup,
+        source=source,
     )

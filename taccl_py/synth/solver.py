@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import logging
 import time
-from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass
 from enum import Enum
+from importlib.metadata import PackageNotFoundError, version
 
 import pulp
 
 from taccl_py.errors import ArgumentError
 
-__all__ = ["SOLVERS", "SolverOptions", "SolveStatus", "SolveOutcome", "describe_solver", "solve_model", "solver_settings"]
+__all__ = [
+    "SOLVERS",
+    "SolverOptions",
+    "SolveStatus",
+    "SolveOutcome",
+    "describe_solver",
+    "solve_model",
+    "solver_settings",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -109,10 +117,21 @@ def _make_solver(options: SolverOptions, time_limit_s: float, start: dict[str, f
             return highs
         logger.warning("HiGHS (highspy) is not available; falling back to pulp's bundled CBC")
     # The bundled CBC binary through COIN_CMD: PULP_CBC_CMD itself is deprecated in pulp 3.3.
-    return pulp.COIN_CMD(path=pulp.PULP_CBC_CMD.pulp_cbc_path, msg=False, timeLimit=time_limit_s, gapRel=options.gap_rel, threads=options.threads)
+    return pulp.COIN_CMD(
+        path=pulp.PULP_CBC_CMD.pulp_cbc_path,
+        msg=False,
+        timeLimit=time_limit_s,
+        gapRel=options.gap_rel,
+        threads=options.threads,
+    )
 
 
-def solve_model(prob: pulp.LpProblem, options: SolverOptions, time_limit_s: float | None = None, start: dict[str, float] | None = None) -> SolveOutcome:
+def solve_model(
+    prob: pulp.LpProblem,
+    options: SolverOptions,
+    time_limit_s: float | None = None,
+    start: dict[str, float] | None = None,
+) -> SolveOutcome:
     """Solve ``prob`` in place and return how it went.
 
     ``start`` maps variable names to a feasible solution's values (HiGHS uses it as the first

@@ -6,6 +6,7 @@ User-facing entry points are re-exported here; see each module for the details.
 from __future__ import annotations
 
 from taccl_py.topology.bounds import LowerBound, lower_bound
+from taccl_py.topology.builtins import builtin_topology_names, load_topology
 from taccl_py.topology.compose import compose_nodes
 from taccl_py.topology.importers import (
     import_topology,
@@ -13,7 +14,6 @@ from taccl_py.topology.importers import (
     parse_nvidia_smi_topo,
     parse_taccl_profile,
 )
-from taccl_py.topology.builtins import builtin_topology_names, load_topology
 from taccl_py.topology.model import (
     Link,
     LinkKind,

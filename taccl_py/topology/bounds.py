@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import networkx as nx
 from networkx.algorithms.flow import build_residual_network, preflow_push
 
-from taccl_py.ir.collectives import Collective
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.collectives import Collective
 from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Link, LinkKind, Topology, VertexKind, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -274,7 +274,9 @@ def _describe(topology: Topology, inside_gpus: tuple, links: tuple[Link, ...], c
     network = all(link.kind in _NETWORK_KINDS for link in links)
     if topology.nodes > 1 and len(inside_gpus) == len(nodes) * topology.gpus_per_node:
         label = "NIC cut" if network else "node cut"
-        what = (f"node {nodes[0]}" if len(nodes) == 1 else "nodes " + ",".join(map(str, nodes))) + f" ({len(inside_gpus)} GPUs)"
+        what = (
+            f"node {nodes[0]}" if len(nodes) == 1 else "nodes " + ",".join(map(str, nodes))
+        ) + f" ({len(inside_gpus)} GPUs)"
     elif len(outside) == 1:
         label = "per-GPU egress cut" if reverse else "per-GPU ingress cut"
         what = f"every GPU but {outside[0].name} ({len(inside_gpus)} GPUs)"
@@ -312,7 +314,9 @@ def _latency_floor_us(topology: Topology, links: tuple[Link, ...]) -> float:
     return float(floor)
 
 
-def lower_bounds(topology: Topology, collective: Collective | str, sizes_bytes: Iterable[int]) -> tuple[LowerBound, ...]:
+def lower_bounds(
+    topology: Topology, collective: Collective | str, sizes_bytes: Iterable[int]
+) -> tuple[LowerBound, ...]:
     """Return ``lower_bound`` at each size, computing the cuts and the floor once.
 
     Raises ``ArgumentError`` for alltoall, an unknown collective or a size below 1 byte.
@@ -340,7 +344,17 @@ def lower_bounds(topology: Topology, collective: Collective | str, sizes_bytes: 
     for size in sizes:
         bandwidth = sum(cut.time_us(size, topology.num_ranks) for cut in cuts)
         bounds.append(
-            LowerBound(collective, size, max(bandwidth, floor), bandwidth, floor, main.cut, main.cut_gpus, main.capacity_GBps, description)
+            LowerBound(
+                collective,
+                size,
+                max(bandwidth, floor),
+                bandwidth,
+                floor,
+                main.cut,
+                main.cut_gpus,
+                main.capacity_GBps,
+                description,
+            )
         )
     return tuple(bounds)
 
@@ -349,7 +363,9 @@ def _collective(collective: Collective | str) -> Collective:
     try:
         collective = Collective(collective)
     except ValueError:
-        raise ArgumentError(None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce") from None
+        raise ArgumentError(
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce"
+        ) from None
     if collective is Collective.ALLTOALL:
         raise ArgumentError(None, "collective", "no cut bound for alltoall", "allgather, reducescatter or allreduce")
     return collective

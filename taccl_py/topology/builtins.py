@@ -15,7 +15,14 @@ from taccl_py.topology.compose import compose_nodes
 from taccl_py.topology.model import Topology, VertexKind
 from taccl_py.topology.schema import parse_topology
 
-__all__ = ["ALIASES", "BUILTIN_PACKAGE", "builtin_topology_dir", "builtin_topology_names", "load_topology", "nic_affinity"]
+__all__ = [
+    "ALIASES",
+    "BUILTIN_PACKAGE",
+    "builtin_topology_dir",
+    "builtin_topology_names",
+    "load_topology",
+    "nic_affinity",
+]
 
 logger = logging.getLogger(__name__)
 

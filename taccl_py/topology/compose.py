@@ -58,7 +58,9 @@ def compose_nodes(machine: Topology, nodes: int) -> Topology:
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise ArgumentError(machine.name, "nodes", f"{nodes!r} nodes", "an integer >= 1")
     if machine.nodes != 1:
-        raise ArgumentError(machine.name, "nodes", f"topology already spans {machine.nodes} nodes", "a one-machine topology to compose")
+        raise ArgumentError(
+            machine.name, "nodes", f"topology already spans {machine.nodes} nodes", "a one-machine topology to compose"
+        )
     if nodes == 1:
         return machine
     _check_nics(machine)
@@ -92,8 +94,18 @@ def compose_nodes(machine: Topology, nodes: int) -> Topology:
 def _check_nics(machine: Topology) -> None:
     nics = machine.nics()
     if not nics:
-        raise TopologyError(machine.name, "vertices", "no NIC to join machines through", "at least one vertex of kind 'nic' with net_* figures")
+        raise TopologyError(
+            machine.name,
+            "vertices",
+            "no NIC to join machines through",
+            "at least one vertex of kind 'nic' with net_* figures",
+        )
     for nic in nics:
         for field in ("net_kind", "net_bandwidth_GBps", "net_alpha_us"):
             if getattr(nic, field) is None:
-                raise TopologyError(machine.name, f"{nic.name}.{field}", "NIC without its network figure", "net_kind, net_bandwidth_GBps and net_alpha_us on every NIC")
+                raise TopologyError(
+                    machine.name,
+                    f"{nic.name}.{field}",
+                    "NIC without its network figure",
+                    "net_kind, net_bandwidth_GBps and net_alpha_us on every NIC",
+                )

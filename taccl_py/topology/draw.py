@@ -15,24 +15,28 @@ from taccl_py.topology.model import Link, Topology, Vertex, VertexKind
 __all__ = ["draw_topology", "layout_topology"]
 
 # Marker, face colour and size (points²) of each vertex kind.
-_VERTEX_STYLE: Mapping[VertexKind, tuple[str, str, float]] = MappingProxyType({
-    VertexKind.GPU: ("s", "#4caf50", 420.0),
-    VertexKind.NIC: ("^", "#ff9800", 260.0),
-    VertexKind.NVSWITCH: ("h", "#7e57c2", 520.0),
-    VertexKind.PCIE_SWITCH: ("D", "#90a4ae", 160.0),
-    VertexKind.NET_SWITCH: ("8", "#e53935", 620.0),
-    VertexKind.CPU: ("o", "#8d6e63", 300.0),
-})
+_VERTEX_STYLE: Mapping[VertexKind, tuple[str, str, float]] = MappingProxyType(
+    {
+        VertexKind.GPU: ("s", "#4caf50", 420.0),
+        VertexKind.NIC: ("^", "#ff9800", 260.0),
+        VertexKind.NVSWITCH: ("h", "#7e57c2", 520.0),
+        VertexKind.PCIE_SWITCH: ("D", "#90a4ae", 160.0),
+        VertexKind.NET_SWITCH: ("8", "#e53935", 620.0),
+        VertexKind.CPU: ("o", "#8d6e63", 300.0),
+    }
+)
 # Colour of each link kind.
-_LINK_COLOUR = MappingProxyType({
-    "nvlink": "#2e7d32",
-    "nvswitch": "#5e35b1",
-    "pcie": "#78909c",
-    "host": "#6d4c41",
-    "ib": "#e65100",
-    "ethernet": "#c62828",
-    "xgmi": "#00838f",
-})
+_LINK_COLOUR = MappingProxyType(
+    {
+        "nvlink": "#2e7d32",
+        "nvswitch": "#5e35b1",
+        "pcie": "#78909c",
+        "host": "#6d4c41",
+        "ib": "#e65100",
+        "ethernet": "#c62828",
+        "xgmi": "#00838f",
+    }
+)
 _MIN_WIDTH_PT = 0.6
 _MAX_WIDTH_PT = 4.5
 _ROW_GAP = 1.0  # vertical distance between rows of a node, in layout units
@@ -45,14 +49,22 @@ def _rows(topology: Topology, node: int) -> list[list[Vertex]]:
     members = [v for v in topology.vertices if v.node == node and v.kind is not VertexKind.NET_SWITCH]
     gpus = [v for v in members if v.kind is VertexKind.GPU]
     # Two GPU rows when GPUs link to each other directly (a mesh reads better folded) or are many.
-    meshed = any(topology.vertex(link.dst).kind is VertexKind.GPU for link in topology.links if link.src == gpus[0].name)
+    meshed = any(
+        topology.vertex(link.dst).kind is VertexKind.GPU for link in topology.links if link.src == gpus[0].name
+    )
     half = math.ceil(len(gpus) / 2) if len(gpus) > 8 or (meshed and len(gpus) > 4) else len(gpus)
     rows = [[v for v in members if v.kind is VertexKind.NVSWITCH], gpus[:half], gpus[half:]]
-    depth = _depths(topology, {v.name for v in gpus}, {v.name for v in members if v.kind not in (VertexKind.GPU, VertexKind.NVSWITCH)})
+    depth = _depths(
+        topology,
+        {v.name for v in gpus},
+        {v.name for v in members if v.kind not in (VertexKind.GPU, VertexKind.NVSWITCH)},
+    )
     levels = sorted(set(depth.values()))
     for level in levels:
         rows.append([v for v in members if depth.get(v.name) == level and v.kind is VertexKind.NIC])
-        rows.append([v for v in members if depth.get(v.name) == level and v.kind not in (VertexKind.NIC, VertexKind.CPU)])
+        rows.append(
+            [v for v in members if depth.get(v.name) == level and v.kind not in (VertexKind.NIC, VertexKind.CPU)]
+        )
     rows.append([v for v in members if v.kind is VertexKind.CPU])
     placed = {v.name for row in rows for v in row}
     rows.append([v for v in members if v.name not in placed])
@@ -104,7 +116,9 @@ def layout_topology(topology: Topology) -> dict[str, tuple[float, float]]:
     return positions
 
 
-def _row_xs(topology: Topology, row: list[Vertex], placed: Mapping[str, tuple[float, float]], left: float, width: float) -> list[float]:
+def _row_xs(
+    topology: Topology, row: list[Vertex], placed: Mapping[str, tuple[float, float]], left: float, width: float
+) -> list[float]:
     """Return x positions: GPUs and NVSwitches evenly, others under their placed neighbours."""
     if row[0].kind in (VertexKind.GPU, VertexKind.NVSWITCH) or not placed:
         step = width / len(row)
@@ -190,13 +204,21 @@ def draw_topology(topology: Topology, path: str | Path, title: str | None = None
     positions = layout_topology(topology)
     xs = [x for x, _ in positions.values()]
     ys = [y for _, y in positions.values()]
-    figure, axes = pyplot.subplots(figsize=(max(8.0, 0.9 * (max(xs) - min(xs)) + 4.5), max(5.0, 0.9 * (max(ys) - min(ys)) + 2.0)))
+    figure, axes = pyplot.subplots(
+        figsize=(max(8.0, 0.9 * (max(xs) - min(xs)) + 4.5), max(5.0, 0.9 * (max(ys) - min(ys)) + 2.0))
+    )
     try:
         _draw_nodes_boxes(axes, topology, positions)
         link_handles = _draw_links(axes, topology, positions)
         vertex_handles = _draw_vertices(axes, topology, positions)
         axes.set_title(title or f"{topology.name}: {topology.nodes} node(s), {topology.num_ranks} GPUs")
-        axes.legend(handles=vertex_handles + link_handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        axes.legend(
+            handles=vertex_handles + link_handles,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+            fontsize=8,
+            frameon=False,
+        )
         axes.set_aspect("equal")
         axes.axis("off")
         axes.margins(0.06)
@@ -222,10 +244,20 @@ def _draw_nodes_boxes(axes: object, topology: Topology, positions: Mapping[str, 
     from matplotlib.patches import FancyBboxPatch
 
     for node in range(topology.nodes):
-        points = [positions[v.name] for v in topology.vertices if v.node == node and v.kind is not VertexKind.NET_SWITCH]
+        points = [
+            positions[v.name] for v in topology.vertices if v.node == node and v.kind is not VertexKind.NET_SWITCH
+        ]
         x0, x1 = min(p[0] for p in points) - 0.6, max(p[0] for p in points) + 0.6
         y0, y1 = min(p[1] for p in points) - 0.55, max(p[1] for p in points) + 0.7
-        box = FancyBboxPatch((x0, y0), x1 - x0, y1 - y0, boxstyle="round,pad=0.05,rounding_size=0.3", facecolor="#f5f5f5", edgecolor="#9e9e9e", zorder=0)
+        box = FancyBboxPatch(
+            (x0, y0),
+            x1 - x0,
+            y1 - y0,
+            boxstyle="round,pad=0.05,rounding_size=0.3",
+            facecolor="#f5f5f5",
+            edgecolor="#9e9e9e",
+            zorder=0,
+        )
         axes.add_patch(box)
         label = f"node {node}" if topology.nodes > 1 else topology.name
         axes.text(x0 + 0.15, y1 - 0.2, label, fontsize=9, color="#616161", va="top", zorder=1)
@@ -245,7 +277,9 @@ def _draw_links(axes: object, topology: Topology, positions: Mapping[str, tuple[
         width = _MIN_WIDTH_PT + (_MAX_WIDTH_PT - _MIN_WIDTH_PT) * link.bandwidth_GBps / top
         (x0, y0), (x1, y1) = positions[link.src], positions[link.dst]
         bend = _bend(x0, y0, x1, y1, y0 >= ceiling.get(topology.vertex(link.src).node, math.inf))
-        if not bend and any(_near(point, (x0, y0), (x1, y1)) for name, point in positions.items() if name not in link.key):
+        if not bend and any(
+            _near(point, (x0, y0), (x1, y1)) for name, point in positions.items() if name not in link.key
+        ):
             bend = 0.25  # a straight line would run through another vertex
         patch = FancyArrowPatch(
             (x0, y0),
@@ -263,7 +297,15 @@ def _draw_links(axes: object, topology: Topology, positions: Mapping[str, tuple[
     handles = []
     for (kind, bandwidth, count), width in sorted(classes.items(), key=lambda item: (item[0][0], -item[0][1])):
         lanes = f" x{count}" if count > 1 else ""
-        handles.append(Line2D([], [], color=_LINK_COLOUR.get(kind, "black"), linewidth=width, label=f"{kind}{lanes}: {bandwidth:g} GB/s"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=_LINK_COLOUR.get(kind, "black"),
+                linewidth=width,
+                label=f"{kind}{lanes}: {bandwidth:g} GB/s",
+            )
+        )
     return handles
 
 
@@ -287,14 +329,53 @@ def _draw_vertices(axes: object, topology: Topology, positions: Mapping[str, tup
         members = [v for v in topology.vertices if v.kind is kind]
         if not members:
             continue
-        axes.scatter([positions[v.name][0] for v in members], [positions[v.name][1] for v in members], s=size, marker=marker, c=colour, edgecolors="black", linewidths=0.6, zorder=3)
+        axes.scatter(
+            [positions[v.name][0] for v in members],
+            [positions[v.name][1] for v in members],
+            s=size,
+            marker=marker,
+            c=colour,
+            edgecolors="black",
+            linewidths=0.6,
+            zorder=3,
+        )
         for vertex in members:
             x, y = positions[vertex.name]
             if kind is VertexKind.GPU:
-                axes.text(x, y, str(vertex.local_index), fontsize=7, ha="center", va="center", color="white", fontweight="bold", zorder=4)
+                axes.text(
+                    x,
+                    y,
+                    str(vertex.local_index),
+                    fontsize=7,
+                    ha="center",
+                    va="center",
+                    color="white",
+                    fontweight="bold",
+                    zorder=4,
+                )
             else:
                 short = vertex.name.split(".")[-1]
                 above = kind is VertexKind.NVSWITCH  # its links fan out below it
-                axes.text(x, y + 0.3 if above else y - 0.3, short, fontsize=6, ha="center", va="bottom" if above else "top", color="#424242", zorder=4)
-        handles.append(Line2D([], [], marker=marker, linestyle="", markerfacecolor=colour, markeredgecolor="black", markersize=8, label=kind.value))
+                axes.text(
+                    x,
+                    y + 0.3 if above else y - 0.3,
+                    short,
+                    fontsize=6,
+                    ha="center",
+                    va="bottom" if above else "top",
+                    color="#424242",
+                    zorder=4,
+                )
+        handles.append(
+            Line2D(
+                [],
+                [],
+                marker=marker,
+                linestyle="",
+                markerfacecolor=colour,
+                markeredgecolor="black",
+                markersize=8,
+                label=kind.value,
+            )
+        )
     return handles

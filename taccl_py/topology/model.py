@@ -57,7 +57,9 @@ class LinkKind(str, Enum):
     XGMI = "xgmi"  # AMD GPU-to-GPU Infinity Fabric
 
 
-SWITCHING_KINDS = frozenset({VertexKind.NVSWITCH, VertexKind.PCIE_SWITCH, VertexKind.NET_SWITCH, VertexKind.CPU, VertexKind.NIC})
+SWITCHING_KINDS = frozenset(
+    {VertexKind.NVSWITCH, VertexKind.PCIE_SWITCH, VertexKind.NET_SWITCH, VertexKind.CPU, VertexKind.NIC}
+)
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,9 @@ class Topology:
         try:
             return self._vertex_by_name[name]
         except KeyError:
-            raise ArgumentError(self.name, "vertex", f"no vertex {name!r}", "one of the topology's vertex names") from None
+            raise ArgumentError(
+                self.name, "vertex", f"no vertex {name!r}", "one of the topology's vertex names"
+            ) from None
 
     def gpu(self, rank: int) -> Vertex:
         """Return the GPU vertex of ``rank``."""
@@ -238,16 +242,25 @@ def make_topology(
     seen: dict[str, Vertex] = {}
     for index, vertex in enumerate(vertices):
         if vertex.name in seen:
-            raise TopologyError(origin, f"vertices[{index}].name", f"vertex {vertex.name!r} listed twice", "unique names")
+            raise TopologyError(
+                origin, f"vertices[{index}].name", f"vertex {vertex.name!r} listed twice", "unique names"
+            )
         seen[vertex.name] = vertex
     ranks = sorted(v.rank for v in vertices if v.kind is VertexKind.GPU and v.rank is not None)
     gpu_count = sum(1 for v in vertices if v.kind is VertexKind.GPU)
     if ranks != list(range(gpu_count)):
-        raise TopologyError(origin, "vertices", f"GPU ranks {ranks} are not 0..{gpu_count - 1} each once", "one GPU per rank")
+        raise TopologyError(
+            origin, "vertices", f"GPU ranks {ranks} are not 0..{gpu_count - 1} each once", "one GPU per rank"
+        )
     if gpu_count == 0:
         raise TopologyError(origin, "vertices", "no GPU", "at least one vertex of kind 'gpu'")
     if gpu_count % nodes:
-        raise TopologyError(origin, "nodes", f"{gpu_count} GPUs do not split into {nodes} equal nodes", "the same GPU count in every node")
+        raise TopologyError(
+            origin,
+            "nodes",
+            f"{gpu_count} GPUs do not split into {nodes} equal nodes",
+            "the same GPU count in every node",
+        )
     pairs: set[tuple[str, str]] = set()
     for index, link in enumerate(links):
         where = f"links[{index}]"
@@ -257,15 +270,29 @@ def make_topology(
         if link.src == link.dst:
             raise TopologyError(origin, where, f"link from {link.src!r} to itself", "two different vertices")
         if not isinstance(link.kind, LinkKind):
-            raise TopologyError(origin, f"{where}.kind", f"unknown link kind {link.kind!r}", "one of " + ", ".join(k.value for k in LinkKind))
+            raise TopologyError(
+                origin,
+                f"{where}.kind",
+                f"unknown link kind {link.kind!r}",
+                "one of " + ", ".join(k.value for k in LinkKind),
+            )
         if not link.bandwidth_GBps > 0:
-            raise TopologyError(origin, f"{where}.bandwidth_GBps", f"bandwidth {link.bandwidth_GBps} is not positive", "GB/s > 0")
+            raise TopologyError(
+                origin, f"{where}.bandwidth_GBps", f"bandwidth {link.bandwidth_GBps} is not positive", "GB/s > 0"
+            )
         if not link.alpha_us >= 0:
             raise TopologyError(origin, f"{where}.alpha_us", f"alpha {link.alpha_us} is negative", "µs >= 0")
         if link.key in pairs:
-            raise TopologyError(origin, where, f"link {link.src}->{link.dst} listed twice", "one link per direction (use count for lanes)")
+            raise TopologyError(
+                origin,
+                where,
+                f"link {link.src}->{link.dst} listed twice",
+                "one link per direction (use count for lanes)",
+            )
         pairs.add(link.key)
-    return Topology(name=name, vertices=vertices, links=links, nodes=nodes, description=description, sources=tuple(sources))
+    return Topology(
+        name=name, vertices=vertices, links=links, nodes=nodes, description=description, sources=tuple(sources)
+    )
 
 
 def _route_weight(src: str, dst: str, data: Mapping[str, Link]) -> float:
@@ -309,7 +336,12 @@ def _find_route(topology: Topology, src_rank: int, dst_rank: int) -> Route:
             if best is None or cost < best[0]:
                 best = (cost, hop)
     if best is None:
-        raise TopologyError(topology.name, "links", f"no path from GPU rank {src_rank} to rank {dst_rank}", "every GPU to reach every other")
+        raise TopologyError(
+            topology.name,
+            "links",
+            f"no path from GPU rank {src_rank} to rank {dst_rank}",
+            "every GPU to reach every other",
+        )
     path = paths[best[1]] + [dst]
     return Route(src_rank, dst_rank, tuple(topology.link(a, b) for a, b in zip(path, path[1:])))
 

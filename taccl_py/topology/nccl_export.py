@@ -13,7 +13,8 @@ before) detecting the machine itself. The layout is the one NCCL dumps
             </gpu>
           </pci>
           <pci busid="0000:04:00.0" class="0x020700" link_speed="16.0 GT/s PCIe" link_width="16">
-            <nic><net name="mlx5_0" dev="0" speed="200000" port="1" latency="2.600000" guid="0x1" maxconn="131072" gdr="1"/></nic>
+            <nic><net name="mlx5_0" dev="0" speed="200000" port="1" latency="2.600000" guid="0x1"
+                      maxconn="131072" gdr="1"/></nic>
           </pci>
         </pci>
       </cpu>
@@ -114,7 +115,12 @@ def generate_nccl_topology_xml(topology: Topology, sm: int | None = None) -> str
     (8, 8, True)
     """
     if topology.nodes != 1:
-        raise ArgumentError(topology.name, "nodes", f"topology spans {topology.nodes} nodes", "one machine (export the machine, not the composed cluster)")
+        raise ArgumentError(
+            topology.name,
+            "nodes",
+            f"topology spans {topology.nodes} nodes",
+            "one machine (export the machine, not the composed cluster)",
+        )
     bus_ids = _bus_ids(topology)
     tree = _pcie_tree(topology)
     gpu_sm = sm if sm is not None else _guess_sm(topology)
@@ -153,7 +159,9 @@ def _bus_ids(topology: Topology) -> dict[str, str]:
 
 def _pcie_tree(topology: Topology) -> _Tree:
     """Return the breadth-first tree of PCIe links grown from the CPUs (devices are leaves)."""
-    cpus = sorted((v for v in topology.vertices if v.kind is VertexKind.CPU), key=lambda v: (v.numa is None, v.numa or 0, v.name))
+    cpus = sorted(
+        (v for v in topology.vertices if v.kind is VertexKind.CPU), key=lambda v: (v.numa is None, v.numa or 0, v.name)
+    )
     pcie = [link for link in topology.links if link.kind is LinkKind.PCIE]
     neighbours: dict[str, list[Link]] = {}
     for link in pcie:
@@ -166,7 +174,11 @@ def _pcie_tree(topology: Topology) -> _Tree:
         parent = queue.popleft()
         for link in sorted(neighbours.get(parent, []), key=lambda l: _order_key(topology, l.src)):
             child = link.src
-            if child in seen or topology.vertex(child).kind not in (VertexKind.PCIE_SWITCH, VertexKind.GPU, VertexKind.NIC):
+            if child in seen or topology.vertex(child).kind not in (
+                VertexKind.PCIE_SWITCH,
+                VertexKind.GPU,
+                VertexKind.NIC,
+            ):
                 continue
             seen.add(child)
             children.setdefault(parent, []).append(child)
@@ -190,7 +202,9 @@ def _order_key(topology: Topology, name: str) -> tuple[int, int, str]:
     return (rank, vertex.local_index if vertex.local_index is not None else 0, name)
 
 
-def _emit(topology: Topology, tree: _Tree, bus_ids: dict[str, str], sm: int, name: str, depth: int, lines: list[str]) -> None:
+def _emit(
+    topology: Topology, tree: _Tree, bus_ids: dict[str, str], sm: int, name: str, depth: int, lines: list[str]
+) -> None:
     vertex = topology.vertex(name)
     pad = "  " * depth
     link = tree.uplink.get(name)
@@ -224,7 +238,9 @@ def _nvlinks_from(topology: Topology, name: str) -> list[Link]:
         if link.src != name:
             continue
         target = topology.vertex(link.dst).kind
-        if (link.kind is LinkKind.NVLINK and target is VertexKind.GPU) or (link.kind is LinkKind.NVSWITCH and target is VertexKind.NVSWITCH):
+        if (link.kind is LinkKind.NVLINK and target is VertexKind.GPU) or (
+            link.kind is LinkKind.NVSWITCH and target is VertexKind.NVSWITCH
+        ):
             out.append(link)
     return sorted(out, key=lambda l: l.dst)
 
@@ -247,7 +263,11 @@ def _speed_width(bandwidth_GBps: float) -> tuple[str, int]:
     >>> _speed_width(24.0), _speed_width(12.0), _speed_width(15.75)
     (('16.0 GT/s PCIe', 16), ('8.0 GT/s PCIe', 16), ('8.0 GT/s PCIe', 16))
     """
-    options = [(abs(pcie_bw_GBps(width, lane) - bandwidth_GBps), -width, speed) for width in _WIDTHS for speed, lane in PCI_GEN_LANE_100MBPS.items()]
+    options = [
+        (abs(pcie_bw_GBps(width, lane) - bandwidth_GBps), -width, speed)
+        for width in _WIDTHS
+        for speed, lane in PCI_GEN_LANE_100MBPS.items()
+    ]
     _, neg_width, speed = min(options)
     return f"{speed:.1f} GT/s PCIe", -neg_width
 

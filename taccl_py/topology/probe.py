@@ -68,7 +68,12 @@ _COMMAND_TIMEOUT_S = 60
 
 
 def _no_gpu_error(notes: Sequence[str]) -> TopologyError:
-    return TopologyError("probe", "gpus", f"no NVIDIA GPU found ({'; '.join(notes)})", "a machine with an NVIDIA driver and at least one GPU")
+    return TopologyError(
+        "probe",
+        "gpus",
+        f"no NVIDIA GPU found ({'; '.join(notes)})",
+        "a machine with an NVIDIA driver and at least one GPU",
+    )
 
 
 def collect_nvml(nvml: Any) -> tuple[tuple[ProbedGpu, ...], tuple[ProbedNvlink, ...]]:
@@ -128,7 +133,9 @@ def _nvml_version(nvml: Any, code: int) -> str | None:
     return names.get(int(code))
 
 
-def collect_nvidia_smi(run: Callable[[list[str]], str]) -> tuple[tuple[ProbedGpu, ...], tuple[ProbedNvlink, ...], tuple[tuple[int, str], ...]]:
+def collect_nvidia_smi(
+    run: Callable[[list[str]], str],
+) -> tuple[tuple[ProbedGpu, ...], tuple[ProbedNvlink, ...], tuple[tuple[int, str], ...]]:
     """Return GPUs, NVLinks and GPU-NIC affinity from nvidia-smi run through ``run(argv) -> stdout``.
 
     Runs ``--query-gpu=index,pci.bus_id,name``, ``topo -m`` and ``nvlink -s`` (optional: its
@@ -137,11 +144,19 @@ def collect_nvidia_smi(run: Callable[[list[str]], str]) -> tuple[tuple[ProbedGpu
     """
     fields = ("index", "pci.bus_id", "name")
     rows = parse_gpu_query_csv(run(["nvidia-smi", "--query-gpu=" + ",".join(fields), "--format=csv,noheader"]), fields)
-    gpus = [ProbedGpu(int(r["index"]), normalize_pci_bus_id(r["pci.bus_id"], "nvidia-smi --query-gpu"), r["name"]) for r in rows]
+    gpus = [
+        ProbedGpu(int(r["index"]), normalize_pci_bus_id(r["pci.bus_id"], "nvidia-smi --query-gpu"), r["name"])
+        for r in rows
+    ]
     matrix = parse_topo_matrix(run(["nvidia-smi", "topo", "-m"]))
     labels = matrix.gpus
     if len(labels) != len(gpus):
-        raise FormatError("nvidia-smi topo -m", None, f"{len(labels)} GPU columns for {len(gpus)} GPUs", "one column per GPU of --query-gpu")
+        raise FormatError(
+            "nvidia-smi topo -m",
+            None,
+            f"{len(labels)} GPU columns for {len(gpus)} GPUs",
+            "one column per GPU of --query-gpu",
+        )
     try:
         status = {s.index: s for s in parse_nvlink_status(run(["nvidia-smi", "nvlink", "-s"]))}
     except (OSError, subprocess.SubprocessError, FormatError) as exc:
@@ -161,7 +176,10 @@ def collect_nvidia_smi(run: Callable[[list[str]], str]) -> tuple[tuple[ProbedGpu
             links.extend(ProbedNvlink(i, j, None, count, version) for j, count in sorted(peers.items()))
     gpus = [replace(gpu, numa=matrix.numa.get(label)) for gpu, label in zip(gpus, labels)]
     affinity = tuple(
-        (i, matrix.nic_names.get(nic, nic)) for i, label in enumerate(labels) for nic in matrix.nics if matrix.cells.get((label, nic)) in ("PIX", "PXB")
+        (i, matrix.nic_names.get(nic, nic))
+        for i, label in enumerate(labels)
+        for nic in matrix.nics
+        if matrix.cells.get((label, nic)) in ("PIX", "PXB")
     )
     return tuple(gpus), tuple(links), affinity
 
@@ -212,7 +230,9 @@ def probe_machine(
     return MachineProbe(gpus, nvlinks, nics, affinity, sources + (f"sysfs under {root}",), _hostname())
 
 
-def _collect_gpus(nvml: Any | None, run: Callable[[list[str]], str], notes: list[str], say: Callable[[str], None]) -> tuple:
+def _collect_gpus(
+    nvml: Any | None, run: Callable[[list[str]], str], notes: list[str], say: Callable[[str], None]
+) -> tuple:
     if nvml is None:
         try:
             import pynvml as nvml  # nvidia-ml-py
@@ -245,7 +265,12 @@ def _locate_gpu(root: str | Path, gpu: ProbedGpu) -> ProbedGpu:
     device = read_pci_device(root, gpu.pci_bus_id)
     if device is None:
         return gpu
-    return replace(gpu, numa=device.numa if device.numa is not None else gpu.numa, chain=device.chain, pcie_bandwidth_GBps=device.bandwidth_GBps)
+    return replace(
+        gpu,
+        numa=device.numa if device.numa is not None else gpu.numa,
+        chain=device.chain,
+        pcie_bandwidth_GBps=device.bandwidth_GBps,
+    )
 
 
 def _select_nics(found: Sequence[SysfsNic]) -> tuple[ProbedNic, ...]:

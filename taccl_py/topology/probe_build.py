@@ -57,7 +57,9 @@ _log = logging.getLogger(__name__)
 # 2.x 25.781 (V100), 3.0 25 (A100), 3.1 14.062 (GA102, RTX A6000), 4.0 26.562 (H100), 5.0 53.125
 # (GB200) in the recorded outputs of tests/fixtures/probe; 1.0 20 (P100: 8 lanes x 20 Gb/s,
 # open-mpi/hwloc issue #574).
-NVLINK_RATE_BY_VERSION_GBPS = MappingProxyType({"1.0": 20.0, "2.0": 25.781, "2.2": 25.781, "3.0": 25.0, "3.1": 14.062, "4.0": 26.562, "5.0": 53.125})
+NVLINK_RATE_BY_VERSION_GBPS = MappingProxyType(
+    {"1.0": 20.0, "2.0": 25.781, "2.2": 25.781, "3.0": 25.0, "3.1": 14.062, "4.0": 26.562, "5.0": 53.125}
+)
 # The compute capability NCCL's per-link table keys on, by NVLink version (P100 SM60, V100 SM70,
 # A100 SM80, GA10x SM86, H100 SM90, B200 SM100).
 _SM_BY_NVLINK_VERSION = MappingProxyType({"1.0": 60, "2.0": 70, "2.2": 70, "3.0": 80, "3.1": 86, "4.0": 90, "5.0": 100})
@@ -151,16 +153,32 @@ def build_probed_topology(probe: MachineProbe, name: str | None = None) -> Topol
     nics = sorted(probe.nics, key=lambda n: (n.pci_bus_id or "", n.name, n.port))
     gpu_names = {g.index: f"gpu{g.index}" for g in gpus}
     nic_names = {(n.name, n.port): f"nic{k}" for k, n in enumerate(nics)}
-    vertices = [Vertex(gpu_names[g.index], VertexKind.GPU, local_index=g.index, rank=g.index, pci_bus_id=g.pci_bus_id, numa=g.numa) for g in gpus]
+    vertices = [
+        Vertex(
+            gpu_names[g.index], VertexKind.GPU, local_index=g.index, rank=g.index, pci_bus_id=g.pci_bus_id, numa=g.numa
+        )
+        for g in gpus
+    ]
     nic_numa = _nic_numa(probe, gpus)
     for k, nic in enumerate(nics):
-        vertices.append(Vertex(
-            f"nic{k}", VertexKind.NIC, local_index=k, pci_bus_id=nic.pci_bus_id, numa=nic_numa.get((nic.name, nic.port)),
-            net_kind=nic.net_kind, net_bandwidth_GBps=nic.rate_gbps / _GBIT_PER_GBYTE, net_alpha_us=DEFAULT_NET_ALPHA_US,
-        ))
+        vertices.append(
+            Vertex(
+                f"nic{k}",
+                VertexKind.NIC,
+                local_index=k,
+                pci_bus_id=nic.pci_bus_id,
+                numa=nic_numa.get((nic.name, nic.port)),
+                net_kind=nic.net_kind,
+                net_bandwidth_GBps=nic.rate_gbps / _GBIT_PER_GBYTE,
+                net_alpha_us=DEFAULT_NET_ALPHA_US,
+            )
+        )
     links = _nvlink_links(probe.nvlinks, gpu_names, vertices)
     devices = [_Device(gpu_names[g.index], g.chain, g.numa, g.pcie_bandwidth_GBps) for g in gpus]
-    devices += [_Device(nic_names[(n.name, n.port)], n.chain, nic_numa.get((n.name, n.port)), n.pcie_bandwidth_GBps) for n in nics]
+    devices += [
+        _Device(nic_names[(n.name, n.port)], n.chain, nic_numa.get((n.name, n.port)), n.pcie_bandwidth_GBps)
+        for n in nics
+    ]
     if all(d.chain for d in devices):
         switches, parents = _pcie_tree_from_chains(devices)
     else:
@@ -195,7 +213,16 @@ def _nvlink_links(nvlinks: Iterable[ProbedNvlink], gpu_names: dict[int, str], ve
             switched.setdefault(item.gpu_index, []).append(item)
         elif item.peer_index != item.gpu_index:
             bandwidth = item.count * nvlink_bandwidth_GBps(item.version)
-            links.append(Link(gpu_names[item.gpu_index], gpu_names[item.peer_index], LinkKind.NVLINK, NVLINK_ALPHA_US, bandwidth, item.count))
+            links.append(
+                Link(
+                    gpu_names[item.gpu_index],
+                    gpu_names[item.peer_index],
+                    LinkKind.NVLINK,
+                    NVLINK_ALPHA_US,
+                    bandwidth,
+                    item.count,
+                )
+            )
     if switched:
         vertices.append(Vertex("nvswitch", VertexKind.NVSWITCH))
     for index, items in sorted(switched.items()):
@@ -228,7 +255,9 @@ def _pcie_tree_from_chains(devices: Sequence[_Device]) -> tuple[list[_Switch], d
         common = _common_prefix(a.chain[:-1], b.chain[:-1])
         if len(common) >= 2:  # below the host bridge: they meet in a PCIe switch or root port
             branching.add(common[-1])
-    ancestors = {bridge: d.chain[: d.chain.index(bridge)] for d in devices for bridge in d.chain[:-1] if bridge in branching}
+    ancestors = {
+        bridge: d.chain[: d.chain.index(bridge)] for d in devices for bridge in d.chain[:-1] if bridge in branching
+    }
     names = {bridge: f"pcie{k}" for k, bridge in enumerate(sorted(branching))}
     below: dict[str, list[_Device]] = {bridge: [d for d in devices if bridge in d.chain[:-1]] for bridge in branching}
     switches = [
@@ -256,7 +285,9 @@ def _deepest(chain: Sequence[str], branching: set[str], names: dict[str, str], n
     return f"cpu{numa or 0}"
 
 
-def _affinity_groups(affinity: Iterable[tuple[int, str]], gpu_names: dict[int, str], nic_vertex: dict[str, str]) -> list[set[str]]:
+def _affinity_groups(
+    affinity: Iterable[tuple[int, str]], gpu_names: dict[int, str], nic_vertex: dict[str, str]
+) -> list[set[str]]:
     groups: list[set[str]] = []
     for index, nic in affinity:
         if nic not in nic_vertex or index not in gpu_names:
@@ -268,7 +299,9 @@ def _affinity_groups(affinity: Iterable[tuple[int, str]], gpu_names: dict[int, s
     return sorted(groups, key=lambda g: sorted(g))
 
 
-def _pcie_tree_from_groups(devices: Sequence[_Device], groups: Sequence[set[str]]) -> tuple[list[_Switch], dict[str, str]]:
+def _pcie_tree_from_groups(
+    devices: Sequence[_Device], groups: Sequence[set[str]]
+) -> tuple[list[_Switch], dict[str, str]]:
     by_name = {d.name: d for d in devices}
     switches, parents = [], {}
     for k, group in enumerate(groups):
@@ -286,6 +319,9 @@ def _describe(probe: MachineProbe, gpus: Sequence[ProbedGpu], nics: Sequence[Pro
     models = sorted({g.name for g in gpus})
     text = f"probed{' on ' + probe.hostname if probe.hostname else ''}: {len(gpus)} x {', '.join(models)}"
     if nics:
-        ports = ", ".join(f"nic{k}={n.name}:{n.port} ({n.pci_bus_id}, {n.rate_gbps:g} Gb/s {n.net_kind.value})" for k, n in enumerate(nics))
+        ports = ", ".join(
+            f"nic{k}={n.name}:{n.port} ({n.pci_bus_id}, {n.rate_gbps:g} Gb/s {n.net_kind.value})"
+            for k, n in enumerate(nics)
+        )
         text += f"; NICs: {ports}"
     return text

@@ -58,7 +58,12 @@ def normalize_pci_bus_id(text: str | bytes, source: str = "<pci bus id>") -> str
     value = text.decode("ascii", "replace") if isinstance(text, bytes) else text
     match = _BDF_RE.match(value.strip().strip("\x00"))
     if not match:
-        raise FormatError(source, "pci bus id", f"cannot read PCI bus id {value!r}", "domain:bus:device.function in hex, e.g. 0000:07:00.0")
+        raise FormatError(
+            source,
+            "pci bus id",
+            f"cannot read PCI bus id {value!r}",
+            "domain:bus:device.function in hex, e.g. 0000:07:00.0",
+        )
     domain, bus, device, function = match.groups()
     return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
 
@@ -121,7 +126,9 @@ def _link_rate(text: str, source: str, number: int) -> float | None:
     return float(match.group(1))
 
 
-def parse_gpu_query_csv(text: str, fields: tuple[str, ...], source: str = "nvidia-smi --query-gpu") -> tuple[dict[str, str], ...]:
+def parse_gpu_query_csv(
+    text: str, fields: tuple[str, ...], source: str = "nvidia-smi --query-gpu"
+) -> tuple[dict[str, str], ...]:
     """Return one dict per GPU from ``nvidia-smi --query-gpu=<fields> --format=csv``.
 
     A header row (``--format=csv`` without ``noheader``) is recognised and skipped.
@@ -137,7 +144,12 @@ def parse_gpu_query_csv(text: str, fields: tuple[str, ...], source: str = "nvidi
         if number == 1 and [c.split(" [")[0] for c in cells] == list(fields):
             continue
         if len(cells) != len(fields):
-            raise FormatError(source, f"line {number}", f"{len(cells)} fields in {raw.strip()!r}", f"{len(fields)}: {', '.join(fields)}")
+            raise FormatError(
+                source,
+                f"line {number}",
+                f"{len(cells)} fields in {raw.strip()!r}",
+                f"{len(fields)}: {', '.join(fields)}",
+            )
         rows.append(dict(zip(fields, cells)))
     return tuple(rows)
 
@@ -162,7 +174,9 @@ def parse_ib_state(text: str, source: str = "state") -> str:
     """
     match = re.match(r"^\s*\d+:\s*([A-Z_]+)\s*$", text)
     if not match:
-        raise FormatError(source, None, f"cannot read port state {text.strip()!r}", "'<n>: <STATE>' such as '4: ACTIVE'")
+        raise FormatError(
+            source, None, f"cannot read port state {text.strip()!r}", "'<n>: <STATE>' such as '4: ACTIVE'"
+        )
     return match.group(1)
 
 
@@ -182,7 +196,11 @@ def pcie_bandwidth_GBps(speed_gts: float | None, width: int | None) -> float:
     >>> pcie_bandwidth_GBps(8.0, 16), pcie_bandwidth_GBps(16.0, 16), pcie_bandwidth_GBps(32.0, 0)
     (12.0, 24.0, 48.0)
     """
-    lane = PCI_GEN_LANE_100MBPS.get(speed_gts, PCI_GEN_LANE_FALLBACK_100MBPS) if speed_gts else PCI_GEN_LANE_FALLBACK_100MBPS
+    lane = (
+        PCI_GEN_LANE_100MBPS.get(speed_gts, PCI_GEN_LANE_FALLBACK_100MBPS)
+        if speed_gts
+        else PCI_GEN_LANE_FALLBACK_100MBPS
+    )
     return pcie_bw_GBps(width or 0, lane)
 
 

@@ -101,7 +101,7 @@ def nccl_inter_cpu_bw_GBps(arch: str | None, vendor: str | None, family: int, mo
 
     >>> nccl_inter_cpu_bw_GBps("x86_64", "GenuineIntel", 6, 143), nccl_inter_cpu_bw_GBps("x86_64", "AuthenticAMD", 23, 49)
     (22.0, 16.0)
-    """
+    """  # noqa: E501
     if arch == "ppc64":
         return _P9
     if arch == "arm64":

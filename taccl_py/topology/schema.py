@@ -158,7 +158,9 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
     try:
         document = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
-        raise reader.fail(f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}", f"a {SCHEMA_ID} JSON document") from None
+        raise reader.fail(
+            f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}", f"a {SCHEMA_ID} JSON document"
+        ) from None
     except ValueError as exc:
         raise reader.fail(None, f"invalid JSON: {exc}", "finite numbers") from None
     document = reader.check_fields(document, "", _TOP_FIELDS)
@@ -191,21 +193,28 @@ def _parse_vertices(reader: _Reader, items: Any) -> tuple[Vertex, ...]:
         where = f"vertices[{position}]"
         vertex = _parse_vertex(reader, item, where)
         if vertex.name in names:
-            raise reader.fail(f"{where}.name", f"vertex {vertex.name!r} listed twice (also vertices[{names[vertex.name]}])", "unique vertex names")
+            raise reader.fail(
+                f"{where}.name",
+                f"vertex {vertex.name!r} listed twice (also vertices[{names[vertex.name]}])",
+                "unique vertex names",
+            )
         names[vertex.name] = position
         if vertex.local_index is not None and vertex.kind in _INDEXED_KINDS:
             key = (vertex.kind, vertex.local_index)
             if key in indices:
                 raise reader.fail(
                     f"{where}.local_index",
-                    f"{vertex.kind.value} local_index {vertex.local_index} listed twice (also vertices[{indices[key]}])",
+                    f"{vertex.kind.value} local_index {vertex.local_index} listed twice (also "
+                    f"vertices[{indices[key]}])",
                     f"one {vertex.kind.value} per local_index",
                 )
             indices[key] = position
         vertices.append(vertex)
     gpu_indices = sorted(index for kind, index in indices if kind is VertexKind.GPU)
     if gpu_indices != list(range(len(gpu_indices))):
-        raise reader.fail("vertices", f"GPU local indices {gpu_indices} have gaps", f"0..{len(gpu_indices) - 1}, each once")
+        raise reader.fail(
+            "vertices", f"GPU local indices {gpu_indices} have gaps", f"0..{len(gpu_indices) - 1}, each once"
+        )
     return tuple(vertices)
 
 
@@ -223,10 +232,22 @@ def _parse_vertex(reader: _Reader, item: Any, where: str) -> Vertex:
     numa = reader.integer(item["numa"], f"{where}.numa", 0) if "numa" in item else None
     net = {key: item[key] for key in ("net_kind", "net_bandwidth_GBps", "net_alpha_us") if key in item}
     if net and kind is not VertexKind.NIC:
-        raise reader.fail(f"{where}.{next(iter(net))}", f"network field on a {kind.value} vertex", "net_* fields only on NICs")
-    net_kind = reader.enum(net["net_kind"], f"{where}.net_kind", LinkKind, "network kind", _NET_KINDS) if "net_kind" in net else None
-    net_bandwidth = reader.number(net["net_bandwidth_GBps"], f"{where}.net_bandwidth_GBps", "bandwidth", True) if "net_bandwidth_GBps" in net else None
-    net_alpha = reader.number(net["net_alpha_us"], f"{where}.net_alpha_us", "alpha", False) if "net_alpha_us" in net else None
+        raise reader.fail(
+            f"{where}.{next(iter(net))}", f"network field on a {kind.value} vertex", "net_* fields only on NICs"
+        )
+    net_kind = (
+        reader.enum(net["net_kind"], f"{where}.net_kind", LinkKind, "network kind", _NET_KINDS)
+        if "net_kind" in net
+        else None
+    )
+    net_bandwidth = (
+        reader.number(net["net_bandwidth_GBps"], f"{where}.net_bandwidth_GBps", "bandwidth", True)
+        if "net_bandwidth_GBps" in net
+        else None
+    )
+    net_alpha = (
+        reader.number(net["net_alpha_us"], f"{where}.net_alpha_us", "alpha", False) if "net_alpha_us" in net else None
+    )
     return Vertex(
         name=name,
         kind=kind,
@@ -254,7 +275,11 @@ def _parse_links(reader: _Reader, items: Any, names: set[str]) -> tuple[Link, ..
             directed.append(Link(link.dst, link.src, link.kind, link.alpha_us, link.bandwidth_GBps, link.count))
         for one in directed:
             if one.key in seen:
-                raise reader.fail(where, f"link {one.src}->{one.dst} listed twice (also links[{seen[one.key]}])", "one link per direction (use count for lanes)")
+                raise reader.fail(
+                    where,
+                    f"link {one.src}->{one.dst} listed twice (also links[{seen[one.key]}])",
+                    "one link per direction (use count for lanes)",
+                )
             seen[one.key] = position
         links.extend(directed)
     return tuple(links)
@@ -272,7 +297,9 @@ def _parse_link(reader: _Reader, item: Any, where: str, names: set[str]) -> tupl
         raise reader.fail(where, f"link from {ends[0]!r} to itself", "two different vertices")
     kind = reader.enum(reader.required(item, where, "kind"), f"{where}.kind", LinkKind, "link kind")
     alpha_us = reader.number(reader.required(item, where, "alpha_us"), f"{where}.alpha_us", "alpha", False)
-    bandwidth = reader.number(reader.required(item, where, "bandwidth_GBps"), f"{where}.bandwidth_GBps", "bandwidth", True)
+    bandwidth = reader.number(
+        reader.required(item, where, "bandwidth_GBps"), f"{where}.bandwidth_GBps", "bandwidth", True
+    )
     count = reader.integer(item.get("count", 1), f"{where}.count", 1)
     bidirectional = item.get("bidirectional", True)
     if not isinstance(bidirectional, bool):
@@ -320,10 +347,20 @@ def generate_topology(topology: Topology) -> str:
     True
     """
     if topology.nodes != 1:
-        raise ArgumentError(topology.name, "nodes", f"topology spans {topology.nodes} nodes", "one machine per file (write the machine; compose with --nodes)")
+        raise ArgumentError(
+            topology.name,
+            "nodes",
+            f"topology spans {topology.nodes} nodes",
+            "one machine per file (write the machine; compose with --nodes)",
+        )
     for vertex in topology.gpus:
         if vertex.rank != vertex.local_index:
-            raise ArgumentError(topology.name, vertex.name, f"rank {vertex.rank} differs from local_index {vertex.local_index}", "GPU ranks equal to local indices")
+            raise ArgumentError(
+                topology.name,
+                vertex.name,
+                f"rank {vertex.rank} differs from local_index {vertex.local_index}",
+                "GPU ranks equal to local indices",
+            )
     lines = ["{"]
     head = {"schema": SCHEMA_ID, "name": topology.name, "description": topology.description}
     lines.extend(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}," for key, value in head.items())
@@ -376,7 +413,9 @@ def _link_records(links: tuple[Link, ...]) -> list[dict[str, Any]]:
             record["count"] = link.count
         # Fold only a reverse link that comes next, so that parsing gives the same order back.
         back = links[position] if position < len(links) else None
-        if back is not None and back == Link(link.dst, link.src, link.kind, link.alpha_us, link.bandwidth_GBps, link.count):
+        if back is not None and back == Link(
+            link.dst, link.src, link.kind, link.alpha_us, link.bandwidth_GBps, link.count
+        ):
             position += 1
         else:
             record["bidirectional"] = False

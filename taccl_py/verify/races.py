@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from taccl_py.ir.dataflow import Action, Dataflow
 from taccl_py.errors import Violation
+from taccl_py.ir.dataflow import Action, Dataflow
 
 __all__ = ["AccessLog", "find_races", "happens_before_clocks"]
 
@@ -172,7 +172,7 @@ def find_races(flow: Dataflow, log: AccessLog) -> list[Violation]:
     width = max(1, CLOCK_BLOCK_BYTES // (4 * len(flow.actions)))
     racing = np.zeros(len(log.candidates), dtype=bool)
     for start in range(0, len(columns), width):
-        clocks = _block_clocks(graph, columns[start:start + width])
+        clocks = _block_clocks(graph, columns[start : start + width])
         here = np.nonzero((col >= start) & (col < start + width))[0]
         racing[here] = clocks[second[here], col[here] - start] <= graph.position[first[here]]
     unordered = [log.candidates[i] for i in np.nonzero(racing)[0]]
@@ -185,10 +185,16 @@ def find_races(flow: Dataflow, log: AccessLog) -> list[Violation]:
         if pair in seen:
             continue
         seen.add(pair)
-        found.append(Violation(
-            "race",
-            f"{_describe(first, cand.first_writes, cand.key)} and {_describe(second, cand.second_writes, cand.key)} "
-            "with no dependency path between them",
-            second.rank, second.threadblock, second.step, cand.key[3],
-        ))
+        found.append(
+            Violation(
+                "race",
+                f"{_describe(first, cand.first_writes, cand.key)} and "
+                f"{_describe(second, cand.second_writes, cand.key)} "
+                "with no dependency path between them",
+                second.rank,
+                second.threadblock,
+                second.step,
+                cand.key[3],
+            )
+        )
     return found

@@ -22,10 +22,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from taccl_py.errors import VerificationError, Violation
 from taccl_py.ir.algorithm import Algorithm, Buffer, input_slot, output_slot
 from taccl_py.ir.collectives import Contribution, expected_output, initial_value
 from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
-from taccl_py.errors import VerificationError, Violation
 from taccl_py.verify.races import AccessLog, find_races
 
 __all__ = ["VerificationReport", "verify_algorithm", "check_algorithm", "describe_value"]
@@ -137,11 +137,16 @@ def _read(replay: _Replay, action: Action, region: Region) -> list[Contribution]
         if value is None:
             if key not in replay.reported:
                 replay.reported.add(key)
-                replay.violations.append(Violation(
-                    "uninitialized read",
-                    f"{action.kind.value} reads {_where(region, chunk)}, which nothing wrote before",
-                    action.rank, action.threadblock, action.step, chunk if region.buffer is not None else None,
-                ))
+                replay.violations.append(
+                    Violation(
+                        "uninitialized read",
+                        f"{action.kind.value} reads {_where(region, chunk)}, which nothing wrote before",
+                        action.rank,
+                        action.threadblock,
+                        action.step,
+                        chunk if region.buffer is not None else None,
+                    )
+                )
             value = _POISON
         out.append(value)
     return out
@@ -171,11 +176,16 @@ def _sum(replay: _Replay, action: Action, operands: Sequence[Contribution], chun
     if doubled:
         rank, index = doubled[0]
         extra = f" and {len(doubled) - 1} more" if len(doubled) > 1 else ""
-        replay.violations.append(Violation(
-            "double reduction",
-            f"the sum into {_where(action.target, chunk)} counts input {index} of rank {rank}{extra} twice",
-            action.rank, action.threadblock, action.step, chunk if action.target.buffer is not None else None,
-        ))
+        replay.violations.append(
+            Violation(
+                "double reduction",
+                f"the sum into {_where(action.target, chunk)} counts input {index} of rank {rank}{extra} twice",
+                action.rank,
+                action.threadblock,
+                action.step,
+                chunk if action.target.buffer is not None else None,
+            )
+        )
     return tuple(merged)
 
 
@@ -189,11 +199,16 @@ def _compute(replay: _Replay, action: Action) -> None:
     algorithm = replay.flow.algorithm
     if not algorithm.collective.reduces and (action.rank, action.threadblock, action.step) not in replay.reported:
         replay.reported.add((action.rank, action.threadblock, action.step))
-        replay.violations.append(Violation(
-            "reduction in non-reducing collective",
-            f"a {algorithm.collective.value} must only copy, but this step sums into {_where(action.target, action.target.offset)}",
-            action.rank, action.threadblock, action.step,
-        ))
+        replay.violations.append(
+            Violation(
+                "reduction in non-reducing collective",
+                f"a {algorithm.collective.value} must only copy, but this step sums into "
+                f"{_where(action.target, action.target.offset)}",
+                action.rank,
+                action.threadblock,
+                action.step,
+            )
+        )
     sums = [
         _sum(replay, action, [values[j] for values in operands], action.target.offset + j)
         for j in range(action.target.count)
@@ -222,13 +237,15 @@ def _layout_violations(algorithm: Algorithm) -> list[Violation]:
                 needed[buffer] = max(needed.get(buffer, 0), offset + 1)
         for buffer, chunks in sorted(needed.items()):
             if prog.chunks(buffer) < chunks:
-                found.append(Violation(
-                    "structure",
-                    f"buffer {buffer.value} holds {prog.chunks(buffer)} chunks but a "
-                    f"{'in-place ' if algorithm.inplace else ''}{algorithm.collective.value} of "
-                    f"{algorithm.chunks_per_loop} chunks needs {chunks} there",
-                    prog.rank,
-                ))
+                found.append(
+                    Violation(
+                        "structure",
+                        f"buffer {buffer.value} holds {prog.chunks(buffer)} chunks but a "
+                        f"{'in-place ' if algorithm.inplace else ''}{algorithm.collective.value} of "
+                        f"{algorithm.chunks_per_loop} chunks needs {chunks} there",
+                        prog.rank,
+                    )
+                )
     return found
 
 
@@ -241,12 +258,15 @@ def _postcondition(replay: _Replay) -> None:
             value = replay.values.get((prog.rank, buffer, None, offset))
             expected = expected_output(layout, prog.rank, index)
             if value != expected:
-                replay.violations.append(Violation(
-                    "wrong result",
-                    f"output chunk {index} ({buffer.value}[{offset}]) holds {describe_value(value)}; "
-                    f"expected {describe_value(expected)}",
-                    prog.rank, chunk=offset,
-                ))
+                replay.violations.append(
+                    Violation(
+                        "wrong result",
+                        f"output chunk {index} ({buffer.value}[{offset}]) holds {describe_value(value)}; "
+                        f"expected {describe_value(expected)}",
+                        prog.rank,
+                        chunk=offset,
+                    )
+                )
 
 
 def _replay_actions(flow: Dataflow, actions: Iterable[Action]) -> _Replay:

@@ -21,10 +21,16 @@ __all__ = ["CupyNcclTransport", "unique_id_to_bytes", "unique_id_candidates", "N
 
 #: Size of ncclUniqueId (nccl.h: NCCL_UNIQUE_ID_BYTES).
 NCCL_UNIQUE_ID_BYTES = 128
-_DTYPE_NAMES = MappingProxyType({
-    "torch.float32": "NCCL_FLOAT32", "torch.float16": "NCCL_FLOAT16", "torch.bfloat16": "NCCL_BFLOAT16",
-    "torch.float64": "NCCL_FLOAT64", "torch.int32": "NCCL_INT32", "torch.int64": "NCCL_INT64",
-})
+_DTYPE_NAMES = MappingProxyType(
+    {
+        "torch.float32": "NCCL_FLOAT32",
+        "torch.float16": "NCCL_FLOAT16",
+        "torch.bfloat16": "NCCL_BFLOAT16",
+        "torch.float64": "NCCL_FLOAT64",
+        "torch.int32": "NCCL_INT32",
+        "torch.int64": "NCCL_INT64",
+    }
+)
 
 
 def unique_id_to_bytes(uid: Any) -> bytes:
@@ -122,7 +128,9 @@ class CupyNcclTransport(Transport):
         CuPy, NCCL or CUDA is missing, or torch.distributed is not initialised.
     """
 
-    def __init__(self, group: Any = None, device: int | None = None, store: Any = None, key: str = "taccl_py/cupy_nccl/unique_id") -> None:
+    def __init__(
+        self, group: Any = None, device: int | None = None, store: Any = None, key: str = "taccl_py/cupy_nccl/unique_id"
+    ) -> None:
         import torch
         import torch.distributed as dist
 

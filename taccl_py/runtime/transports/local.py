@@ -72,7 +72,9 @@ class LocalHub:
             self.failure = self.failure or reason
             self._cond.notify_all()
 
-    def add(self, sends: list[tuple[tuple[int, int, int], _LocalSend]], recvs: list[tuple[tuple[int, int, int], _LocalRecv]]) -> None:
+    def add(
+        self, sends: list[tuple[tuple[int, int, int], _LocalSend]], recvs: list[tuple[tuple[int, int, int], _LocalRecv]]
+    ) -> None:
         with self._cond:
             for key, send in sends:
                 self._sends[key].append(send)
@@ -88,7 +90,8 @@ class LocalHub:
         """
         with self._cond:
             ready = self._cond.wait_for(
-                lambda: self.failure is not None or (self._recv_order[key][0] is recv and bool(self._sends[key])), timeout_s
+                lambda: self.failure is not None or (self._recv_order[key][0] is recv and bool(self._sends[key])),
+                timeout_s,
             )
             if self.failure is not None:
                 raise TransportError(self.failure)
@@ -97,7 +100,10 @@ class LocalHub:
             self._recv_order[key].popleft()
             send = self._sends[key].popleft()
             if send.tensor.numel() != recv.tensor.numel() or send.tensor.dtype != recv.tensor.dtype:
-                self.failure = f"rank {key[0]} sent {send.tensor.numel()} {send.tensor.dtype} elements, rank {key[1]} expected {recv.tensor.numel()} {recv.tensor.dtype}"
+                self.failure = (
+                    f"rank {key[0]} sent {send.tensor.numel()} {send.tensor.dtype} elements, "
+                    f"rank {key[1]} expected {recv.tensor.numel()} {recv.tensor.dtype}"
+                )
                 self._cond.notify_all()
                 raise TransportError(self.failure)
             recv.tensor.copy_(send.tensor)
@@ -121,6 +127,8 @@ class LocalTransport(Transport):
         if self.hub.failure is not None:
             raise TransportError(self.hub.failure)
         send_items = [((self.rank, m.peer, m.tag), _LocalSend(self.hub, m.tensor, m.peer)) for m in sends]
-        recv_items = [((m.peer, self.rank, m.tag), _LocalRecv(self.hub, m.tensor, (m.peer, self.rank, m.tag))) for m in recvs]
+        recv_items = [
+            ((m.peer, self.rank, m.tag), _LocalRecv(self.hub, m.tensor, (m.peer, self.rank, m.tag))) for m in recvs
+        ]
         self.hub.add(send_items, recv_items)
         return [s for _k, s in send_items], [r for _k, r in recv_items]

@@ -54,12 +54,19 @@ def _backend_for(spec: str, device: Any) -> str:
     """
     if ":" in spec:
         by_device = dict(item.split(":", 1) for item in spec.split(","))
-        kind = torch.device(device).type if device is not None else ("cpu" if "cpu" in by_device else next(iter(by_device)))
+        kind = (
+            torch.device(device).type
+            if device is not None
+            else ("cpu" if "cpu" in by_device else next(iter(by_device)))
+        )
         backend = by_device.get(kind, "")
     else:
         backend = spec
     if backend not in SUPPORTED_BACKENDS:
-        raise TransportError(f"process group backend {spec!r} has no point-to-point transport here; expected one of {', '.join(SUPPORTED_BACKENDS)}")
+        raise TransportError(
+            f"process group backend {spec!r} has no point-to-point transport here; expected one of "
+            f"{', '.join(SUPPORTED_BACKENDS)}"
+        )
     return backend
 
 
@@ -81,7 +88,9 @@ class TorchDistTransport(Transport):
 
     def __init__(self, group: Any = None, device: Any = None) -> None:
         if not dist.is_available() or not dist.is_initialized():
-            raise TransportError("torch.distributed is not initialised; call init_process_group first (or Communicator.from_env)")
+            raise TransportError(
+                "torch.distributed is not initialised; call init_process_group first (or Communicator.from_env)"
+            )
         backend = _backend_for(str(dist.get_backend(group)).lower(), device)
         self.group = group
         self.backend = backend
@@ -114,4 +123,4 @@ class TorchDistTransport(Transport):
             shared = WorkPending(works[-1]) if works else None
             return [shared] * len(sends), [shared] * len(recvs)
         pendings = [WorkPending(w) for w in works]
-        return pendings[: len(sends)], pendings[len(sends):]
+        return pendings[: len(sends)], pendings[len(sends) :]

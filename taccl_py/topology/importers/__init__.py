@@ -83,14 +83,22 @@ def _detect_json(text: str, source: str) -> TopologyFormat:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise FormatError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object") from None
-    if isinstance(data, dict) and "gpus_per_node" in data and (
-        "node_betas_list" in data or ("links" in data and "betas" in data)
+        raise FormatError(
+            source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object"
+        ) from None
+    if (
+        isinstance(data, dict)
+        and "gpus_per_node" in data
+        and ("node_betas_list" in data or ("links" in data and "betas" in data))
     ):
         return TopologyFormat.TACCL_PROFILE
     if isinstance(data, dict) and "vertices" in data:
-        raise FormatError(source, None, "a taccl_py topology file, not an import format",
-                          "read it with taccl_py.topology.read_topology")
+        raise FormatError(
+            source,
+            None,
+            "a taccl_py topology file, not an import format",
+            "read it with taccl_py.topology.read_topology",
+        )
     raise FormatError(source, None, "JSON without gpus_per_node and node_betas_list or links/betas", _EXPECTED)
 
 

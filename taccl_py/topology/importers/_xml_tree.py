@@ -55,8 +55,12 @@ def parse_xml_tree(text: str, source: str, root_tag: str) -> XmlElement:
     try:
         builder.parser.Parse(text, True)
     except expat.ExpatError as exc:
-        raise FormatError(source, f"line {exc.lineno}", f"malformed XML: {expat.ErrorString(exc.code)}",
-                          f"well-formed XML with a <{root_tag}> root") from None
+        raise FormatError(
+            source,
+            f"line {exc.lineno}",
+            f"malformed XML: {expat.ErrorString(exc.code)}",
+            f"well-formed XML with a <{root_tag}> root",
+        ) from None
     root = builder.stack[0].children[0]
     if root.tag != root_tag:
         raise FormatError(source, f"line {root.line}", f"root element <{root.tag}>", f"<{root_tag}>")
@@ -72,7 +76,7 @@ def int_attr(element: XmlElement, key: str, source: str, *, default: int | None 
     >>> element = XmlElement("gpu", {"dev": "3", "class": "0x10"}, 7)
     >>> int_attr(element, "dev", "<string>"), int_attr(element, "class", "<string>"), int_attr(element, "sm", "<string>", default=0)
     (3, 16, 0)
-    """
+    """  # noqa: E501
     raw = element.attrs.get(key)
     if raw is None:
         if default is None:
@@ -81,11 +85,16 @@ def int_attr(element: XmlElement, key: str, source: str, *, default: int | None 
     try:
         value = int(raw, 0) if raw.strip().lower().startswith("0x") else int(raw)
     except ValueError:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not an integer",
-                            "an integer") from None
+        raise TopologyError(
+            source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not an integer", "an integer"
+        ) from None
     if value < minimum:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={value} is below {minimum}",
-                            f"an integer >= {minimum}")
+        raise TopologyError(
+            source,
+            f"line {element.line}",
+            f"<{element.tag}> {key}={value} is below {minimum}",
+            f"an integer >= {minimum}",
+        )
     return value
 
 
@@ -99,8 +108,9 @@ def float_attr(element: XmlElement, key: str, source: str) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not a number",
-                            "a number") from None
+        raise TopologyError(
+            source, f"line {element.line}", f"<{element.tag}> {key}={raw!r} is not a number", "a number"
+        ) from None
     if not value >= 0:
         raise TopologyError(source, f"line {element.line}", f"<{element.tag}> {key}={raw} is negative", "a number >= 0")
     return value

@@ -105,8 +105,13 @@ class _Collected:
     busids: dict[str, int] = field(default_factory=dict)  # busid -> line first seen
 
 
-def parse_nccl_topology_xml(text: str, source: str = "<string>", *, name: str | None = None,
-                            net_bandwidth_GBps: float = DEFAULT_NET_BANDWIDTH_GBPS) -> Topology:
+def parse_nccl_topology_xml(
+    text: str,
+    source: str = "<string>",
+    *,
+    name: str | None = None,
+    net_bandwidth_GBps: float = DEFAULT_NET_BANDWIDTH_GBPS,
+) -> Topology:
     """Return the one-machine topology an NCCL topology XML file describes.
 
     Parameters
@@ -173,15 +178,21 @@ def _pci_GBps(element: _Element, source: str) -> float:
     elif match and float(match.group(1)) in PCI_GEN_LANE_100MBPS:
         lane = PCI_GEN_LANE_100MBPS[float(match.group(1))]
     else:
-        raise TopologyError(source, f"line {element.line}", f"unknown link_speed {speed!r}",
-                            "2.5, 5, 8, 16, 32 or 64 GT/s (optionally followed by PCIe)")
+        raise TopologyError(
+            source,
+            f"line {element.line}",
+            f"unknown link_speed {speed!r}",
+            "2.5, 5, 8, 16, 32 or 64 GT/s (optionally followed by PCIe)",
+        )
     return pcie_bw_GBps(width, lane)
 
 
 def _pci_class(element: _Element, source: str) -> str:
     value = element.attrs.get("class", "")
     if value and not _CLASS_RE.match(value):
-        raise TopologyError(source, f"line {element.line}", f"unknown PCI class {value!r}", "0x followed by 6 hex digits")
+        raise TopologyError(
+            source, f"line {element.line}", f"unknown PCI class {value!r}", "0x followed by 6 hex digits"
+        )
     return value.lower()
 
 
@@ -191,8 +202,12 @@ def _register_busid(element: _Element, collected: _Collected) -> str:
     if not _BUSID_RE.match(busid):
         raise TopologyError(source, f"line {element.line}", f"busid {busid!r} is not a PCI address", "dddd:bb:dd.f")
     if busid in collected.busids:
-        raise TopologyError(source, f"line {element.line}", f"busid {busid} listed twice (first on line {collected.busids[busid]})",
-                            "each PCI device once")
+        raise TopologyError(
+            source,
+            f"line {element.line}",
+            f"busid {busid} listed twice (first on line {collected.busids[busid]})",
+            "each PCI device once",
+        )
     collected.busids[busid] = element.line
     return busid
 
@@ -203,7 +218,9 @@ def _register_busid(element: _Element, collected: _Collected) -> str:
 def _walk_cpu(cpu: _Element, socket: _Socket, collected: _Collected, net_GBps: float) -> None:
     source = collected.source
     if socket in collected.cpus:
-        raise TopologyError(source, f"line {cpu.line}", f"cpu numaid {socket.numa} listed twice", "one <cpu> per NUMA node")
+        raise TopologyError(
+            source, f"line {cpu.line}", f"cpu numaid {socket.numa} listed twice", "one <cpu> per NUMA node"
+        )
     family = int_attr(cpu, "familyid", source, default=0)
     model = int_attr(cpu, "modelid", source, default=0)
     collected.cpus[socket] = nccl_inter_cpu_bw_GBps(cpu.attrs.get("arch"), cpu.attrs.get("vendor"), family, model)
@@ -214,7 +231,9 @@ def _walk_cpu(cpu: _Element, socket: _Socket, collected: _Collected, net_GBps: f
             # ncclTopoAddCpu joins a NIC that sits directly under a CPU with a LOC_BW link.
             _add_nic(child, None, "", socket.name, socket, NCCL_LOC_BW_GBPS, collected)
         elif child.tag == "gpu":
-            raise TopologyError(source, f"line {child.line}", "<gpu> outside a <pci>", "<pci busid=...><gpu .../></pci>")
+            raise TopologyError(
+                source, f"line {child.line}", "<gpu> outside a <pci>", "<pci busid=...><gpu .../></pci>"
+            )
         else:
             logger.debug("%s: line %d: ignoring <%s>", source, child.line, child.tag)
 
@@ -247,14 +266,32 @@ def _walk_pci(pci: _Element, parent: str, socket: _Socket, collected: _Collected
         collected.devices.append(_Device(VertexKind.GPU, parent, pcie_GBps, socket, pci.line, busid))
     elif pci_class.startswith(_CLASS_NIC):
         kind = LinkKind.IB if pci_class.startswith(_CLASS_IB) else LinkKind.ETHERNET
-        collected.devices.append(_Device(VertexKind.NIC, parent, pcie_GBps, socket, pci.line, busid, net_kind=kind,
-                                         net_GBps=net_GBps, net_alpha_us=DEFAULT_NET_ALPHA_US))
+        collected.devices.append(
+            _Device(
+                VertexKind.NIC,
+                parent,
+                pcie_GBps,
+                socket,
+                pci.line,
+                busid,
+                net_kind=kind,
+                net_GBps=net_GBps,
+                net_alpha_us=DEFAULT_NET_ALPHA_US,
+            )
+        )
     else:
         logger.debug("%s: line %d: ignoring PCI device %s of class %s", source, pci.line, busid, pci_class or "?")
 
 
-def _add_nic(nic: _Element, busid: str | None, pci_class: str, parent: str, socket: _Socket, pcie_GBps: float,
-             collected: _Collected) -> None:
+def _add_nic(
+    nic: _Element,
+    busid: str | None,
+    pci_class: str,
+    parent: str,
+    socket: _Socket,
+    pcie_GBps: float,
+    collected: _Collected,
+) -> None:
     source = collected.source
     for net in nic.children:
         if net.tag != "net" or "dev" not in net.attrs:
@@ -271,9 +308,21 @@ def _add_nic(nic: _Element, busid: str | None, pci_class: str, parent: str, sock
         else:
             kind = net_kind_from_name(name)
         mbps = speed if speed > 0 else _NCCL_NO_SPEED_MBPS
-        collected.devices.append(_Device(VertexKind.NIC, parent, pcie_GBps, socket, net.line, busid, dev,
-                                         net_name=name, net_kind=kind, net_GBps=mbps / MBPS_PER_GBPS,
-                                         net_alpha_us=latency_us or DEFAULT_NET_ALPHA_US))
+        collected.devices.append(
+            _Device(
+                VertexKind.NIC,
+                parent,
+                pcie_GBps,
+                socket,
+                net.line,
+                busid,
+                dev,
+                net_name=name,
+                net_kind=kind,
+                net_GBps=mbps / MBPS_PER_GBPS,
+                net_alpha_us=latency_us or DEFAULT_NET_ALPHA_US,
+            )
+        )
 
 
 # -- building the topology -----------------------------------------------------------------------
@@ -286,8 +335,12 @@ def _ordered(devices: list[_Device], kind: VertexKind, source: str) -> list[_Dev
         if device.dev is not None:
             if device.dev in seen:
                 what = "gpu" if kind is VertexKind.GPU else "net"
-                raise TopologyError(source, f"line {device.line}", f"{what} dev {device.dev} listed twice (first on line {seen[device.dev]})",
-                                    "each dev once")
+                raise TopologyError(
+                    source,
+                    f"line {device.line}",
+                    f"{what} dev {device.dev} listed twice (first on line {seen[device.dev]})",
+                    "each dev once",
+                )
             seen[device.dev] = device.line
     return sorted(chosen, key=lambda d: (d.dev is None, d.dev or 0, d.busid or ""))
 
@@ -297,10 +350,23 @@ def _build_topology(collected: _Collected, name: str) -> Topology:
     gpus = _ordered(collected.devices, VertexKind.GPU, source)
     nics = _ordered(collected.devices, VertexKind.NIC, source)
     gpu_name = {id(d): f"gpu{i}" for i, d in enumerate(gpus)}
-    vertices = [Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i, pci_bus_id=d.busid, numa=d.socket.numa)
-                for i, d in enumerate(gpus)]
-    vertices += [Vertex(f"nic{j}", VertexKind.NIC, local_index=j, pci_bus_id=d.busid, numa=d.socket.numa, net_kind=d.net_kind,
-                        net_bandwidth_GBps=d.net_GBps, net_alpha_us=d.net_alpha_us) for j, d in enumerate(nics)]
+    vertices = [
+        Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i, pci_bus_id=d.busid, numa=d.socket.numa)
+        for i, d in enumerate(gpus)
+    ]
+    vertices += [
+        Vertex(
+            f"nic{j}",
+            VertexKind.NIC,
+            local_index=j,
+            pci_bus_id=d.busid,
+            numa=d.socket.numa,
+            net_kind=d.net_kind,
+            net_bandwidth_GBps=d.net_GBps,
+            net_alpha_us=d.net_alpha_us,
+        )
+        for j, d in enumerate(nics)
+    ]
     upstream: dict[tuple[str, str], Link] = {}
     for vertex_name, device in [(gpu_name[id(d)], d) for d in gpus] + [(f"nic{j}", d) for j, d in enumerate(nics)]:
         for link in duplex(vertex_name, device.parent, LinkKind.PCIE, PCIE_ALPHA_US, device.pcie_GBps):
@@ -319,11 +385,17 @@ def _build_topology(collected: _Collected, name: str) -> Topology:
         links += [Link(a.name, b.name, LinkKind.HOST, HOST_ALPHA_US, a_GBps) for b in collected.cpus if b != a]
     without = [d.busid for d in gpus if d.element is None]
     if without:
-        logger.warning("%s: no <gpu> element for GPU(s) at %s: the file carries no NVLink information for them; "
-                       "they are joined through PCIe only", source, ", ".join(map(str, without)))
+        logger.warning(
+            "%s: no <gpu> element for GPU(s) at %s: the file carries no NVLink information for them; "
+            "they are joined through PCIe only",
+            source,
+            ", ".join(map(str, without)),
+        )
     per_gpu = max((sum(link.count for link in nvlinks if link.src == f"gpu{i}") for i in range(len(gpus))), default=0)
-    description = (f"NCCL topology XML: {len(gpus)} GPUs, {len(nics)} NICs, {len(collected.cpus)} NUMA nodes, "
-                   f"up to {per_gpu} NVLinks per GPU" + (" (no NVLink information)" if without else ""))
+    description = (
+        f"NCCL topology XML: {len(gpus)} GPUs, {len(nics)} NICs, {len(collected.cpus)} NUMA nodes, "
+        f"up to {per_gpu} NVLinks per GPU" + (" (no NVLink information)" if without else "")
+    )
     return make_topology(name, vertices, links, 1, description, (source,), source)
 
 
@@ -350,8 +422,9 @@ def _nvlinks(gpus: list[_Device], gpu_name: Mapping[int, str], source: str) -> l
     return links
 
 
-def _nvlink_target(element: _Element, gpu: _Device, by_busid: Mapping[str | None, _Device],
-                   gpu_name: Mapping[int, str], source: str) -> str | None:
+def _nvlink_target(
+    element: _Element, gpu: _Device, by_busid: Mapping[str | None, _Device], gpu_name: Mapping[int, str], source: str
+) -> str | None:
     target = element.attrs.get("target", "").lower()
     tclass = element.attrs.get("tclass", "").lower()
     where = f"line {element.line}"
@@ -362,12 +435,15 @@ def _nvlink_target(element: _Element, gpu: _Device, by_busid: Mapping[str | None
     if tclass == _CLASS_CPU:  # ncclTopoAddNvLinks joins the GPU to its local CPU (findLocalCpu)
         return gpu.socket.name
     if not tclass.startswith(_CLASS_GPU):
-        raise TopologyError(source, where, f"nvlink tclass {tclass or 'missing'!r}",
-                            f"{_CLASS_NVSWITCH} (NVSwitch), {_CLASS_CPU} (CPU) or 0x03.... (GPU)")
+        raise TopologyError(
+            source,
+            where,
+            f"nvlink tclass {tclass or 'missing'!r}",
+            f"{_CLASS_NVSWITCH} (NVSwitch), {_CLASS_CPU} (CPU) or 0x03.... (GPU)",
+        )
     if target == gpu.busid:
         logger.debug("%s: %s: ignoring an NVLink from GPU %s to itself", source, where, target)
         return None
     if target not in by_busid:
         raise TopologyError(source, where, f"nvlink to unknown target {target!r}", "the busid of a GPU in the file")
     return gpu_name[id(by_busid[target])]
-

@@ -118,8 +118,12 @@ def parse_nvidia_smi_topo(
     >>> topo.num_ranks, topo.link("gpu0", "gpu1").count, topo.link("gpu0", "gpu1").bandwidth_GBps
     (2, 4, 80.0)
     """
-    for label, value in (("nvlink_GBps", nvlink_GBps), ("pcie_bandwidth_GBps", pcie_bandwidth_GBps),
-                         ("host_bandwidth_GBps", host_bandwidth_GBps), ("net_bandwidth_GBps", net_bandwidth_GBps)):
+    for label, value in (
+        ("nvlink_GBps", nvlink_GBps),
+        ("pcie_bandwidth_GBps", pcie_bandwidth_GBps),
+        ("host_bandwidth_GBps", host_bandwidth_GBps),
+        ("net_bandwidth_GBps", net_bandwidth_GBps),
+    ):
         if value is not None and not value > 0:
             raise ArgumentError(source, label, f"{value} is not positive", "GB/s > 0")
     if not net_alpha_us >= 0:
@@ -234,12 +238,22 @@ def _build_topology(matrix: TopoMatrix, rates: _Rates, name: str, source: str) -
     numa = _numa_labels(matrix)
     switches, upstream = _pcie_tree(matrix, {label: cpu for label, (cpu, _) in numa.items()})
     cpus = sorted({cpu: n for cpu, n in numa.values()}.items(), key=lambda item: int(item[0][3:]))
-    vertices = [Vertex(vertex_of[g], VertexKind.GPU, local_index=i, rank=i, numa=numa[g][1]) for i, g in enumerate(gpus)]
+    vertices = [
+        Vertex(vertex_of[g], VertexKind.GPU, local_index=i, rank=i, numa=numa[g][1]) for i, g in enumerate(gpus)
+    ]
     for j, nic in enumerate(nics):
         device = matrix.nic_names.get(nic, nic)
-        vertices.append(Vertex(vertex_of[nic], VertexKind.NIC, local_index=j, numa=numa[nic][1],
-                               net_kind=net_kind_from_name(device), net_bandwidth_GBps=rates.net_GBps,
-                               net_alpha_us=rates.net_alpha_us))
+        vertices.append(
+            Vertex(
+                vertex_of[nic],
+                VertexKind.NIC,
+                local_index=j,
+                numa=numa[nic][1],
+                net_kind=net_kind_from_name(device),
+                net_bandwidth_GBps=rates.net_GBps,
+                net_alpha_us=rates.net_alpha_us,
+            )
+        )
     if switched:
         vertices.append(Vertex("nvswitch0", VertexKind.NVSWITCH))
     numa_of_cpu = dict(cpus)
@@ -249,13 +263,14 @@ def _build_topology(matrix: TopoMatrix, rates: _Rates, name: str, source: str) -
     for child, parent in upstream.items():
         links += duplex(vertex_of.get(child, child), parent, LinkKind.PCIE, PCIE_ALPHA_US, pcie_GBps)
     for i, (a, _) in enumerate(cpus):
-        for b, _ in cpus[i + 1:]:
+        for b, _ in cpus[i + 1 :]:
             links += duplex(a, b, LinkKind.HOST, HOST_ALPHA_US, rates.host_GBps)
     legend = ", ".join(f"{vertex_of[nic]}={matrix.nic_names.get(nic, nic)}" for nic in nics)
     nvlink = f"NV{links_per_gpu} per GPU via nvswitch0" if switched else f"up to {links_per_gpu} NVLinks per GPU"
     nvlink = f"{nvlink}, {nvlink_GBps:g} GB/s per NVLink" if links_per_gpu else "no NVLink"
-    description = (f"nvidia-smi topo -m: {len(gpus)} GPUs ({nvlink}), "
-                   f"{len(nics)} NICs" + (f" ({legend})" if legend else ""))
+    description = f"nvidia-smi topo -m: {len(gpus)} GPUs ({nvlink}), {len(nics)} NICs" + (
+        f" ({legend})" if legend else ""
+    )
     return make_topology(name, vertices, links, 1, description, (source,), source)
 
 
@@ -266,13 +281,20 @@ def _numa_of_switch(switch: str, upstream: Mapping[str, str], numa_of_cpu: Mappi
     return numa_of_cpu[vertex]
 
 
-def _nvlink_links(gpus: Sequence[str], counts: Mapping[tuple[str, str], int], switched: bool, nvlink_GBps: float,
-                  vertex_of: Mapping[str, str]) -> list[Link]:
+def _nvlink_links(
+    gpus: Sequence[str],
+    counts: Mapping[tuple[str, str], int],
+    switched: bool,
+    nvlink_GBps: float,
+    vertex_of: Mapping[str, str],
+) -> list[Link]:
     links: list[Link] = []
     if switched:
         port = counts[(gpus[0], gpus[1])]
         for gpu in gpus:
-            links += duplex(vertex_of[gpu], "nvswitch0", LinkKind.NVSWITCH, NVSWITCH_HOP_ALPHA_US, port * nvlink_GBps, port)
+            links += duplex(
+                vertex_of[gpu], "nvswitch0", LinkKind.NVSWITCH, NVSWITCH_HOP_ALPHA_US, port * nvlink_GBps, port
+            )
         return links
     for (a, b), count in counts.items():
         links.append(Link(vertex_of[a], vertex_of[b], LinkKind.NVLINK, NVLINK_ALPHA_US, count * nvlink_GBps, count))

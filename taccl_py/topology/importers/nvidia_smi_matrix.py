@@ -110,13 +110,17 @@ def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> TopoMatr
     """
     lines = text.splitlines()
     # The header is the first line starting with GPU0 that has no "X" (every matrix row has one).
-    header_index = next((i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"] and "X" not in line.split()), None)
+    header_index = next(
+        (i for i, line in enumerate(lines) if line.split()[:1] == ["GPU0"] and "X" not in line.split()), None
+    )
     if header_index is None:
         raise FormatError(source, None, "no header row starting with GPU0", "the output of 'nvidia-smi topo -m'")
     labels, extras = _parse_header(lines[header_index], header_index + 1, source)
     rows, end = _parse_rows(lines, header_index + 1, labels, extras, source)
     if not any(is_gpu_label(label) for label in rows):
-        raise TopologyError(source, f"line {header_index + 2}", "no GPU rows below the header", "one row per GPU column")
+        raise TopologyError(
+            source, f"line {header_index + 2}", "no GPU rows below the header", "one row per GPU column"
+        )
     for label in labels:
         if label not in rows:
             raise TopologyError(source, f"line {header_index + 1}", f"column {label} has no row", "one row per column")
@@ -137,10 +141,14 @@ def _parse_header(line: str, lineno: int, source: str) -> tuple[tuple[str, ...],
     first_extra = _EXTRA_COLUMN_RE.search(line)
     device_part = line[: first_extra.start()] if first_extra else line
     extras = tuple(match.group(0) for match in _EXTRA_COLUMN_RE.finditer(line))
-    leftover = _EXTRA_COLUMN_RE.sub("", line[len(device_part):]).split()
+    leftover = _EXTRA_COLUMN_RE.sub("", line[len(device_part) :]).split()
     if leftover:
-        raise FormatError(source, f"line {lineno}", f"unknown header column {leftover[0]!r}",
-                          "device columns then CPU Affinity, NUMA Affinity, GPU NUMA ID")
+        raise FormatError(
+            source,
+            f"line {lineno}",
+            f"unknown header column {leftover[0]!r}",
+            "device columns then CPU Affinity, NUMA Affinity, GPU NUMA ID",
+        )
     labels = tuple(device_part.split())
     seen: set[str] = set()
     for label in labels:
@@ -150,8 +158,9 @@ def _parse_header(line: str, lineno: int, source: str) -> tuple[tuple[str, ...],
     return labels, extras
 
 
-def _parse_rows(lines: Sequence[str], start: int, labels: tuple[str, ...], extras: tuple[str, ...],
-                source: str) -> tuple[dict[str, tuple[int, list[str], dict[str, str]]], int]:
+def _parse_rows(
+    lines: Sequence[str], start: int, labels: tuple[str, ...], extras: tuple[str, ...], source: str
+) -> tuple[dict[str, tuple[int, list[str], dict[str, str]]], int]:
     known = set(labels)
     rows: dict[str, tuple[int, list[str], dict[str, str]]] = {}
     for index in range(start, len(lines)):
@@ -161,40 +170,56 @@ def _parse_rows(lines: Sequence[str], start: int, labels: tuple[str, ...], extra
             return rows, index
         label = tokens[0]
         if label not in known:
-            raise TopologyError(source, f"line {lineno}", f"row {label} is not a column of the header", "a header column")
+            raise TopologyError(
+                source, f"line {lineno}", f"row {label} is not a column of the header", "a header column"
+            )
         if label in rows:
-            raise TopologyError(source, f"line {lineno}", f"{label} listed twice (first on line {rows[label][0]})",
-                                "one row per device")
+            raise TopologyError(
+                source, f"line {lineno}", f"{label} listed twice (first on line {rows[label][0]})", "one row per device"
+            )
         values = tokens[1:]
         lengths = {len(labels) + len(extras)} if is_gpu_label(label) else {len(labels), len(labels) + len(extras)}
         if len(values) not in lengths:
-            raise FormatError(source, f"line {lineno}", f"row {label} has {len(values)} cells",
-                              f"{' or '.join(map(str, sorted(lengths)))} cells, one per header column")
-        rows[label] = (lineno, values[: len(labels)], dict(zip(extras, values[len(labels):])))
+            raise FormatError(
+                source,
+                f"line {lineno}",
+                f"row {label} has {len(values)} cells",
+                f"{' or '.join(map(str, sorted(lengths)))} cells, one per header column",
+            )
+        rows[label] = (lineno, values[: len(labels)], dict(zip(extras, values[len(labels) :])))
     return rows, len(lines)
 
 
-def _check_cell(row: str, column: str, cell: str, cells: Mapping[tuple[str, str], str], lineno: int,
-                source: str) -> None:
+def _check_cell(
+    row: str, column: str, cell: str, cells: Mapping[tuple[str, str], str], lineno: int, source: str
+) -> None:
     where = f"line {lineno}"
     nv = _NV_RE.match(cell)
     known = PIX_TOKENS | PXB_TOKENS | SAME_NUMA_TOKENS | SYS_TOKENS
     if not (cell == "X" or cell in known or (nv and int(nv.group(1)) > 0)):
-        raise FormatError(source, where, f"unknown cell token {cell!r} in row {row}, column {column}",
-                          "X, NV#, PIX, PXB, PHB, NODE or SYS")
+        raise FormatError(
+            source,
+            where,
+            f"unknown cell token {cell!r} in row {row}, column {column}",
+            "X, NV#, PIX, PXB, PHB, NODE or SYS",
+        )
     if (cell == "X") != (row == column):
         raise TopologyError(source, where, f"row {row}, column {column} is {cell!r}", "X on the diagonal only")
     if nv and not (is_gpu_label(row) and is_gpu_label(column)):
         raise TopologyError(source, where, f"NVLink between {row} and {column}", "NV# only between two GPUs")
     mirror = cells.get((column, row))
     if mirror is not None and mirror != cell:
-        raise TopologyError(source, where, f"{row}-{column} is {cell} but {column}-{row} is {mirror}", "a symmetric matrix")
+        raise TopologyError(
+            source, where, f"{row}-{column} is {cell} but {column}-{row} is {mirror}", "a symmetric matrix"
+        )
 
 
 def _numa_value(cell: str | None, lineno: int, source: str) -> int | None:
     if cell is None or not cell.isdigit():  # N/A, or a range on hosts that do not bind the GPU
         if cell not in (None, *_NOT_AVAILABLE):
-            logger.debug("%s: line %d: NUMA Affinity %r is not one node; using the PCIe relations", source, lineno, cell)
+            logger.debug(
+                "%s: line %d: NUMA Affinity %r is not one node; using the PCIe relations", source, lineno, cell
+            )
         return None
     return int(cell)
 

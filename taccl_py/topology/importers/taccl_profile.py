@@ -146,16 +146,27 @@ def parse_taccl_profile(
     nic_vertices = _nics(data, units, source)
     groups = (_ndv2_groups if layout == _NDV2_LAYOUT else _nic_groups)(gpus, len(nic_vertices))
     vertices = [Vertex(f"gpu{i}", VertexKind.GPU, local_index=i, rank=i, numa=_numa_of(i, groups)) for i in range(gpus)]
-    vertices += [Vertex(v.name, v.kind, local_index=v.local_index, numa=_numa_of_nic(j, groups), net_kind=v.net_kind,
-                        net_bandwidth_GBps=v.net_bandwidth_GBps, net_alpha_us=v.net_alpha_us)
-                 for j, v in enumerate(nic_vertices)]
+    vertices += [
+        Vertex(
+            v.name,
+            v.kind,
+            local_index=v.local_index,
+            numa=_numa_of_nic(j, groups),
+            net_kind=v.net_kind,
+            net_bandwidth_GBps=v.net_bandwidth_GBps,
+            net_alpha_us=v.net_alpha_us,
+        )
+        for j, v in enumerate(nic_vertices)
+    ]
     if has_switch:
         vertices.append(Vertex("nvswitch0", VertexKind.NVSWITCH))
     pcie_GBps = max([NCCL_PCI_BW_GBPS] + [v.net_bandwidth_GBps or 0.0 for v in nic_vertices])
     pcie_vertices, pcie_links = _pcie_links(groups, pcie_GBps)
     vertices += pcie_vertices
-    description = (f"TACCL profile {profile_name}: {gpus} GPUs ({layout}), {len(nic_vertices)} NICs; "
-                   f"chunk {units.chunk_bytes} B, file times / {units.scale:g}")
+    description = (
+        f"TACCL profile {profile_name}: {gpus} GPUs ({layout}), {len(nic_vertices)} NICs; "
+        f"chunk {units.chunk_bytes} B, file times / {units.scale:g}"
+    )
     return make_topology(name or profile_name, vertices, gpu_links + pcie_links, 1, description, (source,), source)
 
 
@@ -166,7 +177,9 @@ def _load_object(text: str, source: str) -> Mapping[str, object]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise FormatError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object") from None
+        raise FormatError(
+            source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object"
+        ) from None
     if not isinstance(data, dict):
         raise FormatError(source, None, f"top level is a JSON {type(data).__name__}", "a JSON object")
     return data
@@ -184,8 +197,12 @@ def _field(data: Mapping[str, object], key: str, kind: type | tuple[type, ...], 
 def _number(data: Mapping[str, object], key: str, source: str, *, positive: bool = False) -> float:
     value = float(_field(data, key, (int, float), source))
     if value < 0 or (positive and value == 0):
-        raise TopologyError(source, key, f"{value:g} is {'not positive' if positive else 'negative'}",
-                            "a number > 0" if positive else "a number >= 0")
+        raise TopologyError(
+            source,
+            key,
+            f"{value:g} is {'not positive' if positive else 'negative'}",
+            "a number > 0" if positive else "a number >= 0",
+        )
     return value
 
 
@@ -213,8 +230,11 @@ def _units(profile_name: str, chunk_size_bytes: int | None, time_scale: float | 
         chunk = int(match.group(1)) * _BINARY_BYTES[match.group(2).upper()] if match else REFERENCE_CHUNK_BYTES
     scale = time_scale if time_scale is not None else _SHIPPED_TIME_SCALE.get(chunk)
     if scale is None:
-        logger.warning("profile %s: no known time scale for %d-byte chunks; reading its times as µs (pass time_scale)",
-                       profile_name, chunk)
+        logger.warning(
+            "profile %s: no known time scale for %d-byte chunks; reading its times as µs (pass time_scale)",
+            profile_name,
+            chunk,
+        )
         scale = 1.0
     return _Units(chunk, scale)
 
@@ -228,8 +248,15 @@ def _guess_link_kind(profile_name: str) -> LinkKind:
 # -- GPU links -----------------------------------------------------------------------------------
 
 
-def _gpu_links(data: Mapping[str, object], gpus: int, alpha_us: float, units: _Units, kind: LinkKind,
-               profile_name: str, source: str) -> tuple[list[Link], str, bool]:
+def _gpu_links(
+    data: Mapping[str, object],
+    gpus: int,
+    alpha_us: float,
+    units: _Units,
+    kind: LinkKind,
+    profile_name: str,
+    source: str,
+) -> tuple[list[Link], str, bool]:
     """Return the GPU links, the layout's name and whether it uses ``nvswitch0``."""
     has_lists = "node_betas_list" in data or "node_invbws_list" in data
     if "links" in data or "betas" in data:
@@ -254,14 +281,22 @@ def _gpu_links(data: Mapping[str, object], gpus: int, alpha_us: float, units: _U
     if _DGX2_NAME_RE.search(profile_name):
         links = []
         for i in range(gpus):
-            links += duplex(f"gpu{i}", "nvswitch0", LinkKind.NVSWITCH, alpha_us / 2, units.GBps(betas[0]), _DGX2_NVLINKS_PER_GPU)
+            links += duplex(
+                f"gpu{i}", "nvswitch0", LinkKind.NVSWITCH, alpha_us / 2, units.GBps(betas[0]), _DGX2_NVLINKS_PER_GPU
+            )
         return links, "NVSwitch", True
-    links = [Link(f"gpu{i}", f"gpu{j}", kind, alpha_us, units.GBps(betas[0])) for i in range(gpus) for j in range(gpus) if i != j]
+    links = [
+        Link(f"gpu{i}", f"gpu{j}", kind, alpha_us, units.GBps(betas[0]))
+        for i in range(gpus)
+        for j in range(gpus)
+        if i != j
+    ]
     return links, f"all-to-all {kind.value}", False
 
 
-def _matrix_links(data: Mapping[str, object], gpus: int, alpha_us: float, units: _Units, kind: LinkKind,
-                  source: str) -> list[Link]:
+def _matrix_links(
+    data: Mapping[str, object], gpus: int, alpha_us: float, units: _Units, kind: LinkKind, source: str
+) -> list[Link]:
     matrices = {}
     for key in ("links", "betas", "invbws"):
         rows = _field(data, key, list, source)
@@ -293,8 +328,17 @@ def _nics(data: Mapping[str, object], units: _Units, source: str) -> list[Vertex
     remote_alpha_us = units.us(_number(data, "remote_alpha", source))
     remote_GBps = units.GBps(_number(data, "remote_beta", source, positive=True))
     _number(data, "remote_invbw", source)
-    return [Vertex(f"nic{j}", VertexKind.NIC, local_index=j, net_kind=LinkKind.IB, net_bandwidth_GBps=remote_GBps,
-                   net_alpha_us=remote_alpha_us) for j in range(count)]
+    return [
+        Vertex(
+            f"nic{j}",
+            VertexKind.NIC,
+            local_index=j,
+            net_kind=LinkKind.IB,
+            net_bandwidth_GBps=remote_GBps,
+            net_alpha_us=remote_alpha_us,
+        )
+        for j in range(count)
+    ]
 
 
 @dataclass(frozen=True)
@@ -338,6 +382,6 @@ def _pcie_links(groups: Sequence[_Group], pcie_GBps: float) -> tuple[list[Vertex
     cpus = sorted({group.cpu for group in groups})
     vertices += [Vertex(f"cpu{n}", VertexKind.CPU, numa=n) for n in cpus]
     for i, a in enumerate(cpus):
-        for b in cpus[i + 1:]:
+        for b in cpus[i + 1 :]:
             links += duplex(f"cpu{a}", f"cpu{b}", LinkKind.HOST, HOST_ALPHA_US, _NDV2_HOST_GBPS)
     return vertices, links
