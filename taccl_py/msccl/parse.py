@@ -332,10 +332,11 @@ def parse_msccl_xml(text: str, source: str = "<string>") -> Algorithm:
     Examples
     --------
     >>> algo = parse_msccl_xml('<algo name="x" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="1" '
-    ...                        'coll="allreduce" inplace="1"><gpu id="0" i_chunks="1" o_chunks="0" s_chunks="0"/></algo>')
+    ...                        'coll="allreduce" inplace="1">'
+    ...                        '<gpu id="0" i_chunks="1" o_chunks="0" s_chunks="0"/></algo>')
     >>> algo.collective.value, algo.inplace, algo.max_bytes
     ('allreduce', True, None)
-    """  # noqa: E501
+    """
     return _parse_algo(_build_tree(text, source))
 
 

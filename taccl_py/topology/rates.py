@@ -99,9 +99,10 @@ def nccl_inter_cpu_bw_GBps(arch: str | None, vendor: str | None, family: int, mo
     Rapids 22, >= 0x55 Skylake 10, else Broadwell 6. AMD by CPUID family: 23 Zen1/2 16, 25 Zen3/4 24,
     26 Zen5 32. POWER 32, ARM 6; any other CPU LOC_BW (5000), as NCCL does.
 
-    >>> nccl_inter_cpu_bw_GBps("x86_64", "GenuineIntel", 6, 143), nccl_inter_cpu_bw_GBps("x86_64", "AuthenticAMD", 23, 49)
+    >>> (nccl_inter_cpu_bw_GBps("x86_64", "GenuineIntel", 6, 143),
+    ...  nccl_inter_cpu_bw_GBps("x86_64", "AuthenticAMD", 23, 49))
     (22.0, 16.0)
-    """  # noqa: E501
+    """
     if arch == "ppc64":
         return _P9
     if arch == "arm64":

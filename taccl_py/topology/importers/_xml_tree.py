@@ -74,9 +74,10 @@ def int_attr(element: XmlElement, key: str, source: str, *, default: int | None 
     ``minimum``, raise ``TopologyError`` naming the element's line.
 
     >>> element = XmlElement("gpu", {"dev": "3", "class": "0x10"}, 7)
-    >>> int_attr(element, "dev", "<string>"), int_attr(element, "class", "<string>"), int_attr(element, "sm", "<string>", default=0)
+    >>> (int_attr(element, "dev", "<string>"), int_attr(element, "class", "<string>"),
+    ...  int_attr(element, "sm", "<string>", default=0))
     (3, 16, 0)
-    """  # noqa: E501
+    """
     raw = element.attrs.get(key)
     if raw is None:
         if default is None:
