@@ -14,6 +14,7 @@ from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.verify import VerificationReport, verify_algorithm
 
 __all__ = [
+    "too_many_steps_allgather",
     "assert_valid_algorithm",
     "ring_allgather_plan",
     "ring_reducescatter_plan",
@@ -111,3 +112,10 @@ def ring_algorithm(collective: Collective, num_ranks: int, *, inplace: bool = Fa
     else:
         items = direct_alltoall_plan(n)
     return lower_plan(f"ring_{collective.value}_{n}", collective, n, n, items)
+
+
+def too_many_steps_allgather() -> Algorithm:
+    """Return a correct 2-rank allgather beyond MSCCL's step limit: 80 one-chunk sends on one threadblock."""
+    plan = [Transfer(0, 1, (Buffer.INPUT, i), (Buffer.OUTPUT, i)) for i in range(80)]
+    plan += [Transfer(1, 0, (Buffer.INPUT, i), (Buffer.OUTPUT, 80 + i)) for i in range(80)]
+    return lower_plan("long", Collective.ALLGATHER, 2, 160, plan)

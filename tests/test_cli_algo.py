@@ -10,10 +10,11 @@ import pytest
 from taccl_py.cli import main
 from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library, shipped_library_paths
 from taccl_py.msccl import read_msccl_xml
+from taccl_py.synth.bands import write_library
 
-from helpers import FIXTURES, ring_algorithm
+from helpers import FIXTURES, ring_algorithm, too_many_steps_allgather
 
 GOOD_XML = FIXTURES / "msccl/microsoft/allgather_ring_4gpu_1ch_simple.xml"
 BROKEN_XML = FIXTURES / "msccl/microsoft/sccl_allreduce_dgx1_composed.xml"
@@ -146,3 +147,24 @@ def test_export_msccl_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys,
     assert main(argv) == 2
     assert _error_line(capsys).startswith(fragment)
     assert not (tmp_path / "out").exists()
+
+
+def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, capsys) -> None:
+    library = AlgorithmLibrary(
+        "toy",
+        1,
+        Collective.ALLGATHER,
+        2,
+        (
+            SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json"),
+            SizeBand(1000, None, too_many_steps_allgather(), "y.json"),
+        ),
+    )
+    write_library(library, tmp_path / "ag.library.json")
+    assert main(["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml")]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[1] == f"wrote 1 MSCCL XML files to {tmp_path / 'xml'}"
+    assert err[0].startswith(
+        "warning: toy n1 allgather band 1 (1KB and up) has no MSCCL XML: toy-n1-allgather-1: rank 0 tb 0: 80 steps"
+    )
+    assert [p.name for p in (tmp_path / "xml").iterdir()] == ["toy-n1-allgather-0.xml"]

@@ -112,10 +112,11 @@ def _export_msccl(args: argparse.Namespace) -> int:
         written += len(export.files)
         for index, why in export.skipped:
             band = library.bands[index]
-            upper = "up" if band.max_bytes is None else format_size(band.max_bytes)
+            low = format_size(band.min_bytes)
+            sizes = f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
             print(
                 f"warning: {library.topology} n{library.nodes} {library.collective.value} band {index} "
-                f"({format_size(band.min_bytes)}-{upper}) has no MSCCL XML: {why}",
+                f"({sizes}) has no MSCCL XML: {why}",
                 file=sys.stderr,
             )
     print(f"wrote {written} MSCCL XML files to {folder}", file=sys.stderr)

@@ -9,7 +9,6 @@ runs it from the library.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,8 +19,6 @@ from taccl_py.msccl.dialect import Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 
 __all__ = ["LibraryXml", "generate_library_xml", "library_xml_name", "write_library_xml"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -73,13 +70,11 @@ def write_library_xml(
 ) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 
+    The bands left out are only returned (``LibraryXml.skipped``): the caller reports them.
+
     Every text is generated before the first file is written, each file through a temporary name.
     """
     export = generate_library_xml(library, dialect)
-    for index, why in export.skipped:
-        logger.warning(
-            "band %d of %s is beyond the MSCCL runtime limits and has no XML: %s", index, library.topology, why
-        )
     for name, text in export.files:
         write_text_atomic(Path(folder) / name, text)
     return export
