@@ -10,7 +10,7 @@ from pathlib import Path
 from taccl_py.cli._output import ALGORITHM_FILE_HELP
 from taccl_py.errors import ArgumentError
 from taccl_py.files import read_any_algorithm, write_any_algorithm
-from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths
+from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.msccl import Dialect, write_library_xml
 from taccl_py.units import format_size
 from taccl_py.verify import VerificationReport, verify_algorithm
@@ -97,7 +97,8 @@ def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrar
         )
     paths = shipped_library_paths(name, nodes or 1)
     if not paths:
-        raise ArgumentError(source, "--nodes", f"no shipped libraries at {nodes or 1} nodes", "1, 2 or 4 nodes")
+        shipped = ", ".join(str(count) for count in shipped_node_counts(name))
+        raise ArgumentError(source, "--nodes", f"no shipped libraries at {nodes or 1} nodes", f"one of {shipped} nodes")
     return [read_library(path) for path in paths]
 
 
