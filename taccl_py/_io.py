@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import json
 import lzma
 import os
 import sys
 import tempfile
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 from taccl_py.errors import FormatError, InputError
 
-__all__ = ["XZ_PRESET", "read_text", "write_text_atomic"]
+__all__ = ["XZ_PRESET", "decode_json", "read_text", "write_text_atomic"]
 
 # xz level for compressed schedules: 64-rank schedules are megabytes of repetitive JSON, which level 9
 # packs to less than half of gzip's size; decompressing stays in the tens of milliseconds.
@@ -37,6 +39,14 @@ def read_text(path: str | Path | Traversable, error: type[InputError] = FormatEr
     except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile, lzma.LZMAError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise error(str(path), None, f"cannot read: {reason}", "a readable UTF-8 text file") from None
+
+
+def decode_json(text: str, source: str, error: type[InputError], expected: str) -> Any:
+    """Return the JSON value in ``text``; raise ``error`` naming ``source`` and the line when it is not JSON."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}", expected) from None
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -85,10 +85,10 @@ def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrar
     """Return the library in file ``source``, or the shipped libraries of built-in machine ``source``."""
     if Path(source).is_file():
         return [read_library(source)]
-    from taccl_py.topology.builtins import ALIASES, builtin_topology_names
+    from taccl_py.topology.builtins import builtin_topology_name, builtin_topology_names
 
-    name = ALIASES.get(source.lower(), source.lower())
-    if name not in builtin_topology_names():
+    name = builtin_topology_name(source)
+    if name is None:
         raise ArgumentError(
             source,
             None,

@@ -8,7 +8,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from taccl_py._io import read_text, write_text_atomic
+from taccl_py._io import decode_json, read_text, write_text_atomic
 from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective
@@ -113,12 +113,7 @@ def _parse_step(obj: Any, source: str, where: str) -> Step:
 
 def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
     """Return the ``Algorithm`` a JSON text describes; raise ``FormatError`` naming the field."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise FormatError(
-            source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "an algorithm JSON file"
-        ) from None
+    obj = decode_json(text, source, FormatError, "an algorithm JSON file")
     if not isinstance(obj, dict) or obj.get("schema") != ALGORITHM_SCHEMA:
         raise FormatError(
             source, "schema", f"{obj.get('schema') if isinstance(obj, dict) else obj!r}", repr(ALGORITHM_SCHEMA)

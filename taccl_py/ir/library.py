@@ -24,7 +24,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from taccl_py._io import read_text
+from taccl_py._io import decode_json, read_text
 from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import read_algorithm
@@ -137,10 +137,7 @@ def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
 
 def parse_library(text: str, source: str, base_dir: Path | Traversable) -> AlgorithmLibrary:
     """Return the library a JSON text describes, reading its algorithms relative to ``base_dir``."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise FormatError(source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "a library file") from None
+    obj = decode_json(text, source, FormatError, "a library file")
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
         raise FormatError(source, "schema", "not a taccl library file", repr(LIBRARY_SCHEMA))
     try:

@@ -111,11 +111,14 @@ def _topology_name(text: str) -> str | None:
     if shipped_node_counts(text):
         return text
     try:
-        from taccl_py.topology.builtins import ALIASES, builtin_topology_names
+        from taccl_py.topology.builtins import builtin_topology_name
     except ImportError:  # the topology package is optional for the runtime
         return None
-    name = ALIASES.get(text.lower(), text.lower())
-    return name if name in builtin_topology_names() or shipped_node_counts(name) else None
+    name = builtin_topology_name(text)
+    if name is not None:
+        return name
+    # A machine with shipped libraries but no built-in topology file: aliases name only built-ins.
+    return text.lower() if shipped_node_counts(text.lower()) else None
 
 
 def _collect_one(spec: Any, nodes: int | None, world_size: int) -> list[Candidate]:

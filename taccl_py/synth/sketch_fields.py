@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from enum import Enum
 from typing import Any
 
+from taccl_py._io import decode_json
 from taccl_py.errors import SketchError
 from taccl_py.synth.sketch_model import IntranodeStrategy, SwitchPolicy
 
@@ -69,12 +69,7 @@ def symmetry_field(value: Any, source: str, field: str) -> tuple[tuple[int, int]
 
 def json_object(text: str, source: str) -> dict[str, Any]:
     """Return the JSON object in ``text``."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SketchError(
-            source, f"line {error.lineno}", f"invalid JSON: {error.msg}", "a sketch JSON object"
-        ) from None
+    obj = decode_json(text, source, SketchError, "a sketch JSON object")
     if not isinstance(obj, dict):
         raise SketchError(source, None, "not a JSON object", "a sketch JSON object")
     return obj

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
 
@@ -74,7 +74,7 @@ def describe_solver(options: SolverOptions) -> str:
 
 def solver_settings(options: SolverOptions) -> tuple[tuple[str, float | int], ...]:
     """Return the options that shape a solve, as (name, value) pairs for provenance records."""
-    return (("gap_rel", options.gap_rel), ("threads", options.threads), ("time_limit_s", options.time_limit_s))
+    return tuple(sorted((name, value) for name, value in asdict(options).items() if name != "solver"))
 
 
 @dataclass(frozen=True)

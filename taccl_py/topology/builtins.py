@@ -19,6 +19,7 @@ __all__ = [
     "ALIASES",
     "BUILTIN_PACKAGE",
     "builtin_topology_dir",
+    "builtin_topology_name",
     "builtin_topology_names",
     "load_topology",
     "nic_affinity",
@@ -55,6 +56,16 @@ def builtin_topology_names() -> tuple[str, ...]:
     """
     folder = builtin_topology_dir()
     return tuple(sorted(item.name.removesuffix(".json") for item in folder.iterdir() if item.name.endswith(".json")))
+
+
+def builtin_topology_name(text: str) -> str | None:
+    """Return the built-in machine ``text`` names (any case, or an alias), or None when it names none.
+
+    >>> builtin_topology_name("NDv4"), builtin_topology_name("ndv2"), builtin_topology_name("my.json")
+    ('dgx-a100', 'ndv2', None)
+    """
+    key = ALIASES.get(text.lower(), text.lower())
+    return key if key in builtin_topology_names() else None
 
 
 def load_topology(name_or_path: str | Path, nodes: int = 1) -> Topology:
@@ -96,10 +107,8 @@ def load_topology(name_or_path: str | Path, nodes: int = 1) -> Topology:
 
 
 def _load_machine(name_or_path: str) -> Topology:
-    names = builtin_topology_names()
-    key = name_or_path.lower()
-    key = ALIASES.get(key, key)
-    if key in names:
+    key = builtin_topology_name(name_or_path)
+    if key is not None:
         path = builtin_topology_dir() / f"{key}.json"
         return parse_topology(read_text(path, TopologyError), source=str(path))
     path = Path(name_or_path)
@@ -108,7 +117,7 @@ def _load_machine(name_or_path: str) -> Topology:
             name_or_path,
             None,
             "no such built-in topology or file",
-            "one of " + ", ".join(names + tuple(sorted(ALIASES))) + ", or a topology file",
+            "one of " + ", ".join(builtin_topology_names() + tuple(sorted(ALIASES))) + ", or a topology file",
         )
     text = read_text(path, TopologyError)
     if _is_taccl_topology(path, text):
