@@ -195,11 +195,12 @@ def test_best_baseline_is_the_fastest_applicable_one():
 
 
 def test_applicable_kinds():
-    assert applicable_kinds(full_mesh(4), "allgather") == (BaselineKind.RING,)
+    assert applicable_kinds(full_mesh(4), "allgather") == (BaselineKind.RING, BaselineKind.TREES)
     assert applicable_kinds(load_topology("ndv2", nodes=2), "allreduce") == (
         BaselineKind.RING,
         BaselineKind.TREE,
         BaselineKind.HIERARCHICAL,
+        BaselineKind.TREES,
     )
 
 
@@ -215,6 +216,9 @@ def test_applicable_kinds():
         ("tree", "allreduce", {"channels": 33}, "33 channels; expected 1..32"),
         ("ring", "allgather", {"chunks": 0}, "0 chunks"),
         ("tree", "allreduce", {"chunks": MAX_TREE_CHUNKS + 1}, f"{MAX_TREE_CHUNKS + 1} chunks"),
+        ("trees", "alltoall", {}, "no trees baseline for alltoall"),
+        ("trees", "allgather", {"channels": 0}, "0 trees per rank; expected 1..32"),
+        ("trees", "allgather", {"chunks": 33}, "33 chunks; expected 1..32 pieces per tree"),
     ],
 )
 def test_bad_baseline_requests_are_argument_errors(kind, collective, options, message):

@@ -1,4 +1,5 @@
-"""Baseline algorithms to compare against: NCCL-like rings, double binary trees, hierarchical rings.
+"""Baseline algorithms to compare against: NCCL-like rings, double binary trees, hierarchical rings and
+spanning-tree packing (the bandwidth-optimal published method).
 
 Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved
 it implements its collective. ``best_baseline`` simulates the applicable ones at a size and
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
+from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm, tree_parents
 from taccl_py.errors import ArgumentError
@@ -33,6 +35,7 @@ __all__ = [
     "tree_parents",
     "hierarchical_algorithm",
     "local_rings",
+    "packed_trees_algorithm",
 ]
 
 
@@ -42,13 +45,16 @@ class BaselineKind(str, Enum):
     RING = "ring"
     TREE = "tree"
     HIERARCHICAL = "hierarchical"
+    TREES = "trees"
 
 
 def _kind(kind: BaselineKind | str) -> BaselineKind:
     try:
         return BaselineKind(kind)
     except ValueError:
-        raise ArgumentError(None, "baseline", f"unknown baseline {kind!r}", "ring, tree or hierarchical") from None
+        raise ArgumentError(
+            None, "baseline", f"unknown baseline {kind!r}", "ring, tree, hierarchical or trees"
+        ) from None
 
 
 def _collective(collective: Collective | str) -> Collective:
@@ -63,8 +69,8 @@ def _collective(collective: Collective | str) -> Collective:
 def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[BaselineKind, ...]:
     """Return the baselines worth comparing for ``collective`` on ``topology``.
 
-    Trees only reduce (allreduce); hierarchical equals the ring on one machine, so it is
-    listed only across machines.
+    Double binary trees only reduce (allreduce); hierarchical equals the ring on one machine,
+    so it is listed only across machines; packed trees apply everywhere.
     """
     collective = _collective(collective)
     kinds = [BaselineKind.RING]
@@ -72,6 +78,7 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
         kinds.append(BaselineKind.TREE)
     if topology.nodes > 1:
         kinds.append(BaselineKind.HIERARCHICAL)
+    kinds.append(BaselineKind.TREES)
     return tuple(kinds)
 
 
@@ -89,7 +96,7 @@ def build_baseline(
     Parameters
     ----------
     kind : BaselineKind or str
-        ``ring``, ``tree`` (allreduce only) or ``hierarchical``.
+        ``ring``, ``tree`` (allreduce only), ``hierarchical`` or ``trees`` (packed spanning trees).
     topology : Topology
         The machine(s) the orders are built for.
     collective : Collective or str
@@ -99,7 +106,7 @@ def build_baseline(
         are busy on every step, so more pieces only add latency in the α-β model); for trees
         tuned to ``size_bytes`` when given.
     channels : int, optional
-        Parallel rings or trees; default as the builder finds on the topology.
+        Parallel rings or trees (packed trees: trees per rank); default as the builder finds on the topology.
     size_bytes : int, optional
         The size a tree's pipeline depth is tuned for.
 
@@ -120,6 +127,8 @@ def build_baseline(
         return ring_algorithm(topology, collective, channels=channels, chunks=chunks)
     if kind is BaselineKind.TREE:
         return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
+    if kind is BaselineKind.TREES:
+        return packed_trees_algorithm(topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes)
     return hierarchical_algorithm(topology, collective, channels=channels, chunks=chunks)
 
 
@@ -151,8 +160,8 @@ def best_baselines(
 ) -> tuple[tuple[Algorithm, SimulationResult], ...]:
     """Return, per size, the baseline with the smallest simulated time and its result.
 
-    Rings and hierarchical algorithms are built once; trees once per pipeline depth the sizes
-    call for. Ties go to the earlier of ring, tree, hierarchical. ``progress`` receives one
+    Rings and hierarchical algorithms are built once; trees and packed trees once per pipeline
+    depth the sizes call for. Ties go to the earlier of ring, tree, hierarchical, trees. ``progress`` receives one
     line per baseline built.
     """
     collective = _collective(collective)
@@ -172,8 +181,11 @@ def best_baselines(
             groups = {}
             for size in sizes:
                 groups.setdefault(default_tree_chunks(topology, size, channels), []).append(size)
+        chunkup = None
+        if kind is BaselineKind.TREES:
+            chunkup, groups = packing_pieces_by_size(topology, collective, sizes)
         for chunks, group in groups.items():
-            algorithm = build_baseline(kind, topology, collective, chunks)
+            algorithm = build_baseline(kind, topology, collective, chunks, channels=chunkup, size_bytes=group[-1])
             if progress is not None:
                 progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
             for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):

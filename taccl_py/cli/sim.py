@@ -14,7 +14,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology import load_topology
-from taccl_py.units import format_size, parse_sizes
+from taccl_py.units import format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
 
@@ -102,7 +102,10 @@ def _simulate(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     algorithm_format(args.output)
     topology = load_topology(args.topology, nodes=args.nodes)
-    algorithm = build_baseline(args.kind, topology, args.collective, args.chunks, channels=args.channels)
+    size = parse_size(args.size, "--size") if args.size is not None else None
+    algorithm = build_baseline(
+        args.kind, topology, args.collective, args.chunks, channels=args.channels, size_bytes=size
+    )
     write_any_algorithm(algorithm, args.output)
     if args.output != "-":
         _PROGRESS(
@@ -143,18 +146,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     base = subparsers.add_parser(
         "baseline",
-        help="write an NCCL-like ring, double binary tree or hierarchical algorithm",
+        help="write an NCCL-like ring, double binary tree, hierarchical or packed-trees algorithm",
         description="Build the baseline for the topology, verify it and write it (.json or MSCCL-IR .xml).",
     )
     base.add_argument(
-        "kind", choices=[k.value for k in BaselineKind], help="ring, tree (allreduce only) or hierarchical"
+        "kind",
+        choices=[k.value for k in BaselineKind],
+        help="ring, tree (allreduce only), hierarchical or trees (spanning-tree packing)",
     )
     _add_topology(base)
     base.add_argument(
         "--collective", "-c", required=True, choices=["allgather", "reducescatter", "allreduce"], help="the collective"
     )
-    base.add_argument("--channels", type=int, help="rings or trees in parallel (default: as the topology suggests)")
+    base.add_argument(
+        "--channels",
+        type=int,
+        help="rings or trees in parallel, or trees per rank for packed trees (default: as the topology suggests)",
+    )
     base.add_argument("--chunks", type=int, help="pieces per channel, the pipeline depth (default: 1; trees 4)")
+    base.add_argument("--size", help="packed trees: the size their pipeline depth is tuned for (e.g. 64MB)")
     base.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for JSON on stdout)"
     )

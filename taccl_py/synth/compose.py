@@ -21,9 +21,10 @@ from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
 from taccl_py.synth.solver import SolverOptions
+from taccl_py.synth.tree_packing import pack_trees, packed_routing
 from taccl_py.verify import check_algorithm
 
-__all__ = ["Chunking", "Candidate", "synthesize_chunking"]
+__all__ = ["Chunking", "Candidate", "phase_graphs", "synthesize_chunking"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class Candidate:
     wall_s: float
 
 
-def _phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGraph, ...]:
+def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGraph, ...]:
+    """Return the graphs the phases of ``collective`` route on: reversed for a reduction, both for AllReduce."""
     if collective is Collective.ALLGATHER:
         return (graph,)
     if collective is Collective.REDUCESCATTER:
@@ -72,8 +74,10 @@ def _schedule_phase(graph: LogicalGraph, chunking: Chunking, options: SolverOpti
     """Return the fastest schedule over the candidate routings (contiguity MILP on the winner only)."""
     chunk_bytes = chunking.design_bytes / (graph.num_ranks * chunking.chunkup)
     piece_bytes = chunk_bytes / chunking.pieces
+    # Packed trees carry the least load the graph allows; the MILP starts from them and weighs latency too.
+    packed = packed_routing(pack_trees(graph), chunking.chunkup, chunk_bytes, piece_bytes)
     routings = route_candidates(
-        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, ROUTING_TIME_SHARE * budget_s
+        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, ROUTING_TIME_SHARE * budget_s, start=packed
     )
     orderings = [order_sends(routing, chunking.pieces, piece_bytes) for routing in routings]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
@@ -99,7 +103,7 @@ def synthesize_chunking(
     ``VerificationError`` if the result is wrong (a bug, never expected).
     """
     began = time.perf_counter()
-    phases = _phase_graphs(graph, collective)
+    phases = phase_graphs(graph, collective)
     schedules = []
     for index, phase_graph in enumerate(phases):
         if progress is not None:

@@ -391,15 +391,18 @@ def route_candidates(
     piece_bytes: float,
     options: SolverOptions,
     time_limit_s: float | None = None,
+    start: Routing | None = None,
 ) -> tuple[Routing, ...]:
-    """Return the MILP's routing followed by the distinct greedy ones.
+    """Return the MILP's routing followed by ``start`` (when it differs) and the distinct greedy ones.
 
     Routings of equal relaxed objective can order very differently, so the caller orders each
-    and keeps the fastest schedule.
+    and keeps the fastest schedule. ``start`` (e.g. packed trees) also warm-starts the MILP when
+    it beats the greedy routes.
     """
-    best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s)
+    best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s, start=start)
     others = tuple(r for r in greedy_routings(graph, chunkup, chunk_bytes, piece_bytes) if r.trees != best.trees)
-    return (best,) + others[:MAX_ALTERNATIVE_ROUTINGS]
+    packed = (start,) if start is not None and start.trees != best.trees else ()
+    return (best,) + packed + others[:MAX_ALTERNATIVE_ROUTINGS]
 
 
 def route_chunks(
@@ -409,31 +412,37 @@ def route_chunks(
     piece_bytes: float,
     options: SolverOptions,
     time_limit_s: float | None = None,
+    start: Routing | None = None,
 ) -> Routing:
     """Return every chunk's route: the MILP's best within the time limit, else the greedy one.
 
-    ``chunk_bytes`` sizes the loads, ``piece_bytes`` (<= chunk) the path latencies. The result's
+    ``chunk_bytes`` sizes the loads, ``piece_bytes`` (<= chunk) the path latencies. ``start`` is
+    another routing to warm-start from when its objective beats the greedy one's. The result's
     ``status`` says ``optimal``, ``time-limit incumbent`` or ``heuristic`` (the MILP found nothing
-    better in time, or was not needed: a single-rank problem).
+    better in time, or was not needed: a single-rank problem), or the start's status when the
+    MILP found nothing better than it.
     """
-    greedy = greedy_routing(graph, chunkup, chunk_bytes, piece_bytes)
+    incumbent = greedy_routing(graph, chunkup, chunk_bytes, piece_bytes)
+    if start is not None and start.objective_us < incumbent.objective_us:
+        incumbent = start
     if graph.num_ranks < 2:
-        return greedy
+        return incumbent
     sym = chunk_symmetry(graph, chunkup)
-    horizon = greedy.objective_us * (1 + 1e-6) + 1e-6
+    horizon = incumbent.objective_us * (1 + 1e-6) + 1e-6
     model = _build_model(graph, sym, chunkup, chunk_bytes, piece_bytes, horizon)
-    start = _start_values(model, graph, sym, greedy, chunkup, piece_bytes)
-    outcome = solve_model(model.prob, options, time_limit_s, start)
+    values = _start_values(model, graph, sym, incumbent, chunkup, piece_bytes)
+    outcome = solve_model(model.prob, options, time_limit_s, values)
+    kept = Routing(graph, chunkup, incumbent.trees, incumbent.objective_us, incumbent.status, outcome.wall_s)
     if not outcome.has_solution:
-        logger.info("routing MILP: %s; keeping the greedy routes", outcome.status.value)
-        return Routing(graph, chunkup, greedy.trees, greedy.objective_us, "heuristic", outcome.wall_s)
+        logger.info("routing MILP: %s; keeping the %s routes", outcome.status.value, incumbent.status)
+        return kept
     rep_trees = _extract_trees(model, graph, sym, chunkup)
     if rep_trees is None:
-        logger.warning("routing MILP returned a solution that is not a tree; keeping the greedy routes")
-        return Routing(graph, chunkup, greedy.trees, greedy.objective_us, "heuristic", outcome.wall_s)
+        logger.warning("routing MILP returned a solution that is not a tree; keeping the %s routes", incumbent.status)
+        return kept
     trees = _expand(graph, sym, rep_trees)
     objective = routing_objective_us(graph, trees, chunkup, chunk_bytes, piece_bytes)
-    if objective > greedy.objective_us:
-        return Routing(graph, chunkup, greedy.trees, greedy.objective_us, "heuristic", outcome.wall_s)
+    if objective > incumbent.objective_us:
+        return kept
     status = "optimal" if outcome.status is SolveStatus.OPTIMAL else outcome.status.value
     return Routing(graph, chunkup, trees, objective, status, outcome.wall_s)
