@@ -31,8 +31,7 @@ from benchmarks_md import (  # noqa: E402
     write_csv,
 )
 
-from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline  # noqa: E402
-from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks  # noqa: E402
+from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, size_groups  # noqa: E402
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan  # noqa: E402
 from taccl_py.topology import builtin_topology_names, load_topology  # noqa: E402
 from taccl_py.topology.bounds import lower_bounds  # noqa: E402
@@ -63,17 +62,6 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _size_groups(kind: BaselineKind, topology: Topology, sizes: Sequence[int]) -> dict[int | None, list[int]]:
-    """Return sizes grouped by the pipeline depth the baseline uses for them (trees tune it)."""
-    if kind is not BaselineKind.TREE:
-        return {None: list(sizes)}
-    groups: dict[int | None, list[int]] = {}
-    channels = default_tree_channels(topology)
-    for size in sizes:
-        groups.setdefault(default_tree_chunks(topology, size, channels), []).append(size)
-    return groups
-
-
 def bench_case(
     topology: Topology, collective: str, sizes: Sequence[int]
 ) -> dict[str, dict[int, tuple[str, SimulationResult]]]:
@@ -82,9 +70,10 @@ def bench_case(
     out: dict[str, dict[int, tuple[str, SimulationResult]]] = {}
     for kind in applicable_kinds(topology, collective):
         out[kind.value] = {}
-        for chunks, group in _size_groups(kind, topology, sizes).items():
+        channels, groups = size_groups(kind, topology, collective, sizes)
+        for chunks, group in groups.items():
             began = time.perf_counter()
-            algorithm = build_baseline(kind, topology, collective, chunks)
+            algorithm = build_baseline(kind, topology, collective, chunks, channels=channels, size_bytes=group[-1])
             built = time.perf_counter()
             plan = prepare_simulation(algorithm, topology)
             for size in group:

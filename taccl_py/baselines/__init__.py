@@ -29,6 +29,7 @@ __all__ = [
     "all_baselines",
     "best_baseline",
     "best_baselines",
+    "size_groups",
     "ring_algorithm",
     "ring_orders",
     "tree_algorithm",
@@ -145,6 +146,25 @@ def all_baselines(
     )
 
 
+def size_groups(
+    kind: BaselineKind | str, topology: Topology, collective: Collective | str, sizes: Sequence[int]
+) -> tuple[int | None, dict[int | None, list[int]]]:
+    """Return the channels (None: the default) and the sizes grouped by the pipeline depth ``kind`` uses for them.
+
+    Rings and hierarchical algorithms use one depth for every size; trees and packed trees tune it.
+    """
+    kind, collective = _kind(kind), _collective(collective)
+    if kind is BaselineKind.TREES:
+        return packing_pieces_by_size(topology, collective, sizes)
+    if kind is not BaselineKind.TREE:
+        return None, {None: list(sizes)}
+    channels = default_tree_channels(topology)
+    groups: dict[int | None, list[int]] = {}
+    for size in sizes:
+        groups.setdefault(default_tree_chunks(topology, size, channels), []).append(size)
+    return None, groups
+
+
 def _simulate_all(
     algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float]
 ) -> list[SimulationResult]:
@@ -175,17 +195,9 @@ def best_baselines(
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     best: dict[int, tuple[Algorithm, SimulationResult]] = {}
     for kind in applicable_kinds(topology, collective):
-        groups: dict[int | None, list[int]] = {None: list(sizes)}
-        if kind is BaselineKind.TREE:
-            channels = default_tree_channels(topology)
-            groups = {}
-            for size in sizes:
-                groups.setdefault(default_tree_chunks(topology, size, channels), []).append(size)
-        chunkup = None
-        if kind is BaselineKind.TREES:
-            chunkup, groups = packing_pieces_by_size(topology, collective, sizes)
+        channels, groups = size_groups(kind, topology, collective, sizes)
         for chunks, group in groups.items():
-            algorithm = build_baseline(kind, topology, collective, chunks, channels=chunkup, size_bytes=group[-1])
+            algorithm = build_baseline(kind, topology, collective, chunks, channels=channels, size_bytes=group[-1])
             if progress is not None:
                 progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
             for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):
