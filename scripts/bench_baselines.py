@@ -168,8 +168,9 @@ def render(records: Sequence[dict], elapsed_s: float) -> str:
     """Return the BENCHMARKS.md body: prose, the summary of ``records`` and the pointer to the CSV."""
     return (
         "Simulated with `taccl_py.simulate` (α-β links shared max-min fairly, computes free; see "
-        "`taccl_py/simulate/engine.py`). Rings and hierarchical use one piece per channel; trees tune their pipeline "
-        "depth to the size; trees reduce only, hierarchical only across machines.\n\n"
+        "`taccl_py/simulate/engine.py`). Rings and hierarchical use one piece per channel; double binary trees "
+        "(`tree`, allreduce only) and packed spanning trees (`trees`) tune their pipeline depth to the size; "
+        "hierarchical only across machines.\n\n"
         "Summary: for each topology and collective, the fastest baseline's fraction of the lower bound "
         "(bound time / its time; 1.00 = optimal) at each size, worst-best over the machine counts, and how often "
         "each kind is the fastest.\n\n"
@@ -221,7 +222,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         given = list(sys.argv[1:] if argv is None else argv)
         command = " ".join(["python scripts/bench_baselines.py", *given])
         update_benchmarks_section(
-            "baselines", "Baselines: rings, double binary trees, hierarchical rings (simulated)", command, body
+            "baselines",
+            "Baselines: rings, double binary trees, hierarchical rings, packed trees (simulated)",
+            command,
+            body,
         )
         _log("wrote the baselines section of BENCHMARKS.md")
     _log(f"done in {elapsed:.0f} s")

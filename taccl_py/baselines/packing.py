@@ -8,10 +8,12 @@ AllGather. No MILP runs, so the baseline is cheap and the same on every machine.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Sequence
 
-from taccl_py.errors import ArgumentError
+from taccl_py.errors import ArgumentError, SketchError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.synth.compose import phase_graphs
@@ -19,7 +21,7 @@ from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.scheduling import schedule_sends
-from taccl_py.synth.sketch import auto_sketch
+from taccl_py.synth.sketch import auto_sketch, check_sketch
 from taccl_py.synth.solver import SolverOptions
 from taccl_py.synth.tree_packing import TreePacking, integral_loads, pack_trees, packed_routing
 from taccl_py.topology.model import Topology
@@ -33,6 +35,8 @@ __all__ = [
     "default_packing_chunkup",
     "default_packing_pieces",
 ]
+
+logger = logging.getLogger(__name__)
 
 MAX_PACKING_CHUNKUP = 4  # trees per rank: more rarely lowers the load and multiplies MSCCL steps
 MAX_PACKING_PIECES = 8  # default pipeline depth at most: MSCCL allows 64 steps per threadblock
@@ -51,7 +55,14 @@ def packing_graph(topology: Topology) -> LogicalGraph:
     Opening every NIC pair (``direct-map``) leaves the fractional optimum unchanged on the
     built-in machines and makes the integral packings worse, so the sketch's relays stay.
     """
-    return build_logical_graph(topology, auto_sketch(topology))
+    sketch = auto_sketch(topology)
+    try:
+        return build_logical_graph(topology, sketch)
+    except SketchError as error:
+        # The automatic symmetry can propose a rotation the links do not share (one NIC for two
+        # GPUs); the packing only gets slower without it.
+        logger.info("%s; packing trees without rotations", error)
+        return build_logical_graph(topology, check_sketch(dataclasses.replace(sketch, symmetry=()), topology))
 
 
 def default_packing_chunkup(packing: TreePacking) -> int:
