@@ -159,8 +159,9 @@ class _MasterLP:
 
         self.highs = highspy.Highs()
         self.highs.setOptionValue("output_flag", False)
+        # No "threads": HiGHS sizes one process-wide scheduler at its first run, and a later
+        # solve asking for another count (the synthesizer's MILPs) would then fail.
         self.highs.setOptionValue("random_seed", 0)
-        self.highs.setOptionValue("threads", 1)
         self.inf = highspy.kHighsInf
         self.num_roots = num_roots
         empty_i, empty_v = np.array([], dtype=np.int32), np.array([], dtype=np.float64)
@@ -269,7 +270,7 @@ def _integral_counts(packing: TreePacking, loads: np.ndarray, chunkup: int, node
         for j, count in zip(members, _round_counts([packing.weights[j] for j in members], chunkup)):
             start[j] = count
     highs = highspy.Highs()
-    for option, value in (("output_flag", False), ("threads", 1), ("random_seed", 0), ("mip_rel_gap", 1e-4)):
+    for option, value in (("output_flag", False), ("random_seed", 0), ("mip_rel_gap", 1e-4)):
         highs.setOptionValue(option, value)
     highs.setOptionValue("mip_max_nodes", node_limit)
     inf = highspy.kHighsInf
