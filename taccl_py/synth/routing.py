@@ -401,8 +401,8 @@ def route_candidates(
     """
     best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s, start=start)
     others = tuple(r for r in greedy_routings(graph, chunkup, chunk_bytes, piece_bytes) if r.trees != best.trees)
-    packed = (start,) if start is not None and start.trees != best.trees else ()
-    return (best,) + packed + others[:MAX_ALTERNATIVE_ROUTINGS]
+    given = (start,) if start is not None and start.trees != best.trees else ()
+    return (best,) + given + others[:MAX_ALTERNATIVE_ROUTINGS]
 
 
 def route_chunks(

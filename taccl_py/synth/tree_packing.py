@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
@@ -56,7 +56,8 @@ class TreePacking:
     ``columns`` holds (index into ``roots``, tree links parents-first) for every tree generated;
     ``weights`` their LP weights (per root they sum to 1). ``load_us_per_byte`` is the busiest
     resource's busy time per byte of each rank's data (the LP optimum when ``converged``);
-    ``lower_bound_us_per_byte`` is the duals' bound on it.
+    ``lower_bound_us_per_byte`` is the duals' bound on it. ``column_loads[j]`` is the load column
+    j and its orbit images put on every resource (µs per byte of each rank's data).
     """
 
     graph: LogicalGraph
@@ -67,6 +68,7 @@ class TreePacking:
     lower_bound_us_per_byte: float
     rounds: int
     converged: bool
+    column_loads: np.ndarray = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,7 @@ def pack_trees(graph: LogicalGraph, max_rounds: int = MAX_PACKING_ROUNDS) -> Tre
         min(lower, load),
         rounds,
         converged,
+        np.array([column_load for _, _, column_load in columns]),
     )
 
 
@@ -255,7 +258,7 @@ def _round_counts(weights: list[float], k: int) -> list[int]:
     return counts
 
 
-def _integral_counts(packing: TreePacking, loads: np.ndarray, chunkup: int, node_limit: int) -> tuple[list[int], str]:
+def _integral_counts(packing: TreePacking, chunkup: int, node_limit: int) -> tuple[list[int], str]:
     """Return how many of each column's tree every root takes (``chunkup`` per root), by a small MIP.
 
     Minimises the busiest resource's load over integer counts of the generated trees, from
@@ -263,6 +266,7 @@ def _integral_counts(packing: TreePacking, loads: np.ndarray, chunkup: int, node
     """
     import highspy
 
+    loads = packing.column_loads
     num_roots, num_columns = len(packing.roots), len(packing.columns)
     start = np.zeros(num_columns)
     for i in range(num_roots):
@@ -308,9 +312,8 @@ def integral_loads(
     """Return ``chunkup`` trees per representative root, their busiest load (µs per byte of each rank's data)
     and how the counts were found (``optimal``, ``node limit`` or ``rounded``).
     """
-    orbits = _orbit_loads(packing.graph)
-    loads = np.array([_tree_load(orbits, root, tree) for root, tree in packing.columns])
-    counts, status = _integral_counts(packing, loads, chunkup, node_limit)
+    loads = packing.column_loads
+    counts, status = _integral_counts(packing, chunkup, node_limit)
     chosen = tuple(
         tuple(tree for (root, tree), count in zip(packing.columns, counts) if root == i for _ in range(count))
         for i in range(len(packing.roots))
