@@ -359,3 +359,63 @@ def test_engine_matches_naive_reference_on_random_plans(seed):
     size = rng.choice([4_000, 4_000_000, 400_000_000])
     got = simulate(algorithm, topology, size, bound_time_us=1.0).time_us
     assert got == pytest.approx(_reference_time_us(algorithm, topology, size), rel=1e-9)
+
+
+# -- max-min fair sharing against a plain progressive filling -------------------------------------
+
+
+def _plain_max_min(links, link_routes, route_links, counts, capacity):
+    """Return route -> rate by progressive filling with a full scan for the bottleneck (no heap)."""
+    from taccl_py.simulate.fairshare import MIN_RATE_FRACTION
+
+    spare = {link: capacity[link] for link in links}
+    unfixed = {link: sum(counts[r] for r in link_routes[link]) for link in links}
+    rates = {}
+    while any(unfixed.values()):
+        share, link = min((spare[l] / unfixed[l], l) for l in links if unfixed[l])
+        share = max(share, capacity[link] * MIN_RATE_FRACTION)
+        for route in link_routes[link]:  # the link's routes in the order its set lists them
+            if route in rates:
+                continue
+            rates[route] = share
+            for other in route_links[route]:
+                spare[other] -= share * counts[route]
+                unfixed[other] -= counts[route]
+    return rates
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_max_min_sharing_matches_a_plain_progressive_filling_bit_for_bit(seed):
+    import random
+
+    from taccl_py.simulate.fairshare import MaxMinSharing
+
+    rng = random.Random(seed)
+    num_links = rng.randint(2, 14)
+    capacity = [rng.choice([10.0, 25.0, 125.0, 9523.809523809523]) for _ in range(num_links)]
+    route_links = [tuple(rng.sample(range(num_links), rng.randint(1, min(4, num_links)))) for _ in range(24)]
+    route_flows = [set(range(100 * r, 100 * r + rng.choice([0, 1, 1, 2, 3]))) for r in range(len(route_links))]
+    link_routes = [set() for _ in range(num_links)]
+    for r in rng.sample(range(len(route_links)), len(route_links)):  # sets filled in a random order
+        for link in route_links[r] if route_flows[r] else ():
+            link_routes[link].add(r)
+    link_count = [sum(len(route_flows[r]) for r in link_routes[link]) for link in range(num_links)]
+    active = [r for r in range(len(route_links)) if route_flows[r]]
+    if not active:
+        return
+    sharing = MaxMinSharing(route_links, capacity)
+    for _ in range(3):  # the scratch tables are reused between calls
+        seeds = set(rng.sample(active, rng.randint(1, len(active))))
+        members, links = sharing.component(seeds, link_routes)
+        reachable, frontier = set(seeds), list(seeds)
+        while frontier:
+            for link in route_links[frontier.pop()]:
+                for other in link_routes[link] - reachable:
+                    reachable.add(other)
+                    frontier.append(other)
+        assert members == reachable
+        assert sorted(links) == sorted({link for r in members for link in route_links[r]})
+        table = sharing.rates(links, link_routes, route_flows, link_count)
+        counts = [len(flows) for flows in route_flows]
+        expected = _plain_max_min(links, link_routes, route_links, counts, capacity)
+        assert {r: table[r] for r in members} == expected

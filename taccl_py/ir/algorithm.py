@@ -84,7 +84,7 @@ _RECEIVING = frozenset(
 _REDUCING = frozenset({OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND, OpType.REDUCE})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Step:
     """One operation of a threadblock over ``count`` chunks.
 

@@ -13,9 +13,11 @@ is never in an earlier round than the SEND it matches.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass
 from enum import Enum
+
+import numpy as np
 
 from taccl_py.errors import Violation
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step, Threadblock
@@ -31,7 +33,7 @@ class ActionKind(str, Enum):
     COMPUTE = "compute"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Region:
     """``count`` chunks of a buffer from ``offset``, or of a step's temporary when ``buffer`` is None."""
 
@@ -45,7 +47,7 @@ class Region:
         return range(self.offset, self.offset + self.count)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Action:
     """A primitive action of one rank; COMPUTE stores the sum of ``sources`` into ``target``."""
 
@@ -87,48 +89,55 @@ class Dataflow:
         if self.order is None or self.rounds is None:
             return ()
         phase = {ActionKind.SEND: 0, ActionKind.RECV: 1, ActionKind.COMPUTE: 2}
-        position = {action_id: index for index, action_id in enumerate(self.order)}
-        return tuple(sorted(self.actions, key=lambda a: (self.rounds[a.id], phase[a.kind], position[a.id])))
+        position = [0] * len(self.actions)
+        for index, action_id in enumerate(self.order):
+            position[action_id] = index
+        rounds = self.rounds
+        return tuple(sorted(self.actions, key=lambda a: (rounds[a.id], phase[a.kind], position[a.id])))
 
 
-def _region(buffer: Buffer | None, offset: int, count: int) -> Region:
-    return Region(buffer, offset, count)
+_Part = tuple[ActionKind, tuple[Region, ...], Region | None, int | None]
+_NOP_PARTS: tuple[_Part, ...] = ((ActionKind.COMPUTE, (), None, None),)
 
 
-def _decompose_step(
-    rank: int, tb: Threadblock, index: int, step: Step
-) -> list[tuple[ActionKind, tuple[Region, ...], Region | None, int | None]]:
-    """Return (kind, sources, target, peer) for each action of ``step``, in execution order."""
-    src = _region(step.src_buffer, step.src_offset, step.count)
-    dst = _region(step.dst_buffer, step.dst_offset, step.count)
-    temp = Region(None, 0, step.count, temp=(tb.id, index))
+def _interned(regions: dict[tuple, Region], buffer: Buffer | None, offset: int, count: int, temp=None) -> Region:
+    """Return the one ``Region`` of a build with these fields (they recur on every rank)."""
+    key = (buffer, offset, count, temp)
+    region = regions.get(key)
+    if region is None:
+        region = regions[key] = Region(buffer, offset, count, temp)
+    return region
+
+
+def _decompose_step(tb: Threadblock, index: int, step: Step, regions: dict[tuple, Region]) -> list[_Part]:
+    """Return (kind, sources, target, peer) for each action of ``step``, in execution order.
+
+    ``regions`` interns the regions of one build: one object per distinct region keeps the
+    build's memory, and the garbage collector's work, small on large programs.
+    """
     op = step.op
-    recv = (ActionKind.RECV, (), None, tb.recv_peer)
+    if op is OpType.NOP:
+        return []  # nop: only carries dependencies
     if op is OpType.SEND:
+        src = _interned(regions, step.src_buffer, step.src_offset, step.count)
         return [(ActionKind.SEND, (src,), None, tb.send_peer)]
+    dst = _interned(regions, step.dst_buffer, step.dst_offset, step.count)
     if op is OpType.RECV:
         return [(ActionKind.RECV, (), dst, tb.recv_peer)]
     if op is OpType.RECV_COPY_SEND:
         return [(ActionKind.RECV, (), dst, tb.recv_peer), (ActionKind.SEND, (dst,), None, tb.send_peer)]
-    if op is OpType.RECV_REDUCE_SEND:
-        return [
-            (recv[0], (), temp, recv[3]),
-            (ActionKind.COMPUTE, (temp, src), temp, None),
-            (ActionKind.SEND, (temp,), None, tb.send_peer),
-        ]
-    if op is OpType.RECV_REDUCE_COPY:
-        return [(recv[0], (), temp, recv[3]), (ActionKind.COMPUTE, (src, temp), dst, None)]
-    if op is OpType.RECV_REDUCE_COPY_SEND:
-        return [
-            (recv[0], (), temp, recv[3]),
-            (ActionKind.COMPUTE, (src, temp), dst, None),
-            (ActionKind.SEND, (dst,), None, tb.send_peer),
-        ]
+    src = _interned(regions, step.src_buffer, step.src_offset, step.count)
     if op is OpType.COPY:
         return [(ActionKind.COMPUTE, (src,), dst, None)]
     if op is OpType.REDUCE:
         return [(ActionKind.COMPUTE, (dst, src), dst, None)]
-    return []  # nop: only carries dependencies
+    temp = _interned(regions, None, 0, step.count, (tb.id, index))
+    recv = (ActionKind.RECV, (), temp, tb.recv_peer)
+    if op is OpType.RECV_REDUCE_SEND:
+        return [recv, (ActionKind.COMPUTE, (temp, src), temp, None), (ActionKind.SEND, (temp,), None, tb.send_peer)]
+    if op is OpType.RECV_REDUCE_COPY:
+        return [recv, (ActionKind.COMPUTE, (src, temp), dst, None)]
+    return [recv, (ActionKind.COMPUTE, (src, temp), dst, None), (ActionKind.SEND, (dst,), None, tb.send_peer)]
 
 
 @dataclass
@@ -147,15 +156,17 @@ def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> Non
         ids = [tb.id for tb in prog.threadblocks]
         if len(set(ids)) != len(ids):
             violations.append(Violation("structure", "threadblock id used twice", rank=prog.rank))
+        sizes = {buffer: prog.chunks(buffer) for buffer in Buffer}
         for tb in prog.threadblocks:
+            bad_peers = [p for p in (tb.send_peer, tb.recv_peer) if p is not None and not 0 <= p < algorithm.num_ranks]
             for index, step in enumerate(tb.steps):
-                if step.op.sends and tb.send_peer is None:
+                if tb.send_peer is None and step.op.sends:
                     violations.append(
                         Violation(
                             "structure", f"{step.op.value} on a threadblock with no send peer", prog.rank, tb.id, index
                         )
                     )
-                if step.op.receives and tb.recv_peer is None:
+                if tb.recv_peer is None and step.op.receives:
                     violations.append(
                         Violation(
                             "structure",
@@ -165,15 +176,14 @@ def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> Non
                             index,
                         )
                     )
-                for peer in (tb.send_peer, tb.recv_peer):
-                    if peer is not None and not 0 <= peer < algorithm.num_ranks:
-                        violations.append(Violation("structure", f"peer {peer} out of range", prog.rank, tb.id, index))
+                for peer in bad_peers:
+                    violations.append(Violation("structure", f"peer {peer} out of range", prog.rank, tb.id, index))
                 for buffer, offset in ((step.src_buffer, step.src_offset), (step.dst_buffer, step.dst_offset)):
-                    if buffer is not None and not (0 <= offset and offset + step.count <= prog.chunks(buffer)):
+                    if buffer is not None and not (0 <= offset and offset + step.count <= sizes[buffer]):
                         violations.append(
                             Violation(
                                 "out of bounds",
-                                f"{buffer.value}[{offset}:{offset + step.count}] outside {prog.chunks(buffer)} chunks",
+                                f"{buffer.value}[{offset}:{offset + step.count}] outside {sizes[buffer]} chunks",
                                 prog.rank,
                                 tb.id,
                                 index,
@@ -184,24 +194,24 @@ def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> Non
 def _add_actions(algorithm: Algorithm, builder: _Builder) -> dict[tuple[int, int, int], tuple[int, int]]:
     """Create the actions with program-order edges; return (rank, tb, step) -> (first, last) action id."""
     span: dict[tuple[int, int, int], tuple[int, int]] = {}
+    actions, preds = builder.actions, builder.preds
+    regions: dict[tuple, Region] = {}
     for prog in algorithm.ranks:
+        rank = prog.rank
         for tb in prog.threadblocks:
             previous_last: int | None = None
             for index, step in enumerate(tb.steps):
-                parts = _decompose_step(prog.rank, tb, index, step)
-                if not parts:  # nop: a COMPUTE with nothing to do keeps dependencies explicit
-                    parts = [(ActionKind.COMPUTE, (), None, None)]
-                first = len(builder.actions)
-                for kind, sources, target, peer in parts:
-                    action_id = len(builder.actions)
-                    builder.actions.append(
-                        Action(action_id, kind, prog.rank, tb.id, index, sources, target, peer, tb.channel)
-                    )
-                    builder.preds.append([action_id - 1] if action_id > first else [])
-                if previous_last is not None:
-                    builder.preds[first].append(previous_last)
-                previous_last = len(builder.actions) - 1
-                span[(prog.rank, tb.id, index)] = (first, previous_last)
+                # a nop is a COMPUTE with nothing to do, which keeps its dependencies explicit
+                parts = _decompose_step(tb, index, step, regions) or _NOP_PARTS
+                first = len(actions)
+                preds.append([] if previous_last is None else [previous_last])
+                actions.append(Action(first, parts[0][0], rank, tb.id, index, *parts[0][1:], tb.channel))
+                for kind, sources, target, peer in parts[1:]:
+                    action_id = len(actions)
+                    actions.append(Action(action_id, kind, rank, tb.id, index, sources, target, peer, tb.channel))
+                    preds.append([action_id - 1])
+                previous_last = len(actions) - 1
+                span[(rank, tb.id, index)] = (first, previous_last)
     return span
 
 
@@ -279,22 +289,32 @@ def _match_transfers(actions: list[Action], violations: list[Violation]) -> list
     return match
 
 
+def _successors(preds: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Return (targets, offsets): the successors of node i are ``targets[offsets[i]:offsets[i + 1]]``.
+
+    Successors come in increasing id order. Two flat lists instead of one list per node keep a
+    large program's build from allocating (and the garbage collector from scanning) many lists.
+    """
+    counts = [len(p) for p in preds]
+    dst = np.repeat(np.arange(len(preds), dtype=np.int64), counts)
+    src = np.fromiter((p for node_preds in preds for p in node_preds), dtype=np.int64, count=len(dst))
+    targets = dst[np.argsort(src, kind="stable")].tolist()
+    offsets = np.zeros(len(preds) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=len(preds)), out=offsets[1:])
+    return targets, offsets.tolist()
+
+
 def _topological_order(preds: list[list[int]]) -> tuple[list[int], set[int]]:
     """Return a topological order (Kahn, smallest id first) and the ids left in cycles."""
-    succs: list[list[int]] = [[] for _ in preds]
+    targets, offsets = _successors(preds)
     indegree = [len(p) for p in preds]
-    for node, node_preds in enumerate(preds):
-        for pred in node_preds:
-            succs[pred].append(node)
-    ready = deque(node for node, degree in enumerate(indegree) if degree == 0)
-    order: list[int] = []
-    while ready:
-        node = ready.popleft()
-        order.append(node)
-        for succ in succs[node]:
+    # ``order`` is also the FIFO queue: a for loop over a growing list visits the appended items.
+    order = [node for node, degree in enumerate(indegree) if degree == 0]
+    for node in order:
+        for succ in targets[offsets[node] : offsets[node + 1]]:
             indegree[succ] -= 1
             if indegree[succ] == 0:
-                ready.append(succ)
+                order.append(succ)
     return order, {node for node, degree in enumerate(indegree) if degree > 0}
 
 
@@ -324,14 +344,16 @@ def _describe_deadlock(actions: list[Action], preds: list[list[int]], stuck: set
 
 def _assign_rounds(actions: list[Action], preds: list[list[int]], order: list[int]) -> list[int]:
     rounds = [0] * len(actions)
+    compute, send = ActionKind.COMPUTE, ActionKind.SEND
+    kinds = [action.kind for action in actions]
     for node in order:
-        kind = actions[node].kind
+        # a transfer reads state at the start of its round: after a RECV or COMPUTE it waits a round
+        transfer = kinds[node] is not compute
         level = 0
         for pred in preds[node]:
-            pred_kind = actions[pred].kind
-            # a transfer reads state at the start of its round: after a RECV or COMPUTE it waits a round
-            delay = 1 if kind is not ActionKind.COMPUTE and pred_kind is not ActionKind.SEND else 0
-            level = max(level, rounds[pred] + delay)
+            here = rounds[pred] + 1 if transfer and kinds[pred] is not send else rounds[pred]
+            if here > level:
+                level = here
         rounds[node] = level
     return rounds
 

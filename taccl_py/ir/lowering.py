@@ -22,7 +22,7 @@ __all__ = ["Transfer", "LocalCopy", "lower_plan"]
 Slot = tuple[Buffer, int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Transfer:
     """Move ``count`` chunks from ``src`` on ``src_rank`` to ``dst`` on ``dst_rank``.
 
@@ -38,7 +38,7 @@ class Transfer:
     channel: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LocalCopy:
     """Copy (or with ``reduce``, add) ``count`` chunks from ``src`` to ``dst`` on ``rank``."""
 
@@ -57,8 +57,10 @@ class _RankState:
     tb_keys: dict[tuple, int] = field(default_factory=dict)
     tb_peers: dict[int, tuple[int | None, int | None, int]] = field(default_factory=dict)
     steps: dict[int, list[Step]] = field(default_factory=dict)
-    last_writer: dict[Slot, tuple[int, int]] = field(default_factory=dict)
-    readers: dict[Slot, set[tuple[int, int]]] = field(default_factory=dict)
+    # Keyed by (buffer's spelling, chunk) and holding tuples of ints: the garbage collector stops
+    # tracking such tuples (an Enum member in a key would keep every key tracked).
+    last_writer: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    readers: dict[tuple[str, int], tuple[tuple[int, int], ...]] = field(default_factory=dict)
     scratch_used: int = 0
 
     def threadblock(self, key: tuple, send_peer: int | None, recv_peer: int | None, channel: int) -> int:
@@ -70,8 +72,10 @@ class _RankState:
         return self.tb_keys[key]
 
 
-def _slots(slot: Slot, count: int) -> list[Slot]:
-    return [(slot[0], slot[1] + i) for i in range(count)]
+def _slots(slot: Slot, count: int) -> list[tuple[str, int]]:
+    """Return the hazard keys of ``count`` chunks from ``slot``."""
+    code = slot[0].value
+    return [(code, slot[1] + i) for i in range(count)]
 
 
 def _append_step(
@@ -81,21 +85,24 @@ def _append_step(
     src: Slot | None,
     dst: Slot | None,
     count: int,
-    reads: list[Slot],
-    writes: list[Slot],
+    reads: list[tuple[str, int]],
+    writes: list[tuple[str, int]],
 ) -> None:
     """Append a step to ``tb_id`` with the dependencies its reads and writes need."""
+    last_writer, readers = state.last_writer, state.readers
     needed: dict[int, int] = {}
     for slot in reads + writes:
-        writer = state.last_writer.get(slot)
-        if writer is not None:
-            needed[writer[0]] = max(needed.get(writer[0], -1), writer[1])
+        writer = last_writer.get(slot)
+        if writer is not None and needed.get(writer[0], -1) < writer[1]:
+            needed[writer[0]] = writer[1]
     for slot in writes:
-        for reader in state.readers.get(slot, ()):
-            needed[reader[0]] = max(needed.get(reader[0], -1), reader[1])
+        for tb, index in readers.get(slot, ()):
+            if needed.get(tb, -1) < index:
+                needed[tb] = index
     needed.pop(tb_id, None)  # program order already covers the threadblock's own earlier steps
-    step_index = len(state.steps[tb_id])
-    state.steps[tb_id].append(
+    steps = state.steps[tb_id]
+    here = (tb_id, len(steps))
+    steps.append(
         Step(
             op,
             src[0] if src else None,
@@ -106,14 +113,14 @@ def _append_step(
             tuple(sorted(needed.items())),
         )
     )
-    for slot in reads:
-        state.readers.setdefault(slot, set()).add((tb_id, step_index))
+    for slot in reads:  # few readers between two writes (a tree's fan-out): a tuple is cheapest
+        readers[slot] = readers.get(slot, ()) + (here,)
     for slot in writes:
-        state.last_writer[slot] = (tb_id, step_index)
-        state.readers[slot] = set()
+        last_writer[slot] = here
+        readers.pop(slot, None)  # a write orders every later access after the reads before it
     for slot in (src, dst):
-        if slot is not None and slot[0] is Buffer.SCRATCH:
-            state.scratch_used = max(state.scratch_used, slot[1] + count)
+        if slot is not None and slot[0] is Buffer.SCRATCH and state.scratch_used < slot[1] + count:
+            state.scratch_used = slot[1] + count
 
 
 def _lower_item(states: Sequence[_RankState], item: Transfer | LocalCopy) -> None:

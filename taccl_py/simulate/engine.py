@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.dataflow import ActionKind, build_dataflow
+from taccl_py.simulate.fairshare import MaxMinSharing
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
@@ -44,9 +44,6 @@ __all__ = ["SimulationPlan", "ReplayOutcome", "prepare_simulation", "replay"]
 logger = logging.getLogger(__name__)
 
 _START, _FINISH = 0, 1  # event kinds: a flow's bytes start moving / have all arrived
-# A flow never gets a rate below this fraction of its link's capacity: max-min shares are
-# positive in exact arithmetic, this only guards against float cancellation to 0.
-_MIN_RATE_FRACTION = 1e-12
 
 
 @dataclass(frozen=True)
@@ -178,6 +175,7 @@ class _Replay:
         "start_us",
         "end_us",
         "dirty",
+        "sharing",
     )
 
     def __init__(self, plan: SimulationPlan, chunk_bytes: float) -> None:
@@ -203,6 +201,7 @@ class _Replay:
         self.start_us = [0.0] * count
         self.end_us = [0.0] * count
         self.dirty: set[int] = set()  # routes whose flow count changed since the last reshare
+        self.sharing = MaxMinSharing(plan.route_links, plan.link_capacity)
 
     def push(self, time_us: float, kind: int, flow: int, version: int) -> None:
         self.seq += 1
@@ -306,33 +305,20 @@ class _Replay:
         self.remaining[flow] = left
         self.last_us[flow] = now
         self.rate[flow] = new
-        self.version[flow] += 1
-        self.push(now + left / new, _FINISH, flow, self.version[flow])
+        self.version[flow] = version = self.version[flow] + 1
+        self.seq = seq = self.seq + 1
+        heapq.heappush(self.heap, (now + left / new, seq, _FINISH, flow, version))
 
     def reshare(self, seeds: set[int], now: float) -> None:
         """Recompute max-min fair rates for the routes sharing links (transitively) with ``seeds``."""
-        route_links, link_routes = self.plan.route_links, self.link_routes
-        members = set(seeds)
-        frontier = list(members)
-        comp_links: set[int] = set()
-        while frontier:
-            for link in route_links[frontier.pop()]:
-                if link not in comp_links:
-                    comp_links.add(link)
-                    for other in link_routes[link]:
-                        if other not in members:
-                            members.add(other)
-                            frontier.append(other)
-        route_flows, rate = self.route_flows, self.rate
-        counts = {route_id: len(route_flows[route_id]) for route_id in members}
-        new_rate = _max_min_rates(
-            comp_links, link_routes, route_links, counts, self.link_count, self.plan.link_capacity
-        )
+        members, links = self.sharing.component(seeds, self.link_routes)
+        new_rate = self.sharing.rates(links, self.link_routes, self.route_flows, self.link_count)
+        route_flows, rate, set_rate = self.route_flows, self.rate, self.set_rate
         for route_id in members:
             new = new_rate[route_id]
             for flow in route_flows[route_id]:
                 if rate[flow] != new:
-                    self.set_rate(flow, new, now)
+                    set_rate(flow, new, now)
 
     def run(self) -> float:
         """Replay the whole program; return the time (µs) the last action finishes.
@@ -346,56 +332,23 @@ class _Replay:
         if dirty:
             self.reshare(dirty, 0.0)
             dirty.clear()
+        pop, start_flow, finish_flow, release = heapq.heappop, self.start_flow, self.finish_flow, self.release
         while heap:
             now = heap[0][0]
             while heap and heap[0][0] == now:
-                _, _, kind, flow, flow_version = heapq.heappop(heap)
+                _, _, kind, flow, flow_version = pop(heap)
                 if kind == _START:
-                    self.start_flow(flow, now, stack)
+                    start_flow(flow, now, stack)
                 elif flow_version == version[flow]:
-                    self.finish_flow(flow, now, stack)
-                self.release(stack, now)
+                    finish_flow(flow, now, stack)
+                else:
+                    continue  # a finish time revised since: nothing happens
+                if stack:
+                    release(stack, now)
             if dirty:
                 self.reshare(dirty, now)
                 dirty.clear()
         return self.time_us
-
-
-def _max_min_rates(
-    links: set[int],
-    link_routes: list[set[int]],
-    route_links: Sequence[tuple[int, ...]],
-    counts: dict[int, int],
-    link_count: Sequence[int],
-    capacity: Sequence[float],
-) -> dict[int, float]:
-    """Return the max-min fair rate (bytes/µs) of one flow on each route, by progressive filling.
-
-    ``counts[r]`` flows run on route r, ``link_count[l]`` on link l. The link with the smallest fair
-    share (spare capacity / flows not yet fixed) fixes its flows at that share; shares only grow as
-    flows are fixed, so a lazy heap finds the next bottleneck.
-    """
-    spare = {link: capacity[link] for link in links}
-    unfixed = {link: link_count[link] for link in links}
-    heap = [(spare[link] / unfixed[link], link) for link in links if unfixed[link]]
-    heapq.heapify(heap)
-    rates: dict[int, float] = {}
-    while heap:
-        share, link = heapq.heappop(heap)
-        if not unfixed[link] or share != spare[link] / unfixed[link]:
-            continue
-        share = max(share, capacity[link] * _MIN_RATE_FRACTION)
-        for route_id in link_routes[link]:
-            if route_id in rates:
-                continue
-            rates[route_id] = share
-            flows = counts[route_id]
-            for other in route_links[route_id]:
-                spare[other] -= share * flows
-                unfixed[other] -= flows
-                if unfixed[other] and other != link:
-                    heapq.heappush(heap, (spare[other] / unfixed[other], other))
-    return rates
 
 
 def replay(plan: SimulationPlan, size_bytes: float, *, record: bool = False) -> ReplayOutcome:

@@ -52,7 +52,7 @@ _UNSTAGE_ORDER, _COPY_ORDER, _TRANSFER_ORDER = 0, 1, 2
 MAX_SENDS_PER_THREADBLOCK = 28
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TimedItem:
     """A lowering item, the time (µs) it happens in the schedule, and the queue it is chained in."""
 
@@ -296,12 +296,17 @@ def _serialize_sends(algorithm: Algorithm, items: Sequence[TimedItem]) -> Algori
             last[(item.src_rank, key)] = here
     if not extra:
         return algorithm
+    by_tb: dict[tuple[int, int], dict[int, set[tuple[int, int]]]] = {}
+    for (rank, tb_id, index), more in extra.items():
+        by_tb.setdefault((rank, tb_id), {})[index] = more
     ranks = []
     for prog in algorithm.ranks:
         tbs = []
         for tb in prog.threadblocks:
-            steps = tuple(_with_depends(step, extra.get((prog.rank, tb.id, i))) for i, step in enumerate(tb.steps))
-            tbs.append(replace(tb, steps=steps))
+            more = by_tb.get((prog.rank, tb.id))
+            if more is not None:  # only the threadblocks that gain dependencies are rebuilt
+                tb = replace(tb, steps=tuple(_with_depends(step, more.get(i)) for i, step in enumerate(tb.steps)))
+            tbs.append(tb)
         ranks.append(replace(prog, threadblocks=tuple(tbs)))
     return replace(algorithm, ranks=tuple(ranks))
 

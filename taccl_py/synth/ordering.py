@@ -36,7 +36,7 @@ _EPS_US = 1e-9
 MAX_BATCH = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     """Piece ``piece`` of chunk ``chunk`` crossing logical link ``link`` from ``start_us`` to ``end_us``.
 
@@ -169,9 +169,11 @@ def occupy_resources(link: LogicalLink, start_us: float, size_bytes: float, res_
     bytes_start = start_us + link.alpha_us
     end = bytes_start + size_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
     for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-        done = max(res_free.get(res, 0.0), bytes_start) + size_bytes / (bw * BYTES_PER_US_PER_GBPS)
+        free = res_free.get(res, 0.0)
+        done = (bytes_start if bytes_start > free else free) + size_bytes / (bw * BYTES_PER_US_PER_GBPS)
         res_free[res] = done
-        end = max(end, done)
+        if done > end:
+            end = done
     return end
 
 

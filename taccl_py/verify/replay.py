@@ -35,7 +35,9 @@ logger = logging.getLogger(__name__)
 # A value derived from a chunk nothing wrote; reported once where it is read, then carried silently.
 _POISON: Contribution = ((-1, -1),)
 
-_Key = tuple  # (rank, buffer or None, temp or None, chunk)
+# (rank, buffer's spelling or None, temp or None, chunk): plain strings and ints, so that the
+# garbage collector stops tracking the keys (an Enum member would keep every key tracked).
+_Key = tuple
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,8 @@ def _ranges(values: Sequence[int]) -> str:
     return ",".join(spans)
 
 
-def _key(rank: int, region: Region, chunk: int) -> _Key:
-    return (rank, region.buffer, region.temp, chunk)
+def _buffer_code(buffer: Buffer | None) -> str | None:
+    return None if buffer is None else buffer.value
 
 
 def _where(region: Region, chunk: int) -> str:
@@ -128,12 +130,14 @@ class _Replay:
 
 
 def _read(replay: _Replay, action: Action, region: Region) -> list[Contribution]:
+    rank, code, temp, values = action.rank, _buffer_code(region.buffer), region.temp, replay.values
+    log = replay.accesses.read if code is not None else None
     out = []
-    for chunk in region.chunks():
-        key = _key(action.rank, region, chunk)
-        value = replay.values.get(key)
-        if region.buffer is not None:
-            replay.accesses.read(key, action.id)
+    for chunk in range(region.offset, region.offset + region.count):
+        key = (rank, code, temp, chunk)
+        value = values.get(key)
+        if log is not None:
+            log(key, action.id)
         if value is None:
             if key not in replay.reported:
                 replay.reported.add(key)
@@ -153,11 +157,13 @@ def _read(replay: _Replay, action: Action, region: Region) -> list[Contribution]
 
 
 def _write(replay: _Replay, action: Action, region: Region, values: Sequence[Contribution]) -> None:
-    for chunk, value in zip(region.chunks(), values):
-        key = _key(action.rank, region, chunk)
-        replay.values[key] = value
-        if region.buffer is not None:
-            replay.accesses.write(key, action.id)
+    rank, code, temp, stored = action.rank, _buffer_code(region.buffer), region.temp, replay.values
+    log = replay.accesses.write if code is not None else None
+    for chunk, value in zip(range(region.offset, region.offset + region.count), values):
+        key = (rank, code, temp, chunk)
+        stored[key] = value
+        if log is not None:
+            log(key, action.id)
 
 
 def _sum(replay: _Replay, action: Action, operands: Sequence[Contribution], chunk: int) -> Contribution:
@@ -221,7 +227,7 @@ def _initial_values(algorithm: Algorithm) -> dict[_Key, Contribution]:
     for prog in algorithm.ranks:
         for index in range(algorithm.layout.input_chunks):
             buffer, offset = input_slot(algorithm, prog.rank, index)
-            values[(prog.rank, buffer, None, offset)] = initial_value(prog.rank, index)
+            values[(prog.rank, buffer.value, None, offset)] = initial_value(prog.rank, index)
     return values
 
 
@@ -255,7 +261,7 @@ def _postcondition(replay: _Replay) -> None:
     for prog in algorithm.ranks:
         for index in range(layout.output_chunks):
             buffer, offset = output_slot(algorithm, prog.rank, index)
-            value = replay.values.get((prog.rank, buffer, None, offset))
+            value = replay.values.get((prog.rank, buffer.value, None, offset))
             expected = expected_output(layout, prog.rank, index)
             if value != expected:
                 replay.violations.append(
@@ -270,7 +276,7 @@ def _postcondition(replay: _Replay) -> None:
 
 
 def _replay_actions(flow: Dataflow, actions: Iterable[Action]) -> _Replay:
-    log = AccessLog({action.id: (action.rank, action.threadblock) for action in flow.actions})
+    log = AccessLog(tuple((action.rank, action.threadblock) for action in flow.actions))
     replay = _Replay(flow, _initial_values(flow.algorithm), {}, [], set(), log)
     for action in actions:
         if action.kind is ActionKind.SEND:
