@@ -9,10 +9,10 @@ the source commit and command that built it. Each instance runs in its own proce
 so its wall time and peak memory are its own; they are printed as one JSON line per instance
 and, with ``--metrics FILE``, collected for ``bench_synthesis.py``.
 
-How long a rebuild takes (2-core reference machine, default budgets, 2026-11-22): the 63
-instances took 3,640 s of synthesis, about an hour; the 8-GPU instances take seconds each, the
-32-GPU ones 10-160 s, the 64-GPU (dgx2 x4) ones 300-720 s. The MILP budgets are wall-clock
-seconds, so a build on a loaded machine can come out different (and slower in the simulator).
+The MILP budgets are work (node limits, one thread, a fixed seed), so a rebuild writes the same
+libraries on a busy or an idle machine; ``--time-limit`` is only the wall-clock safety cap and a
+library records when it bound. ``--jobs`` runs an instance's candidates in worker processes (same
+result); the peak memory reported is the largest of the instance's process and its workers.
 
     python scripts/build_algorithms.py                           # everything (about an hour)
     python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
@@ -29,14 +29,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from taccl_py.synth import synthesize, write_library
+from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.units import parse_sizes
 
 DEFAULT_SIZES = "1KB-1GB"
 DEFAULT_NODES = "1,2,4"
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
-# Wall-clock cap per instance (s): the 64-GPU instances get a 6-minute MILP budget by default.
+# Wall-clock cap per instance (s), over the synthesizer's own safety cap (30 min at 64+ GPUs).
 INSTANCE_TIMEOUT_S = 3600
 REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS_DIR = REPO / "algorithms"
@@ -78,13 +78,26 @@ def instance_command(topology: str, nodes: int, collective: str, sizes: str, tim
     return command + (f" --time-limit {time_limit_s:g}" if time_limit_s is not None else "")
 
 
+def _greedy_bands(result: SynthesisResult) -> int:
+    """Return how many size bands chose a synthesized algorithm with greedy routes (the MILP found nothing better)."""
+    return sum("heuristic" in dict(choice.chosen.metadata).get("routing", "") for choice in result.choices)
+
+
 def build_instance(
-    topology_name: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None, write: bool
+    topology_name: str,
+    nodes: int,
+    collective: str,
+    sizes: str,
+    time_limit_s: float | None,
+    write: bool,
+    jobs: int | None = None,
 ) -> dict:
     """Synthesize one instance (in this process), optionally write its library; return its metrics."""
     topology = load_topology(topology_name, nodes=nodes)
     began = time.perf_counter()
-    result = synthesize(topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=_log)
+    result = synthesize(
+        topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=_log, jobs=jobs
+    )
     wall = time.perf_counter() - began
     provenance = replace(
         result.library.provenance,
@@ -117,8 +130,13 @@ def build_instance(
         "collective": collective,
         "num_ranks": topology.num_ranks,
         "wall_s": wall,
-        "peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_MB": max(
+            resource.getrusage(who).ru_maxrss / 1024 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        ),
         "timed_out": result.timed_out,
+        "budget_bound": None if result.budget_bound is None else result.budget_bound.value,
+        "greedy_bands": _greedy_bands(result),
+        "jobs": jobs,
         "candidates": list(result.candidates),
         "rows": rows,
     }
@@ -129,6 +147,8 @@ def run_instance(topology: str, nodes: int, collective: str, args: argparse.Name
     cmd = [sys.executable, __file__, "--one", topology, str(nodes), collective, "--sizes", args.sizes]
     if args.time_limit is not None:
         cmd += ["--time-limit", str(args.time_limit)]
+    if args.jobs is not None:
+        cmd += ["--jobs", str(args.jobs)]
     if not args.no_write:
         cmd.append("--write")
     try:
@@ -149,7 +169,10 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collectives", default=",".join(COLLECTIVES))
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument(
-        "--time-limit", type=float, default=None, help="MILP budget per instance (default by GPU count)"
+        "--time-limit", type=float, default=None, help="wall-clock safety cap per instance (default by GPU count)"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="worker processes per instance (default: the cores; same result)"
     )
     parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
 
@@ -188,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.one:
         name, nodes, collective = args.one
-        print(json.dumps(build_instance(name, int(nodes), collective, args.sizes, args.time_limit, args.write)))
+        metrics = build_instance(name, int(nodes), collective, args.sizes, args.time_limit, args.write, args.jobs)
+        print(json.dumps(metrics))
         return 0
     _metrics, failures = sweep_instances(args, args, skip_existing=args.skip_existing)
     return 1 if failures else 0

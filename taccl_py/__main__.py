@@ -4,4 +4,6 @@ import sys
 
 from taccl_py.cli import main
 
-sys.exit(main())
+# Guarded: worker processes (``taccl synthesize --jobs``) import the main module again.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -70,7 +70,7 @@ def test_size_bands_keep_the_fastest(tmp_path):
 
 def test_tiny_time_limit_still_returns_a_verified_algorithm():
     result = synthesize(load_topology("ndv2", nodes=2), "allgather", size_bytes=16 * MB, time_limit_s=0.05)
-    assert result.timed_out
+    assert result.timed_out and result.budget_bound.value == "wall-clock cap"
     assert_valid_algorithm(result.algorithm)
 
 

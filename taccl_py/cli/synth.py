@@ -11,12 +11,13 @@ from taccl_py.cli._output import format_table
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.synth import SynthesisResult, synthesize, write_library
+from taccl_py.synth.jobs import available_cores
 from taccl_py.synth.sketch import read_sketch
-from taccl_py.synth.solver import SOLVERS
+from taccl_py.synth.solver import SOLVERS, BudgetBound
 from taccl_py.topology import load_topology
 from taccl_py.units import format_size, parse_size, parse_sizes
 
-__all__ = ["register", "format_synthesis_table"]
+__all__ = ["register", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 _HEADERS = ("size", "chosen", "time (us)", "of bound", "synthesized (us)", "best baseline", "baseline (us)", "speedup")
@@ -48,6 +49,22 @@ def format_synthesis_table(result: SynthesisResult) -> str:
             )
         )
     return format_table(_HEADERS, rows)
+
+
+def format_budget_line(result: SynthesisResult, time_limit_s: float | None) -> str:
+    """Return one line saying which solver budget stopped a MILP of ``result``, if any."""
+    if result.budget_bound is BudgetBound.WALL_CLOCK_CAP:
+        cap = "" if time_limit_s is None else f" ({time_limit_s:g} s)"
+        return (
+            f"note: the wall-clock cap{cap} stopped a MILP; the result is the best verified schedule found in "
+            "time and may differ from run to run (raise --time-limit, or lower --node-limit)"
+        )
+    if result.budget_bound is BudgetBound.NODE_LIMIT:
+        return (
+            "budget: a MILP stopped at its node limit; the result is the best verified schedule found within it "
+            "(the same on every run)"
+        )
+    return "budget: every MILP finished within its node limit"
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -86,6 +103,8 @@ def _synthesize(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         solver=args.solver,
         progress=_stderr,
+        node_limit=args.node_limit,
+        jobs=args.jobs,
     )
     if result.library is not None:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
@@ -96,8 +115,7 @@ def _synthesize(args: argparse.Namespace) -> int:
         if args.xml is not None:
             write_any_algorithm(result.algorithm, args.xml)
             _stderr(f"wrote {args.xml}")
-    if result.timed_out:
-        _stderr("note: a solver time limit was reached; the result is the best verified schedule found in time")
+    _stderr(format_budget_line(result, args.time_limit))
     print(
         f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
         f"{result.wall_s:.1f} s; candidates {', '.join(result.candidates)}"
@@ -131,7 +149,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--sizes", help="sizes for a library of bands: a list or a range, e.g. 1KB-1GB")
     parser.add_argument("--sketch", metavar="FILE", help="a sketch: ours (taccl-sketch/1) or TACCL's sketch JSON")
     parser.add_argument(
-        "--time-limit", type=float, default=None, metavar="S", help="MILP time budget in seconds (default by GPU count)"
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="S",
+        help="wall-clock safety cap on all MILPs, seconds (default by GPU count, 10-30 min); the work budget is "
+        "--node-limit, so results do not depend on machine load unless this cap binds",
+    )
+    parser.add_argument(
+        "--node-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="branch-and-bound nodes per MILP (default by model size)",
+    )
+    parser.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"worker processes for the candidates (default: the cores this process may use, {available_cores()} "
+        "here; 1: no workers); the result is the same for every N",
     )
     parser.add_argument("--solver", choices=SOLVERS, default="highs", help="MILP solver (default highs)")
     parser.add_argument(

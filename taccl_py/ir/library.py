@@ -51,11 +51,15 @@ SHIPPED_PACKAGE = "taccl_py.data.algorithms"
 
 @dataclass(frozen=True)
 class Provenance:
-    """How a library was made: tool version, solver with its options and budget, sketch, sizes.
+    """How a library was made: tool version, solver with its options and budgets, sketch, sizes.
 
-    ``solver_options`` holds the solver's settings as (name, value) pairs (``time_limit_s`` is the
-    MILP budget in seconds for the whole synthesis); ``timed_out`` says whether that budget bound.
-    ``note`` explains anything unusual, such as provenance recorded after the fact.
+    ``solver_options`` holds the solver's settings as (name, value) pairs: the work budgets
+    (``node_limit`` per MILP, ``threads``, ``random_seed``, ``gap_rel``) and ``time_limit_s``, the
+    wall-clock safety cap (s) on the synthesis's MILPs (older libraries: their time budget).
+    ``budget_bound`` names the budget that stopped a MILP early (``node limit`` or ``wall-clock
+    cap``; None: none did, or not recorded); ``timed_out`` says whether the wall-clock cap bound
+    (then the library may not be reproducible). ``note`` explains anything unusual, such as
+    provenance recorded after the fact.
     """
 
     taccl_py: str
@@ -67,6 +71,7 @@ class Provenance:
     source_commit: str | None = None
     command: str | None = None
     note: str | None = None
+    budget_bound: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,7 @@ def _provenance_from_json(obj: Any) -> Provenance | None:
         source_commit=obj.get("source_commit"),
         command=obj.get("command"),
         note=obj.get("note"),
+        budget_bound=obj.get("budget_bound"),
     )
 
 
@@ -128,6 +134,7 @@ def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
         "sketch": provenance.sketch,
         "sizes": list(provenance.sizes),
         "timed_out": provenance.timed_out,
+        "budget_bound": provenance.budget_bound,
     }
     for key in ("source_commit", "command", "note"):
         if getattr(provenance, key) is not None:

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from taccl_py import __version__
 from taccl_py.errors import ArgumentError
@@ -24,12 +25,20 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
-from taccl_py.synth.compose import Candidate, Chunking, synthesize_chunking
+from taccl_py.synth.compose import Candidate, Chunking, phase_graphs, synthesize_chunking
+from taccl_py.synth.jobs import check_jobs, run_jobs
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.sketch import auto_sketch
 from taccl_py.synth.sketch_model import Sketch
-from taccl_py.synth.solver import SolverOptions, describe_solver, solver_settings
-from taccl_py.topology.bounds import lower_bounds
+from taccl_py.synth.solver import (
+    BudgetBound,
+    SolverOptions,
+    describe_solver,
+    prepare_highs_threads,
+    solver_settings,
+)
+from taccl_py.synth.tree_packing import TreePacking, pack_trees
+from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -44,20 +53,20 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_SIZE_BYTES = 64_000_000  # a typical DDP gradient bucket is 25-100 MB
-# MILP time budget (s) for a whole synthesis by rank count: the targets are 10 s for 16 GPUs,
-# 60 s for 32 and 10 min for 64 on two cores, and ordering, verification and simulation need
-# the rest.
-_TIME_LIMITS_S = ((8, 4.0), (16, 6.0), (32, 40.0))
-_TIME_LIMIT_LARGE_S = 240.0
+# Wall-clock safety cap (s) on the MILPs of a whole synthesis by rank count: ten times the
+# targets (10 s for 16 GPUs, 60 s for 32, 3 min for 64 on two cores), which the node budgets
+# meet; the cap only stops a run on a machine far slower or busier than expected.
+_TIME_LIMITS_S = ((16, 600.0), (32, 1200.0))
+_TIME_LIMIT_LARGE_S = 1800.0
 _SYNTHESIZED = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 SIZES_PER_DESIGN = 2  # neighbouring sizes (of a x4 progression) that share one synthesized design
 
 
 def default_time_limit_s(num_ranks: int) -> float:
-    """Return the default MILP time budget (s) of a synthesis over ``num_ranks`` GPUs.
+    """Return the default wall-clock safety cap (s) on the MILPs of a synthesis over ``num_ranks`` GPUs.
 
     >>> default_time_limit_s(16)
-    6.0
+    600.0
     """
     for ranks, limit in _TIME_LIMITS_S:
         if num_ranks <= ranks:
@@ -70,8 +79,11 @@ class SynthesisResult:
     """What ``synthesize`` found: the algorithm, per-size choices and how the search went.
 
     ``algorithm`` is the fastest synthesized algorithm at the (largest) size; ``library`` the
-    size bands when several sizes were asked for. ``timed_out`` is True when a MILP stopped at
-    its time limit (the algorithm is then the best verified schedule found in time).
+    size bands when several sizes were asked for. ``budget_bound`` names the budget that
+    stopped a MILP before it proved its gap: ``node limit`` (the work budget: the same input gives
+    the same bytes) or ``wall-clock cap`` (the safety cap: the result may differ run to run); None
+    when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
+    algorithm is the best verified schedule found.
     """
 
     algorithm: Algorithm
@@ -83,6 +95,7 @@ class SynthesisResult:
     candidates: tuple[str, ...]
     timed_out: bool
     wall_s: float
+    budget_bound: BudgetBound | None = None
 
 
 def _check_arguments(
@@ -136,6 +149,53 @@ def _plan_chunkings(
     return sorted(out, key=lambda item: (item[0].design_bytes, item[0].chunkup, item[0].pieces))
 
 
+def _run_candidate(
+    graph: LogicalGraph,
+    topology: Topology,
+    collective: Collective,
+    chunking: Chunking,
+    near: tuple[int, ...],
+    options: SolverOptions,
+    sizes: tuple[int, ...],
+    bounds: tuple[LowerBound, ...],
+    deadline_s: float,
+    packings: tuple[TreePacking, ...],
+    label: str,
+    progress: Callable[[str], None] | None,
+) -> tuple[Candidate, tuple]:
+    """Return one candidate with its simulated results (None at the sizes it was not simulated at).
+
+    ``deadline_s`` (``time.time()``, comparable across processes) ends the wall-clock safety cap;
+    ``packings`` are the phase graphs' tree packings, computed once for all candidates.
+    """
+    if progress is not None:
+        progress(f"{label} candidate {chunking.label} (tuned for {chunking.design_bytes} B)")
+    name = f"taccl-{collective.value}-{topology.name}-{chunking.label}-d{chunking.design_bytes}"
+    cap_s = deadline_s - time.time()
+    candidate = synthesize_chunking(
+        graph, collective, chunking, options, cap_s, name=name, progress=progress, packings=packings
+    )
+    if progress is not None:
+        progress(f"{label} {chunking.label}: verified; routing {candidate.routing_status}; simulating")
+    found = simulate_at(candidate.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
+    results = dict(zip(near, found))
+    return candidate, tuple(results.get(i) for i in range(len(sizes)))
+
+
+def _baselines_job(
+    topology: Topology,
+    collective: Collective,
+    sizes: tuple[int, ...],
+    options: SolverOptions,
+    progress: Callable[[str], None] | None,
+) -> list:
+    """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees)."""
+    from taccl_py.baselines import best_baselines
+
+    prepare_highs_threads(options.threads)
+    return list(best_baselines(topology, collective, sizes, progress=progress))
+
+
 def _run_candidates(
     graph: LogicalGraph,
     topology: Topology,
@@ -145,25 +205,38 @@ def _run_candidates(
     sizes: Sequence[int],
     bounds: Sequence,
     progress: Callable[[str], None] | None,
-) -> list[tuple[Candidate, tuple]]:
-    """Return each candidate with its simulated results (None at the sizes it was not simulated at)."""
-    deadline = time.perf_counter() + options.time_limit_s
-    out = []
-    for index, (chunking, near) in enumerate(chunkings, 1):
-        # share what is left of the budget among the candidates still to run
-        budget = max(0.1, (deadline - time.perf_counter()) / (len(chunkings) - index + 1))
-        if progress is not None:
-            progress(f"[{index}/{len(chunkings)}] candidate {chunking.label} (tuned for {chunking.design_bytes} B)")
-        name = f"taccl-{collective.value}-{topology.name}-{chunking.label}-d{chunking.design_bytes}"
-        candidate = synthesize_chunking(graph, collective, chunking, options, budget, name=name, progress=progress)
-        if progress is not None:
-            progress(
-                f"[{index}/{len(chunkings)}] {chunking.label}: verified; routing {candidate.routing_status}; simulating"
-            )
-        found = simulate_at(candidate.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
-        results = dict(zip(near, found))
-        out.append((candidate, tuple(results.get(i) for i in range(len(sizes)))))
-    return out
+    jobs: int = 1,
+) -> tuple[list[tuple[Candidate, tuple]], list]:
+    """Return each candidate with its simulated results, and the best baseline per size.
+
+    Every candidate gets the same work budgets whatever earlier ones took, so ``jobs`` worker
+    processes give the serial result; only the wall-clock safety cap is shared (one deadline).
+    """
+    deadline_s = time.time() + options.time_limit_s
+    sizes, bounds = tuple(sizes), tuple(bounds)
+    # Every candidate starts from the same packings; packing a 64-GPU graph takes seconds.
+    prepare_highs_threads(options.threads)
+    packings = tuple(pack_trees(phase_graph) for phase_graph in phase_graphs(graph, collective))
+    work = [
+        partial(
+            _run_candidate,
+            graph,
+            topology,
+            collective,
+            chunking,
+            near,
+            options,
+            sizes,
+            bounds,
+            deadline_s,
+            packings,
+            f"[{index}/{len(chunkings)}]",
+        )
+        for index, (chunking, near) in enumerate(chunkings, 1)
+    ]
+    work.append(partial(_baselines_job, topology, collective, sizes, options))
+    values = run_jobs(work, jobs, progress)
+    return values[:-1], values[-1]
 
 
 def synthesize(
@@ -175,6 +248,9 @@ def synthesize(
     time_limit_s: float | None = None,
     solver: str = "highs",
     progress: Callable[[str], None] | None = None,
+    *,
+    node_limit: int | None = None,
+    jobs: int | None = 1,
 ) -> SynthesisResult:
     """Return a verified algorithm for ``collective`` on ``topology``, fastest under the simulator.
 
@@ -192,11 +268,18 @@ def synthesize(
     sketch : Sketch, optional
         Hints (``taccl_py.synth.sketch``); default ``auto_sketch(topology)``.
     time_limit_s : float, optional
-        MILP time budget (s) for the whole synthesis; default ``default_time_limit_s``.
+        Wall-clock safety cap (s) on the MILPs of the whole synthesis; default
+        ``default_time_limit_s``. When it binds, ``timed_out`` says so.
     solver : {"highs", "cbc"}
         The MILP solver.
     progress : callable, optional
-        Called with one line per stage.
+        Called with one line per stage (in this process, also with ``jobs`` > 1).
+    node_limit : int, optional
+        Branch-and-bound nodes per MILP; default by model size (``default_node_limit``).
+    jobs : int or None
+        Worker processes for the candidates and baselines; 1 (default): run here; None: the
+        cores this process may use. The result is the same for every value. Workers re-import
+        the caller's main script, which then needs an ``if __name__ == "__main__":`` guard.
 
     Returns
     -------
@@ -205,7 +288,8 @@ def synthesize(
     Raises
     ------
     ArgumentError
-        For an unknown collective or solver, both ``size_bytes`` and ``sizes``, or one GPU.
+        For an unknown collective or solver, both ``size_bytes`` and ``sizes``, one GPU, or a
+        non-positive cap, node limit or job count.
     SketchError
         When the sketch does not fit the topology (node or GPU count, symmetry).
     InfeasibleError
@@ -213,13 +297,15 @@ def synthesize(
 
     Notes
     -----
-    A MILP that reaches its time limit returns its best incumbent; without one, the greedy
-    routes are used, so there is always a verified result. ``timed_out`` reports it.
+    Budgets are work, not time: every MILP of every candidate gets its node limit, one HiGHS
+    thread and a fixed seed, so the same input writes the same algorithm on a busy or an idle
+    machine. A MILP stopped by a budget returns its best incumbent; without one, the greedy
+    routes are used, so there is always a verified result. ``budget_bound`` names the budget.
 
     Examples
     --------
     >>> from taccl_py.topology import load_topology
-    >>> result = synthesize(load_topology("dgx2"), "allgather", size_bytes=1_000_000, time_limit_s=2)
+    >>> result = synthesize(load_topology("dgx2"), "allgather", size_bytes=1_000_000)
     >>> result.algorithm.num_ranks, result.choices[0].chosen_result.fraction_of_bound > 0.5
     (16, True)
     """
@@ -228,8 +314,21 @@ def synthesize(
     options = SolverOptions(
         solver=solver,
         time_limit_s=time_limit_s if time_limit_s is not None else default_time_limit_s(topology.num_ranks),
+        node_limit=node_limit,
     )
-    return _synthesize_impl(topology, collective, chosen_sizes, sizes is not None, sketch, options, progress, began)
+    workers = check_jobs(jobs)
+    return _synthesize_impl(
+        topology, collective, chosen_sizes, sizes is not None, sketch, options, progress, began, workers
+    )
+
+
+def _budget_bound(runs: Sequence[tuple[Candidate, tuple]]) -> BudgetBound | None:
+    """Return the wall-clock cap if it stopped any candidate's MILP, else the node limit if that did, else None."""
+    bounds = {candidate.budget_bound for candidate, _ in runs}
+    for bound in (BudgetBound.WALL_CLOCK_CAP, BudgetBound.NODE_LIMIT):
+        if bound in bounds:
+            return bound
+    return None
 
 
 def _synthesize_impl(
@@ -241,6 +340,7 @@ def _synthesize_impl(
     options: SolverOptions,
     progress: Callable[[str], None] | None,
     began: float,
+    jobs: int = 1,
 ) -> SynthesisResult:
     sketch = sketch if sketch is not None else auto_sketch(topology)
     if progress is not None:
@@ -248,10 +348,9 @@ def _synthesize_impl(
     graph = build_logical_graph(topology, sketch)
     bounds = lower_bounds(topology, collective, sizes)
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
-    runs = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress)
+    runs, baselines = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress, jobs)
     everything = [(c.algorithm, r) for c, r in runs]
     usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)]
-    baselines = _baselines(topology, collective, sizes, progress)
     eligible = [banded] * len(sizes)
     if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
         fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
@@ -260,7 +359,8 @@ def _synthesize_impl(
     best_at_top = min(
         (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
     )[0]
-    timed_out = any("time-limit" in c.routing_status or c.routing_status == "heuristic" for c, _ in runs)
+    budget_bound = _budget_bound(runs)
+    timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP
     library = None
     if banded:
         provenance = Provenance(
@@ -270,6 +370,7 @@ def _synthesize_impl(
             sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
             sizes=sizes,
             timed_out=timed_out,
+            budget_bound=None if budget_bound is None else budget_bound.value,
         )
         library = build_library(
             topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value, provenance
@@ -284,12 +385,5 @@ def _synthesize_impl(
         tuple(f"{c.chunking.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs),
         timed_out,
         time.perf_counter() - began,
+        budget_bound,
     )
-
-
-def _baselines(
-    topology: Topology, collective: Collective, sizes: Sequence[int], progress: Callable[[str], None] | None
-) -> list:
-    from taccl_py.baselines import best_baselines
-
-    return list(best_baselines(topology, collective, sizes, progress=progress))

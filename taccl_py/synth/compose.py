@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
@@ -20,16 +20,13 @@ from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
-from taccl_py.synth.solver import SolverOptions
-from taccl_py.synth.tree_packing import pack_trees, packed_routing
+from taccl_py.synth.solver import BudgetBound, SolverOptions, SolveStatus, prepare_highs_threads
+from taccl_py.synth.tree_packing import TreePacking, pack_trees, packed_routing
 from taccl_py.verify import check_algorithm
 
 __all__ = ["Chunking", "Candidate", "phase_graphs", "synthesize_chunking"]
 
 logger = logging.getLogger(__name__)
-
-# Share of a candidate's time budget the routing MILP gets; the contiguity MILP gets the rest.
-ROUTING_TIME_SHARE = 0.8
 
 
 @dataclass(frozen=True)
@@ -52,13 +49,18 @@ class Chunking:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A verified synthesized algorithm with how it was made."""
+    """A verified synthesized algorithm with how it was made.
+
+    ``budget_bound`` names the budget that stopped one of its MILPs before it proved its gap:
+    the node limit (reproducible) or the wall-clock cap (may differ run to run); None: none did.
+    """
 
     algorithm: Algorithm
     chunking: Chunking
     schedules: tuple[Schedule, ...]
     routing_status: str
     wall_s: float
+    budget_bound: BudgetBound | None = None
 
 
 def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGraph, ...]:
@@ -70,20 +72,42 @@ def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGr
     return (graph.reverse(), graph)
 
 
-def _schedule_phase(graph: LogicalGraph, chunking: Chunking, options: SolverOptions, budget_s: float) -> Schedule:
-    """Return the fastest schedule over the candidate routings (contiguity MILP on the winner only)."""
+def _schedule_phase(
+    graph: LogicalGraph,
+    chunking: Chunking,
+    options: SolverOptions,
+    cap_s: float | None = None,
+    packing: TreePacking | None = None,
+) -> tuple[Schedule, frozenset[str]]:
+    """Return the fastest schedule over the candidate routings (contiguity MILP on the winner only).
+
+    Also returns how the phase's MILPs ended (routing and contiguity statuses), whichever routing
+    won. Each MILP has its own node budget (``options``); ``cap_s`` (s) is what is left of the
+    wall-clock safety cap for this phase's MILPs (default ``options.time_limit_s``). ``packing``
+    is ``pack_trees(graph)`` when the caller has it already.
+    """
+    deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
     chunk_bytes = chunking.design_bytes / (graph.num_ranks * chunking.chunkup)
     piece_bytes = chunk_bytes / chunking.pieces
     # Packed trees carry the least load the graph allows; the MILP starts from them and weighs latency too.
-    packed = packed_routing(pack_trees(graph), chunking.chunkup, chunk_bytes, piece_bytes)
+    packing = packing if packing is not None else pack_trees(graph)
+    packed = packed_routing(packing, chunking.chunkup, chunk_bytes, piece_bytes)
     routings = route_candidates(
-        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, ROUTING_TIME_SHARE * budget_s, start=packed
+        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic(), start=packed
     )
     orderings = [order_sends(routing, chunking.pieces, piece_bytes) for routing in routings]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
     best = min(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
-    final = schedule_sends(orderings[best], options, (1 - ROUTING_TIME_SHARE) * budget_s)
-    return final if final.makespan_us <= quick[best].makespan_us else quick[best]
+    final = schedule_sends(orderings[best], options, deadline - time.monotonic())
+    statuses = frozenset(status for status in (routings[0].solve_status, final.solve_status) if status is not None)
+    return (final if final.makespan_us <= quick[best].makespan_us else quick[best]), statuses
+
+
+def _budget_bound(statuses: set[str], capped: bool) -> BudgetBound | None:
+    """Return the budget that stopped one of the candidate's MILPs (the cap first: it is the one to report)."""
+    if capped or SolveStatus.WALL_CLOCK_CAP.value in statuses:
+        return BudgetBound.WALL_CLOCK_CAP
+    return BudgetBound.NODE_LIMIT if SolveStatus.NODE_LIMIT.value in statuses else None
 
 
 def synthesize_chunking(
@@ -91,27 +115,38 @@ def synthesize_chunking(
     collective: Collective,
     chunking: Chunking,
     options: SolverOptions,
-    budget_s: float,
+    cap_s: float | None = None,
     *,
     name: str,
     metadata: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
+    packings: Sequence[TreePacking] | None = None,
 ) -> Candidate:
     """Return the verified algorithm of ``collective`` for one chunking on ``graph``.
 
-    ``budget_s`` (seconds) bounds the MILPs of all phases together. Raises
+    Every MILP runs to its own node budget (``options``), so the result does not depend on the
+    machine's load; ``cap_s`` (s) is what is left of the wall-clock safety cap for all phases
+    (default ``options.time_limit_s``). ``packings`` are the tree packings of ``phase_graphs``
+    (``pack_trees``, shared by a synthesis's candidates; default: packed here). Raises
     ``VerificationError`` if the result is wrong (a bug, never expected).
     """
     began = time.perf_counter()
+    deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
+    # HiGHS's thread pool outlives a candidate; size it for this one (tree packing runs on it first).
+    prepare_highs_threads(options.threads)
     phases = phase_graphs(graph, collective)
-    schedules = []
-    for index, phase_graph in enumerate(phases):
+    packings = packings if packings is not None else [None] * len(phases)
+    schedules, solve_statuses = [], set()
+    for phase_graph, packing in zip(phases, packings, strict=True):
         if progress is not None:
             progress(
                 f"{chunking.label}: routing, ordering, scheduling ({'reduce' if phase_graph.reversed else 'gather'} "
                 "phase)"
             )
-        schedules.append(_schedule_phase(phase_graph, chunking, options, budget_s / len(phases)))
+        schedule, statuses = _schedule_phase(phase_graph, chunking, options, deadline - time.monotonic(), packing)
+        schedules.append(schedule)
+        solve_statuses |= statuses
+    bound = _budget_bound(solve_statuses, capped=time.monotonic() >= deadline)
     statuses = sorted({s.routing.status for s in schedules})
     meta = {
         "synthesizer": "taccl_py",
@@ -134,4 +169,4 @@ def synthesize_chunking(
         "+".join(statuses),
         wall,
     )
-    return Candidate(algorithm, chunking, tuple(schedules), "+".join(statuses), wall)
+    return Candidate(algorithm, chunking, tuple(schedules), "+".join(statuses), wall, bound)

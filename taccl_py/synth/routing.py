@@ -89,7 +89,12 @@ def chunk_symmetry(graph: LogicalGraph, chunkup: int) -> ChunkSymmetry:
 
 @dataclass(frozen=True)
 class Routing:
-    """Every chunk's arborescence (link indices, parents before children) and how it was found."""
+    """Every chunk's arborescence (link indices, parents before children) and how it was found.
+
+    ``status`` names where the routes came from (``optimal``, ``node limit``, ``heuristic``, a
+    packing's status); ``solve_status`` is how the routing MILP ended (a ``SolveStatus`` value;
+    None: not run), also when its routes were not kept, so a budget that bound is never hidden.
+    """
 
     graph: LogicalGraph
     chunkup: int
@@ -97,6 +102,7 @@ class Routing:
     objective_us: float
     status: str
     solve_s: float = 0.0
+    solve_status: str | None = None
 
     def root(self, chunk: int) -> int:
         """Return the rank chunk ``chunk`` starts on."""
@@ -414,13 +420,14 @@ def route_chunks(
     time_limit_s: float | None = None,
     start: Routing | None = None,
 ) -> Routing:
-    """Return every chunk's route: the MILP's best within the time limit, else the greedy one.
+    """Return every chunk's route: the MILP's best within its budgets, else the greedy one.
 
     ``chunk_bytes`` sizes the loads, ``piece_bytes`` (<= chunk) the path latencies. ``start`` is
     another routing to warm-start from when its objective beats the greedy one's. The result's
-    ``status`` says ``optimal``, ``time-limit incumbent`` or ``heuristic`` (the MILP found nothing
-    better in time, or was not needed: a single-rank problem), or the start's status when the
-    MILP found nothing better than it.
+    ``status`` says ``optimal``, ``node limit``, ``wall-clock cap`` or ``heuristic`` (the MILP
+    found nothing better within its budgets, or was not needed: a single-rank problem), or the
+    start's status when the MILP found nothing better than it; ``solve_status`` says how the MILP
+    ended either way. ``time_limit_s`` (s) is what is left of the wall-clock safety cap.
     """
     incumbent = greedy_routing(graph, chunkup, chunk_bytes, piece_bytes)
     if start is not None and start.objective_us < incumbent.objective_us:
@@ -432,7 +439,8 @@ def route_chunks(
     model = _build_model(graph, sym, chunkup, chunk_bytes, piece_bytes, horizon)
     values = _start_values(model, graph, sym, incumbent, chunkup, piece_bytes)
     outcome = solve_model(model.prob, options, time_limit_s, values)
-    kept = Routing(graph, chunkup, incumbent.trees, incumbent.objective_us, incumbent.status, outcome.wall_s)
+    ended = outcome.status.value
+    kept = Routing(graph, chunkup, incumbent.trees, incumbent.objective_us, incumbent.status, outcome.wall_s, ended)
     if not outcome.has_solution:
         logger.info("routing MILP: %s; keeping the %s routes", outcome.status.value, incumbent.status)
         return kept
@@ -445,4 +453,4 @@ def route_chunks(
     if objective > incumbent.objective_us:
         return kept
     status = "optimal" if outcome.status is SolveStatus.OPTIMAL else outcome.status.value
-    return Routing(graph, chunkup, trees, objective, status, outcome.wall_s)
+    return Routing(graph, chunkup, trees, objective, status, outcome.wall_s, ended)

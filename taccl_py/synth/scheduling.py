@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pulp
 
@@ -47,13 +47,18 @@ MAX_MILP_SENDS = 600
 
 @dataclass(frozen=True)
 class Schedule:
-    """Sends merged into groups (send indices, in link order) with exact start/end times (µs)."""
+    """Sends merged into groups (send indices, in link order) with exact start/end times (µs).
+
+    ``solve_status`` is how the contiguity MILP ended (a ``SolveStatus`` value; None: not run),
+    whether or not its merges were kept.
+    """
 
     ordering: Ordering
     groups: tuple[tuple[int, ...], ...]
     start_us: tuple[float, ...]
     end_us: tuple[float, ...]
     status: str
+    solve_status: str | None = None
 
     @property
     def routing(self) -> Routing:
@@ -207,8 +212,11 @@ def _contiguity_milp(
     horizon: float,
     options: SolverOptions,
     time_limit_s: float | None,
-) -> set[tuple[int, int]] | None:
-    """Return the merges among ``free_pairs`` the MILP picks (``forced`` pairs are merged anyway)."""
+) -> tuple[set[tuple[int, int]] | None, str]:
+    """Return the merges among ``free_pairs`` the MILP picks (``forced`` pairs are merged anyway) and its status.
+
+    The merges are None when the MILP found no solution within its budgets.
+    """
     graph, sends, n = ordering.routing.graph, ordering.sends, len(ordering.sends)
     pairs = list(free_pairs) + sorted(forced)
     prob = pulp.LpProblem("contiguity", pulp.LpMinimize)
@@ -248,8 +256,8 @@ def _contiguity_milp(
         prob += s[b] + alpha_b >= s[a] + alpha_a + busy, f"resource_{a}_{b}"
     outcome = solve_model(prob, options, time_limit_s, {m[k].name: float(k >= len(free_pairs)) for k in m})
     if not outcome.has_solution:
-        return None
-    return {pairs[k] for k in range(len(free_pairs)) if (m[k].value() or 0.0) > 0.5}
+        return None, outcome.status.value
+    return {pairs[k] for k in range(len(free_pairs)) if (m[k].value() or 0.0) > 0.5}, outcome.status.value
 
 
 def schedule_sends(
@@ -257,9 +265,10 @@ def schedule_sends(
 ) -> Schedule:
     """Return the schedule with the best contiguity found and exact send times.
 
-    ``status`` names how the merges were chosen: ``none`` (nothing to merge), ``milp`` (optimal
-    or time-limited MILP), ``greedy`` (too large for the MILP, ``milp`` False, or the MILP found
-    nothing in time).
+    ``status`` names how the merges were chosen: ``none`` (nothing to merge), ``milp`` (the
+    MILP's, optimal or at a budget), ``greedy`` (too large for the MILP, ``milp`` False, or the MILP
+    found nothing better). The MILP runs to ``options``'s node budget; ``time_limit_s`` (s) is
+    what is left of the wall-clock safety cap (default ``options.time_limit_s``).
     """
     batched = _batch_pairs(ordering)
     base = _groups_from_merges(ordering, batched)
@@ -272,8 +281,9 @@ def schedule_sends(
         return best
     options_tried = [(_greedy_merges(ordering, pairs), "greedy")]
     adjacent = [pair for pair in _candidate_pairs(ordering, adjacent=True) if pair not in batched]
+    solve_status = None
     if milp and adjacent and len(ordering.sends) <= MAX_MILP_SENDS:
-        chosen = _contiguity_milp(
+        chosen, solve_status = _contiguity_milp(
             ordering, adjacent, batched, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s
         )
         if chosen is not None:
@@ -283,4 +293,4 @@ def schedule_sends(
         times = replay_groups(ordering, groups)
         if times is not None and max(times[1], default=0.0) < best.makespan_us - 1e-9:
             best = Schedule(ordering, groups, times[0], times[1], how)
-    return best
+    return replace(best, solve_status=solve_status)

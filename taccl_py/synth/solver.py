@@ -1,9 +1,15 @@
-"""MILP solving for the synthesizer: solver choice, limits, warm starts, and what came back.
+"""MILP solving for the synthesizer: solver choice, work budgets, warm starts, and what came back.
 
 HiGHS (through highspy) is the default; pulp's bundled CBC binary, driven through ``COIN_CMD``,
-is the fallback. pulp's HiGHS interface reports a time-limited incumbent as status Optimal with
-``sol_status == LpSolutionIntegerFeasible`` (pulp/apis/highs_api.py, kTimeLimit), which is how
-``solve_model`` tells a proven optimum from the best solution found in time.
+is the fallback. Budgets are work, not seconds, so the same input gives the same algorithm on a
+busy or an idle machine: every model gets a branch-and-bound node limit (by its size, see
+``default_node_limit``), one thread and a fixed random seed. A wall-clock cap is only a safety
+net; when it binds, the result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says
+so.
+
+pulp 3.3's HiGHS interface has no entry for HiGHS's node-limit status (``kSolutionLimit``:
+``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``_BudgetedHiGHS`` reads that
+case itself; the status of every solve comes from HiGHS's own model status.
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ from taccl_py.errors import ArgumentError
 
 __all__ = [
     "SOLVERS",
+    "DEFAULT_TIME_CAP_S",
+    "NODE_LIMITS_BY_COLUMNS",
+    "MAX_MILP_COLUMNS",
+    "BudgetBound",
     "SolverOptions",
     "SolveStatus",
     "SolveOutcome",
+    "default_node_limit",
     "describe_solver",
+    "prepare_highs_threads",
     "solve_model",
     "solver_settings",
 ]
@@ -32,32 +44,101 @@ logger = logging.getLogger(__name__)
 
 SOLVERS = ("highs", "cbc")
 DEFAULT_GAP_REL = 1e-3  # stop within 0.1 % of the bound: finer gaps cost time for nothing measurable
-DEFAULT_THREADS = 2  # the reference machines have 2 cores
+# One thread: HiGHS sizes its thread pool once per process and refuses another count later
+# (Highs::run returns kError), tree_packing's MIP runs on one, and one thread keeps branch and
+# bound reproducible under load.
+DEFAULT_THREADS = 1
+DEFAULT_RANDOM_SEED = 0
+# Wall-clock safety cap (s) on the MILPs of a whole synthesis; the work budgets bind long before.
+DEFAULT_TIME_CAP_S = 1800.0
+# Branch-and-bound nodes per model by its column count (columns <= bound: nodes). Measured with
+# HiGHS 1.16 on one thread on the 64 MB AllGather routing models of ndv2 x2 (618-1234 columns),
+# dgx2 x2 (1026-2050), dgx-a100 x4 (274-546) and dgx2 x4 (2114-4226): every improvement on the
+# warm start came within 100 nodes (none from 100 to 2000 nodes on ndv2 x2, to 500 on dgx2 x2
+# and dgx-a100 x4, from 50 to 200 on dgx2 x4), while the root costs 0.1-8 s and each further node
+# 1-7 ms. Whole syntheses on two shared cores (load 1.5-3), one job: ndv2 x2 16 s, dgx2 x2 25 s,
+# dgx-a100 x4 11 s, dgx2 x4 79 s.
+NODE_LIMITS_BY_COLUMNS = ((1_500, 100), (3_000, 50), (6_000, 20))
+NODE_LIMIT_LARGE = 10
+# Beyond this many columns even the root LP takes minutes on two cores: the model is not solved
+# and the caller keeps its greedy start (a work budget of zero, so still the same every run).
+MAX_MILP_COLUMNS = 20_000
+_CAP_TOLERANCE = 0.98  # a CBC solve that used this share of its cap stopped on the cap, not on nodes
 
 
 class SolveStatus(str, Enum):
-    """What a solve produced."""
+    """What a solve produced, and which budget stopped it."""
 
     OPTIMAL = "optimal"
-    TIME_LIMIT = "time-limit incumbent"
-    NO_SOLUTION = "no solution in time"
+    NODE_LIMIT = "node limit"  # an incumbent at the work budget: reproducible
+    WALL_CLOCK_CAP = "wall-clock cap"  # an incumbent at the safety cap: may differ from run to run
+    NO_SOLUTION = "no solution"
     INFEASIBLE = "infeasible"
+
+
+class BudgetBound(str, Enum):
+    """Which budget stopped a solve before it proved its gap."""
+
+    NODE_LIMIT = "node limit"
+    WALL_CLOCK_CAP = "wall-clock cap"
 
 
 @dataclass(frozen=True)
 class SolverOptions:
-    """Which MILP solver to run and how long (seconds, per model)."""
+    """Which MILP solver to run and its budgets.
+
+    ``time_limit_s`` is the wall-clock safety cap (s) on the MILPs of a whole synthesis; each
+    model gets what is left of it. ``node_limit`` is the branch-and-bound node budget of every
+    model (None: ``default_node_limit`` of the model's column count).
+    """
 
     solver: str = "highs"
-    time_limit_s: float = 10.0
+    time_limit_s: float = DEFAULT_TIME_CAP_S
     gap_rel: float = DEFAULT_GAP_REL
     threads: int = DEFAULT_THREADS
+    node_limit: int | None = None
+    random_seed: int = DEFAULT_RANDOM_SEED
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
             raise ArgumentError(None, "solver", f"unknown solver {self.solver!r}", "one of " + ", ".join(SOLVERS))
         if not self.time_limit_s > 0:
             raise ArgumentError(None, "time_limit", f"{self.time_limit_s} s", "a positive number of seconds")
+        if self.node_limit is not None and (isinstance(self.node_limit, bool) or self.node_limit < 1):
+            raise ArgumentError(None, "node_limit", f"{self.node_limit} nodes", "a positive number of nodes")
+        if self.threads < 1:
+            raise ArgumentError(None, "threads", f"{self.threads} threads", "at least 1")
+
+
+def default_node_limit(num_columns: int) -> int:
+    """Return the branch-and-bound node budget of a model with ``num_columns`` columns.
+
+    >>> default_node_limit(600), default_node_limit(5_000)
+    (100, 20)
+    """
+    for columns, nodes in NODE_LIMITS_BY_COLUMNS:
+        if num_columns <= columns:
+            return nodes
+    return NODE_LIMIT_LARGE
+
+
+def prepare_highs_threads(threads: int) -> None:
+    """Size HiGHS's process-wide thread pool to ``threads`` (no-op without highspy).
+
+    HiGHS sizes one pool per process at its first run, from the machine when a solve leaves
+    ``threads`` unset (tree_packing does), and refuses other counts later; results depend on the
+    count (HiGHS 1.16: other node counts and optima with 2 threads than with 1). So the pool is
+    reset and sized by a run of an empty model before a candidate and before every MILP.
+    """
+    try:
+        import highspy
+    except ImportError:
+        return
+    highspy.Highs.resetGlobalScheduler(True)
+    empty = highspy.Highs()
+    empty.setOptionValue("output_flag", False)
+    empty.setOptionValue("threads", threads)
+    empty.run()
 
 
 def describe_solver(options: SolverOptions) -> str:
@@ -72,27 +153,40 @@ def describe_solver(options: SolverOptions) -> str:
     return f"{options.solver} ({', '.join(found)})"
 
 
-def solver_settings(options: SolverOptions) -> tuple[tuple[str, float | int], ...]:
-    """Return the options that shape a solve, as (name, value) pairs for provenance records."""
-    return tuple(sorted((name, value) for name, value in asdict(options).items() if name != "solver"))
+def _node_rule() -> str:
+    steps = ", ".join(f"<= {columns} columns: {nodes}" for columns, nodes in NODE_LIMITS_BY_COLUMNS)
+    return f"by model size ({steps}, larger: {NODE_LIMIT_LARGE})"
+
+
+def solver_settings(options: SolverOptions) -> tuple[tuple[str, float | int | str], ...]:
+    """Return the options that shape a solve, as (name, value) pairs for provenance records.
+
+    ``node_limit`` is the number, or the rule by model size when it is left to the default.
+    """
+    settings = {name: value for name, value in asdict(options).items() if name != "solver"}
+    if settings["node_limit"] is None:
+        settings["node_limit"] = _node_rule()
+    return tuple(sorted(settings.items()))
 
 
 @dataclass(frozen=True)
 class SolveOutcome:
-    """The status of a solve, its objective (None without a solution) and its wall time (s)."""
+    """The status of a solve, its objective (None without a solution), its wall time (s) and nodes."""
 
     status: SolveStatus
     objective: float | None
     wall_s: float
+    bound: BudgetBound | None = None
+    node_limit: int | None = None
 
     @property
     def has_solution(self) -> bool:
         """Return True when variable values are available."""
-        return self.status in (SolveStatus.OPTIMAL, SolveStatus.TIME_LIMIT)
+        return self.status in (SolveStatus.OPTIMAL, SolveStatus.NODE_LIMIT, SolveStatus.WALL_CLOCK_CAP)
 
 
-class _WarmHiGHS(pulp.HiGHS):
-    """pulp's HiGHS, handing the variables' initial values to HiGHS as a starting solution."""
+class _BudgetedHiGHS(pulp.HiGHS):
+    """pulp's HiGHS with a starting solution handed to HiGHS, and the node-limit status read."""
 
     def __init__(self, start: dict[str, float], **kwargs: object) -> None:
         super().__init__(**kwargs)
@@ -109,21 +203,73 @@ class _WarmHiGHS(pulp.HiGHS):
                 lp.solverModel.setSolution(len(pairs), index, value)
         super().callSolver(lp)
 
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
+        import highspy
 
-def _make_solver(options: SolverOptions, time_limit_s: float, start: dict[str, float]) -> pulp.LpSolver:
+        if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+            return super().findSolutionValues(lp)
+        if lp.solverModel.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+        values = lp.solverModel.getSolution().col_value
+        for var in lp.variables():
+            var.varValue = values[var.index]
+        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+
+
+class _BudgetedCBC(pulp.COIN_CMD):
+    """pulp's COIN_CMD remembering why CBC stopped (``stopped_on``: ``time``, ``nodes``, ...)."""
+
+    stopped_on: str | None = None
+
+    def get_status(self, filename: str) -> tuple[int, int]:
+        with open(filename) as solution:
+            words = solution.readline().split()
+        self.stopped_on = words[2] if len(words) > 2 and words[0] == "Stopped" else None
+        return super().get_status(filename)
+
+
+def _make_solver(
+    options: SolverOptions, time_limit_s: float, node_limit: int, start: dict[str, float]
+) -> pulp.LpSolver:
     if options.solver == "highs":
-        highs = _WarmHiGHS(start, msg=False, timeLimit=time_limit_s, gapRel=options.gap_rel, threads=options.threads)
+        highs = _BudgetedHiGHS(
+            start,
+            msg=False,
+            timeLimit=time_limit_s,
+            gapRel=options.gap_rel,
+            threads=options.threads,
+            mip_max_nodes=node_limit,
+            random_seed=options.random_seed,
+        )
         if highs.available():
             return highs
         logger.warning("HiGHS (highspy) is not available; falling back to pulp's bundled CBC")
     # The bundled CBC binary through COIN_CMD: PULP_CBC_CMD itself is deprecated in pulp 3.3.
-    return pulp.COIN_CMD(
+    return _BudgetedCBC(
         path=pulp.PULP_CBC_CMD.pulp_cbc_path,
         msg=False,
         timeLimit=time_limit_s,
         gapRel=options.gap_rel,
         threads=options.threads,
+        maxNodes=node_limit,
+        options=[f"randomCbcSeed {options.random_seed}"],
     )
+
+
+def _stop_reason(prob: pulp.LpProblem, solver: pulp.LpSolver, wall_s: float, cap_s: float) -> BudgetBound | None:
+    """Return which budget stopped an unfinished solve (None: it finished)."""
+    if prob.sol_status == pulp.LpSolutionOptimal or prob.status == pulp.LpStatusInfeasible:
+        return None
+    if isinstance(solver, _BudgetedHiGHS):
+        import highspy
+
+        status = prob.solverModel.getModelStatus()
+        if status == highspy.HighsModelStatus.kSolutionLimit:
+            return BudgetBound.NODE_LIMIT
+        return BudgetBound.WALL_CLOCK_CAP if status == highspy.HighsModelStatus.kTimeLimit else None
+    if solver.stopped_on == "time" or wall_s >= _CAP_TOLERANCE * cap_s:
+        return BudgetBound.WALL_CLOCK_CAP
+    return BudgetBound.NODE_LIMIT if solver.stopped_on is not None else None
 
 
 def solve_model(
@@ -132,23 +278,41 @@ def solve_model(
     time_limit_s: float | None = None,
     start: dict[str, float] | None = None,
 ) -> SolveOutcome:
-    """Solve ``prob`` in place and return how it went.
+    """Solve ``prob`` in place within its node budget and return how it went.
 
     ``start`` maps variable names to a feasible solution's values (HiGHS uses it as the first
-    incumbent; CBC ignores it). ``time_limit_s`` overrides ``options.time_limit_s``.
+    incumbent; CBC ignores it). ``time_limit_s`` is what is left of the wall-clock safety cap
+    (s; default ``options.time_limit_s``).
     """
-    limit = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
+    cap = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
+    columns = prob.numVariables()
+    if columns > MAX_MILP_COLUMNS:
+        logger.info(
+            "%s: %d columns, over %d: not solved (the caller keeps its start)", prob.name, columns, MAX_MILP_COLUMNS
+        )
+        return SolveOutcome(SolveStatus.NO_SOLUTION, None, 0.0, BudgetBound.NODE_LIMIT, 0)
+    nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
+    solver = _make_solver(options, cap, nodes, start or {})
+    if isinstance(solver, _BudgetedHiGHS):
+        prepare_highs_threads(options.threads)
     began = time.perf_counter()
-    prob.solve(_make_solver(options, limit, start or {}))
+    prob.solve(solver)
     wall = time.perf_counter() - began
+    bound = _stop_reason(prob, solver, wall, cap)
     if prob.status == pulp.LpStatusInfeasible:
         status = SolveStatus.INFEASIBLE
     elif prob.sol_status == pulp.LpSolutionOptimal:
         status = SolveStatus.OPTIMAL
     elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        status = SolveStatus.TIME_LIMIT
+        status = SolveStatus.WALL_CLOCK_CAP if bound is BudgetBound.WALL_CLOCK_CAP else SolveStatus.NODE_LIMIT
     else:
         status = SolveStatus.NO_SOLUTION
-    objective = pulp.value(prob.objective) if status in (SolveStatus.OPTIMAL, SolveStatus.TIME_LIMIT) else None
-    logger.debug("%s: %s in %.2f s (objective %s)", prob.name, status.value, wall, objective)
-    return SolveOutcome(status, None if objective is None else float(objective), wall)
+    if bound is BudgetBound.WALL_CLOCK_CAP:
+        logger.warning(
+            "%s: stopped at the wall-clock cap (%.1f s); the result may differ from run to run", prob.name, cap
+        )
+    elif status is SolveStatus.NO_SOLUTION and bound is None:
+        logger.warning("%s: the solver returned no solution (pulp status %s)", prob.name, pulp.LpStatus[prob.status])
+    objective = pulp.value(prob.objective) if status not in (SolveStatus.NO_SOLUTION, SolveStatus.INFEASIBLE) else None
+    logger.debug("%s: %s in %.2f s, %d nodes allowed (objective %s)", prob.name, status.value, wall, nodes, objective)
+    return SolveOutcome(status, None if objective is None else float(objective), wall, bound, nodes)
