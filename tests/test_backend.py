@@ -8,6 +8,7 @@ ranks; the tests below read the per-rank results.
 from __future__ import annotations
 
 import datetime
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -140,6 +141,25 @@ def _delegated_cases(rank: int, world: int) -> list[str]:
     return problems
 
 
+def _functional_cases(rank: int, gloo: Any, world: int) -> list[str]:
+    """Functional collectives (what DTensor and FSDP2's ``full_tensor`` use) against gloo's."""
+    import torch.distributed._functional_collectives as funcol
+
+    problems = []
+    taccl = dist.group.WORLD
+    data = _data(rank, (world * 96,), torch.float32, 50)
+    cases = (
+        ("all_gather_tensor", lambda g: funcol.all_gather_tensor(data, 0, g)),
+        ("reduce_scatter_tensor", lambda g: funcol.reduce_scatter_tensor(data, "sum", 0, g)),
+        ("all_reduce", lambda g: funcol.all_reduce(data, "sum", g)),
+    )
+    for name, call in cases:
+        ours, reference = funcol.wait_tensor(call(taccl)), funcol.wait_tensor(call(gloo))
+        if not _close(ours, reference):
+            problems.append(f"functional {name}: max error {max_difference(ours, reference)}")
+    return problems
+
+
 def _ddp_cases(rank: int, gloo: Any) -> dict[str, float]:
     """DDP on the taccl default group against DDP on a gloo group, same seed and data."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -204,6 +224,8 @@ def _backend_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]:
     results["counts"] = (dict(pg.routed), dict(pg.delegated))
     results["delegated_problems"] = _delegated_cases(rank, world_size)
     results["counts_after_delegated"] = (dict(pg.routed), dict(pg.delegated))
+    results["functional_problems"] = _functional_cases(rank, gloo, world_size)
+    results["functional_routed"] = dict(pg.routed - Counter(results["counts_after_delegated"][0]))
     before = pg.routed["allreduce"]
     results["ddp"] = _ddp_cases(rank, gloo)
     results["ddp_allreduces"] = pg.routed["allreduce"] - before
@@ -250,6 +272,31 @@ def test_other_operations_go_to_the_inner_backend(backend_results: list[dict[str
             f"rank {rank}: only the PRODUCT all-reduce is a delegated collective: {delegated}"
         )
         assert routed == result["counts"][0], f"rank {rank}: {routed}"
+
+
+@pytest.mark.multiprocess
+def test_functional_collectives_are_routed_and_equal_gloo(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["functional_problems"] == [], f"rank {rank}: {result['functional_problems']}"
+        routed = result["functional_routed"]
+        assert routed == {"allgather": 1, "reducescatter": 1, "allreduce": 1}, f"rank {rank}: routed {routed}"
+
+
+def test_every_collective_of_a_process_group_is_a_python_method() -> None:
+    # torch runs an inherited collective of a Python process group with the GIL held; gloo can
+    # then deadlock the process (see the module notes of taccl_py.runtime.backend).
+    from taccl_py.runtime.backend import TacclProcessGroup
+
+    collectives = [
+        name
+        for name in dir(dist.ProcessGroup)
+        if not name.startswith("__")
+        and name != "_end_coalescing"  # coalescing manager, not a collective
+        and "-> c10d::Work" in (getattr(dist.ProcessGroup, name).__doc__ or "")
+    ]
+    assert "all_gather_single_coalesced" in collectives and "broadcast" in collectives
+    inherited = [name for name in collectives if name not in vars(TacclProcessGroup)]
+    assert inherited == [], f"collectives TacclProcessGroup inherits from torch: {inherited}"
 
 
 @pytest.mark.multiprocess

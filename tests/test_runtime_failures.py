@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Sequence
 
@@ -119,3 +120,5 @@ def test_the_launcher_stops_a_rank_past_the_join_deadline() -> None:
     assert time.monotonic() - start < 20
     assert outcomes[0].ok and outcomes[0].value == 0
     assert not outcomes[1].ok and "did not finish within 3 s (terminated)" in outcomes[1].error
+    if hasattr(signal, "SIGUSR1"):  # the hung rank's stacks say where it waited
+        assert "its threads when stopped:" in outcomes[1].error and "sleeping_worker" in outcomes[1].error

@@ -12,6 +12,12 @@ inner gloo backend (CPU tensors) or NCCL backend (CUDA tensors). DDP and FSDP2 u
     register_backend(library="ndv2")
     dist.init_process_group("taccl")
 
+Every collective entry point torch has is a Python method here, delegated ones included: torch's
+C++ side of a Python process group runs a method the subclass lacks with the GIL held, and gloo's
+worker thread frees finished work (and the Python tensors it holds) under its queue lock, so an
+inherited method can deadlock the process against gloo (seen with DTensor's ``full_tensor``). The
+inner backend's Python bindings release the GIL.
+
 Threads and ordering: a routed collective is queued on the group's
 :class:`~taccl_py.runtime.ordered_worker.OrderedWorker` and returns a Work at once, so DDP's
 bucket all-reduces overlap backward. Its messages travel on a second backend of the same kind
@@ -66,6 +72,31 @@ def _op_name(opts: Any) -> str | None:
         if op == getattr(dist.ReduceOp, torch_name):
             return name
     return None
+
+
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    """Return the first tensor in ``value`` (a tensor, or nested lists/tuples of them), or None."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _on_inner_backend(name: str) -> Callable[..., Any]:
+    """Return a method that runs the inner backend's ``name`` on the device of the call's first tensor."""
+
+    def delegated(self: TacclProcessGroup, *args: Any) -> Any:
+        tensor = _first_tensor(args)
+        device = tensor.device if tensor is not None else torch.device("cpu")
+        return getattr(self._get_backend(device), name)(*args)
+
+    delegated.__name__ = delegated.__qualname__ = name
+    delegated.__doc__ = f"Run the inner gloo/NCCL backend's ``{name}`` with these arguments; return its Work."
+    return delegated
 
 
 class TacclProcessGroup(dist.ProcessGroup):
@@ -218,6 +249,42 @@ class TacclProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        """All-gather each (output, input) pair as ``all_gather_single`` does; return one Work for all.
+
+        What functional collectives (``all_gather_tensor``, DTensor) call.
+        """
+        opts = dist.AllgatherOptions() if opts is None else opts
+        return _all_of([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        """Reduce-scatter each (output, input) pair as ``reduce_scatter_single`` does; return one Work for all."""
+        opts = dist.ReduceScatterOptions() if opts is None else opts
+        return _all_of([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- delegated collectives: the inner backend's own, through its GIL-releasing bindings ------
+
+    broadcast = _on_inner_backend("broadcast")
+    reduce = _on_inner_backend("reduce")
+    gather = _on_inner_backend("gather")
+    scatter = _on_inner_backend("scatter")
+    send = _on_inner_backend("send")
+    recv = _on_inner_backend("recv")
+    recv_anysource = _on_inner_backend("recv_anysource")
+    alltoall = _on_inner_backend("alltoall")
+    alltoall_base = _on_inner_backend("alltoall_base")
+    all_to_all_single = _on_inner_backend("alltoall_base")
+    allreduce_coalesced = _on_inner_backend("allreduce_coalesced")
+    allgather_coalesced = _on_inner_backend("allgather_coalesced")
+
     def reduce_scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
     ) -> Any:
@@ -250,6 +317,12 @@ class TacclProcessGroup(dist.ProcessGroup):
         opts = dist.BarrierOptions() if opts is None else opts
         return self._get_backend(torch.device("cpu")).barrier(opts)  # gloo: no device to choose
 
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Wait for the routed collectives queued so far, then run gloo's monitored barrier."""
+        self._worker.flush().wait()
+        backend = self._get_backend(torch.device("cpu"))
+        backend.monitored_barrier(timeout or datetime.timedelta(seconds=self._timeout_s), wait_all_ranks)
+
     def shutdown(self) -> None:
         """Stop the worker, close the routed collectives' links and shut the inner backends down."""
         self._worker.close()
@@ -257,6 +330,20 @@ class TacclProcessGroup(dist.ProcessGroup):
             link.close()
         self._links.clear()
         dist.ProcessGroup.shutdown(self)
+
+
+def _all_of(works: list[Any], outputs: list[torch.Tensor]) -> Any:
+    """Return one Work that completes when all ``works`` have; ``wait`` raises the first failure."""
+    if len(works) == 1:
+        return works[0]
+    done = torch.futures.collect_all([work.get_future() for work in works])
+    return FutureWork(done.then(partial(_outputs_after, outputs)))
+
+
+def _outputs_after(outputs: list[torch.Tensor], done: torch.futures.Future) -> list[torch.Tensor]:
+    for future in done.wait():
+        future.wait()  # raises a failed collective's error
+    return list(outputs)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -6,7 +6,10 @@ as the agent store); the child initialises torch.distributed from it and calls
 ``fn(rank, world_size, *args)``. The
 parent waits until every rank reported or the join deadline passed, and returns one
 :class:`RankOutcome` per rank: the value, or the traceback, exit code and time of a rank that
-failed, died or hung. :func:`run_local` raises when any rank failed, naming it.
+failed, died or hung. :func:`run_local` raises when any rank failed, naming it. A rank still
+running at the deadline is asked for the Python stacks of all its threads (``faulthandler`` on
+SIGUSR1, where the platform has it) before it is terminated, and they join its error: a hang in a
+collective says where it waited.
 
 Children start from a fork server that has imported torch once, so N ranks start in well under
 a second each. ``fn`` must be importable by name (a module-level function).
@@ -15,9 +18,12 @@ a second each. ``fn`` must be importable by name (a module-level function).
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing
 import os
 import queue as queue_module
+import signal
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -33,6 +39,9 @@ __all__ = ["RankOutcome", "launch_local", "run_local", "DEFAULT_JOIN_TIMEOUT_S",
 DEFAULT_JOIN_TIMEOUT_S = 120.0
 #: After one rank failed, how long the others get to report before they are terminated (seconds).
 FAILURE_GRACE_S = 15.0
+#: How long a hung rank gets to write its stacks before it is terminated (seconds).
+_STACK_DUMP_WAIT_S = 1.0
+_STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
 _PRELOAD = ["torch", "torch.distributed", "taccl_py.runtime"]
 
 
@@ -71,8 +80,13 @@ def _child(
     fn: Callable[..., Any],
     args: tuple,
     results: Any,
+    stack_path: str,
 ) -> None:
     start = time.perf_counter()
+    if _STACK_SIGNAL is not None:
+        # kept open for the life of the process: faulthandler writes to its descriptor from the handler
+        stack_file = open(stack_path, "w")  # noqa: SIM115
+        faulthandler.register(_STACK_SIGNAL, file=stack_file, all_threads=True)
     try:
         import torch
         import torch.distributed as dist
@@ -103,16 +117,21 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _collect(processes: list[Any], results: Any, deadline: float) -> dict[int, RankOutcome]:
-    """Gather outcomes until all ranks reported, died, or the deadline (shortened after a failure)."""
+def _collect(processes: list[Any], results: Any, deadline: float) -> tuple[dict[int, RankOutcome], int | None]:
+    """Gather outcomes until all ranks reported, died, or the deadline (shortened after a failure).
+
+    Also returns the first rank that failed (None: none did), which cut the deadline short.
+    """
     outcomes: dict[int, RankOutcome] = {}
     world_size = len(processes)
+    first_failed = None
     while len(outcomes) < world_size and time.monotonic() < deadline:
         try:
             rank, ok, value, error, elapsed_s = results.get(timeout=0.05)
             outcomes[rank] = RankOutcome(rank, ok, value, error, None, elapsed_s)
             if not ok:
                 deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
+                first_failed = rank if first_failed is None else first_failed
             continue
         except queue_module.Empty:
             pass
@@ -126,7 +145,30 @@ def _collect(processes: list[Any], results: Any, deadline: float) -> dict[int, R
                         rank, False, None, f"exited with code {process.exitcode} without a result", process.exitcode
                     )
                     deadline = min(deadline, time.monotonic() + FAILURE_GRACE_S)
-    return outcomes
+                    first_failed = rank if first_failed is None else first_failed
+    return outcomes, first_failed
+
+
+def _dump_stacks(processes: list[Any], hung: list[int]) -> None:
+    """Ask the ``hung`` ranks to write their threads' stacks, and give them a moment to."""
+    if _STACK_SIGNAL is None or not hung:
+        return
+    for rank in hung:
+        try:
+            os.kill(processes[rank].pid, _STACK_SIGNAL)
+        except (OSError, TypeError):  # already gone, or never started
+            pass
+    time.sleep(_STACK_DUMP_WAIT_S)
+
+
+def _hang_report(timeout_s: float, first_failed: int | None, stack_path: Path) -> str:
+    """Return why a rank was terminated, with the stacks it wrote (if any)."""
+    if first_failed is None:
+        why = f"did not finish within {timeout_s:g} s (terminated)"
+    else:
+        why = f"still running {FAILURE_GRACE_S:g} s after rank {first_failed} failed (terminated)"
+    stacks = stack_path.read_text(errors="replace").strip() if stack_path.exists() else ""
+    return f"{why}; its threads when stopped:\n{stacks}" if stacks else why
 
 
 def launch_local(
@@ -171,29 +213,33 @@ def launch_local(
     )
     context = _context()
     results = context.Queue()
-    processes = [
-        context.Process(
-            target=_child,
-            args=(rank, world_size, store.port, backend, pg_timeout_s, fn, tuple(args), results),
-            daemon=True,
-        )
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        outcomes = _collect(processes, results, time.monotonic() + timeout_s)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-        for process in processes:
-            process.join(5)
-    for rank, process in enumerate(processes):
-        if rank not in outcomes:
-            outcomes[rank] = RankOutcome(
-                rank, False, None, f"did not finish within {timeout_s:g} s (terminated)", process.exitcode
+    with tempfile.TemporaryDirectory(prefix="taccl-ranks-") as stacks_dir:
+        stack_paths = [Path(stacks_dir) / f"rank{rank}.stacks" for rank in range(world_size)]
+        processes = [
+            context.Process(
+                target=_child,
+                args=(rank, world_size, store.port, backend, pg_timeout_s, fn, tuple(args), results, str(path)),
+                daemon=True,
             )
+            for rank, path in enumerate(stack_paths)
+        ]
+        for process in processes:
+            process.start()
+        outcomes: dict[int, RankOutcome] = {}
+        first_failed = None
+        try:
+            outcomes, first_failed = _collect(processes, results, time.monotonic() + timeout_s)
+            _dump_stacks(processes, [r for r, p in enumerate(processes) if r not in outcomes and p.is_alive()])
+        finally:
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+            for process in processes:
+                process.join(5)
+        for rank, process in enumerate(processes):
+            if rank not in outcomes:
+                report = _hang_report(timeout_s, first_failed, stack_paths[rank])
+                outcomes[rank] = RankOutcome(rank, False, None, report, process.exitcode)
     del store
     return [outcomes[rank] for rank in range(world_size)]
 
