@@ -204,20 +204,17 @@ def test_write_write_race_between_threadblocks() -> None:
     assert verify_algorithm(_copy_race(with_dependency=True)).ok
 
 
+def _without_dependencies(algorithm):
+    """Return ``algorithm`` with every step's cross-threadblock dependencies removed."""
+    ranks = []
+    for prog in algorithm.ranks:
+        tbs = tuple(replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in prog.threadblocks)
+        ranks.append(replace(prog, threadblocks=tbs))
+    return replace(algorithm, ranks=tuple(ranks))
+
+
 def test_stripped_dependencies_make_races() -> None:
-    algorithm = ring_algorithm(Collective.ALLGATHER, 3)
-    stripped = replace(
-        algorithm,
-        ranks=tuple(
-            replace(
-                p,
-                threadblocks=tuple(
-                    replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks
-                ),
-            )
-            for p in algorithm.ranks
-        ),
-    )
+    stripped = _without_dependencies(ring_algorithm(Collective.ALLGATHER, 3))
     assert "race" in _kinds(verify_algorithm(stripped))
 
 
@@ -260,18 +257,7 @@ def test_one_edge_ordering_is_sound_and_settles_lowered_plans(collective: Collec
 
     algorithm = ring_algorithm(collective, 4)
     if strip:
-        algorithm = replace(
-            algorithm,
-            ranks=tuple(
-                replace(
-                    p,
-                    threadblocks=tuple(
-                        replace(tb, steps=tuple(replace(s, depends=()) for s in tb.steps)) for tb in p.threadblocks
-                    ),
-                )
-                for p in algorithm.ranks
-            ),
-        )
+        algorithm = _without_dependencies(algorithm)
     flow = build_dataflow(algorithm)
     before = _reachable(flow)
     pairs = [

@@ -1,0 +1,123 @@
+"""Benchmark one-size synthesis from 16 to 128 GPUs: wall time, peak memory, quality, budgets, determinism.
+
+Each instance (built-in machine x nodes, one collective, one size) runs in its own process through
+``build_algorithms.py --one`` with ``--jobs`` workers, so its wall time and peak memory are its
+own. The table gives the wall time against the issue's target for its GPU count, the chosen
+algorithm's fraction of the lower bound and its speed-up over the best baseline measured in the
+same run, which budget stopped a MILP (``node limit``: the work budget, reproducible), and how
+many bands used greedy routes. ``--repeat`` runs the first instance again and reports whether the
+chosen algorithms' JSON is byte-identical (the budgets are work, not seconds).
+
+    python scripts/bench_scaling.py                                  # the default sweep, ~1 h on 2 cores
+    python scripts/bench_scaling.py --instances dgx-a100:2,dgx2:2 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmarks_md import markdown_table, update_benchmarks_section  # noqa: E402
+from build_algorithms import run_instance  # noqa: E402
+
+from taccl_py.units import format_size, parse_size  # noqa: E402
+
+DEFAULT_INSTANCES = "ndv2:2,dgx-a100:2,dgx2:2,dgx-a100:4,dgx-h100:4,dgx2:4,dgx-a100:8,ndv2:8,dgx-a100:16"
+#: The issue's one-size targets on 2 cores (s) by GPU count.
+TARGET_S = ((16, 10.0), (32, 60.0), (64, 180.0), (128, 900.0))
+HEADERS = (
+    "instance",
+    "GPUs",
+    "wall (s)",
+    "target (s)",
+    "peak MB",
+    "of bound",
+    "vs best baseline",
+    "chosen",
+    "budget",
+    "greedy bands",
+)
+
+
+# Forkserver workers are not children of the synthesizing process, so its rusage misses them.
+PEAK_NOTE = (
+    "\n\nPeak MB is the synthesizing process's (and its waited-for children's) maximum resident set; "
+    "the forkserver workers that run the candidates with --jobs are not its children and are not counted.\n"
+)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def target_s(num_ranks: int) -> float:
+    """Return the wall-time target (s) of a one-size synthesis over ``num_ranks`` GPUs."""
+    for ranks, target in TARGET_S:
+        if num_ranks <= ranks:
+            return target
+    return TARGET_S[-1][1]
+
+
+def instance_row(metrics: dict) -> tuple:
+    """Return the table row of one instance's metrics (``build_algorithms.build_instance``)."""
+    row = metrics["rows"][-1]
+    return (
+        f"{metrics['topology']} x{metrics['nodes']} {metrics['collective']}",
+        metrics["num_ranks"],
+        f"{metrics['wall_s']:.0f}",
+        f"{target_s(metrics['num_ranks']):.0f}",
+        f"{metrics['peak_rss_MB']:.0f}",
+        f"{row['bound_us'] / row['chosen_us']:.3f}",
+        f"{row['baseline_us'] / row['chosen_us']:.2f}x" if row["baseline_us"] else "-",
+        row["chosen"].replace(f"-{metrics['collective']}-", "-", 1),
+        metrics["budget_bound"] or "none",
+        metrics["greedy_bands"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", default=DEFAULT_INSTANCES, help="topology:nodes, comma-separated")
+    parser.add_argument("--collective", default="allgather")
+    parser.add_argument("--size", default="64MB")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--repeat", action="store_true", help="run the first instance twice and compare the bytes")
+    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    size = format_size(parse_size(args.size))
+    run_args = argparse.Namespace(sizes=size, time_limit=None, jobs=args.jobs, no_write=True)
+    rows, first = [], None
+    for spec in args.instances.split(","):
+        name, nodes = spec.split(":")
+        _log(f"== {name} x{nodes} {args.collective} {size}")
+        metrics = run_instance(name, int(nodes), args.collective, run_args)
+        if metrics is None:
+            rows.append((f"{name} x{nodes} {args.collective}", "-", "failed", *("-",) * 7))
+            continue
+        first = first or (name, int(nodes), metrics)
+        rows.append(instance_row(metrics))
+        _log("   " + " | ".join(str(cell) for cell in rows[-1]))
+    body = markdown_table(HEADERS, rows) + PEAK_NOTE
+    if args.repeat and first is not None:
+        name, nodes, metrics = first
+        again = run_instance(name, nodes, args.collective, run_args)
+        same = again is not None and json.dumps(again["rows"]) == json.dumps(metrics["rows"])
+        body += (
+            f"\n\nRun twice, {name} x{nodes}: chosen algorithms and simulated times "
+            f"{'identical' if same else 'DIFFERENT'} (budgets are work: node limits, one thread, seed 0).\n"
+        )
+    print(body)
+    if not args.no_write:
+        command = "python scripts/bench_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        update_benchmarks_section(
+            "scaling", f"One-size synthesis at scale ({args.collective}, {size}, --jobs {args.jobs})", command, body
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
