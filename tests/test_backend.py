@@ -157,6 +157,11 @@ def _functional_cases(rank: int, gloo: Any, world: int) -> list[str]:
         ours, reference = funcol.wait_tensor(call(taccl)), funcol.wait_tensor(call(gloo))
         if not _close(ours, reference):
             problems.append(f"functional {name}: max error {max_difference(ours, reference)}")
+    pair = [data, _data(rank, (40,), torch.float32, 51)]  # two all-gathers under one Work
+    ours = [funcol.wait_tensor(t) for t in funcol.all_gather_into_tensor_coalesced(pair, taccl)]
+    reference = [funcol.wait_tensor(t) for t in funcol.all_gather_into_tensor_coalesced(pair, gloo)]
+    if not all(torch.equal(a, b) for a, b in zip(ours, reference, strict=True)):
+        problems.append("functional all_gather_into_tensor_coalesced (two tensors)")
     return problems
 
 
@@ -279,7 +284,7 @@ def test_functional_collectives_are_routed_and_equal_gloo(backend_results: list[
     for rank, result in enumerate(backend_results):
         assert result["functional_problems"] == [], f"rank {rank}: {result['functional_problems']}"
         routed = result["functional_routed"]
-        assert routed == {"allgather": 1, "reducescatter": 1, "allreduce": 1}, f"rank {rank}: routed {routed}"
+        assert routed == {"allgather": 3, "reducescatter": 1, "allreduce": 1}, f"rank {rank}: routed {routed}"
 
 
 def test_every_collective_of_a_process_group_is_a_python_method() -> None:

@@ -89,10 +89,10 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 def _on_inner_backend(name: str) -> Callable[..., Any]:
     """Return a method that runs the inner backend's ``name`` on the device of the call's first tensor."""
 
-    def delegated(self: TacclProcessGroup, *args: Any) -> Any:
+    def delegated(self: TacclProcessGroup, *args: Any, **kwargs: Any) -> Any:
         tensor = _first_tensor(args)
         device = tensor.device if tensor is not None else torch.device("cpu")
-        return getattr(self._get_backend(device), name)(*args)
+        return getattr(self._get_backend(device), name)(*args, **kwargs)
 
     delegated.__name__ = delegated.__qualname__ = name
     delegated.__doc__ = f"Run the inner gloo/NCCL backend's ``{name}`` with these arguments; return its Work."
@@ -316,12 +316,6 @@ class TacclProcessGroup(dist.ProcessGroup):
         self._worker.flush().wait()
         opts = dist.BarrierOptions() if opts is None else opts
         return self._get_backend(torch.device("cpu")).barrier(opts)  # gloo: no device to choose
-
-    def monitored_barrier(self, timeout: datetime.timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        """Wait for the routed collectives queued so far, then run gloo's monitored barrier."""
-        self._worker.flush().wait()
-        backend = self._get_backend(torch.device("cpu"))
-        backend.monitored_barrier(timeout or datetime.timedelta(seconds=self._timeout_s), wait_all_ranks)
 
     def shutdown(self) -> None:
         """Stop the worker, close the routed collectives' links and shut the inner backends down."""
