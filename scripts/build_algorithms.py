@@ -12,7 +12,8 @@ and, with ``--metrics FILE``, collected for ``bench_synthesis.py``.
 The MILP budgets are work (node limits, one thread, a fixed seed), so a rebuild writes the same
 libraries on a busy or an idle machine; ``--time-limit`` is only the wall-clock safety cap and a
 library records when it bound. ``--jobs`` runs an instance's candidates in worker processes (same
-result); the peak memory reported is the largest of the instance's process and its workers.
+result); the peak memory reported is the instance's process's (forkserver workers are not its
+children, so with ``--jobs`` above 1 their memory is not counted).
 
     python scripts/build_algorithms.py                           # everything (about an hour)
     python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
