@@ -23,7 +23,9 @@ from taccl_py.synth.solver import (
     BudgetBound,
     SolverOptions,
     SolveStatus,
+    budget_of_status,
     default_node_limit,
+    first_budget_bound,
     solver_settings,
 )
 from taccl_py.topology import load_topology
@@ -105,6 +107,22 @@ def test_a_node_limited_synthesis_reports_the_node_limit():
     assert result.budget_bound is BudgetBound.NODE_LIMIT and not result.timed_out
     assert any(candidate.endswith(":node limit") for candidate in result.candidates), result.candidates
     assert_valid_algorithm(result.algorithm)
+
+
+def test_a_model_too_large_to_solve_is_reported_as_the_work_budget(monkeypatch):
+    # Skipping a model for its size is a work budget of zero: the same every run, and said so.
+    monkeypatch.setattr("taccl_py.synth.solver.MAX_MILP_COLUMNS", 10)
+    result = synthesize(load_topology("ndv2"), "allgather", size_bytes=MB, jobs=1)
+    assert result.budget_bound is BudgetBound.NODE_LIMIT and not result.timed_out
+    assert_valid_algorithm(result.algorithm)
+
+
+def test_budgets_rank_the_wall_clock_cap_first():
+    assert first_budget_bound([None, BudgetBound.NODE_LIMIT, BudgetBound.WALL_CLOCK_CAP]) is BudgetBound.WALL_CLOCK_CAP
+    assert first_budget_bound([None, BudgetBound.NODE_LIMIT]) is BudgetBound.NODE_LIMIT
+    assert first_budget_bound([None]) is None
+    assert budget_of_status(SolveStatus.TOO_LARGE.value) is BudgetBound.NODE_LIMIT
+    assert budget_of_status(SolveStatus.OPTIMAL.value) is None
 
 
 def test_a_tiny_wall_clock_cap_reports_the_cap_and_still_verifies(tmp_path, capsys):

@@ -12,13 +12,14 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
-from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size
+from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size, phase_packings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm, tree_parents
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.synth.tree_packing import TreePacking
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 
@@ -91,6 +92,7 @@ def build_baseline(
     *,
     channels: int | None = None,
     size_bytes: int | None = None,
+    packings: Sequence[TreePacking] | None = None,
 ) -> Algorithm:
     """Return the verified baseline ``kind`` for ``collective`` on ``topology``.
 
@@ -110,6 +112,8 @@ def build_baseline(
         Parallel rings or trees (packed trees: trees per rank); default as the builder finds on the topology.
     size_bytes : int, optional
         The size a tree's pipeline depth is tuned for.
+    packings : sequence of TreePacking, optional
+        Packed trees only: ``phase_packings(topology, collective)`` when the caller has them.
 
     Raises
     ------
@@ -129,7 +133,9 @@ def build_baseline(
     if kind is BaselineKind.TREE:
         return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
     if kind is BaselineKind.TREES:
-        return packed_trees_algorithm(topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes)
+        return packed_trees_algorithm(
+            topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes, packings=packings
+        )
     return hierarchical_algorithm(topology, collective, channels=channels, chunks=chunks)
 
 
@@ -147,15 +153,20 @@ def all_baselines(
 
 
 def size_groups(
-    kind: BaselineKind | str, topology: Topology, collective: Collective | str, sizes: Sequence[int]
+    kind: BaselineKind | str,
+    topology: Topology,
+    collective: Collective | str,
+    sizes: Sequence[int],
+    packings: Sequence[TreePacking] | None = None,
 ) -> tuple[int | None, dict[int | None, list[int]]]:
     """Return the channels (None: the default) and the sizes grouped by the pipeline depth ``kind`` uses for them.
 
-    Rings and hierarchical algorithms use one depth for every size; trees and packed trees tune it.
+    Rings and hierarchical algorithms use one depth for every size; trees and packed trees tune it
+    (packed trees from ``packings``, ``phase_packings`` of the topology, packed here when None).
     """
     kind, collective = _kind(kind), _collective(collective)
     if kind is BaselineKind.TREES:
-        return packing_pieces_by_size(topology, collective, sizes)
+        return packing_pieces_by_size(topology, collective, sizes, packings)
     if kind is not BaselineKind.TREE:
         return None, {None: list(sizes)}
     channels = default_tree_channels(topology)
@@ -195,9 +206,13 @@ def best_baselines(
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     best: dict[int, tuple[Algorithm, SimulationResult]] = {}
     for kind in applicable_kinds(topology, collective):
-        channels, groups = size_groups(kind, topology, collective, sizes)
+        # Packed trees of every pipeline depth share one packing (seconds on 64 GPUs).
+        packings = phase_packings(topology, collective) if kind is BaselineKind.TREES else None
+        channels, groups = size_groups(kind, topology, collective, sizes, packings)
         for chunks, group in groups.items():
-            algorithm = build_baseline(kind, topology, collective, chunks, channels=channels, size_bytes=group[-1])
+            algorithm = build_baseline(
+                kind, topology, collective, chunks, channels=channels, size_bytes=group[-1], packings=packings
+            )
             if progress is not None:
                 progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
             for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):

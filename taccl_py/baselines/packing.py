@@ -32,6 +32,7 @@ __all__ = [
     "packing_graph",
     "packed_trees_algorithm",
     "packing_pieces_by_size",
+    "phase_packings",
     "default_packing_chunkup",
     "default_packing_pieces",
 ]
@@ -63,6 +64,14 @@ def packing_graph(topology: Topology) -> LogicalGraph:
         # GPUs); the packing only gets slower without it.
         logger.info("%s; packing trees without rotations", error)
         return build_logical_graph(topology, check_sketch(dataclasses.replace(sketch, symmetry=()), topology))
+
+
+def phase_packings(topology: Topology, collective: Collective | str) -> tuple[TreePacking, ...]:
+    """Return the tree packings the baseline uses, one per phase of ``collective`` (``phase_graphs``).
+
+    Packing a 64-GPU graph takes seconds; a caller building several pipeline depths packs once.
+    """
+    return tuple(pack_trees(graph) for graph in phase_graphs(packing_graph(topology), Collective(collective)))
 
 
 def default_packing_chunkup(packing: TreePacking) -> int:
@@ -98,11 +107,13 @@ def packed_trees_algorithm(
     chunkup: int | None = None,
     pieces: int | None = None,
     size_bytes: int | None = None,
+    packings: Sequence[TreePacking] | None = None,
 ) -> Algorithm:
     """Return the verified tree-packing algorithm of ``collective`` on ``topology``.
 
     ``chunkup`` trees per rank (default ``default_packing_chunkup``), each chunk cut into
     ``pieces`` (default tuned to ``size_bytes`` when given, else ``DEFAULT_PACKING_PIECES``).
+    ``packings`` are ``phase_packings(topology, collective)`` when the caller has them.
     """
     collective = Collective(collective)
     if collective not in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE):
@@ -118,9 +129,9 @@ def packed_trees_algorithm(
         raise ArgumentError(topology.name, "channels", f"{chunkup} trees per rank", f"1..{MAX_REQUESTED}")
     if pieces is not None and not 1 <= pieces <= MAX_REQUESTED:
         raise ArgumentError(topology.name, "chunks", f"{pieces} chunks", f"1..{MAX_REQUESTED} pieces per tree")
-    graph = packing_graph(topology)
-    phases = phase_graphs(graph, collective)
-    packings = [pack_trees(phase_graph) for phase_graph in phases]
+    packings = tuple(packings) if packings is not None else phase_packings(topology, collective)
+    # Reversal keeps every link's α and bandwidth, so any phase's graph tunes the pipeline depth.
+    graph = packings[-1].graph
     # AllReduce's gather phase reads the reduce phase's chunks: both phases cut the data alike.
     k = chunkup if chunkup is not None else max(default_packing_chunkup(packing) for packing in packings)
     if pieces is None:
@@ -139,11 +150,18 @@ def packed_trees_algorithm(
 
 
 def packing_pieces_by_size(
-    topology: Topology, collective: Collective, sizes: Sequence[int]
+    topology: Topology,
+    collective: Collective,
+    sizes: Sequence[int],
+    packings: Sequence[TreePacking] | None = None,
 ) -> tuple[int, dict[int, list[int]]]:
-    """Return the trees per rank and, per pipeline depth, the sizes (bytes) it is the default for."""
-    graph = packing_graph(topology)
-    chunkup = max(default_packing_chunkup(pack_trees(g)) for g in phase_graphs(graph, collective))
+    """Return the trees per rank and, per pipeline depth, the sizes (bytes) it is the default for.
+
+    ``packings`` are ``phase_packings(topology, collective)`` when the caller has them.
+    """
+    packings = tuple(packings) if packings is not None else phase_packings(topology, collective)
+    graph = packings[-1].graph
+    chunkup = max(default_packing_chunkup(packing) for packing in packings)
     groups: dict[int, list[int]] = {}
     for size in sizes:
         groups.setdefault(default_packing_pieces(graph, size, chunkup), []).append(size)

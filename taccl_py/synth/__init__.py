@@ -34,6 +34,7 @@ from taccl_py.synth.solver import (
     BudgetBound,
     SolverOptions,
     describe_solver,
+    first_budget_bound,
     prepare_highs_threads,
     solver_settings,
 )
@@ -322,15 +323,6 @@ def synthesize(
     )
 
 
-def _budget_bound(runs: Sequence[tuple[Candidate, tuple]]) -> BudgetBound | None:
-    """Return the wall-clock cap if it stopped any candidate's MILP, else the node limit if that did, else None."""
-    bounds = {candidate.budget_bound for candidate, _ in runs}
-    for bound in (BudgetBound.WALL_CLOCK_CAP, BudgetBound.NODE_LIMIT):
-        if bound in bounds:
-            return bound
-    return None
-
-
 def _synthesize_impl(
     topology: Topology,
     collective: Collective,
@@ -359,7 +351,7 @@ def _synthesize_impl(
     best_at_top = min(
         (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
     )[0]
-    budget_bound = _budget_bound(runs)
+    budget_bound = first_budget_bound(candidate.budget_bound for candidate, _ in runs)
     timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP
     library = None
     if banded:

@@ -20,7 +20,13 @@ from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
-from taccl_py.synth.solver import BudgetBound, SolverOptions, SolveStatus, prepare_highs_threads
+from taccl_py.synth.solver import (
+    BudgetBound,
+    SolverOptions,
+    budget_of_status,
+    first_budget_bound,
+    prepare_highs_threads,
+)
 from taccl_py.synth.tree_packing import TreePacking, pack_trees, packed_routing
 from taccl_py.verify import check_algorithm
 
@@ -103,13 +109,6 @@ def _schedule_phase(
     return (final if final.makespan_us <= quick[best].makespan_us else quick[best]), statuses
 
 
-def _budget_bound(statuses: set[str], capped: bool) -> BudgetBound | None:
-    """Return the budget that stopped one of the candidate's MILPs (the cap first: it is the one to report)."""
-    if capped or SolveStatus.WALL_CLOCK_CAP.value in statuses:
-        return BudgetBound.WALL_CLOCK_CAP
-    return BudgetBound.NODE_LIMIT if SolveStatus.NODE_LIMIT.value in statuses else None
-
-
 def synthesize_chunking(
     graph: LogicalGraph,
     collective: Collective,
@@ -146,7 +145,8 @@ def synthesize_chunking(
         schedule, statuses = _schedule_phase(phase_graph, chunking, options, deadline - time.monotonic(), packing)
         schedules.append(schedule)
         solve_statuses |= statuses
-    bound = _budget_bound(solve_statuses, capped=time.monotonic() >= deadline)
+    capped = BudgetBound.WALL_CLOCK_CAP if time.monotonic() >= deadline else None
+    bound = first_budget_bound([capped, *(budget_of_status(status) for status in solve_statuses)])
     statuses = sorted({s.routing.status for s in schedules})
     meta = {
         "synthesizer": "taccl_py",

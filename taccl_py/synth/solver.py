@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
@@ -33,7 +34,9 @@ __all__ = [
     "SolverOptions",
     "SolveStatus",
     "SolveOutcome",
+    "budget_of_status",
     "default_node_limit",
+    "first_budget_bound",
     "describe_solver",
     "prepare_highs_threads",
     "solve_model",
@@ -74,6 +77,7 @@ class SolveStatus(str, Enum):
     WALL_CLOCK_CAP = "wall-clock cap"  # an incumbent at the safety cap: may differ from run to run
     NO_SOLUTION = "no solution"
     INFEASIBLE = "infeasible"
+    TOO_LARGE = "too large"  # over MAX_MILP_COLUMNS: not solved, a work budget of zero (reproducible)
 
 
 class BudgetBound(str, Enum):
@@ -81,6 +85,26 @@ class BudgetBound(str, Enum):
 
     NODE_LIMIT = "node limit"
     WALL_CLOCK_CAP = "wall-clock cap"
+
+
+# The statuses of a solve that a work budget (not the wall clock) stopped early.
+_WORK_BUDGET_STATUSES = frozenset({SolveStatus.NODE_LIMIT.value, SolveStatus.TOO_LARGE.value})
+
+
+def first_budget_bound(bounds: Iterable[BudgetBound | None]) -> BudgetBound | None:
+    """Return the budget to report over several solves: the wall-clock cap if it bound any, else the node limit."""
+    seen = set(bounds)
+    for bound in (BudgetBound.WALL_CLOCK_CAP, BudgetBound.NODE_LIMIT):
+        if bound in seen:
+            return bound
+    return None
+
+
+def budget_of_status(status: str | None) -> BudgetBound | None:
+    """Return the budget that a solve ending in ``status`` (a ``SolveStatus`` value) ran into, if any."""
+    if status == SolveStatus.WALL_CLOCK_CAP.value:
+        return BudgetBound.WALL_CLOCK_CAP
+    return BudgetBound.NODE_LIMIT if status in _WORK_BUDGET_STATUSES else None
 
 
 @dataclass(frozen=True)
@@ -290,7 +314,7 @@ def solve_model(
         logger.info(
             "%s: %d columns, over %d: not solved (the caller keeps its start)", prob.name, columns, MAX_MILP_COLUMNS
         )
-        return SolveOutcome(SolveStatus.NO_SOLUTION, None, 0.0, BudgetBound.NODE_LIMIT, 0)
+        return SolveOutcome(SolveStatus.TOO_LARGE, None, 0.0, BudgetBound.NODE_LIMIT, 0)
     nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
     solver = _make_solver(options, cap, nodes, start or {})
     if isinstance(solver, _BudgetedHiGHS):
