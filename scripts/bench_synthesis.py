@@ -127,7 +127,8 @@ def instance_rows(metrics: list[dict]) -> list[tuple]:
                 m["num_ranks"],
                 m["collective"],
                 m["wall_s"],
-                m["peak_rss_MB"],
+                # Older metrics lack the process tree's figure (forkserver workers included).
+                m.get("peak_tree_MB", m["peak_rss_MB"]),
                 min(frac) if frac else None,
                 min(syn_frac) if syn_frac else None,
                 top["bound_us"] / top["chosen_us"],
@@ -267,8 +268,9 @@ def render(instances: list[dict], per_size_count: int) -> str:
         "candidates and the baselines), of the best synthesized candidate alone (`synth`), of the best baseline "
         "(ring, tree, hierarchical), and the cut lower bound. `synth speedup` = best baseline time / best synthesized "
         "time (below 1: a baseline is faster there and the band keeps it; `-`: no synthesized candidate fit the "
-        "MSCCL limits at that size). Synthesis wall time and peak RSS per "
-        "instance on this 2-core machine (one process per instance, all sizes 1KB-1GB, default time budget).\n\n"
+        "MSCCL limits at that size). Synthesis wall time and peak memory per "
+        "instance on this 2-core machine (one process per instance, all sizes 1KB-1GB, default budgets; peak: the "
+        "largest total resident set of the instance and its worker processes, sampled from /proc).\n\n"
         "### Summary\n\n"
         "One row per machine over its collectives (allgather, reducescatter, allreduce): synthesis time summed, "
         "peak memory the largest, fractions of the bound the worst (`synth only`: the best synthesized candidate "

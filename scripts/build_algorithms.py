@@ -12,8 +12,9 @@ and, with ``--metrics FILE``, collected for ``bench_synthesis.py``.
 The MILP budgets are work (node limits, one thread, a fixed seed), so a rebuild writes the same
 libraries on a busy or an idle machine; ``--time-limit`` is only the wall-clock safety cap and a
 library records when it bound. ``--jobs`` runs an instance's candidates in worker processes (same
-result); the peak memory reported is the instance's process's (forkserver workers are not its
-children, so with ``--jobs`` above 1 their memory is not counted).
+result). Peak memory is given three ways: the instance process's own (``peak_rss_MB``), and, sampled
+from /proc every 0.25 s, the whole process tree's largest total (``peak_tree_MB``, forkserver
+workers included) and its largest single process (``peak_process_MB``).
 
     python scripts/build_algorithms.py                           # everything (about an hour)
     python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
@@ -29,6 +30,8 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+
+from process_memory import TreeMemory
 
 from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.topology import builtin_topology_names, load_topology
@@ -152,15 +155,25 @@ def run_instance(topology: str, nodes: int, collective: str, args: argparse.Name
         cmd += ["--jobs", str(args.jobs)]
     if not args.no_write:
         cmd.append("--write")
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=INSTANCE_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        _log(f"{topology} n{nodes} {collective}: timed out after {INSTANCE_TIMEOUT_S} s")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        memory = TreeMemory(child.pid).start()
+        try:
+            stdout, stderr = child.communicate(timeout=INSTANCE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            _log(f"{topology} n{nodes} {collective}: timed out after {INSTANCE_TIMEOUT_S} s")
+            return None
+        finally:
+            memory.stop()
+    if child.returncode != 0:
+        _log(f"{topology} n{nodes} {collective}: failed\n{stderr[-4000:]}")
         return None
-    if done.returncode != 0:
-        _log(f"{topology} n{nodes} {collective}: failed\n{done.stderr[-4000:]}")
-        return None
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    metrics = json.loads(stdout.strip().splitlines()[-1])
+    # The instance's own figure misses its forkserver workers; the sampled tree does not.
+    metrics["peak_tree_MB"] = max(memory.peak_total_MB, metrics["peak_rss_MB"])
+    metrics["peak_process_MB"] = max(memory.peak_process_MB, metrics["peak_rss_MB"])
+    return metrics
 
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -194,7 +207,7 @@ def sweep_instances(
                 if found is None:
                     failures += 1
                     continue
-                _log(f"   {found['wall_s']:.1f} s, {found['peak_rss_MB']:.0f} MB")
+                _log(f"   {found['wall_s']:.1f} s, {found['peak_tree_MB']:.0f} MB (all processes)")
                 metrics.append(found)
                 if args.metrics is not None:
                     with args.metrics.open("a", encoding="utf-8") as handle:
