@@ -8,7 +8,7 @@ same run, which budget stopped a MILP (``node limit``: the work budget, reproduc
 many bands used greedy routes. ``--repeat`` runs the first instance again and reports whether the
 chosen algorithms' JSON is byte-identical (the budgets are work, not seconds).
 
-    python scripts/bench_scaling.py                                  # the default sweep, ~1 h on 2 cores
+    python scripts/bench_scaling.py --repeat                         # the default sweep, 16-128 GPUs
     python scripts/bench_scaling.py --instances dgx-a100:2,dgx2:2 --no-write
 """
 
@@ -26,7 +26,10 @@ from build_algorithms import run_instance  # noqa: E402
 
 from taccl_py.units import format_size, parse_size  # noqa: E402
 
-DEFAULT_INSTANCES = "ndv2:2,dgx-a100:2,dgx2:2,dgx-a100:4,dgx-h100:4,dgx2:4,dgx-a100:8,ndv2:8,dgx-a100:16"
+DEFAULT_INSTANCES = (
+    "ndv2:2,dgx-a100:2,dgx2:2,dgx-a100:4,dgx-h100:4,dgx2:4,dgx-a100:8,dgx-h100:8,ndv2:8,"
+    "dgx-a100:16,dgx-h100:16,ndv2:16,dgx2:8"
+)
 #: The issue's one-size targets on 2 cores (s) by GPU count.
 TARGET_S = ((16, 10.0), (32, 60.0), (64, 180.0), (128, 900.0))
 HEADERS = (

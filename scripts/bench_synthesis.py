@@ -296,13 +296,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-library", action="store_true", help="also write the shipped libraries")
     parser.add_argument("--from-metrics", type=Path, help="render from a metrics file instead of synthesizing")
     parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md or the CSVs")
+    parser.add_argument(
+        "--metrics-command", help="with --from-metrics: the command that wrote the metrics (recorded in BENCHMARKS.md)"
+    )
     args = parser.parse_args(argv)
     if args.from_metrics is not None:
         metrics = [
             json.loads(line) for line in args.from_metrics.read_text(encoding="utf-8").splitlines() if line.strip()
         ]
     else:
-        run_args = argparse.Namespace(sizes=args.sizes, time_limit=args.time_limit, no_write=not args.write_library)
+        run_args = argparse.Namespace(
+            sizes=args.sizes, time_limit=args.time_limit, jobs=args.jobs, no_write=not args.write_library
+        )
         metrics, _failures = sweep_instances(args, run_args)
     instances, per_size = instance_rows(metrics), per_size_rows(metrics)
     if args.no_write:
@@ -313,7 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     body = render(instance_records, len(per_size))
     print(body)
     if not args.no_write:
-        command = "python scripts/bench_synthesis.py --write-library --metrics synthesis-metrics.jsonl"
+        if args.from_metrics is not None:
+            command = f"python scripts/bench_synthesis.py --from-metrics {args.from_metrics.name}"
+            if args.metrics_command:
+                command = f"{args.metrics_command} && {command}"
+        else:
+            command = "python scripts/bench_synthesis.py " + " ".join(argv if argv is not None else sys.argv[1:])
         update_benchmarks_section(
             "synthesis", "Synthesized algorithms against baselines and the lower bound", command, body
         )

@@ -56,13 +56,14 @@ def library_path(topology: str, nodes: int, collective: str) -> Path:
 
 
 def source_commit() -> str | None:
-    """Return the checkout's commit, with ``-dirty`` when it has uncommitted changes (None outside git)."""
+    """Return the checkout's commit, with ``-dirty`` when its source (not algorithms/) has uncommitted changes."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
         ).stdout.strip()
+        # Libraries a running rebuild has already written are its outputs, not a change to its source.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)algorithms"],
             cwd=REPO,
             capture_output=True,
             text=True,
