@@ -16,7 +16,7 @@ result). Peak memory is given three ways: the instance process's own (``peak_rss
 from /proc every 0.25 s, the whole process tree's largest total (``peak_tree_MB``, forkserver
 workers included) and its largest single process (``peak_process_MB``).
 
-    python scripts/build_algorithms.py                           # everything (about an hour)
+    python scripts/build_algorithms.py                           # 1, 2, 4 nodes: about 40 min on 2 cores
     python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
 """
 
