@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.synth.hierarchy import hierarchical_routing
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
@@ -95,17 +96,25 @@ def _schedule_phase(
     deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
     chunk_bytes = chunking.design_bytes / (graph.num_ranks * chunking.chunkup)
     piece_bytes = chunk_bytes / chunking.pieces
-    # Packed trees carry the least load the graph allows; the MILP starts from them and weighs latency too.
+    # Packed trees carry the least load the graph allows; hierarchical routes reuse one machine's
+    # MILP design on every machine. The whole-graph MILP starts from the better and weighs latency too.
     packing = packing if packing is not None else pack_trees(graph)
     packed = packed_routing(packing, chunking.chunkup, chunk_bytes, piece_bytes)
-    routings = route_candidates(
-        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic(), start=packed
+    hierarchical = hierarchical_routing(
+        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic()
     )
+    starts = [r for r in (packed, hierarchical) if r is not None]
+    start = min(starts, key=lambda r: r.objective_us)
+    routings = route_candidates(
+        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic(), start=start
+    )
+    routings += tuple(r for r in starts if all(r.trees != other.trees for other in routings))
     orderings = [order_sends(routing, chunking.pieces, piece_bytes) for routing in routings]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
     best = min(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
     final = schedule_sends(orderings[best], options, deadline - time.monotonic())
-    statuses = frozenset(status for status in (routings[0].solve_status, final.solve_status) if status is not None)
+    solves = (routings[0].solve_status, hierarchical.solve_status if hierarchical else None, final.solve_status)
+    statuses = frozenset(status for status in solves if status is not None)
     return (final if final.makespan_us <= quick[best].makespan_us else quick[best]), statuses
 
 

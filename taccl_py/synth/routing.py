@@ -45,6 +45,7 @@ __all__ = [
     "Routing",
     "ChunkSymmetry",
     "chunk_symmetry",
+    "expand_trees",
     "route_chunks",
     "route_candidates",
     "greedy_routing",
@@ -114,9 +115,10 @@ def _image(graph: LogicalGraph, perm: tuple[int, ...], link: int) -> int:
     return graph.index[(perm[src], perm[dst])]
 
 
-def _expand(
+def expand_trees(
     graph: LogicalGraph, sym: ChunkSymmetry, rep_trees: dict[int, tuple[int, ...]]
 ) -> tuple[tuple[int, ...], ...]:
+    """Return every chunk's tree from its orbit representative's (``rep_trees``), mapped by the symmetry."""
     group = graph.group
     return tuple(tuple(_image(graph, group[p], l) for l in rep_trees[rep]) for rep, p in sym.rep_of)
 
@@ -236,7 +238,7 @@ def greedy_routings(graph: LogicalGraph, chunkup: int, chunk_bytes: float, piece
     sym = chunk_symmetry(graph, chunkup)
     candidates = {}
     for weight in GREEDY_LOAD_WEIGHTS:
-        trees = _expand(graph, sym, _greedy_trees(graph, sym, chunkup, weight, chunk_bytes, piece_bytes))
+        trees = expand_trees(graph, sym, _greedy_trees(graph, sym, chunkup, weight, chunk_bytes, piece_bytes))
         candidates.setdefault(
             trees,
             Routing(
@@ -448,7 +450,7 @@ def route_chunks(
     if rep_trees is None:
         logger.warning("routing MILP returned a solution that is not a tree; keeping the %s routes", incumbent.status)
         return kept
-    trees = _expand(graph, sym, rep_trees)
+    trees = expand_trees(graph, sym, rep_trees)
     objective = routing_objective_us(graph, trees, chunkup, chunk_bytes, piece_bytes)
     if objective > incumbent.objective_us:
         return kept
