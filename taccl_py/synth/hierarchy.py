@@ -21,6 +21,7 @@ from taccl_py.synth.routing import (
     GREEDY_LOAD_WEIGHTS,
     ChunkSymmetry,
     Routing,
+    add_link_load,
     chunk_symmetry,
     expand_trees,
     route_chunks,
@@ -28,13 +29,12 @@ from taccl_py.synth.routing import (
 )
 from taccl_py.synth.solver import SolverOptions
 from taccl_py.synth.tree_packing import pack_trees, packed_routing
-from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["local_graph", "hierarchical_routing"]
+__all__ = ["HIERARCHICAL_STATUS", "local_graph", "hierarchical_routing"]
 
 logger = logging.getLogger(__name__)
 
-HIERARCHICAL_STATUS = "hierarchical"
+HIERARCHICAL_STATUS = "hierarchical"  # the ``Routing.status`` of these routes
 
 
 def _same_link(a: LogicalLink, b: LogicalLink) -> bool:
@@ -66,11 +66,6 @@ def local_graph(graph: LogicalGraph) -> LogicalGraph | None:
     # Rotations inside blocks that divide a machine act on every machine alike, so they are machine 0's too.
     rotations = tuple((offset, group) for offset, group in graph.rotations if gpn % group == 0)
     return LogicalGraph(graph.topology_name, gpn, gpn, links, rotations, graph.reversed)
-
-
-def _add_load(load: dict[Resource, float], link: LogicalLink, chunk_bytes: float) -> None:
-    for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
-        load[res] = load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
 
 
 class _Composer:
@@ -113,7 +108,7 @@ class _Composer:
                 link = graph.links[l]
                 arrival[link.dst] = arrival[link.src] + link.time_us(self.piece_bytes)
                 tree.append(l)
-                _add_load(load, link, self.chunk_bytes)
+                add_link_load(load, link, self.chunk_bytes)
 
         take(self.local_tree(root, q))
         for step in range(1, self.nodes):
@@ -128,7 +123,7 @@ class _Composer:
                 link = graph.links[l]
                 extra: dict[Resource, float] = {}
                 for hop in (link, *(graph.links[h] for h in self.local_tree(link.dst, q))):
-                    _add_load(extra, hop, self.chunk_bytes)
+                    add_link_load(extra, hop, self.chunk_bytes)
                 busy = max(load.get(res, 0.0) + added for res, added in extra.items())
                 return arrival[link.src] + link.time_us(self.piece_bytes) + weight * busy, l
 
@@ -150,7 +145,7 @@ def _compose(composer: _Composer, sym: ChunkSymmetry, chunkup: int, weight: floa
         for perm in graph.group[1:]:  # the identity's loads were added while the tree grew
             for l in tree:
                 link = graph.links[l]
-                _add_load(load, graph.links[graph.index[(perm[link.src], perm[link.dst])]], composer.chunk_bytes)
+                add_link_load(load, graph.links[graph.index[(perm[link.src], perm[link.dst])]], composer.chunk_bytes)
     return rep_trees
 
 

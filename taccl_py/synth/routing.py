@@ -46,6 +46,7 @@ __all__ = [
     "ChunkSymmetry",
     "chunk_symmetry",
     "expand_trees",
+    "add_link_load",
     "route_chunks",
     "route_candidates",
     "greedy_routing",
@@ -209,12 +210,13 @@ def _greedy_tree(
             continue
         arrival[link.dst] = arrival[link.src] + link.time_us(piece_bytes)
         tree.append(l)
-        _add_load(load, link, chunk_bytes)
+        add_link_load(load, link, chunk_bytes)
         push(link.dst)
     return tuple(tree)
 
 
-def _add_load(load: dict[Resource, float], link: LogicalLink, chunk_bytes: float) -> None:
+def add_link_load(load: dict[Resource, float], link: LogicalLink, chunk_bytes: float) -> None:
+    """Add one chunk's crossing of ``link`` (µs of busy time) to every resource it holds in ``load``."""
     for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
         load[res] = load.get(res, 0.0) + chunk_bytes / (bw * BYTES_PER_US_PER_GBPS)
 
@@ -229,7 +231,7 @@ def _greedy_trees(
         rep_trees[rep] = tree
         for perm in graph.group[1:]:  # the identity's loads were added while building the tree
             for l in tree:
-                _add_load(load, graph.links[_image(graph, perm, l)], chunk_bytes)
+                add_link_load(load, graph.links[_image(graph, perm, l)], chunk_bytes)
     return rep_trees
 
 
