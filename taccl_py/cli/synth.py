@@ -61,10 +61,10 @@ def format_budget_line(result: SynthesisResult, time_limit_s: float | None) -> s
         )
     if result.budget_bound is BudgetBound.NODE_LIMIT:
         return (
-            "budget: a MILP stopped at its node limit; the result is the best verified schedule found within it "
-            "(the same on every run)"
+            "budget: a MILP stopped at its work budget (node limit; cpsat: deterministic time); the result is the "
+            "best verified schedule found within it (the same on every run)"
         )
-    return "budget: every MILP finished within its node limit"
+    return "budget: every MILP finished within its work budget"
 
 
 def _check_outputs(args: argparse.Namespace) -> None:

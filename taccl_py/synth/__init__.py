@@ -272,7 +272,7 @@ def synthesize(
     time_limit_s : float, optional
         Wall-clock safety cap (s) on the MILPs of the whole synthesis; default
         ``default_time_limit_s``. When it binds, ``timed_out`` says so.
-    solver : {"highs", "cbc"}
+    solver : {"highs", "cbc", "cpsat"}
         The MILP solver.
     progress : callable, optional
         Called with one line per stage (in this process, also with ``jobs`` > 1).

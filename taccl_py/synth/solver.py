@@ -1,11 +1,12 @@
 """MILP solving for the synthesizer: solver choice, work budgets, warm starts, and what came back.
 
 HiGHS (through highspy) is the default; pulp's bundled CBC binary, driven through ``COIN_CMD``,
-is the fallback. Budgets are work, not seconds, so the same input gives the same algorithm on a
-busy or an idle machine: every model gets a branch-and-bound node limit (by its size, see
-``default_node_limit``), one thread and a fixed random seed. A wall-clock cap is only a safety
-net; when it binds, the result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says
-so.
+is the fallback; OR-Tools CP-SAT (``taccl_py.synth.solver_cpsat``, the optional ``cpsat`` extra)
+is the third choice. Budgets are work, not seconds, so the same input gives the same algorithm on
+a busy or an idle machine: every model gets a branch-and-bound node limit (by its size, see
+``default_node_limit``; for CP-SAT a deterministic-time budget, ``default_deterministic_time_s``),
+one thread and a fixed random seed. A wall-clock cap is only a safety net; when it binds, the
+result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says so.
 
 pulp 3.3's HiGHS interface has no entry for HiGHS's node-limit status (``kSolutionLimit``:
 ``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``_BudgetedHiGHS`` reads that
@@ -24,6 +25,13 @@ from importlib.metadata import PackageNotFoundError, version
 import pulp
 
 from taccl_py.errors import ArgumentError
+from taccl_py.synth.solver_cpsat import (
+    CpsatStop,
+    cpsat_importable,
+    default_deterministic_time_s,
+    deterministic_time_rule,
+    solve_with_cpsat,
+)
 
 __all__ = [
     "SOLVERS",
@@ -45,7 +53,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SOLVERS = ("highs", "cbc")
+SOLVERS = ("highs", "cbc", "cpsat")
+_CPSAT_INSTALL = "pip install 'taccl-py[cpsat]'"
 DEFAULT_GAP_REL = 1e-3  # stop within 0.1 % of the bound: finer gaps cost time for nothing measurable
 # One thread: HiGHS sizes its thread pool once per process and refuses another count later
 # (Highs::run returns kError), tree_packing's MIP runs on one, and one thread keeps branch and
@@ -66,14 +75,14 @@ NODE_LIMIT_LARGE = 10
 # Beyond this many columns even the root LP takes minutes on two cores: the model is not solved
 # and the caller keeps its greedy start (a work budget of zero, so still the same every run).
 MAX_MILP_COLUMNS = 20_000
-_CAP_TOLERANCE = 0.98  # a CBC solve that used this share of its cap stopped on the cap, not on nodes
+_CAP_TOLERANCE = 0.98  # a CBC or CP-SAT solve that used this share of its cap stopped on the cap, not on work
 
 
 class SolveStatus(str, Enum):
     """What a solve produced, and which budget stopped it."""
 
     OPTIMAL = "optimal"
-    NODE_LIMIT = "node limit"  # an incumbent at the work budget: reproducible
+    NODE_LIMIT = "node limit"  # an incumbent at the work budget (CP-SAT: deterministic time): reproducible
     WALL_CLOCK_CAP = "wall-clock cap"  # an incumbent at the safety cap: may differ from run to run
     NO_SOLUTION = "no solution"
     INFEASIBLE = "infeasible"
@@ -113,7 +122,9 @@ class SolverOptions:
 
     ``time_limit_s`` is the wall-clock safety cap (s) on the MILPs of a whole synthesis; each
     model gets what is left of it. ``node_limit`` is the branch-and-bound node budget of every
-    model (None: ``default_node_limit`` of the model's column count).
+    model (None: ``default_node_limit`` of the model's column count; HiGHS and CBC).
+    ``deterministic_time_s`` is CP-SAT's work budget per model, in its deterministic seconds
+    (None: ``default_deterministic_time_s`` of the column count); CP-SAT runs one worker.
     """
 
     solver: str = "highs"
@@ -122,16 +133,36 @@ class SolverOptions:
     threads: int = DEFAULT_THREADS
     node_limit: int | None = None
     random_seed: int = DEFAULT_RANDOM_SEED
+    deterministic_time_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.solver not in SOLVERS:
             raise ArgumentError(None, "solver", f"unknown solver {self.solver!r}", "one of " + ", ".join(SOLVERS))
+        if self.solver == "cpsat":
+            self._check_cpsat()
+        elif self.deterministic_time_s is not None:
+            raise ArgumentError(None, "deterministic_time", f"set for {self.solver}", "it only with solver cpsat")
         if not self.time_limit_s > 0:
             raise ArgumentError(None, "time_limit", f"{self.time_limit_s} s", "a positive number of seconds")
         if self.node_limit is not None and (isinstance(self.node_limit, bool) or self.node_limit < 1):
             raise ArgumentError(None, "node_limit", f"{self.node_limit} nodes", "a positive number of nodes")
         if self.threads < 1:
             raise ArgumentError(None, "threads", f"{self.threads} threads", "at least 1")
+
+    def _check_cpsat(self) -> None:
+        if not cpsat_importable():
+            raise ArgumentError(None, "solver", "cpsat needs ortools, which is not installed", _CPSAT_INSTALL)
+        if self.node_limit is not None:
+            raise ArgumentError(
+                None, "node_limit", f"{self.node_limit} nodes with cpsat", "none: CP-SAT's budget is deterministic time"
+            )
+        if self.threads != 1:
+            # More CP-SAT workers race one another: the answer would change from run to run.
+            raise ArgumentError(None, "threads", f"{self.threads} threads with cpsat", "1 (one reproducible worker)")
+        if self.deterministic_time_s is not None and not self.deterministic_time_s > 0:
+            raise ArgumentError(
+                None, "deterministic_time", f"{self.deterministic_time_s} s", "a positive number of work seconds"
+            )
 
 
 def default_node_limit(num_columns: int) -> int:
@@ -167,7 +198,7 @@ def prepare_highs_threads(threads: int) -> None:
 
 def describe_solver(options: SolverOptions) -> str:
     """Return the solver and the versions of the packages that run it, e.g. ``highs (highspy 1.7.2, pulp 3.3.0)``."""
-    packages = ("highspy", "pulp") if options.solver == "highs" else ("pulp",)
+    packages = {"highs": ("highspy", "pulp"), "cpsat": ("ortools", "pulp")}.get(options.solver, ("pulp",))
     found = []
     for package in packages:
         try:
@@ -185,11 +216,18 @@ def _node_rule() -> str:
 def solver_settings(options: SolverOptions) -> tuple[tuple[str, float | int | str], ...]:
     """Return the options that shape a solve, as (name, value) pairs for provenance records.
 
-    ``node_limit`` is the number, or the rule by model size when it is left to the default.
+    ``node_limit`` (HiGHS, CBC) or ``deterministic_time_s`` (CP-SAT) is the number, or the rule by
+    model size when it is left to the default; the other budget does not apply and is left out.
     """
     settings = {name: value for name, value in asdict(options).items() if name != "solver"}
-    if settings["node_limit"] is None:
-        settings["node_limit"] = _node_rule()
+    if options.solver == "cpsat":
+        del settings["node_limit"]
+        if settings["deterministic_time_s"] is None:
+            settings["deterministic_time_s"] = deterministic_time_rule()
+    else:
+        del settings["deterministic_time_s"]
+        if settings["node_limit"] is None:
+            settings["node_limit"] = _node_rule()
     return tuple(sorted(settings.items()))
 
 
@@ -302,11 +340,11 @@ def solve_model(
     time_limit_s: float | None = None,
     start: dict[str, float] | None = None,
 ) -> SolveOutcome:
-    """Solve ``prob`` in place within its node budget and return how it went.
+    """Solve ``prob`` in place within its work budget and return how it went.
 
     ``start`` maps variable names to a feasible solution's values (HiGHS uses it as the first
-    incumbent; CBC ignores it). ``time_limit_s`` is what is left of the wall-clock safety cap
-    (s; default ``options.time_limit_s``).
+    incumbent, CP-SAT as a hint; CBC ignores it). ``time_limit_s`` is what is left of the
+    wall-clock safety cap (s; default ``options.time_limit_s``).
     """
     cap = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
     columns = prob.numVariables()
@@ -315,6 +353,8 @@ def solve_model(
             "%s: %d columns, over %d: not solved (the caller keeps its start)", prob.name, columns, MAX_MILP_COLUMNS
         )
         return SolveOutcome(SolveStatus.TOO_LARGE, None, 0.0, BudgetBound.NODE_LIMIT, 0)
+    if options.solver == "cpsat":
+        return _solve_with_cpsat(prob, options, cap, start or {})
     nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
     solver = _make_solver(options, cap, nodes, start or {})
     if isinstance(solver, _BudgetedHiGHS):
@@ -340,3 +380,36 @@ def solve_model(
     objective = pulp.value(prob.objective) if status not in (SolveStatus.NO_SOLUTION, SolveStatus.INFEASIBLE) else None
     logger.debug("%s: %s in %.2f s, %d nodes allowed (objective %s)", prob.name, status.value, wall, nodes, objective)
     return SolveOutcome(status, None if objective is None else float(objective), wall, bound, nodes)
+
+
+def _solve_with_cpsat(
+    prob: pulp.LpProblem, options: SolverOptions, cap_s: float, start: dict[str, float]
+) -> SolveOutcome:
+    """Solve ``prob`` with CP-SAT within its deterministic-time budget; the node limit reads as that work budget."""
+    budget_s = options.deterministic_time_s
+    if budget_s is None:
+        budget_s = default_deterministic_time_s(prob.numVariables())
+    result = solve_with_cpsat(prob, cap_s, budget_s, options.gap_rel, options.random_seed, start)
+    bound = None
+    if result.stop in (CpsatStop.FEASIBLE, CpsatStop.NOT_SOLVED):
+        bound = BudgetBound.WALL_CLOCK_CAP if result.wall_s >= _CAP_TOLERANCE * cap_s else BudgetBound.NODE_LIMIT
+    incumbent = SolveStatus.WALL_CLOCK_CAP if bound is BudgetBound.WALL_CLOCK_CAP else SolveStatus.NODE_LIMIT
+    status = {
+        CpsatStop.OPTIMAL: SolveStatus.OPTIMAL,
+        CpsatStop.INFEASIBLE: SolveStatus.INFEASIBLE,
+        CpsatStop.FEASIBLE: incumbent,
+    }.get(result.stop, SolveStatus.NO_SOLUTION)
+    if bound is BudgetBound.WALL_CLOCK_CAP:
+        logger.warning(
+            "%s: stopped at the wall-clock cap (%.1f s); the result may differ from run to run", prob.name, cap_s
+        )
+    logger.debug(
+        "%s: cpsat %s in %.2f s, %g deterministic s allowed (objective %s%s)",
+        prob.name,
+        status.value,
+        result.wall_s,
+        budget_s,
+        result.objective,
+        ", the start kept" if result.kept_start else "",
+    )
+    return SolveOutcome(status, result.objective, result.wall_s, bound)
