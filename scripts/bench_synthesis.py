@@ -11,6 +11,7 @@ BENCHMARKS.md keeps a summary per machine computed from the first.
 
     python scripts/bench_synthesis.py --write-library --metrics /tmp/m.jsonl   # everything, hours
     python scripts/bench_synthesis.py --from-metrics /tmp/m.jsonl              # re-render only
+    python scripts/bench_synthesis.py --from-metrics /tmp/m.jsonl --merge      # a partial rebuild's rows
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from benchmarks_md import (  # noqa: E402
     collective_order,
     csv_pointer,
     csv_records,
+    read_csv,
     update_benchmarks_section,
     write_csv,
 )
@@ -258,6 +260,20 @@ def _teccl_section() -> str:
     )
 
 
+def merge_rows(path: Path, header: tuple[str, ...], rows: list[tuple]) -> list[tuple]:
+    """Return ``rows`` plus the rows of ``path`` for instances (topology, nodes, collective) that ``rows`` lack.
+
+    For a partial rebuild: the instances it did not synthesize keep their earlier figures.
+    """
+    fresh = {(row[0], row[1], row[3]) for row in rows}
+    kept = [
+        tuple(record[name] for name in header)
+        for record in (read_csv(path) if path.exists() else [])
+        if (record["topology"], record["nodes"], record["collective"]) not in fresh
+    ]
+    return kept + rows
+
+
 def render(instances: list[dict], per_size_count: int) -> str:
     """Return the BENCHMARKS.md body for the instance records (as ``read_csv`` returns them).
 
@@ -297,6 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-metrics", type=Path, help="render from a metrics file instead of synthesizing")
     parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md or the CSVs")
     parser.add_argument(
+        "--merge", action="store_true", help="keep the CSV rows of instances the metrics do not cover (partial rebuild)"
+    )
+    parser.add_argument(
         "--metrics-command", help="with --from-metrics: the command that wrote the metrics (recorded in BENCHMARKS.md)"
     )
     args = parser.parse_args(argv)
@@ -310,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         metrics, _failures = sweep_instances(args, run_args)
     instances, per_size = instance_rows(metrics), per_size_rows(metrics)
+    if args.merge:
+        instances = merge_rows(INSTANCES_CSV, INSTANCE_HEADER, instances)
+        per_size = merge_rows(PER_SIZE_CSV, PER_SIZE_HEADER, per_size)
     if args.no_write:
         instance_records = csv_records(INSTANCE_HEADER, instances, key=_instance_key)
     else:
@@ -319,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         if args.from_metrics is not None:
-            command = f"python scripts/bench_synthesis.py --from-metrics {args.from_metrics.name}"
+            merge = " --merge" if args.merge else ""
+            command = f"python scripts/bench_synthesis.py --from-metrics {args.from_metrics.name}{merge}"
             if args.metrics_command:
                 command = f"{args.metrics_command} && {command}"
         else:
