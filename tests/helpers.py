@@ -119,3 +119,15 @@ def too_many_steps_allgather() -> Algorithm:
     plan = [Transfer(0, 1, (Buffer.INPUT, i), (Buffer.OUTPUT, i)) for i in range(80)]
     plan += [Transfer(1, 0, (Buffer.INPUT, i), (Buffer.OUTPUT, 80 + i)) for i in range(80)]
     return lower_plan("long", Collective.ALLGATHER, 2, 160, plan)
+
+
+def assert_arborescence(graph, root: int, tree: tuple[int, ...]) -> None:
+    """Assert that ``tree`` (link indices, parents first) spans ``graph`` from ``root`` on links allowed to it."""
+    reached = {root}
+    for l in tree:
+        link = graph.links[l]
+        assert link.src in reached, "a link before its parent"
+        assert link.dst not in reached, "a rank reached twice"
+        assert link.allows(root)
+        reached.add(link.dst)
+    assert reached == set(range(graph.num_ranks))

@@ -15,6 +15,8 @@ from taccl_py.synth.sketch import auto_sketch
 from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology import load_topology
 
+from helpers import assert_arborescence
+
 SIZE = 64_000_000
 OPTIONS = SolverOptions()
 
@@ -27,17 +29,6 @@ def _graph(name: str, nodes: int):
 def _route(graph, chunkup: int = 1, pieces: int = 4):
     chunk = SIZE / (graph.num_ranks * chunkup)
     return hierarchical_routing(graph, chunkup, chunk, chunk / pieces, OPTIONS)
-
-
-def _assert_arborescence(graph, root: int, tree: tuple[int, ...]) -> None:
-    reached = {root}
-    for l in tree:
-        link = graph.links[l]
-        assert link.src in reached, "a link before its parent"
-        assert link.dst not in reached, "a rank reached twice"
-        assert link.allows(root)
-        reached.add(link.dst)
-    assert reached == set(range(graph.num_ranks))
 
 
 def test_the_local_graph_is_machine_zero_alone():
@@ -65,7 +56,7 @@ def test_every_tree_is_the_local_design_joined_by_one_crossing_per_machine(name,
     assert len(routing.trees) == graph.num_ranks * chunkup
     for chunk, tree in enumerate(routing.trees):
         root = routing.root(chunk)
-        _assert_arborescence(graph, root, tree)
+        assert_arborescence(graph, root, tree)
         crossings = [graph.links[l] for l in tree if graph.links[l].internode]
         assert sorted(link.dst // gpn for link in crossings) == sorted(set(range(nodes)) - {root // gpn})
         assert all(link.src // gpn == root // gpn for link in crossings), "a chunk relayed through a third machine"
@@ -104,7 +95,7 @@ def test_reduction_routes_run_on_the_reversed_graph():
     graph = _graph("dgx2", 2).reverse()
     routing = _route(graph)
     for chunk, tree in enumerate(routing.trees):
-        _assert_arborescence(graph, routing.root(chunk), tree)
+        assert_arborescence(graph, routing.root(chunk), tree)
 
 
 def test_no_routes_when_a_machine_cannot_be_reached_directly():

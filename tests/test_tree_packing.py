@@ -14,7 +14,7 @@ from taccl_py.synth.tree_packing import integral_loads, pack_trees, packed_routi
 from taccl_py.topology import load_topology
 from taccl_py.topology.bounds import lower_bound
 
-from helpers import assert_valid_algorithm
+from helpers import assert_arborescence, assert_valid_algorithm
 
 SIZE = 10**9
 
@@ -22,17 +22,6 @@ SIZE = 10**9
 def _graph(name: str, nodes: int):
     topology = load_topology(name, nodes=nodes)
     return topology, build_logical_graph(topology, auto_sketch(topology))
-
-
-def _assert_arborescence(graph, root: int, tree: tuple[int, ...]) -> None:
-    reached = {root}
-    for l in tree:
-        link = graph.links[l]
-        assert link.src in reached, "a link before its parent"
-        assert link.dst not in reached, "a rank reached twice"
-        assert link.allows(root)
-        reached.add(link.dst)
-    assert reached == set(range(graph.num_ranks))
 
 
 @pytest.mark.parametrize(("name", "nodes"), [("dgx-a100", 2), ("dgx2", 1), ("ndv2", 2)])
@@ -51,7 +40,7 @@ def test_every_tree_is_a_spanning_arborescence_and_weights_sum_to_one():
     packing = pack_trees(graph)
     totals = [0.0] * len(packing.roots)
     for (i, tree), weight in zip(packing.columns, packing.weights):
-        _assert_arborescence(graph, packing.roots[i], tree)
+        assert_arborescence(graph, packing.roots[i], tree)
         totals[i] += weight
     assert totals == pytest.approx([1.0] * len(packing.roots))
     assert sum(w > 0 for w in packing.weights) > len(packing.roots)  # a single tree per root would not do
@@ -89,7 +78,7 @@ def test_a_packed_routing_is_deterministic_and_roots_each_chunk_at_its_rank():
     assert first.trees == again.trees and first.objective_us == again.objective_us
     assert len(first.trees) == graph.num_ranks * 2
     for chunk, tree in enumerate(first.trees):
-        _assert_arborescence(graph, first.root(chunk), tree)
+        assert_arborescence(graph, first.root(chunk), tree)
     assert first.status.startswith("tree packing")
 
 
