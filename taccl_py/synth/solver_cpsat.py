@@ -117,8 +117,8 @@ def deterministic_time_rule() -> str:
     return f"by model size ({steps}, larger: {DETERMINISTIC_TIME_LARGE_S:g})"
 
 
-def _build_model(prob: pulp.LpProblem, variables: list[pulp.LpVariable]) -> tuple[Any, list[Any]]:
-    """Return ``prob`` as a ``model_builder.Model`` and its variables in the order of ``variables``."""
+def _build_model(prob: pulp.LpProblem, variables: list[pulp.LpVariable]) -> tuple[Any, list[Any], dict[str, int]]:
+    """Return ``prob`` as a ``model_builder.Model``, its columns in ``variables`` order, and positions by name."""
     from ortools.linear_solver.python import model_builder
 
     model = model_builder.Model()
@@ -151,7 +151,7 @@ def _build_model(prob: pulp.LpProblem, variables: list[pulp.LpVariable]) -> tupl
         model.maximize(expression)
     else:
         model.minimize(expression)
-    return model, columns
+    return model, columns, position
 
 
 @contextlib.contextmanager
@@ -214,8 +214,7 @@ def solve_with_cpsat(
     from ortools.linear_solver.python import model_builder
 
     variables = prob.variables()
-    model, columns = _build_model(prob, variables)
-    position = {var.name: i for i, var in enumerate(variables)}
+    model, columns, position = _build_model(prob, variables)
     for name, value in (start or {}).items():
         if name in position:
             model.add_hint(columns[position[name]], value)
