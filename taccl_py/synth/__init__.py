@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from taccl_py import __version__
@@ -26,7 +26,14 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
-from taccl_py.synth.compose import Candidate, Chunking, phase_graphs, synthesize_chunking
+from taccl_py.synth.compose import (
+    Candidate,
+    Chunking,
+    gather_after_reduce,
+    mixed_allreduce,
+    phase_graphs,
+    synthesize_chunking,
+)
 from taccl_py.synth.jobs import check_jobs, run_jobs
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.sketch import auto_sketch
@@ -151,6 +158,33 @@ def _plan_chunkings(
     return sorted(out, key=lambda item: (item[0].design_bytes, item[0].chunkup, item[0].pieces))
 
 
+def _candidate_name(collective: Collective, topology: Topology, candidate: Candidate) -> str:
+    return f"taccl-{collective.value}-{topology.name}-{candidate.label}-d{candidate.chunking.design_bytes}"
+
+
+def _simulated_variants(
+    candidate: Candidate,
+    topology: Topology,
+    near: Sequence[int],
+    sizes: tuple[int, ...],
+    bounds: tuple[LowerBound, ...],
+) -> list[tuple[Candidate, tuple]]:
+    """Return ``candidate`` (and for AllReduce its ``gather_after_reduce`` twin), each with its simulated results.
+
+    Results are None at the sizes outside ``near``.
+    """
+    variants = [candidate]
+    if candidate.algorithm.collective is Collective.ALLREDUCE:
+        twin = replace(candidate, phase_barrier=True)
+        variants.append(gather_after_reduce(candidate, _candidate_name(Collective.ALLREDUCE, topology, twin)))
+    out = []
+    for variant in variants:
+        found = simulate_at(variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
+        results = dict(zip(near, found))
+        out.append((variant, tuple(results.get(i) for i in range(len(sizes)))))
+    return out
+
+
 def _run_candidate(
     graph: LogicalGraph,
     topology: Topology,
@@ -164,8 +198,8 @@ def _run_candidate(
     packings: tuple[TreePacking, ...],
     label: str,
     progress: Callable[[str], None] | None,
-) -> tuple[Candidate, tuple]:
-    """Return one candidate with its simulated results (None at the sizes it was not simulated at).
+) -> list[tuple[Candidate, tuple]]:
+    """Return one chunking's candidates (AllReduce: with and without a phase barrier) with their simulated results.
 
     ``deadline_s`` (``time.time()``, comparable across processes) ends the wall-clock safety cap;
     ``packings`` are the phase graphs' tree packings, computed once for all candidates.
@@ -179,9 +213,36 @@ def _run_candidate(
     )
     if progress is not None:
         progress(f"{label} {chunking.label}: verified; routing {candidate.routing_status}; simulating")
-    found = simulate_at(candidate.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
-    results = dict(zip(near, found))
-    return candidate, tuple(results.get(i) for i in range(len(sizes)))
+    return _simulated_variants(candidate, topology, near, sizes, bounds)
+
+
+def _mixed_allreduce_runs(
+    runs: Sequence[tuple[Candidate, tuple]],
+    topology: Topology,
+    sizes: tuple[int, ...],
+    bounds: tuple[LowerBound, ...],
+) -> list[tuple[Candidate, tuple]]:
+    """Return, per design size, the AllReduce of the fastest reduce phase and the fastest gather phase.
+
+    Only where those come from different chunkings (otherwise that candidate exists already);
+    each is simulated (with and without a phase barrier) at the sizes its design's candidates were.
+    """
+    designs: dict[int, list[tuple[Candidate, tuple]]] = {}
+    for candidate, results in runs:
+        if not candidate.phase_barrier:
+            designs.setdefault(candidate.chunking.design_bytes, []).append((candidate, results))
+    out = []
+    for group in designs.values():
+        reduce = min(group, key=lambda run: run[0].schedules[0].makespan_us)
+        gather = min(group, key=lambda run: run[0].schedules[1].makespan_us)
+        if reduce is gather:
+            continue
+        design = reduce[0].chunking.design_bytes
+        name = f"taccl-allreduce-{topology.name}-{reduce[0].label}+{gather[0].label}-d{design}"
+        mixed = mixed_allreduce(reduce[0], gather[0], name)
+        near = [i for i, result in enumerate(reduce[1]) if result is not None]
+        out += _simulated_variants(mixed, topology, near, sizes, bounds)
+    return out
 
 
 def _baselines_job(
@@ -238,7 +299,7 @@ def _run_candidates(
     ]
     work.append(partial(_baselines_job, topology, collective, sizes, options))
     values = run_jobs(work, jobs, progress)
-    return values[:-1], values[-1]
+    return [run for runs in values[:-1] for run in runs], values[-1]
 
 
 def synthesize(
@@ -342,6 +403,8 @@ def _synthesize_impl(
     bounds = lower_bounds(topology, collective, sizes)
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
     runs, baselines = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress, jobs)
+    if collective is Collective.ALLREDUCE:
+        runs += _mixed_allreduce_runs(runs, topology, sizes, bounds)
     everything = [(c.algorithm, r) for c, r in runs]
     usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)]
     eligible = [banded] * len(sizes)
@@ -375,7 +438,7 @@ def _synthesize_impl(
         sketch,
         choices,
         library,
-        tuple(f"{c.chunking.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs),
+        tuple(f"{c.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs),
         timed_out,
         time.perf_counter() - began,
         budget_bound,
