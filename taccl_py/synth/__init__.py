@@ -158,8 +158,8 @@ def _plan_chunkings(
     return sorted(out, key=lambda item: (item[0].design_bytes, item[0].chunkup, item[0].pieces))
 
 
-def _candidate_name(collective: Collective, topology: Topology, candidate: Candidate) -> str:
-    return f"taccl-{collective.value}-{topology.name}-{candidate.label}-d{candidate.chunking.design_bytes}"
+def _algorithm_name(collective: Collective, topology: Topology, label: str, design_bytes: int) -> str:
+    return f"taccl-{collective.value}-{topology.name}-{label}-d{design_bytes}"
 
 
 def _simulated_variants(
@@ -175,8 +175,9 @@ def _simulated_variants(
     """
     variants = [candidate]
     if candidate.algorithm.collective is Collective.ALLREDUCE:
-        twin = replace(candidate, phase_barrier=True)
-        variants.append(gather_after_reduce(candidate, _candidate_name(Collective.ALLREDUCE, topology, twin)))
+        label = replace(candidate, phase_barrier=True).label
+        name = _algorithm_name(Collective.ALLREDUCE, topology, label, candidate.chunking.design_bytes)
+        variants.append(gather_after_reduce(candidate, name))
     out = []
     for variant in variants:
         found = simulate_at(variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
@@ -206,7 +207,7 @@ def _run_candidate(
     """
     if progress is not None:
         progress(f"{label} candidate {chunking.label} (tuned for {chunking.design_bytes} B)")
-    name = f"taccl-{collective.value}-{topology.name}-{chunking.label}-d{chunking.design_bytes}"
+    name = _algorithm_name(collective, topology, chunking.label, chunking.design_bytes)
     cap_s = deadline_s - time.time()
     candidate = synthesize_chunking(
         graph, collective, chunking, options, cap_s, name=name, progress=progress, packings=packings
@@ -237,8 +238,8 @@ def _mixed_allreduce_runs(
         gather = min(group, key=lambda run: run[0].schedules[1].makespan_us)
         if reduce is gather:
             continue
-        design = reduce[0].chunking.design_bytes
-        name = f"taccl-allreduce-{topology.name}-{reduce[0].label}+{gather[0].label}-d{design}"
+        label = f"{reduce[0].label}+{gather[0].label}"
+        name = _algorithm_name(Collective.ALLREDUCE, topology, label, reduce[0].chunking.design_bytes)
         mixed = mixed_allreduce(reduce[0], gather[0], name)
         near = [i for i, result in enumerate(reduce[1]) if result is not None]
         out += _simulated_variants(mixed, topology, near, sizes, bounds)

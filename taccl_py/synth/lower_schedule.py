@@ -30,7 +30,9 @@ physical link (an NVSwitch port, the uplink to a NIC) on a few channels in a cho
 (``taccl_py.synth.ordering.send_lane``); ``lower_schedule`` keeps that order by making each such
 send depend on the previous send of its queue and channel. A (src, dst, channel) with more
 transfers than an MSCCL threadblock may hold spills to further channels, chained the same way.
-These dependencies point from earlier items to later ones, so they cannot create a deadlock.
+An AllReduce lowered with ``phase_barrier`` also holds each rank's first gather send per
+threadblock until every reduce step of that rank is done. These dependencies point from earlier
+items to later ones, so they cannot create a deadlock.
 """
 
 from __future__ import annotations
