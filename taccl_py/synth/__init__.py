@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 
 from taccl_py import __version__
@@ -175,8 +175,9 @@ def _simulated_variants(
     """
     variants = [candidate]
     if candidate.algorithm.collective is Collective.ALLREDUCE:
-        label = replace(candidate, phase_barrier=True).label
-        name = _algorithm_name(Collective.ALLREDUCE, topology, label, candidate.chunking.design_bytes)
+        name = _algorithm_name(
+            Collective.ALLREDUCE, topology, candidate.label + "-barrier", candidate.chunking.design_bytes
+        )
         variants.append(gather_after_reduce(candidate, name))
     out = []
     for variant in variants:

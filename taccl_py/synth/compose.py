@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from taccl_py.ir.algorithm import Algorithm
@@ -79,8 +79,23 @@ class Candidate:
     @property
     def label(self) -> str:
         """Return how the phases cut the data (``c2p4``, or ``c2p4+c1p8`` when they differ), ``-barrier`` appended."""
-        labels = [f"c{s.routing.chunkup}p{s.ordering.pieces}" for s in self.schedules]
-        return "+".join(dict.fromkeys(labels)) + ("-barrier" if self.phase_barrier else "")
+        labels = _joined(f"c{s.routing.chunkup}p{s.ordering.pieces}" for s in self.schedules)
+        return labels + ("-barrier" if self.phase_barrier else "")
+
+
+def _joined(values: Iterable[object]) -> str:
+    """Return distinct values in order joined by ``+``: ``2`` for both phases alike, ``2+1`` when they differ."""
+    return "+".join(dict.fromkeys(str(v) for v in values))
+
+
+def _schedule_metadata(schedules: Sequence[Schedule]) -> dict[str, str]:
+    """Return how the phases were cut and how their routing and contiguity MILPs ended."""
+    return {
+        "chunkup": _joined(s.routing.chunkup for s in schedules),
+        "pieces": _joined(s.ordering.pieces for s in schedules),
+        "routing": "+".join(sorted({s.routing.status for s in schedules})),
+        "contiguity": "+".join(sorted({s.status for s in schedules})),
+    }
 
 
 def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGraph, ...]:
@@ -169,17 +184,14 @@ def synthesize_chunking(
         solve_statuses |= statuses
     capped = BudgetBound.WALL_CLOCK_CAP if time.monotonic() >= deadline else None
     bound = first_budget_bound([capped, *(budget_of_status(status) for status in solve_statuses)])
-    statuses = sorted({s.routing.status for s in schedules})
+    phase_meta = _schedule_metadata(schedules)
     meta = {
         "synthesizer": "taccl_py",
         "topology": graph.topology_name,
-        "chunkup": str(chunking.chunkup),
-        "pieces": str(chunking.pieces),
         "design_bytes": str(chunking.design_bytes),
-        "routing": "+".join(statuses),
-        "contiguity": "+".join(sorted({s.status for s in schedules})),
+        **phase_meta,
+        **(metadata or {}),
     }
-    meta.update(metadata or {})
     algorithm = lower_schedule(name, collective, schedules, metadata=tuple(sorted(meta.items())))
     check_algorithm(algorithm)
     wall = time.perf_counter() - began
@@ -188,10 +200,10 @@ def synthesize_chunking(
         name,
         chunking.label,
         sum(s.makespan_us for s in schedules),
-        "+".join(statuses),
+        phase_meta["routing"],
         wall,
     )
-    return Candidate(algorithm, chunking, tuple(schedules), "+".join(statuses), wall, bound)
+    return Candidate(algorithm, chunking, tuple(schedules), phase_meta["routing"], wall, bound)
 
 
 def mixed_allreduce(reduce: Candidate, gather: Candidate, name: str) -> Candidate:
@@ -201,18 +213,11 @@ def mixed_allreduce(reduce: Candidate, gather: Candidate, name: str) -> Candidat
     differ (``lower_schedule`` cuts the buffer into the finer of the two).
     """
     schedules = (reduce.schedules[0], gather.schedules[1])
-    statuses = sorted({s.routing.status for s in schedules})
-    meta = dict(reduce.algorithm.metadata)
-    meta.update(
-        chunkup=f"{schedules[0].routing.chunkup}+{schedules[1].routing.chunkup}",
-        pieces=f"{schedules[0].ordering.pieces}+{schedules[1].ordering.pieces}",
-        routing="+".join(statuses),
-        contiguity="+".join(sorted({s.status for s in schedules})),
-    )
+    meta = {**dict(reduce.algorithm.metadata), **_schedule_metadata(schedules)}
     algorithm = lower_schedule(name, Collective.ALLREDUCE, schedules, metadata=tuple(sorted(meta.items())))
     check_algorithm(algorithm)
     bound = first_budget_bound([reduce.budget_bound, gather.budget_bound])
-    return Candidate(algorithm, reduce.chunking, schedules, "+".join(statuses), 0.0, bound)
+    return Candidate(algorithm, reduce.chunking, schedules, meta["routing"], 0.0, bound)
 
 
 def gather_after_reduce(candidate: Candidate, name: str) -> Candidate:
