@@ -22,6 +22,7 @@ that miss 0.95 of the bound at some size >= 16 MB, with their smallest and large
 
     python scripts/bench_gap.py                                  # the shipped libraries
     python scripts/bench_gap.py --algorithms /tmp/clone/algorithms --nodes 8 --no-write
+    python scripts/bench_gap.py --algorithms algorithms --algorithms /tmp/clone/algorithms   # shipped and built
 """
 
 from __future__ import annotations
@@ -175,17 +176,28 @@ def miss_table(records: list[dict]) -> list[tuple]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithms", type=Path, default=REPO / "algorithms", help="a tree of libraries")
+    parser.add_argument(
+        "--algorithms",
+        type=Path,
+        action="append",
+        help="a tree of libraries, repeatable (default: the shipped ones, algorithms/)",
+    )
     parser.add_argument("--topologies", help="comma-separated machines (default: every library)")
     parser.add_argument("--nodes", help="comma-separated node counts (default: every library)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV alone")
     args = parser.parse_args(argv)
     topologies = set(args.topologies.split(",")) if args.topologies else None
     nodes = {int(n) for n in args.nodes.split(",")} if args.nodes else None
-    paths = _libraries(args.algorithms, topologies, nodes)
+    roots = args.algorithms or [REPO / "algorithms"]
+    # An instance in two trees is taken from the first that has it.
+    by_instance: dict[tuple[str, ...], Path] = {}
+    for root in roots:
+        for path in _libraries(root, topologies, nodes):
+            by_instance.setdefault(path.parts[-3:], path)
+    paths = list(by_instance.values())
     rows = []
     for index, path in enumerate(paths, 1):
-        _log(f"[{index}/{len(paths)}] {path.relative_to(args.algorithms)}")
+        _log(f"[{index}/{len(paths)}] {path}")
         rows.extend(library_rows(path))
 
     def key(row):
@@ -211,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(misses)} of {instances} instances miss {TARGET} of the bound at some size >= 16 MB:\n\n"
             f"{table}\n\n{csv_pointer(GAP_CSV, len(records), 'Every size')}\n"
         )
-        update_benchmarks_section("gap", "Where the bound is missed, and why", "python scripts/bench_gap.py", body)
+        command = " ".join(["python scripts/bench_gap.py", *(argv if argv is not None else sys.argv[1:])])
+        update_benchmarks_section("gap", "Where the bound is missed, and why", command, body)
     return 0
 
 

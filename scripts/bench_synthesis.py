@@ -73,6 +73,7 @@ INSTANCE_HEADER = (
     "max_synth_speedup",
     "synth_bands",
     "bands",
+    "greedy_bands",
 )
 #: One row per instance and size; synth_us / baseline_us / synth_speedup are empty where there is none.
 PER_SIZE_HEADER = (
@@ -138,6 +139,7 @@ def instance_rows(metrics: list[dict]) -> list[tuple]:
                 max(speed) if speed else None,
                 synthesized_bands,
                 len(m["rows"]),
+                m.get("greedy_bands"),
             )
         )
     return out
@@ -179,7 +181,7 @@ def summary_table(instances: list[dict]) -> str:
 
     Over the machine's collectives: total synthesis time, largest peak memory, the worst fraction of the
     bound at >= 16MB (chosen, and synthesized alone) and at the largest size, the range of synth speedups,
-    and how many size bands the synthesized algorithms win.
+    how many size bands the synthesized algorithms win, and how many of those have greedy routes.
     """
     groups: dict[tuple[str, int], list[dict]] = {}
     for record in instances:
@@ -205,6 +207,7 @@ def summary_table(instances: list[dict]) -> str:
                 _fmt(worst(group, "of_bound_largest"), ".3f"),
                 "-" if low is None else f"{low:.2f}x-{high:.2f}x",
                 f"{sum(r['synth_bands'] for r in group)}/{sum(r['bands'] for r in group)}",
+                _greedy_total(group),
             )
         )
     headers = (
@@ -219,8 +222,15 @@ def summary_table(instances: list[dict]) -> str:
         "of bound 1GB",
         "synth speedup",
         "synth bands",
+        "greedy",
     )
     return _table(headers, rows)
+
+
+def _greedy_total(group: list[dict]) -> str:
+    """Return the sizes over ``group`` whose chosen algorithm has greedy routes ("-" if not recorded)."""
+    counts = [r.get("greedy_bands") for r in group]
+    return "-" if any(c is None for c in counts) else str(sum(counts))
 
 
 def _table(headers: tuple, rows: list[tuple]) -> str:
@@ -267,7 +277,7 @@ def merge_rows(path: Path, header: tuple[str, ...], rows: list[tuple]) -> list[t
     """
     fresh = {(row[0], row[1], row[3]) for row in rows}
     kept = [
-        tuple(record[name] for name in header)
+        tuple(record.get(name) for name in header)
         for record in (read_csv(path) if path.exists() else [])
         if (record["topology"], record["nodes"], record["collective"]) not in fresh
     ]
@@ -290,7 +300,10 @@ def render(instances: list[dict], per_size_count: int) -> str:
         "### Summary\n\n"
         "One row per machine over its collectives (allgather, reducescatter, allreduce): synthesis time summed, "
         "peak memory the largest, fractions of the bound the worst (`synth only`: the best synthesized candidate "
-        "alone), the range of synth speedups over all sizes, and the size bands a synthesized algorithm wins.\n\n"
+        "alone), the range of synth speedups over all sizes, the size bands a synthesized algorithm wins, and "
+        "how many of those use greedy routes (`greedy`: the routing MILP found nothing better within its node "
+        "budget, or a greedy routing ordered faster than the MILP's; `scripts/build_algorithms.py` metrics split "
+        "the two).\n\n"
         "```\n"
         + summary_table(instances)
         + "\n```\n\n"

@@ -34,6 +34,7 @@ from pathlib import Path
 from process_memory import TreeMemory
 
 from taccl_py.synth import SynthesisResult, synthesize, write_library
+from taccl_py.synth.routing import ALTERNATIVE_STATUS
 from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.units import parse_sizes
 
@@ -83,9 +84,16 @@ def instance_command(topology: str, nodes: int, collective: str, sizes: str, tim
     return command + (f" --time-limit {time_limit_s:g}" if time_limit_s is not None else "")
 
 
-def _greedy_bands(result: SynthesisResult) -> int:
-    """Return how many size bands chose a synthesized algorithm with greedy routes (the MILP found nothing better)."""
-    return sum("heuristic" in dict(choice.chosen.metadata).get("routing", "") for choice in result.choices)
+def _greedy_bands(result: SynthesisResult, statuses: tuple[str, ...] = ("heuristic", ALTERNATIVE_STATUS)) -> int:
+    """Return how many sizes chose a synthesized algorithm with greedy routes of one of ``statuses``.
+
+    ``heuristic``: the routing MILP found nothing better than its greedy start within its budget;
+    ``ALTERNATIVE_STATUS``: a greedy routing ordered faster than the MILP's.
+    """
+    return sum(
+        any(status in dict(choice.chosen.metadata).get("routing", "") for status in statuses)
+        for choice in result.choices
+    )
 
 
 def build_instance(
@@ -141,6 +149,7 @@ def build_instance(
         "timed_out": result.timed_out,
         "budget_bound": None if result.budget_bound is None else result.budget_bound.value,
         "greedy_bands": _greedy_bands(result),
+        "greedy_stall_bands": _greedy_bands(result, ("heuristic",)),
         "jobs": jobs,
         "candidates": list(result.candidates),
         "rows": rows,

@@ -6,6 +6,7 @@ import pytest
 
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.routing import (
+    ALTERNATIVE_STATUS,
     Routing,
     chunk_symmetry,
     greedy_routing,
@@ -99,6 +100,9 @@ def test_route_candidates_put_the_milp_first():
     routings = route_candidates(graph, 1, MB, MB, SolverOptions(time_limit_s=5))
     assert routings[0].status in (SolveStatus.OPTIMAL.value, SolveStatus.NODE_LIMIT.value)
     assert len({r.trees for r in routings}) == len(routings)
+    # The greedy routings beside the MILP's say so: "heuristic" is kept for a MILP that found nothing better.
+    assert len(routings) > 1
+    assert {r.status for r in routings[1:]} == {ALTERNATIVE_STATUS}
     for routing in routings:
         assert_spanning_trees(routing)
 

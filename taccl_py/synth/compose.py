@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.msccl import generate_msccl_xml
 from taccl_py.synth.hierarchy import hierarchical_routing
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
@@ -107,6 +109,17 @@ def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGr
     return (graph.reverse(), graph)
 
 
+def _phase_fits_msccl(schedule: Schedule) -> bool:
+    """Return True when ``schedule`` lowered alone (AllGather, or ReduceScatter if reversed) fits MSCCL's limits."""
+    collective = Collective.REDUCESCATTER if schedule.routing.graph.reversed else Collective.ALLGATHER
+    try:
+        generate_msccl_xml(lower_schedule("phase", collective, [schedule]))
+    except ArgumentError as error:
+        logger.debug("routing %s does not fit MSCCL: %s", schedule.routing.status, error)
+        return False
+    return True
+
+
 def _schedule_phase(
     graph: LogicalGraph,
     chunking: Chunking,
@@ -114,7 +127,8 @@ def _schedule_phase(
     cap_s: float | None = None,
     packing: TreePacking | None = None,
 ) -> tuple[Schedule, frozenset[str]]:
-    """Return the fastest schedule over the candidate routings (contiguity MILP on the winner only).
+    """Return the fastest schedule over the candidate routings that fits MSCCL (else the fastest; contiguity
+    MILP on the winner only).
 
     Also returns how the phase's MILPs ended (routing and contiguity statuses), whichever routing
     won. Each MILP has its own node budget (``options``); ``cap_s`` (s) is what is left of the
@@ -139,7 +153,10 @@ def _schedule_phase(
     routings += tuple(r for r in starts if all(r.trees != other.trees for other in routings))
     orderings = [order_sends(routing, chunking.pieces, piece_bytes) for routing in routings]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
-    best = min(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
+    ranked = sorted(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
+    # A library band takes only what the MSCCL runtimes load, so a routing whose phase breaks their
+    # limits (greedy routes on 64 GPUs can need 100 steps in one threadblock) would sink the candidate.
+    best = next((i for i in ranked if _phase_fits_msccl(quick[i])), ranked[0])
     final = schedule_sends(orderings[best], options, deadline - time.monotonic())
     solves = (routings[0].solve_status, hierarchical.solve_status if hierarchical else None, final.solve_status)
     statuses = frozenset(status for status in solves if status is not None)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pulp
 
@@ -60,6 +60,9 @@ logger = logging.getLogger(__name__)
 GREEDY_LOAD_WEIGHTS = (0.0, 0.25, 1.0, 4.0)
 # Greedy routings ordered beside the MILP's (each costs an ordering pass).
 MAX_ALTERNATIVE_ROUTINGS = 2
+# Status of a greedy routing ordered beside the MILP's; plain "heuristic" is the MILP finding
+# nothing better than its greedy start, which is the budget problem, not a modelling one.
+ALTERNATIVE_STATUS = "greedy alternative"
 # Weight of one distinct switch connection in the objective under uc-min / uc-max, relative to
 # the horizon: small enough never to trade against time, large enough to break ties.
 _POLICY_WEIGHT = 1e-4
@@ -93,9 +96,10 @@ def chunk_symmetry(graph: LogicalGraph, chunkup: int) -> ChunkSymmetry:
 class Routing:
     """Every chunk's arborescence (link indices, parents before children) and how it was found.
 
-    ``status`` names where the routes came from (``optimal``, ``node limit``, ``heuristic``, a
-    packing's status); ``solve_status`` is how the routing MILP ended (a ``SolveStatus`` value;
-    None: not run), also when its routes were not kept, so a budget that bound is never hidden.
+    ``status`` names where the routes came from (``optimal``, ``node limit``, ``heuristic``,
+    ``ALTERNATIVE_STATUS``, a packing's status); ``solve_status`` is how the routing MILP ended
+    (a ``SolveStatus`` value; None: not run), also when its routes were not kept, so a budget
+    that bound is never hidden.
     """
 
     graph: LogicalGraph
@@ -406,11 +410,15 @@ def route_candidates(
     """Return the MILP's routing followed by ``start`` (when it differs) and the distinct greedy ones.
 
     Routings of equal relaxed objective can order very differently, so the caller orders each
-    and keeps the fastest schedule. ``start`` (e.g. packed trees) also warm-starts the MILP when
-    it beats the greedy routes.
+    and keeps the fastest schedule; the greedy ones carry ``ALTERNATIVE_STATUS``. ``start`` (e.g.
+    packed trees) also warm-starts the MILP when it beats the greedy routes.
     """
     best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s, start=start)
-    others = tuple(r for r in greedy_routings(graph, chunkup, chunk_bytes, piece_bytes) if r.trees != best.trees)
+    others = tuple(
+        replace(r, status=ALTERNATIVE_STATUS)
+        for r in greedy_routings(graph, chunkup, chunk_bytes, piece_bytes)
+        if r.trees != best.trees
+    )
     given = (start,) if start is not None and start.trees != best.trees else ()
     return (best,) + given + others[:MAX_ALTERNATIVE_ROUTINGS]
 

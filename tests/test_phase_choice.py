@@ -1,0 +1,46 @@
+"""A phase keeps the fastest routing the MSCCL runtimes can load, not merely the fastest routing."""
+
+from __future__ import annotations
+
+from taccl_py.synth import compose
+from taccl_py.synth.compose import Chunking
+from taccl_py.synth.logical import build_logical_graph
+from taccl_py.synth.sketch import auto_sketch
+from taccl_py.synth.solver import SolverOptions
+from taccl_py.topology import load_topology
+
+OPTIONS = SolverOptions()
+CHUNKING = Chunking(1, 2, 4_000_000)
+
+
+def _allgather_phase():
+    """Return the AllGather phase ``_schedule_phase`` picks on NDv2 (the schedule alone)."""
+    topology = load_topology("ndv2")
+    schedule, _ = compose._schedule_phase(build_logical_graph(topology, auto_sketch(topology)), CHUNKING, OPTIONS)
+    return schedule
+
+
+def test_a_phase_fits_until_a_threadblock_has_more_steps_than_msccl_allows(monkeypatch):
+    schedule = _allgather_phase()
+    assert compose._phase_fits_msccl(schedule)
+    monkeypatch.setattr("taccl_py.msccl.limits.MAX_STEPS_PER_THREADBLOCK", 1)
+    assert not compose._phase_fits_msccl(schedule)
+
+
+def test_the_fastest_routing_that_does_not_fit_gives_way_to_the_next(monkeypatch):
+    fastest = _allgather_phase()
+    fits = compose._phase_fits_msccl
+    refused = fastest.routing.trees
+    monkeypatch.setattr(compose, "_phase_fits_msccl", lambda s: s.routing.trees != refused and fits(s))
+    second = _allgather_phase()
+    assert second.routing.trees != fastest.routing.trees
+    assert fits(second)
+    assert second.makespan_us >= fastest.makespan_us
+
+
+def test_when_no_routing_fits_the_fastest_is_kept(monkeypatch):
+    fastest = _allgather_phase()
+    monkeypatch.setattr(compose, "_phase_fits_msccl", lambda schedule: False)
+    kept = _allgather_phase()
+    assert kept.routing.trees == fastest.routing.trees
+    assert kept.makespan_us == fastest.makespan_us
