@@ -127,8 +127,9 @@ def _schedule_phase(
     cap_s: float | None = None,
     packing: TreePacking | None = None,
 ) -> tuple[Schedule, frozenset[str]]:
-    """Return the fastest schedule over the candidate routings that fits MSCCL (else the fastest; contiguity
-    MILP on the winner only).
+    """Return the fastest schedule over the candidate routings that MSCCL can load (contiguity MILP on the winner).
+
+    When no routing's phase fits MSCCL's limits, the fastest is returned all the same.
 
     Also returns how the phase's MILPs ended (routing and contiguity statuses), whichever routing
     won. Each MILP has its own node budget (``options``); ``cap_s`` (s) is what is left of the

@@ -60,8 +60,8 @@ logger = logging.getLogger(__name__)
 GREEDY_LOAD_WEIGHTS = (0.0, 0.25, 1.0, 4.0)
 # Greedy routings ordered beside the MILP's (each costs an ordering pass).
 MAX_ALTERNATIVE_ROUTINGS = 2
-# Status of a greedy routing ordered beside the MILP's; plain "heuristic" is the MILP finding
-# nothing better than its greedy start, which is the budget problem, not a modelling one.
+# Status of a greedy routing ordered beside the MILP's, so that plain "heuristic" keeps one
+# meaning: the MILP found nothing better than its greedy start within its budget.
 ALTERNATIVE_STATUS = "greedy alternative"
 # Weight of one distinct switch connection in the objective under uc-min / uc-max, relative to
 # the horizon: small enough never to trade against time, large enough to break ties.
