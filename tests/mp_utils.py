@@ -134,10 +134,10 @@ def torch_collective(collective: str, input: Any, op: str, world_size: int) -> A
     }[op]
     if collective == "allgather":
         output = torch.empty(input.numel() * world_size, dtype=input.dtype)
-        dist.all_gather_single(output, input)
+        dist.all_gather_into_tensor(output, input)
     elif collective == "reducescatter":
         output = torch.empty(input.numel() // world_size, dtype=input.dtype)
-        dist.reduce_scatter_single(output, input, op=reduce_op)
+        dist.reduce_scatter_tensor(output, input, op=reduce_op)
     elif collective == "allreduce":
         output = input.clone()
         dist.all_reduce(output, op=reduce_op)

@@ -264,7 +264,7 @@ def test_bad_calls_fail_before_any_message_and_fallback_logs_once() -> None:
 
 def from_env_worker(rank: int, world: int) -> list[str]:
     """Worker started like torchrun, without a group: from_env initialises it."""
-    comm = Communicator.from_env([ring_algorithm(Collective.ALLGATHER, world)], timeout_s=20)
+    comm = Communicator.from_env([ring_algorithm(Collective.ALLGATHER, world)], backend="gloo", timeout_s=20)
     output = torch.zeros(world * 3, dtype=torch.int32)
     comm.all_gather(output, torch.full((3,), rank, dtype=torch.int32))
     want = [r for r in range(world) for _ in range(3)]

@@ -264,6 +264,60 @@ def test_ordered_worker_failure_reaches_later_jobs() -> None:
         worker.submit(lambda: 3)
 
 
+def test_ordered_worker_runs_a_job_inside_its_context() -> None:
+    from taccl_py.runtime.ordered_worker import OrderedWorker
+
+    seen: list[tuple[str, str]] = []
+
+    class Recorder:
+        def __enter__(self) -> None:
+            seen.append(("enter", threading.current_thread().name))
+
+        def __exit__(self, *exc_info: object) -> None:
+            seen.append(("exit", threading.current_thread().name))
+
+    worker = OrderedWorker("test-context")
+    result = worker.submit(lambda: seen.append(("job", threading.current_thread().name)) or 5, Recorder()).wait()
+    worker.submit(lambda: seen.append(("bare job", threading.current_thread().name))).wait()
+    worker.close()
+    assert result == 5
+    assert seen == [
+        ("enter", "test-context"),
+        ("job", "test-context"),
+        ("exit", "test-context"),
+        ("bare job", "test-context"),
+    ]
+
+
+def test_stream_helpers_leave_cpu_work_alone() -> None:
+    from taccl_py.runtime.backend_transport import FutureWork
+    from taccl_py.runtime.ordered_worker import caller_stream, on_stream, wait_for_stream
+
+    assert caller_stream(torch.ones(3)) is None
+    with on_stream(None):
+        wait_for_stream(None)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result([torch.ones(2)])
+    assert FutureWork(future, caller_stream(torch.ones(2))).wait() is True
+
+
+def test_a_job_runs_on_the_stream_its_caller_was_on() -> None:
+    """The worker thread's own current stream is the default one; the job must see the caller's."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA not available: CUDA streams need a GPU")
+    from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream, on_stream
+
+    side = torch.cuda.Stream()
+    worker = OrderedWorker("test-stream")
+    with torch.cuda.stream(side):
+        captured = caller_stream(torch.ones(1, device="cuda"))
+        job_stream = worker.submit(torch.cuda.current_stream, on_stream(captured)).wait()
+    bare_stream = worker.submit(torch.cuda.current_stream).wait()
+    worker.close()
+    assert captured == side and job_stream == side
+    assert bare_stream == torch.cuda.default_stream()
+
+
 def test_ordered_worker_refuses_pickling() -> None:
     from taccl_py.runtime.ordered_worker import OrderedWorker
 

@@ -43,7 +43,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
-from taccl_py.runtime.ordered_worker import OrderedWorker
+from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream, on_stream
 from taccl_py.runtime.selection import collect_algorithms
 
 __all__ = ["BACKEND_NAME", "TacclProcessGroup", "register_backend"]
@@ -188,9 +188,11 @@ class TacclProcessGroup(dist.ProcessGroup):
             self._communicators[link.device.type] = communicator
         return communicator if communicator.algorithm_for(collective, size_bytes) is not None else None
 
-    def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]]) -> Any:
+    def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]], tensor: torch.Tensor) -> Any:
+        """Queue ``job`` on the worker, on the caller's CUDA stream where ``tensor`` is on a GPU; return its Work."""
         self.routed[collective.value] += 1
-        return FutureWork(self._worker.submit(job))
+        stream = caller_stream(tensor)
+        return FutureWork(self._worker.submit(job, on_stream(stream)), stream)
 
     def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
         self.delegated[collective.value] += 1
@@ -206,7 +208,7 @@ class TacclProcessGroup(dist.ProcessGroup):
         communicator = self._communicator(Collective.ALLREDUCE, (tensor,), _nbytes(tensor)) if routable else None
         if communicator is None:
             return self._delegate(Collective.ALLREDUCE, "allreduce", tensor, tensors, opts)
-        return self._submit(Collective.ALLREDUCE, partial(_all_reduce, communicator, tensor, op))
+        return self._submit(Collective.ALLREDUCE, partial(_all_reduce, communicator, tensor, op), tensor)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """Gather every rank's ``input`` into ``output`` (rank-major); return the Work."""
@@ -215,7 +217,7 @@ class TacclProcessGroup(dist.ProcessGroup):
             return self._delegate(
                 Collective.ALLGATHER, "_allgather_base", input, output, input, opts or dist.AllgatherOptions()
             )
-        return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input))
+        return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input), output)
 
     _allgather_base = all_gather_single
 
@@ -236,7 +238,7 @@ class TacclProcessGroup(dist.ProcessGroup):
         )
         if communicator is None:
             return self._delegate(Collective.ALLGATHER, "allgather", input, output_tensors, input_tensors, opts)
-        return self._submit(Collective.ALLGATHER, partial(_all_gather_list, communicator, outputs, input))
+        return self._submit(Collective.ALLGATHER, partial(_all_gather_list, communicator, outputs, input), input)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """Reduce ``input`` over ranks and keep this rank's block in ``output``; return the Work."""
@@ -245,7 +247,7 @@ class TacclProcessGroup(dist.ProcessGroup):
         communicator = self._communicator(Collective.REDUCESCATTER, (output, input), _nbytes(input)) if op else None
         if communicator is None:
             return self._delegate(Collective.REDUCESCATTER, "_reduce_scatter_base", input, output, input, opts)
-        return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter, communicator, output, input, op))
+        return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter, communicator, output, input, op), output)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -307,7 +309,9 @@ class TacclProcessGroup(dist.ProcessGroup):
             return self._delegate(
                 Collective.REDUCESCATTER, "reduce_scatter", output, output_tensors, input_tensors, opts
             )
-        return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, inputs, op))
+        return self._submit(
+            Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, inputs, op), output
+        )
 
     # -- ordering and lifetime --------------------------------------------------------------------
 

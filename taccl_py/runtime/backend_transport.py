@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.errors import TransportError
+from taccl_py.runtime.ordered_worker import wait_for_stream
 from taccl_py.runtime.transport import Message, Pending, Transport
 from taccl_py.runtime.transports.torch_dist import WorkPending
 
@@ -27,16 +28,20 @@ class FutureWork(dist.Work):
 
     (The Work of ``_create_work_from_future`` returns from ``wait`` even when its future holds an
     error, so a failed collective would pass silently.) ``wait`` ignores ``timeout``: the
-    Communicator's own per-message timeout, the group's, bounds it.
+    Communicator's own per-message timeout, the group's, bounds it. ``stream`` is the CUDA stream
+    the collective was queued on (see :func:`~taccl_py.runtime.ordered_worker.caller_stream`):
+    ``wait`` orders the waiter's current stream after it, as NCCL's Work does.
     """
 
-    def __init__(self, future: torch.futures.Future) -> None:
+    def __init__(self, future: torch.futures.Future, stream: Any = None) -> None:
         super().__init__()
         self._future = future
+        self._stream = stream
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         """Return True once the collective finished; raise RuntimeError naming its error if it failed."""
         self._future.wait()
+        wait_for_stream(self._stream)
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -78,12 +83,13 @@ class BackendTransport(Transport):
         """Issue a round's sends and receives without blocking; return their Pending, in order."""
         try:
             if self._coalesce and (sends or recvs):
-                self._backend._start_coalescing(self.device)
+                # a Backend's coalescing calls take no device (a ProcessGroup's do): torch 2.11 and 2.13 alike
+                self._backend._start_coalescing()
                 for m in sends:
                     self._backend.send([m.tensor], m.peer, m.tag)
                 for m in recvs:
                     self._backend.recv([m.tensor], m.peer, m.tag)
-                shared = WorkPending(self._backend._end_coalescing(self.device))
+                shared = WorkPending(self._backend._end_coalescing())
                 return [shared] * len(sends), [shared] * len(recvs)
             send_works = [self._backend.send([m.tensor], m.peer, m.tag) for m in sends]
             recv_works = [self._backend.recv([m.tensor], m.peer, m.tag) for m in recvs]

@@ -169,20 +169,33 @@ def _tensors(collective: Collective, size_bytes: int, world_size: int, dtype: An
     return tensor, tensor
 
 
-def _time_pair(ours: Callable[[], None], theirs: Callable[[], None], group: Any, iters: int) -> tuple[float, float]:
-    """Return the median slowest-rank time (µs) of ``ours`` and ``theirs``, timed alternately."""
+def _time_pair(
+    ours: Callable[[], None], theirs: Callable[[], None], group: Any, iters: int, device: Any
+) -> tuple[float, float]:
+    """Return the median slowest-rank time (µs) of ``ours`` and ``theirs``, timed alternately.
+
+    On a GPU both are timed to the end of their device work: NCCL calls return once enqueued.
+    """
+    finish = torch.cuda.synchronize if torch.device(device).type == "cuda" else _nothing
     samples: list[tuple[float, float]] = []
     for _ in range(iters):
         times = []
         for fn in (ours, theirs):
+            finish()
             dist.barrier(group)
+            finish()
             start = time.perf_counter()
             fn()
+            finish()
             times.append((time.perf_counter() - start) * 1e6)
-        slowest = torch.tensor(times, dtype=torch.float64)
+        slowest = torch.tensor(times, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         samples.append((float(slowest[0]), float(slowest[1])))
     return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+
+
+def _nothing() -> None:
+    return None
 
 
 def bench_sizes(
@@ -215,7 +228,7 @@ def bench_sizes(
         for _ in range(warmup):
             ours()
             theirs()
-        ours_us, torch_us = _time_pair(ours, theirs, comm.group, iters)
+        ours_us, torch_us = _time_pair(ours, theirs, comm.group, iters, device)
         rows.append(BenchRow(collective.value, actual, algorithm.name if algorithm else "torch", ours_us, torch_us))
         if progress is not None:
             progress(f"{collective.value} {actual} B: ours {ours_us:.0f} us, torch {torch_us:.0f} us")

@@ -12,6 +12,7 @@ import datetime
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -27,7 +28,7 @@ from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
-__all__ = ["Communicator", "MAX_CACHED_EXECUTORS", "DEFAULT_TIMEOUT_S"]
+__all__ = ["Communicator", "MAX_CACHED_EXECUTORS", "DEFAULT_TIMEOUT_S", "default_backend"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,19 @@ def _op_name(op: Any) -> str:
     if name not in REDUCE_OPS:
         raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
     return name
+
+
+def default_backend(environ: Mapping[str, str], cuda_devices: int) -> str:
+    """Return "nccl" when every local rank (torchrun's LOCAL_WORLD_SIZE, default 1) has a GPU of its own, else "gloo".
+
+    NCCL refuses two ranks of one host on one GPU, so 4 local ranks on a 1-GPU machine take gloo.
+
+    >>> default_backend({"LOCAL_WORLD_SIZE": "4"}, 8), default_backend({"LOCAL_WORLD_SIZE": "4"}, 1)
+    ('nccl', 'gloo')
+    >>> default_backend({}, 0)
+    'gloo'
+    """
+    return "nccl" if 0 < int(environ.get("LOCAL_WORLD_SIZE", "1")) <= cuda_devices else "gloo"
 
 
 def _make_transport(transport: Any, group: Any) -> Transport:
@@ -163,7 +177,7 @@ class Communicator:
         """Return a Communicator on the default group, initialising it from torchrun's env vars if needed.
 
         Reads RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (and LOCAL_RANK for the CUDA device);
-        ``backend`` defaults to "nccl" with CUDA, else "gloo". Other keywords go to the constructor.
+        ``backend`` defaults to :func:`default_backend`'s choice. Other keywords go to the constructor.
         """
         if not dist.is_initialized():
             missing = [name for name in _ENV_VARS if name not in os.environ]
@@ -174,7 +188,8 @@ class Communicator:
                     "not set",
                     "the variables torchrun sets (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT)",
                 )
-            backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            backend = backend or default_backend(os.environ, gpus)
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))

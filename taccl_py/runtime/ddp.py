@@ -35,7 +35,7 @@ import torch.distributed as dist
 from taccl_py.errors import ArgumentError
 from taccl_py.runtime.backend_transport import BackendTransport
 from taccl_py.runtime.communicator import Communicator
-from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker
+from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream, on_stream
 
 __all__ = ["HookState", "allreduce_hook", "register", "GRADIENT_DTYPES"]
 
@@ -99,7 +99,8 @@ class HookState:
             raise ArgumentError(_SOURCE, "bucket.dtype", f"got {tensor.dtype}", "float32, float16, bfloat16 or float64")
         job = partial(_average_in_place, self, tensor)
         if self._worker is not None:
-            return self._worker.submit(job)
+            # DDP uses the bucket once the future completes, on the stream it called the hook from
+            return self._worker.submit(job, on_stream(caller_stream(tensor)))
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(job())
         return future

@@ -13,6 +13,12 @@ another, and both would wait forever. The jobs must also be the only users of th
 communicator's process group: a collective issued there from another thread (DDP's broadcast of
 buffers, say) could interleave with a job's messages in a different order on different ranks.
 
+CUDA streams: a job runs on the worker thread, whose current stream is the device's default
+stream, not the stream the caller was on when it submitted (FSDP2 reduce-scatters on a side
+stream). :func:`caller_stream` captures the caller's stream, the job runs inside
+``on_stream(that stream)`` so its kernels and messages follow the caller's earlier work on it, and
+the waiter calls :func:`wait_for_stream` so its own current stream follows the job's.
+
 After a job fails, the worker fails every later job at once with a :class:`TransportError` that
 names the first failure, so a broken peer surfaces as an exception from ``backward`` (or from a
 Work's ``wait``) within the transport's timeout instead of a hang; :meth:`OrderedWorker.close`
@@ -21,6 +27,7 @@ stops the thread.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -31,7 +38,7 @@ import torch
 
 from taccl_py.errors import ArgumentError, TacclError, TransportError
 
-__all__ = ["OrderedWorker", "CLOSE_TIMEOUT_S"]
+__all__ = ["OrderedWorker", "CLOSE_TIMEOUT_S", "caller_stream", "on_stream", "wait_for_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +99,12 @@ class OrderedWorker:
         """Return whether :meth:`close` was called."""
         return self._closed
 
-    def submit(self, job: Callable[[], Any]) -> torch.futures.Future:
+    def submit(
+        self, job: Callable[[], Any], around: contextlib.AbstractContextManager | None = None
+    ) -> torch.futures.Future:
         """Queue ``job`` behind the jobs already submitted; return the Future of its result.
+
+        ``around``, when given, is entered on the worker thread for the job (``on_stream(...)``).
 
         A failed job's Future holds a torch-level error, so C++ waiters (DDP's reducer, a
         process group's Work) raise too; in Python ``wait()`` raises RuntimeError whose message
@@ -113,7 +124,7 @@ class OrderedWorker:
                 raise ArgumentError(self._name, "submit", "the worker is closed", "a job before close()")
             failure = self._failure
             if failure is None:
-                self._queue.put((job, future))
+                self._queue.put((job, future, around))
         if failure is not None:
             future.set_exception(_after_failure(self._name, failure))
         return surfaced
@@ -143,13 +154,14 @@ class OrderedWorker:
             item = self._queue.get()
             if item is _STOP:
                 return
-            job, future = item
+            job, future, around = item
             failure = self._failure
             if failure is not None:
                 future.set_exception(_after_failure(self._name, failure))
                 continue
             try:
-                result = job()
+                with around if around is not None else contextlib.nullcontext():
+                    result = job()
             except Exception as exc:  # noqa: BLE001 - every failure must reach the waiting rank
                 error = _as_taccl_error(self._name, exc)
                 with self._lock:
@@ -158,6 +170,22 @@ class OrderedWorker:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+
+
+def caller_stream(tensor: torch.Tensor) -> Any:
+    """Return the calling thread's current CUDA stream on ``tensor``'s device, or None for a CPU tensor."""
+    return torch.cuda.current_stream(tensor.device) if tensor.device.type == "cuda" else None
+
+
+def on_stream(stream: Any) -> contextlib.AbstractContextManager:
+    """Return a context that makes ``stream`` current (None: changes nothing)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def wait_for_stream(stream: Any) -> None:
+    """Order the calling thread's current stream after the work queued on ``stream`` so far (None: no-op)."""
+    if stream is not None:
+        torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
 def _no_op() -> None:
