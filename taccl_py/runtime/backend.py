@@ -335,7 +335,8 @@ def _all_of(works: list[Any], outputs: list[torch.Tensor]) -> Any:
     if len(works) == 1:
         return works[0]
     done = torch.futures.collect_all([work.get_future() for work in works])
-    return FutureWork(done.then(partial(_outputs_after, outputs)))
+    # the parts were queued from this thread, on its current stream: order the waiter after it too
+    return FutureWork(done.then(partial(_outputs_after, outputs)), caller_stream(outputs[0]))
 
 
 def _outputs_after(outputs: list[torch.Tensor], done: torch.futures.Future) -> list[torch.Tensor]:
