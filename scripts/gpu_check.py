@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from taccl_py.ir.algorithm import Algorithm  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
+from taccl_py.runtime.bench import BenchRow, bench_sizes  # noqa: E402
 from taccl_py.runtime.communicator import Communicator  # noqa: E402
 from taccl_py.runtime.ddp import register  # noqa: E402
 from taccl_py.runtime.executor import Executor  # noqa: E402
@@ -86,8 +85,8 @@ def integer_data(shape: int, dtype: torch.dtype, seed: int, device: torch.device
     return torch.randint(-4, 5, (shape,), generator=generator, device=device).to(dtype)
 
 
-def nccl_reference(collective: Collective, data: torch.Tensor, numel: int, op: str, group: Any) -> torch.Tensor:
-    """Return NCCL's own result of ``collective`` on ``data`` over ``group``."""
+def group_result(collective: Collective, data: torch.Tensor, numel: int, op: str, group: Any) -> torch.Tensor:
+    """Return torch.distributed's ``collective`` of ``data`` on ``group`` (None: the default ``taccl`` group)."""
     reduce_op = getattr(dist.ReduceOp, op.upper())
     world = dist.get_world_size(group)
     if collective is Collective.ALLGATHER:
@@ -140,7 +139,7 @@ def check_algorithms(algorithms: Sequence[Algorithm], transports: dict[str, Any]
                     continue
                 length = numel * (world if algorithm.collective is Collective.REDUCESCATTER else 1)
                 data = integer_data(length, dtype, 1000 * seed + rank, transport.device)
-                expected = nccl_reference(algorithm.collective, data, numel, op, reference)
+                expected = group_result(algorithm.collective, data, numel, op, reference)
                 got = run_ours(algorithm, transport, data, numel, op, stream)
                 cases += 1
                 if not torch.equal(got, expected):
@@ -151,98 +150,24 @@ def check_algorithms(algorithms: Sequence[Algorithm], transports: dict[str, Any]
 
 
 def check_backend(world: int, rank: int, device: torch.device, reference: Any) -> list:
-    """Return rows (call, cases, failures) of the default ``taccl`` group against NCCL's own."""
-    calls: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
-        "all_reduce": lambda data, numel: _backend_all_reduce(data),
-        "all_gather_single": lambda data, numel: _backend_all_gather(data, numel, world),
-        "reduce_scatter_single": lambda data, numel: _backend_reduce_scatter(data, numel),
-    }
-    collectives = {
-        "all_reduce": Collective.ALLREDUCE,
-        "all_gather_single": Collective.ALLGATHER,
-        "reduce_scatter_single": Collective.REDUCESCATTER,
-    }
+    """Return rows (collective, cases, failures) of the default ``taccl`` group against NCCL's own."""
     rows = []
-    for call, run in calls.items():
-        collective, cases, failures = collectives[call], 0, []
+    for collective in BUS_FACTOR:
+        cases, failures = 0, []
         for seed, (numel, dtype) in enumerate((n, d) for n in NUMELS for d in DTYPES):
             length = numel * (world if collective is Collective.REDUCESCATTER else 1)
             data = integer_data(length, dtype, 7000 + 100 * seed + rank, device)
-            expected = nccl_reference(collective, data, numel, "sum", reference)
+            expected = group_result(collective, data, numel, "sum", reference)
             cases += 1
-            if not torch.equal(run(data, numel), expected):
+            if not torch.equal(group_result(collective, data, numel, "sum", None), expected):
                 failures.append(f"{numel} x {str(dtype)[6:]}")
-        rows.append((call, cases, failures))
+        rows.append((collective.value, cases, failures))
     return rows
 
 
-def _backend_all_reduce(data: torch.Tensor) -> torch.Tensor:
-    out = data.clone()
-    dist.all_reduce(out)
-    return out
-
-
-def _backend_all_gather(data: torch.Tensor, numel: int, world: int) -> torch.Tensor:
-    out = data.new_empty(world * numel)
-    dist.all_gather_into_tensor(out, data)
-    return out
-
-
-def _backend_reduce_scatter(data: torch.Tensor, numel: int) -> torch.Tensor:
-    out = data.new_empty(numel)
-    dist.reduce_scatter_tensor(out, data)
-    return out
-
-
-def time_collectives(comm: Communicator, reference: Any, sizes: Sequence[int], iters: int) -> list:
-    """Return rows (collective, bytes, algorithm, ours µs, NCCL µs): medians of the slowest rank, alternated."""
-    rows = []
-    world, device = comm.world_size, comm.transport.device
-    for collective in BUS_FACTOR:
-        for size in sizes:
-            shard = size // 4 // (1 if collective is Collective.ALLREDUCE else world)
-            data = integer_data(
-                shard * (world if collective is Collective.REDUCESCATTER else 1), torch.float32, 5, device
-            )
-            out = data.new_empty(shard * (world if collective is Collective.ALLGATHER else 1))
-            ours, theirs = _timed_calls(comm, collective, out, data, reference)
-            samples = []
-            for step in range(iters + 2):
-                pair = [_time_one(fn, reference) for fn in (ours, theirs)]
-                if step >= 2:
-                    samples.append(pair)
-            chosen = comm.algorithm_for(collective, size)
-            rows.append(
-                (
-                    collective,
-                    size,
-                    chosen.name if chosen else "NCCL (fallback)",
-                    statistics.median(s[0] for s in samples),
-                    statistics.median(s[1] for s in samples),
-                )
-            )
-    return rows
-
-
-def _timed_calls(comm: Communicator, collective: Collective, out: Any, data: Any, group: Any) -> tuple[Callable, ...]:
-    if collective is Collective.ALLGATHER:
-        return (lambda: comm.all_gather(out, data), lambda: dist.all_gather_into_tensor(out, data, group=group))
-    if collective is Collective.REDUCESCATTER:
-        return (lambda: comm.reduce_scatter(out, data), lambda: dist.reduce_scatter_tensor(out, data, group=group))
-    return (lambda: comm.all_reduce(data), lambda: dist.all_reduce(data, group=group))
-
-
-def _time_one(fn: Callable[[], Any], group: Any) -> float:
-    """Return the slowest rank's time (µs) of ``fn``, from a common start to its GPU work's end."""
-    torch.cuda.synchronize()
-    dist.barrier(group=group)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    elapsed = torch.tensor([(time.perf_counter() - start) * 1e6], device=torch.cuda.current_device())
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    return float(elapsed.item())
+def time_collectives(comm: Communicator, sizes: Sequence[int], iters: int) -> list[BenchRow]:
+    """Return ``taccl bench``'s rows for every collective: ours against NCCL's own on ``comm``'s group."""
+    return [row for collective in BUS_FACTOR for row in bench_sizes(comm, collective, sizes, iters=iters)]
 
 
 def train_step_check(rank: int, device: torch.device, library: Any, reference: Any, steps: int = 5) -> dict:
@@ -307,11 +232,12 @@ def print_report(world: int, share_gpu: bool, exact: list, backend: list, times:
     print("\n## times: median of the slowest rank; algbw = size / time, busbw as nccl-tests")
     header = ("collective", "size", "algorithm", "ours us", "NCCL us", "ours busbw", "NCCL busbw", "x")
     print("{:<14} {:>10} {:<36} {:>9} {:>9} {:>10} {:>10} {:>6}".format(*header))
-    for collective, size, name, ours_us, nccl_us in times:
-        factor = BUS_FACTOR[collective](world)
+    for row in times:
+        factor = BUS_FACTOR[Collective(row.collective)](world)
         print(
-            f"{collective.value:<14} {size:>10} {name[:36]:<36} {ours_us:>9.1f} {nccl_us:>9.1f} "
-            f"{size / ours_us / 1e3 * factor:>10.2f} {size / nccl_us / 1e3 * factor:>10.2f} {nccl_us / ours_us:>6.2f}"
+            f"{row.collective:<14} {row.size_bytes:>10} {row.algorithm[:36]:<36} {row.ours_time_us:>9.1f} "
+            f"{row.torch_time_us:>9.1f} {row.ours_algbw_GBps * factor:>10.2f} {row.torch_algbw_GBps * factor:>10.2f} "
+            f"{row.speedup:>6.2f}"
         )
     print(f"\n## training: largest |param - default DDP on NCCL| after the steps (agree within {AGREEMENT:g})")
     for name, difference in training.items():
@@ -349,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     exact = check_algorithms(list(algorithms.values()), transports, reference, rank)
     backend = check_backend(world, rank, device, reference)
     comm = Communicator(dist.new_group(backend="nccl"), library)
-    times = time_collectives(comm, reference, [int(s) for s in args.sizes.split(",")], args.iters)
+    times = time_collectives(comm, [int(s) for s in args.sizes.split(",")], args.iters)
     training = train_step_check(rank, device, library, reference)
     ok = print_report(world, args.share_gpu, exact, backend, times, training) if rank == 0 else True
     for transport in transports.values():
