@@ -4,7 +4,9 @@ Starts N local gloo ranks (loopback) for each N in --ranks and, per collective a
 our ring, every other candidate (a ring cut into two chunks per rank, a direct all-pairs
 schedule, the shipped algorithms and the baselines of the built-in machines that have N GPUs)
 and torch.distributed's collective, alternately, on the same group: the median over --iters of
-the slowest rank. "best" is the fastest candidate at that size. The executor's own cost per
+the slowest rank. "best" is the fastest candidate at that size, known only afterwards; "chosen"
+is what a Communicator on the ring library runs once calibrated on the group (the ring, or gloo's
+own where that measured faster), timed again after the calibration. The executor's own cost per
 round is measured over a transport that moves nothing. Writes the ``runtime`` section of
 BENCHMARKS.md unless --no-write.
 
@@ -31,7 +33,8 @@ from taccl_py.runtime.bench import BenchRow, bench_sizes, executor_overhead_us, 
 from taccl_py.runtime.launch import run_local  # noqa: E402
 from taccl_py.units import format_size, parse_sizes  # noqa: E402
 
-COLLECTIVES = (Collective.ALLGATHER, Collective.ALLREDUCE)
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+CALIBRATED = "calibrated"  # results key of the calibrated Communicator's rows
 I, O = Buffer.INPUT, Buffer.OUTPUT
 
 
@@ -45,6 +48,9 @@ def direct_algorithm(collective: Collective, n: int) -> Algorithm:
     if collective is Collective.ALLGATHER:
         items += [LocalCopy(r, (I, 0), (O, r)) for r in range(n)]
         items += [Transfer(r, q, (I, 0), (O, r)) for r in range(n) for q in range(n) if q != r]
+    elif collective is Collective.REDUCESCATTER:  # rank q reduces block q of every rank into its output
+        items += [LocalCopy(q, (I, q), (O, 0)) for q in range(n)]
+        items += [Transfer(r, q, (I, q), (O, 0), reduce=True) for r in range(n) for q in range(n) if q != r]
     else:  # allreduce in place: reduce block q at rank q, then rank q sends it to everyone
         items += [Transfer(r, q, (I, q), (I, q), reduce=True) for r in range(n) for q in range(n) if q != r]
         items += [Transfer(q, r, (I, q), (I, q)) for q in range(n) for r in range(n) if q != r]
@@ -53,9 +59,14 @@ def direct_algorithm(collective: Collective, n: int) -> Algorithm:
     )
 
 
-def candidates(collective: Collective, n: int) -> list[Algorithm]:
-    """Return our algorithms for ``collective`` on ``n`` ranks; the first is the ring."""
+def candidates(collective: Collective, n: int, shipped: bool = True) -> list[Algorithm]:
+    """Return our algorithms for ``collective`` on ``n`` ranks; the first is the ring.
+
+    Without ``shipped``: only the rings and the direct schedule, not the libraries and baselines of the machines.
+    """
     found = [ring_algorithm(collective, n), ring_algorithm(collective, n, 2), direct_algorithm(collective, n)]
+    if not shipped:
+        return found
     for path in sorted(shipped_library_dir().glob("*/n*/*.library.json")):
         library = read_library(path)
         if library.num_ranks == n and library.collective is collective:
@@ -80,29 +91,34 @@ def label(algorithm: Algorithm) -> str:
     return f"{algorithm.name}@{where}" if where else algorithm.name
 
 
-def bench_worker(rank: int, world: int, sizes: tuple[int, ...], iters: int) -> dict:
+def bench_worker(rank: int, world: int, sizes: tuple[int, ...], iters: int, shipped: bool) -> dict:
     """One rank: time every candidate against torch at every size; return rows per (collective, label)."""
     from taccl_py.runtime.communicator import Communicator
 
     results: dict = {}
     for collective in COLLECTIVES:
-        for algorithm in candidates(collective, world):
+        for algorithm in candidates(collective, world, shipped):
             comm = Communicator(None, algorithm, timeout_s=120)
             rows = bench_sizes(comm, collective, sizes, iters=iters, warmup=1, progress=_log if rank == 0 else None)
             results[(collective.value, label(algorithm))] = rows
+        comm = Communicator(None, ring_algorithm(collective, world), timeout_s=120)
+        comm.calibrate(sizes, collectives=[collective], iters=iters, warmup=1)
+        results[(CALIBRATED, collective.value)] = bench_sizes(comm, collective, sizes, iters=iters, warmup=1)
     return results
 
 
 def summarize(world: int, results: dict[tuple[str, str], list[BenchRow]]) -> list[list[str]]:
-    """Return table rows: per collective and size, torch, our ring, and our best candidate."""
+    """Return table rows: per collective and size, torch, our ring, our best candidate and the calibrated choice."""
     table = []
     for collective in COLLECTIVES:
         keys = [key for key in results if key[0] == collective.value]
+        chosen_rows = results[(CALIBRATED, collective.value)]
         ring_key = keys[0]
         for index, ring_row in enumerate(results[ring_key]):
             torch_us = ring_row.torch_time_us
             best_key = min(keys, key=lambda key: results[key][index].ours_time_us / results[key][index].torch_time_us)
             best = results[best_key][index]
+            chosen = chosen_rows[index]
             table.append(
                 [
                     str(world),
@@ -114,6 +130,9 @@ def summarize(world: int, results: dict[tuple[str, str], list[BenchRow]]) -> lis
                     best_key[1],
                     f"{best.ours_time_us:.0f}",
                     f"{best.speedup:.2f}x",
+                    "gloo" if chosen.algorithm == "torch" else chosen.algorithm,
+                    f"{chosen.ours_time_us:.0f}",
+                    f"{chosen.speedup:.2f}x",
                 ]
             )
     return table
@@ -134,11 +153,53 @@ def format_rows(headers: list[str], rows: list[list[str]]) -> str:
     return format_table(headers, rows)
 
 
+def write_section(args: argparse.Namespace, load: str, main_table: str, overhead: str) -> None:
+    """Write the ``runtime`` section of BENCHMARKS.md from its tables; ``load`` says how busy the machine was."""
+    body = (
+        f"Local gloo ranks on loopback, {os.cpu_count()} CPU cores ({load}: "
+        "other work on the machine shows up as noise); float32; the median over "
+        f"{args.iters} iterations of the "
+        "slowest rank's time, ours and gloo's timed alternately on the same group (x > 1: we are faster). "
+        "ring = one-channel ring in rank order (allreduce: reduce-scatter then allgather, in place); best = the "
+        "fastest "
+        "of the ring, the ring with two chunks per rank, the direct all-pairs schedule"
+        + (
+            ""
+            if args.no_shipped
+            else ", the shipped algorithms and the baselines of the built-in machines with that many GPUs"
+        )
+        + ". gloo_us is gloo's time paired with the ring; "
+        "each ratio "
+        "divides the gloo time measured alternately with that algorithm by the algorithm's own. chosen = what a "
+        "Communicator on the ring library runs after `Communicator.calibrate` on the same group (the ring, or "
+        "gloo's own where that measured faster: `taccl_py.runtime.calibration`), timed in a second pass.\n\n"
+        f"```\n{main_table}\n```\n\n"
+        "Our side runs as the Communicator runs it on gloo: receives posted a round early, messages cut into 1 MB "
+        "segments, each reduced as it arrives and forwarded at once.\n\n"
+        "Executor cost per round and per message, measured over a transport that moves nothing (one element per "
+        "chunk): "
+        "the Python replay loop, its bookkeeping and the torch calls, without any communication.\n\n"
+        f"```\n{overhead}\n```\n"
+    )
+    command = (
+        "python scripts/bench_runtime.py"
+        + (f" --ranks {args.ranks}" if args.ranks != "4,8" else "")
+        + (f" --sizes {args.sizes}" if args.sizes != "64KB-64MB" else "")
+        + (" --no-shipped" if args.no_shipped else "")
+    )
+    update_benchmarks_section("runtime", "Runtime: our collectives over gloo against gloo's own", command, body)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="4,8", help="world sizes to run (default 4,8)")
     parser.add_argument("--sizes", default="64KB-64MB", help="sizes, nccl-tests convention (default 64KB-64MB)")
     parser.add_argument("--iters", type=int, default=7, help="timed iterations per size (default 7)")
+    parser.add_argument(
+        "--no-shipped",
+        action="store_true",
+        help="time only the rings and the direct schedule, not the shipped libraries and baselines (faster)",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
@@ -146,42 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     table: list[list[str]] = []
     for world in (int(text) for text in args.ranks.split(",")):
         _log(f"{world} ranks ...")
-        results = run_local(bench_worker, world, (sizes, args.iters), timeout_s=3600)[0]
+        results = run_local(bench_worker, world, (sizes, args.iters, not args.no_shipped), timeout_s=3600)[0]
         table += summarize(world, results)
     headers = ["ranks", "collective", "size", "gloo_us", "ring_us", "ring_vs_gloo", "best", "best_us", "best_vs_gloo"]
+    headers += ["chosen", "chosen_us", "chosen_vs_gloo"]
     main_table = format_rows(headers, table)
     overhead = format_rows(["algorithm", "ranks", "us_per_round", "us_per_message"], overhead_rows())
     print(main_table)
     print()
     print(overhead)
     if not args.no_write:
-        body = (
-            f"Local gloo ranks on loopback, {os.cpu_count()} CPU cores (1-minute load average {load_at_start:.1f} at "
-            "the start: "
-            "other work on the machine shows up as noise); float32; the median over "
-            f"{args.iters} iterations of the "
-            "slowest rank's time, ours and gloo's timed alternately on the same group (x > 1: we are faster). "
-            "ring = one-channel ring in rank order (allreduce: reduce-scatter then allgather, in place); best = the "
-            "fastest "
-            "of the ring, the ring with two chunks per rank, the direct all-pairs schedule, the shipped algorithms "
-            "and the "
-            "baselines of the built-in machines with that many GPUs. gloo_us is gloo's time paired with the ring; "
-            "each ratio "
-            "divides the gloo time measured alternately with that algorithm by the algorithm's own.\n\n"
-            f"```\n{main_table}\n```\n\n"
-            "Our side runs as the Communicator runs it on gloo: receives posted a round early, messages cut into 1 MB "
-            "segments, each reduced as it arrives and forwarded at once.\n\n"
-            "Executor cost per round and per message, measured over a transport that moves nothing (one element per "
-            "chunk): "
-            "the Python replay loop, its bookkeeping and the torch calls, without any communication.\n\n"
-            f"```\n{overhead}\n```\n"
-        )
-        command = (
-            "python scripts/bench_runtime.py"
-            + (f" --ranks {args.ranks}" if args.ranks != "4,8" else "")
-            + (f" --sizes {args.sizes}" if args.sizes != "64KB-64MB" else "")
-        )
-        update_benchmarks_section("runtime", "Runtime: our collectives over gloo against gloo's own", command, body)
+        write_section(args, f"1-minute load average {load_at_start:.1f} at the start", main_table, overhead)
     return 0
 
 

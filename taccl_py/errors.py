@@ -61,6 +61,10 @@ class InputError(TacclError):
         self.expected = expected
         super().__init__(_compose(source, field, fault, expected))
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its parts, so it crosses processes (a broadcast, a rank's report) intact.
+        return type(self), (self.source, self.field, self.fault, self.expected)
+
 
 class TopologyError(InputError):
     """A topology description is malformed or inconsistent."""

@@ -51,6 +51,30 @@ def test_bench_prints_a_row_per_size_against_torch(tmp_path: Path, capsys: pytes
 
 
 @pytest.mark.multiprocess
+def test_bench_calibration_is_measured_written_then_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from taccl_py.runtime.calibration import read_calibration
+
+    path, calibration = tmp_path / "ring.json", tmp_path / "cal.json"
+    write_algorithm(ring_algorithm(Collective.ALLREDUCE, 2, inplace=True), str(path))
+    argv = ["bench", "--algorithm", str(path), "--nproc", "2", "--sizes", "4KB,40KB", "--iters", "2", "--json"]
+    assert main([*argv, "--calibration", str(calibration)]) == 0
+    measured = read_calibration(calibration)
+    assert [(p.size_bytes, p.algorithm) for p in measured.points] == [
+        (4000, "ring_allreduce_2"),
+        (40000, "ring_allreduce_2"),
+    ]
+    chosen = {p.size_bytes: "torch" if p.native_faster else p.algorithm for p in measured.points}
+    rows = json.loads(capsys.readouterr().out)
+    assert {row["size_bytes"]: row["algorithm"] for row in rows} == chosen  # the bench times the calibrated choice
+    before = calibration.stat().st_mtime_ns
+    assert main([*argv, "--calibration", str(calibration)]) == 0
+    assert calibration.stat().st_mtime_ns == before and read_calibration(calibration) == measured
+    capsys.readouterr()
+    calibration.write_text("{")
+    assert_one_error_line(capsys, main([*argv, "--calibration", str(calibration)]), f"{calibration}: invalid JSON")
+
+
+@pytest.mark.multiprocess
 def test_bench_json_rows_fall_back_to_torch_where_the_library_has_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     xml = FIXTURES / "microsoft" / "allgather_ring_4gpu_1ch_simple.xml"
     status = main(

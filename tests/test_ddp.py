@@ -81,7 +81,13 @@ def _uneven_buckets(rank: int, library: list[Any]) -> dict[str, Any]:
 
 
 def _register_scenario(
-    rank: int, library: list[Any], *, unused: bool = False, dtype: Any = None, background: bool = True
+    rank: int,
+    library: list[Any],
+    *,
+    unused: bool = False,
+    dtype: Any = None,
+    background: bool = True,
+    calibration: str | None = None,
 ) -> dict[str, Any]:
     """Train with register() and with default DDP from the same seed; return the difference."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -91,7 +97,7 @@ def _register_scenario(
     options = {"bucket_cap_mb": BUCKET_CAP_MB, "find_unused_parameters": unused}
     reference = train(DDP(make_mlp(unused=unused, dtype=dtype), **options), rank, dtype=dtype)
     model = DDP(make_mlp(unused=unused, dtype=dtype), **options)
-    state = register(model, library=library, background=background)
+    state = register(model, library=library, background=background, calibration=calibration)
     start = time.perf_counter()
     hooked = train(model, rank, dtype=dtype)
     elapsed_s = time.perf_counter() - start
@@ -102,6 +108,7 @@ def _register_scenario(
         "moved": max_difference(single, hooked),
         "reduced": state.buckets_reduced,
         "elapsed_s": elapsed_s,
+        "calibration": state.communicator.calibration,
     }
 
 
@@ -146,7 +153,7 @@ def _failure_scenario(rank: int) -> dict[str, Any]:
     }
 
 
-def _hook_scenarios(rank: int, world_size: int) -> dict[str, Any]:
+def _hook_scenarios(rank: int, world_size: int, folder: str) -> dict[str, Any]:
     library = ring_library(world_size)
     return {
         "uneven": _uneven_buckets(rank, library),
@@ -154,13 +161,14 @@ def _hook_scenarios(rank: int, world_size: int) -> dict[str, Any]:
         "float16": _register_scenario(rank, library, dtype=torch.float16),
         "bfloat16": _register_scenario(rank, library, dtype=torch.bfloat16),
         "foreground": _register_scenario(rank, library, background=False),
+        "calibrated": _register_scenario(rank, library, calibration=f"{folder}/ddp.calibration.json"),
         "failure": _failure_scenario(rank),
     }
 
 
 @pytest.fixture(scope="module")
-def hook_results() -> list[dict[str, Any]]:
-    return run_ranks(_hook_scenarios, WORLD_SIZE)
+def hook_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    return run_ranks(_hook_scenarios, WORLD_SIZE, str(tmp_path_factory.mktemp("ddp")))
 
 
 # -- multi-process tests --------------------------------------------------------------------------
@@ -196,6 +204,19 @@ def test_hook_with_half_gradients_matches_default_ddp(hook_results: list[dict[st
         half = result[dtype]
         assert half["diff"] <= HALF_TOLERANCE[dtype], f"rank {rank}: {dtype} parameters differ by {half['diff']}"
         assert half["moved"] > 1e-2 and half["reduced"] > 20, f"rank {rank}: {half}"
+
+
+@pytest.mark.multiprocess
+def test_hook_with_a_calibration_matches_default_ddp_and_measured_the_hook_group(
+    hook_results: list[dict[str, Any]],
+) -> None:
+    for result in hook_results:
+        calibrated = result["calibrated"]
+        assert calibrated["diff"] < 1e-6 and calibrated["moved"] > 1e-3 and calibrated["reduced"] > 0
+        measured = calibrated["calibration"]
+        assert measured.key.transport == "taccl-gloo" and measured.key.world_size == WORLD_SIZE
+        assert {p.collective for p in measured.points} == {"allreduce"} and len(measured.points) == 6
+    assert len({result["calibrated"]["calibration"] for result in hook_results}) == 1  # every rank chose alike
 
 
 @pytest.mark.multiprocess

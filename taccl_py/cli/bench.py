@@ -63,14 +63,19 @@ def _spec(args: argparse.Namespace):
         args.warmup,
         args.timeout_s,
         progress_to_stderr() if args.progress else None,
+        args.calibration,
     )
 
 
-def _check_library(spec, world_size: int) -> None:
-    """Fail before starting any process when the library cannot serve ``world_size`` ranks."""
+def _check_inputs(spec, world_size: int) -> None:
+    """Fail before starting any process when the library cannot serve ``world_size`` ranks or the calibration is bad."""
     from taccl_py.runtime.selection import collect_algorithms
 
     collect_algorithms(list(spec.library), world_size)
+    if spec.calibration is not None and os.path.exists(spec.calibration):
+        from taccl_py.runtime.calibration import read_calibration
+
+        read_calibration(spec.calibration)
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -79,7 +84,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         if args.nproc < 2:
             raise ArgumentError(None, "--nproc", f"{args.nproc}", "2 or more local ranks")
-        _check_library(spec, args.nproc)
+        _check_inputs(spec, args.nproc)
         from taccl_py.runtime.bench import bench_worker
         from taccl_py.runtime.launch import run_local
 
@@ -139,6 +144,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument(
         "--join-timeout-s", type=float, default=1800.0, help="with --nproc: deadline for all ranks, seconds"
+    )
+    bench.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="time the Communicator's choice with this calibration: read when it fits the group and library, "
+        "else measured first at --sizes and written; where the group's own collective measured faster, it runs",
     )
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")

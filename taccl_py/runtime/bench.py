@@ -82,6 +82,7 @@ class BenchSpec:
     warmup: int = 2
     timeout_s: float = 60.0
     progress: Callable[[str], None] | None = None  # hears each size on rank 0; module-level so it pickles
+    calibration: str | None = None  # a calibration file for the Communicator (read, or measured and written)
 
 
 def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> list[BenchRow]:
@@ -92,6 +93,8 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) ->
     """
     progress = progress if progress is not None else spec.progress
     comm = Communicator.from_env(list(spec.library), timeout_s=spec.timeout_s)
+    if spec.calibration is not None:  # measured at the sizes benched, when not cached yet
+        comm.load_or_calibrate(spec.calibration, spec.sizes, iters=spec.iters, warmup=spec.warmup)
     if spec.collectives is not None:
         collectives = tuple(Collective(c) for c in spec.collectives)
     else:

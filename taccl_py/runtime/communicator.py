@@ -3,7 +3,9 @@
 Built on an initialised torch.distributed process group. For each call it picks an algorithm by
 collective, world size and message size from its library, compiles an :class:`Executor` once per
 (algorithm, dtype, element count) and replays it over the transport; when no algorithm fits it
-runs torch.distributed's own collective on the same group and says so in one log line.
+runs torch.distributed's own collective on the same group and says so in one log line. With a
+calibration (``calibration=``, :meth:`Communicator.calibrate`) it also runs the own collective
+("native") wherever that measured faster on this group.
 """
 
 from __future__ import annotations
@@ -12,18 +14,28 @@ import datetime
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from taccl_py.errors import ArgumentError, TransportError
+from taccl_py.errors import ArgumentError, FormatError, TransportError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow, build_dataflow
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
+from taccl_py.runtime.calibration import (
+    DEFAULT_CALIBRATION_SIZES,
+    Calibration,
+    CalibrationKey,
+    library_fingerprint,
+    measure_points,
+    read_calibration,
+    write_calibration,
+)
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
@@ -96,6 +108,11 @@ class Communicator:
         Longest wait for one message; a peer silent for longer fails the call.
     verify : bool
         Prove every algorithm correct (``taccl_py.verify.check_algorithm``) before it may run.
+    calibration : str, PathLike or Calibration, optional
+        Run the group's own collective wherever it measured faster than the library's algorithm.
+        A path is a cache: read when it holds a calibration of this group's key (world size,
+        transport, device, library), otherwise measured now (every rank takes part, a few seconds
+        to a minute) and written there by rank 0. See :meth:`calibrate`.
 
     Raises
     ------
@@ -123,6 +140,7 @@ class Communicator:
         "transport",
         "timeout_s",
         "choices",
+        "calibration",
         "_executors",
         "_dataflows",
         "_logged",
@@ -138,6 +156,7 @@ class Communicator:
         transport: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         verify: bool = True,
+        calibration: Any = None,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TransportError(
@@ -166,6 +185,15 @@ class Communicator:
         self._executors: OrderedDict[tuple, Executor] = OrderedDict()
         self._dataflows: dict[int, Dataflow] = {}
         self._logged: set[tuple] = set()
+        self.calibration: Calibration | None = None
+        if isinstance(calibration, Calibration):
+            if calibration.key != self.calibration_key():
+                raise ArgumentError(
+                    _SOURCE, "calibration", f"measured on {calibration.key}", f"one of {self.calibration_key()}"
+                )
+            self.calibration = calibration
+        elif calibration is not None:
+            self.load_or_calibrate(calibration)
 
     def __getstate__(self) -> None:
         raise TypeError("a Communicator holds a process group and cannot be pickled; build one in each process")
@@ -199,8 +227,81 @@ class Communicator:
 
     def algorithm_for(self, collective: Collective | str, size_bytes: int) -> Algorithm | None:
         """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's)."""
-        candidate = self.choices.select(Collective(collective), int(size_bytes))
-        return None if candidate is None else candidate.algorithm
+        collective = Collective(collective)
+        candidate = self.choices.select(collective, int(size_bytes))
+        if candidate is None or self._native_faster(collective, int(size_bytes), candidate.algorithm):
+            return None
+        return candidate.algorithm
+
+    def _native_faster(self, collective: Collective, size_bytes: int, algorithm: Algorithm) -> bool:
+        return self.calibration is not None and self.calibration.native_faster(collective, size_bytes, algorithm.name)
+
+    # -- calibration ------------------------------------------------------------------------------
+
+    def calibration_key(self) -> CalibrationKey:
+        """Return what this Communicator's measured times depend on (see ``taccl_py.runtime.calibration``)."""
+        bands = [
+            (c.algorithm.collective.value, c.min_bytes, c.max_bytes, c.algorithm.name) for c in self.choices.candidates
+        ]
+        device = torch.device(self.transport.device).type
+        return CalibrationKey(self.world_size, self.transport.name, device, library_fingerprint(bands))
+
+    def calibrate(
+        self,
+        sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES,
+        *,
+        collectives: Sequence[Collective | str] | None = None,
+        iters: int = 5,
+        warmup: int = 1,
+        path: str | os.PathLike | None = None,
+    ) -> Calibration:
+        """Time the library's algorithm against the group's own collective at ``sizes`` (bytes); use the result.
+
+        Every rank must call this with the same arguments; all get the same calibration (times are
+        the slowest rank's, medians over ``iters`` float32 calls each). ``collectives`` defaults to
+        those the library has algorithms for. Rank 0 writes the result to ``path`` when given.
+        """
+        if collectives is None:
+            present = {c.algorithm.collective for c in self.choices.candidates}
+            collectives = [c for c in Collective if c in present]
+        self.calibration = None  # time the library's algorithms, not an earlier calibration's choice
+        points = measure_points(self, [Collective(c) for c in collectives], sizes, iters, warmup)
+        self.calibration = Calibration(self.calibration_key(), "float32", iters, points)
+        if path is not None and self.rank == 0:
+            write_calibration(self.calibration, path)
+        logger.info("calibrated %d ranks on %s: %s", self.world_size, self.transport.name, self.calibration.summary())
+        return self.calibration
+
+    def load_or_calibrate(
+        self, path: str | os.PathLike, sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES, **options: Any
+    ) -> Calibration:
+        """Use the calibration cached in ``path`` when it fits this group, else :meth:`calibrate` and write it there.
+
+        Every rank must call this alike. Rank 0 reads the file and hands it to every rank, so all
+        ranks choose alike even without a shared file system. ``sizes`` and ``options`` go to
+        :meth:`calibrate` when measuring.
+        """
+        path = Path(path)
+        found: list[Any] = [None]
+        if self.rank == 0 and path.exists():
+            try:
+                cached = read_calibration(path)
+            except FormatError as error:  # every rank raises it, instead of waiting for rank 0
+                found[0] = error
+            else:
+                found[0] = cached if cached.key == self.calibration_key() else None
+                if found[0] is None:
+                    logger.info("%s was measured on another group or library (%s); measuring again", path, cached.key)
+        if self.world_size > 1:
+            source = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+            dist.broadcast_object_list(found, src=source, group=self.group)
+        if isinstance(found[0], FormatError):
+            raise found[0]
+        if found[0] is None:
+            return self.calibrate(sizes, path=path, **options)
+        self.calibration = found[0]
+        logger.info("calibration from %s: %s", path, self.calibration.summary())
+        return self.calibration
 
     def _executor(self, algorithm: Algorithm, dtype: Any, numel: int, device: Any) -> Executor:
         key = (id(algorithm), dtype, numel, str(device))
@@ -293,6 +394,9 @@ class Communicator:
         candidate = self.choices.select(collective, size_bytes)
         if candidate is None:
             self._log_fallback(collective, size_bytes)
+            self._torch_collective(collective, output, input, op)
+            return
+        if self._native_faster(collective, size_bytes, candidate.algorithm):
             self._torch_collective(collective, output, input, op)
             return
         executor = self._executor(candidate.algorithm, input.dtype, numel, input.device)

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_transport import BackendTransport
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream, on_stream
@@ -158,6 +159,7 @@ def register(
     library: Any = None,
     *,
     background: bool = True,
+    calibration: Any = None,
 ) -> HookState:
     """Register :func:`allreduce_hook` on a DDP model; return its state (close it when done).
 
@@ -175,6 +177,10 @@ def register(
         file, Algorithm, ...); None runs torch's own all-reduce on the dedicated group.
     background : bool, default True
         Serve buckets on a worker thread that overlaps backward (see :class:`HookState`).
+    calibration : optional
+        Passed to :class:`Communicator` when ``communicator`` is None: a calibration file (read,
+        or measured on the dedicated group and written) so buckets run torch's own all-reduce
+        at the sizes where it measured faster.
 
     Returns
     -------
@@ -184,7 +190,7 @@ def register(
     Raises
     ------
     ArgumentError
-        If ``model`` is not a DistributedDataParallel, or both ``communicator`` and ``library`` are given.
+        If ``model`` is not a DistributedDataParallel, or ``communicator`` comes with ``library`` or ``calibration``.
     """
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise ArgumentError(
@@ -194,8 +200,12 @@ def register(
     if communicator is None:
         owned_group, transport = _dedicated_group(model)
         communicator = Communicator(owned_group, library, transport=transport)
-    elif library is not None:
-        raise ArgumentError(_SOURCE, "library", "given together with a communicator", "one of the two")
+        if calibration is not None:  # buckets are only ever all-reduced: measure that alone
+            communicator.load_or_calibrate(calibration, collectives=[Collective.ALLREDUCE])
+    elif library is not None or calibration is not None:
+        raise ArgumentError(
+            _SOURCE, "library/calibration", "given together with a communicator", "a communicator, or these"
+        )
     state = HookState(communicator, background=background, owned_group=owned_group)
     model.register_comm_hook(state, allreduce_hook)
     logger.info("registered the taccl_py all-reduce hook on %d ranks (background=%s)", state.world_size, background)

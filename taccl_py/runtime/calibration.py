@@ -1,0 +1,199 @@
+"""Calibration: which sizes run faster with the backend's own collective ("native") on a live group.
+
+A :class:`Calibration` holds, per collective and size, the slowest rank's median time of the
+algorithm the library picks there and of the backend's own collective, measured alternately on
+the same group (``taccl_py.runtime.bench.bench_sizes``). A Communicator given one runs the native
+collective wherever it measured faster, so plugging taccl_py in never costs time at a calibrated
+size. The file form (``read_calibration``/``write_calibration``) caches it; it is keyed by what the
+times depend on (world size, transport, device, the library's bands), and a key that does not
+match the live group means "measure again".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from taccl_py import __version__
+from taccl_py._io import write_text_atomic
+from taccl_py.errors import ArgumentError, FormatError
+from taccl_py.ir.collectives import Collective
+
+__all__ = [
+    "CALIBRATION_FORMAT",
+    "DEFAULT_CALIBRATION_SIZES",
+    "NATIVE",
+    "Calibration",
+    "CalibrationKey",
+    "CalibrationPoint",
+    "library_fingerprint",
+    "measure_points",
+    "read_calibration",
+    "write_calibration",
+]
+
+CALIBRATION_FORMAT = "taccl-calibration/1"
+#: The name a calibration gives the backend's own collective (also where the library had no algorithm).
+NATIVE = "native"
+#: Sizes (bytes, nccl-tests convention) a calibration measures unless told otherwise: 64 KB to 64 MB
+#: in steps of 4x, where DDP buckets and FSDP shards fall.
+DEFAULT_CALIBRATION_SIZES = tuple(65536 * 4**i for i in range(6))
+
+
+@dataclass(frozen=True)
+class CalibrationKey:
+    """What measured times depend on; a calibration applies only to a group with the same key.
+
+    ``library`` is :func:`library_fingerprint` of the Communicator's algorithm choices.
+    """
+
+    world_size: int
+    transport: str
+    device: str
+    library: str
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    """One measured size: the library's algorithm there (``NATIVE``: none) and both median times (µs)."""
+
+    collective: str
+    size_bytes: int
+    algorithm: str
+    ours_us: float
+    native_us: float
+
+    @property
+    def native_faster(self) -> bool:
+        """Return True when the backend's own collective should run at this size."""
+        return self.algorithm == NATIVE or self.native_us < self.ours_us
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured times of one group, and the choice they imply per (collective, size)."""
+
+    key: CalibrationKey
+    dtype: str
+    iters: int
+    points: tuple[CalibrationPoint, ...]
+    taccl_py: str = __version__
+
+    def native_faster(self, collective: Collective, size_bytes: int, algorithm: str) -> bool:
+        """Return True when ``collective`` of ``size_bytes`` should run natively instead of ``algorithm``.
+
+        The verdict is that of the nearest measured size (in ratio; ties to the smaller), or of the
+        other neighbour when only that one measured ``algorithm``; with no measurement of
+        ``algorithm`` beside the size, the algorithm keeps it.
+        """
+        points = sorted((p for p in self.points if p.collective == collective.value), key=lambda p: p.size_bytes)
+        if not points:
+            return False
+        above = next((i for i, p in enumerate(points) if p.size_bytes >= size_bytes), len(points))
+        neighbours = [points[i] for i in (above - 1, above) if 0 <= i < len(points)]
+        neighbours.sort(key=lambda p: (abs(math.log(p.size_bytes / max(1, size_bytes))), p.size_bytes))
+        for point in neighbours:
+            if point.algorithm == algorithm:
+                return point.native_faster
+        return False
+
+    def summary(self) -> str:
+        """Return one line: how many measured sizes each side won."""
+        native = sum(p.native_faster for p in self.points)
+        return f"native faster at {native} of {len(self.points)} measured sizes"
+
+
+def library_fingerprint(bands: Sequence[tuple[str, int, int | None, str]]) -> str:
+    """Return a short hash of (collective, min_bytes, max_bytes, algorithm name) bands, order kept.
+
+    >>> library_fingerprint([]) == library_fingerprint(())
+    True
+    """
+    text = json.dumps([list(band) for band in bands])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def measure_points(
+    communicator: Any, collectives: Sequence[Collective], sizes: Sequence[int], iters: int, warmup: int
+) -> tuple[CalibrationPoint, ...]:
+    """Return, per collective and size, ``communicator``'s library algorithm timed against the native collective.
+
+    Every rank must call this alike; the times are the slowest rank's medians over ``iters``
+    float32 calls (``taccl_py.runtime.bench.bench_sizes``), so every rank gets the same points.
+    """
+    from taccl_py.runtime.bench import bench_sizes  # bench needs torch and the Communicator
+
+    rows = [
+        row
+        for collective in collectives
+        for row in bench_sizes(communicator, collective, sizes, iters=iters, warmup=warmup)
+    ]
+    return tuple(
+        CalibrationPoint(
+            row.collective,
+            row.size_bytes,
+            NATIVE if row.algorithm == "torch" else row.algorithm,
+            row.ours_time_us,
+            row.torch_time_us,
+        )
+        for row in rows
+    )
+
+
+def write_calibration(calibration: Calibration, path: str | Path) -> None:
+    """Write ``calibration`` as JSON to ``path`` (whole or not at all)."""
+    body = {"format": CALIBRATION_FORMAT, **asdict(calibration)}
+    write_text_atomic(path, json.dumps(body, indent=1) + "\n")
+
+
+def read_calibration(path: str | Path) -> Calibration:
+    """Return the calibration in ``path``; raise FormatError naming the file and the fault."""
+    source = str(path)
+    try:
+        body = json.loads(Path(path).read_text())
+    except OSError as error:
+        raise ArgumentError(source, None, error.strerror or str(error), "a readable calibration file") from error
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise FormatError(source, None, f"invalid JSON ({error})", "a calibration written by taccl_py") from error
+    if not isinstance(body, dict) or body.get("format") != CALIBRATION_FORMAT:
+        got = body.get("format") if isinstance(body, dict) else type(body).__name__
+        raise FormatError(source, "format", f"{got!r}", CALIBRATION_FORMAT)
+    try:
+        key = CalibrationKey(**_fields(body["key"], CalibrationKey, source))
+        points = tuple(CalibrationPoint(**_fields(p, CalibrationPoint, source)) for p in body["points"])
+        calibration = Calibration(key, str(body["dtype"]), int(body["iters"]), points, str(body["taccl_py"]))
+    except KeyError as error:
+        raise FormatError(source, str(error.args[0]), "missing", "every field of a calibration") from error
+    except (TypeError, ValueError) as error:
+        raise FormatError(source, None, str(error), "a calibration written by taccl_py") from error
+    for point in points:
+        if point.collective not in {c.value for c in Collective}:
+            raise FormatError(source, "points.collective", f"{point.collective!r}", "a collective name")
+    return calibration
+
+
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _fields(obj: Any, cls: type, source: str) -> dict[str, Any]:
+    """Return ``obj``'s values for ``cls``'s fields, each checked against the field's type."""
+    if not isinstance(obj, dict):
+        raise FormatError(source, cls.__name__, type(obj).__name__, "an object")
+    out = {}
+    for name, kind in cls.__annotations__.items():
+        if name not in obj:
+            raise FormatError(source, f"{cls.__name__}.{name}", "missing", "every field of a calibration")
+        value, want = obj[name], _TYPES[kind]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if want is float else type(value) is want
+        if not ok:
+            raise FormatError(source, f"{cls.__name__}.{name}", f"{value!r}", kind)
+        out[name] = want(value)
+    unknown = set(obj) - set(cls.__annotations__)
+    if unknown:
+        raise FormatError(source, cls.__name__, f"unknown field {sorted(unknown)[0]!r}", "no other fields")
+    return out

@@ -1,0 +1,172 @@
+"""Calibration: the Communicator runs the group's own collective where it measured faster."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from test_communicator import run_collective
+
+from taccl_py.errors import ArgumentError, FormatError
+from taccl_py.ir.collectives import Collective
+from taccl_py.runtime.calibration import (
+    NATIVE,
+    Calibration,
+    CalibrationKey,
+    CalibrationPoint,
+    read_calibration,
+    write_calibration,
+)
+from taccl_py.runtime.communicator import Communicator
+
+from helpers import ring_algorithm
+from mp_utils import Case, assert_no_mismatches, run_ranks
+
+AR = Collective.ALLREDUCE
+KEY = CalibrationKey(2, "torch-gloo", "cpu", "0123456789abcdef")
+
+
+def calibration(*points: tuple[int, str, float, float], collective: str = "allreduce") -> Calibration:
+    """Return a calibration of ``KEY`` with (size, algorithm, ours_us, native_us) points."""
+    return Calibration(KEY, "float32", 3, tuple(CalibrationPoint(collective, *point) for point in points))
+
+
+# -- the choice rule (one process) -------------------------------------------------------------------
+
+
+def test_the_nearest_measured_size_decides() -> None:
+    cal = calibration((65536, "ring", 900.0, 300.0), (4 << 20, "ring", 2000.0, 4000.0))
+    assert cal.native_faster(AR, 65536, "ring")
+    assert cal.native_faster(AR, 500_000, "ring")  # nearer 64 KB than 4 MB in ratio
+    assert not cal.native_faster(AR, 600_000, "ring")
+    assert cal.native_faster(AR, 1, "ring") and not cal.native_faster(AR, 1 << 30, "ring")  # beyond: the end's verdict
+    assert not cal.native_faster(Collective.ALLGATHER, 65536, "ring")  # not measured: the algorithm keeps it
+
+
+def test_only_a_measurement_of_the_same_algorithm_counts() -> None:
+    cal = calibration((65536, "small", 900.0, 300.0), (4 << 20, "large", 5000.0, 4000.0))
+    assert not cal.native_faster(AR, 65536, "large")  # the nearer point measured another algorithm
+    assert cal.native_faster(AR, 300_000, "large")  # the other neighbour measured it
+    assert not cal.native_faster(AR, 300_000, "other")  # nobody measured it
+    assert calibration((65536, NATIVE, 0.0, 10.0)).points[0].native_faster  # no algorithm there: native
+
+
+# -- the file ---------------------------------------------------------------------------------------------
+
+
+def test_a_calibration_file_round_trips(tmp_path: Path) -> None:
+    cal = calibration((65536, "ring", 900.0, 300.5), (1 << 20, NATIVE, 12.0, 11.0))
+    write_calibration(cal, tmp_path / "cal.json")
+    assert read_calibration(tmp_path / "cal.json") == cal
+
+
+@pytest.mark.parametrize(
+    ("edit", "fault"),
+    [
+        (lambda body: "not json {", "invalid JSON"),
+        (lambda body: {**body, "format": "other/1"}, "format: 'other/1'"),
+        (lambda body: {k: v for k, v in body.items() if k != "points"}, "points: missing"),
+        (
+            lambda body: {**body, "key": {**body["key"], "world_size": "2"}},
+            "CalibrationKey.world_size: '2'; expected int",
+        ),
+        (lambda body: {**body, "points": [{**body["points"][0], "extra": 1}]}, "unknown field 'extra'"),
+        (lambda body: {**body, "points": [{**body["points"][0], "collective": "gossip"}]}, "'gossip'"),
+    ],
+)
+def test_a_bad_calibration_file_is_one_error_naming_it(tmp_path: Path, edit, fault: str) -> None:
+    path = tmp_path / "cal.json"
+    write_calibration(calibration((65536, "ring", 900.0, 300.0)), path)
+    changed = edit(json.loads(path.read_text()))
+    path.write_text(changed if isinstance(changed, str) else json.dumps(changed))
+    with pytest.raises(FormatError, match=str(path)) as raised:
+        read_calibration(path)
+    assert fault in str(raised.value)
+
+
+# -- on 2 gloo ranks ------------------------------------------------------------------------------------
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def calibrated_choice_worker(rank: int, world: int, folder: str) -> list[str]:
+    """Worker: a calibration sends small sizes to gloo's own; results stay equal to torch's."""
+    ring = ring_algorithm(AR, world)
+    probe = Communicator(None, [ring], timeout_s=30)
+    key = probe.calibration_key()
+    measured = Calibration(
+        key, "float32", 3, (CalibrationPoint("allreduce", 4096, ring.name, 900.0, 300.0),)
+    )  # native faster at 4 KB
+    measured = replace(measured, points=(*measured.points, CalibrationPoint("allreduce", 1 << 20, ring.name, 1.0, 9.0)))
+    with pytest.raises(ArgumentError, match="calibration: measured on"):
+        Communicator(None, [ring], calibration=replace(measured, key=replace(key, world_size=8)))
+    comm = Communicator(None, [ring], timeout_s=30, calibration=measured)
+    problems = []
+    if comm.algorithm_for(AR, 4096) is not None or comm.algorithm_for(AR, 1 << 20) is not ring:
+        problems.append("algorithm_for ignores the calibration")
+    problems += filter(None, [run_collective(comm, AR, Case(ring, "float32", 1024, "sum", seed=1, real=True), rank)])
+    if comm._executors:
+        problems.append("a native size compiled an executor")
+    problems += filter(None, [run_collective(comm, AR, Case(ring, "float32", 1 << 18, "avg", seed=2), rank)])
+    if len(comm._executors) != 1:
+        problems.append(f"1 MB should run the ring: {len(comm._executors)} executors")
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_a_calibration_runs_the_native_collective_where_it_measured_faster(tmp_path: Path) -> None:
+    assert_no_mismatches(run_ranks(calibrated_choice_worker, 2, str(tmp_path)))
+
+
+def cached_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
+    """Worker: measure into a file once; a second Communicator reads it instead of measuring."""
+    lines = _Lines()
+    logger = logging.getLogger("taccl_py.runtime.communicator")
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    path = Path(folder) / "cal.json"
+    library = [ring_algorithm(AR, world), ring_algorithm(Collective.ALLGATHER, world)]
+    first = Communicator(None, library, timeout_s=30)
+    measured = first.load_or_calibrate(path, sizes=[4096, 65536], iters=2, warmup=0)
+    problems = []
+    if sorted((p.collective, p.size_bytes) for p in measured.points) != [
+        ("allgather", 4096),
+        ("allgather", 65536),
+        ("allreduce", 4096),
+        ("allreduce", 65536),
+    ]:
+        problems.append(f"measured {measured.points}")
+    if any(p.ours_us <= 0 or p.native_us <= 0 for p in measured.points):
+        problems.append("a time is not positive")
+    second = Communicator(None, library, timeout_s=30, calibration=path)
+    if second.calibration != measured:
+        problems.append("the cached calibration differs from the measured one")
+    if sum("calibrated 2 ranks" in line for line in lines.lines) != 1:
+        problems.append(f"measured more or less than once: {lines.lines}")
+    data = torch.randn(16384, generator=torch.Generator().manual_seed(rank))  # 64 KB: whatever was chosen
+    want = data.clone()
+    torch.distributed.all_reduce(want)
+    second.all_reduce(data)
+    if not torch.allclose(data, want, rtol=1e-5, atol=1e-5):
+        problems.append("64 KB all_reduce differs from torch's")
+    if rank == 0:
+        path.write_text("{")
+    with pytest.raises(FormatError, match="cal.json: invalid JSON"):  # on rank 1 too, which does not read it
+        Communicator(None, library, timeout_s=30, calibration=path)
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_a_calibration_is_measured_once_then_read_and_a_bad_file_fails_every_rank(tmp_path: Path) -> None:
+    assert_no_mismatches(run_ranks(cached_calibration_worker, 2, str(tmp_path)))
