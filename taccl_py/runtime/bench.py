@@ -1,21 +1,17 @@
 """Time our collectives against torch.distributed's own on the same group: ``taccl bench``.
 
-Every rank runs :func:`bench_sizes`; each iteration times one call of ours and one of torch's,
-alternately, after a barrier, and takes the slowest rank's time; a size reports the median over
-iterations, so both sides see the same machine noise. :func:`executor_overhead_us` measures
-what the executor itself costs per round, over a transport that moves nothing.
+Every rank runs :func:`~taccl_py.runtime.timing.bench_sizes` (ours and torch's timed alternately,
+the slowest rank's median per size). :func:`executor_overhead_us` measures what the executor
+itself costs per round, over a transport that moves nothing.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
@@ -23,6 +19,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import Executor, block_layout
+from taccl_py.runtime.timing import DEFAULT_ITERS, BenchRow, bench_sizes
 from taccl_py.runtime.transport import Message, Pending, Transport
 
 __all__ = [
@@ -37,37 +34,9 @@ __all__ = [
     "run_bench",
 ]
 
-#: Timed iterations per size (each: one call of ours and one of torch's).
-DEFAULT_ITERS = 10
 #: Collectives ``taccl bench`` times.
 BENCH_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 _I, _O = Buffer.INPUT, Buffer.OUTPUT
-
-
-@dataclass(frozen=True)
-class BenchRow:
-    """One size: the median time (µs, slowest rank) of our collective and of torch's."""
-
-    collective: str
-    size_bytes: int
-    algorithm: str
-    ours_time_us: float
-    torch_time_us: float
-
-    @property
-    def ours_algbw_GBps(self) -> float:
-        """Return size / our time in GB/s (1 GB = 1e9 bytes)."""
-        return self.size_bytes / self.ours_time_us / 1e3
-
-    @property
-    def torch_algbw_GBps(self) -> float:
-        """Return size / torch's time in GB/s."""
-        return self.size_bytes / self.torch_time_us / 1e3
-
-    @property
-    def speedup(self) -> float:
-        """Return torch's time over ours (> 1: we are faster)."""
-        return self.torch_time_us / self.ours_time_us
 
 
 @dataclass(frozen=True)
@@ -153,99 +122,6 @@ def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int 
         raise ArgumentError(None, "collective", f"{collective.value}", "allgather, reducescatter or allreduce")
     inplace = collective is Collective.ALLREDUCE
     return lower_plan(f"ring-{collective.value}-{n}x{k}", collective, n, n * k, items, inplace=inplace)
-
-
-def _tensors(collective: Collective, size_bytes: int, world_size: int, dtype: Any, device: Any) -> tuple[Any, Any]:
-    """Return (output, input) for a call of nccl-tests size ``size_bytes`` (rounded down to whole shards)."""
-    element = torch.empty((), dtype=dtype).element_size()
-    shard = max(1, size_bytes // element // (1 if collective is Collective.ALLREDUCE else world_size))
-    generator = torch.Generator().manual_seed(world_size)
-    if collective is Collective.ALLGATHER:
-        return torch.empty(shard * world_size, dtype=dtype, device=device), torch.randn(shard, generator=generator).to(
-            dtype
-        ).to(device)
-    if collective is Collective.REDUCESCATTER:
-        return torch.empty(shard, dtype=dtype, device=device), torch.randn(shard * world_size, generator=generator).to(
-            dtype
-        ).to(device)
-    tensor = torch.randn(shard, generator=generator).to(dtype).to(device)
-    return tensor, tensor
-
-
-def _time_pair(
-    ours: Callable[[], None], theirs: Callable[[], None], group: Any, iters: int, device: Any
-) -> tuple[float, float]:
-    """Return the median slowest-rank time (µs) of ``ours`` and ``theirs``, timed alternately.
-
-    On a GPU both are timed to the end of their device work: NCCL calls return once enqueued.
-    """
-    finish = torch.cuda.synchronize if torch.device(device).type == "cuda" else _nothing
-    samples: list[tuple[float, float]] = []
-    for _ in range(iters):
-        times = []
-        for fn in (ours, theirs):
-            finish()
-            dist.barrier(group)
-            finish()
-            start = time.perf_counter()
-            fn()
-            finish()
-            times.append((time.perf_counter() - start) * 1e6)
-        slowest = torch.tensor(times, dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-        samples.append((float(slowest[0]), float(slowest[1])))
-    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
-
-
-def _nothing() -> None:
-    return None
-
-
-def bench_sizes(
-    comm: Communicator,
-    collective: Collective,
-    sizes: Sequence[int],
-    *,
-    dtype: Any = torch.float32,
-    iters: int = DEFAULT_ITERS,
-    warmup: int = 2,
-    progress: Callable[[str], None] | None = None,
-) -> list[BenchRow]:
-    """Time ``collective`` at each size (bytes, nccl-tests convention) with ``comm`` and with torch.
-
-    Every rank of ``comm``'s group must call this with the same arguments; all get the same rows.
-    A size with no algorithm in ``comm``'s library reports torch against itself (algorithm "torch").
-    """
-    rows = []
-    device = comm.transport.device
-    for size_bytes in sizes:
-        output, input = _tensors(collective, size_bytes, comm.world_size, dtype, device)
-        actual = (
-            output.numel() * output.element_size()
-            if collective is Collective.ALLGATHER
-            else input.numel() * input.element_size()
-        )
-        algorithm = comm.algorithm_for(collective, actual)
-        ours = _caller(comm, collective, output, input, use_torch=False)
-        theirs = _caller(comm, collective, output, input, use_torch=True)
-        for _ in range(warmup):
-            ours()
-            theirs()
-        ours_us, torch_us = _time_pair(ours, theirs, comm.group, iters, device)
-        rows.append(BenchRow(collective.value, actual, algorithm.name if algorithm else "torch", ours_us, torch_us))
-        if progress is not None:
-            progress(f"{collective.value} {actual} B: ours {ours_us:.0f} us, torch {torch_us:.0f} us")
-    return rows
-
-
-def _caller(comm: Communicator, collective: Collective, output: Any, input: Any, use_torch: bool) -> Callable[[], None]:
-    if use_torch:
-        return lambda: comm._torch_collective(collective, output, input, "sum")
-    if collective is Collective.ALLGATHER:
-        return lambda: comm.all_gather(output, input)
-    if collective is Collective.REDUCESCATTER:
-        return lambda: comm.reduce_scatter(output, input)
-    return lambda: comm.all_reduce(output)
 
 
 class _Done(Pending):

@@ -2,7 +2,7 @@
 
 A :class:`Calibration` holds, per collective and size, the slowest rank's median time of the
 algorithm the library picks there and of the backend's own collective, measured alternately on
-the same group (``taccl_py.runtime.bench.bench_sizes``). A Communicator given one runs the native
+the same group (``taccl_py.runtime.timing.bench_sizes``). A Communicator given one runs the native
 collective wherever it measured faster, so plugging taccl_py in never costs time at a calibrated
 size. The file form (``read_calibration``/``write_calibration``) caches it; it is keyed by what the
 times depend on (world size, transport, device, the library's bands), and a key that does not
@@ -124,9 +124,9 @@ def measure_points(
     """Return, per collective and size, ``communicator``'s library algorithm timed against the native collective.
 
     Every rank must call this alike; the times are the slowest rank's medians over ``iters``
-    float32 calls (``taccl_py.runtime.bench.bench_sizes``), so every rank gets the same points.
+    float32 calls (``taccl_py.runtime.timing.bench_sizes``), so every rank gets the same points.
     """
-    from taccl_py.runtime.bench import bench_sizes  # bench needs torch and the Communicator
+    from taccl_py.runtime.timing import bench_sizes  # needs torch
 
     rows = [
         row
