@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_communicator import run_collective
+from test_communicator import _Count, run_collective
 
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.collectives import Collective
@@ -91,15 +91,6 @@ def test_a_bad_calibration_file_is_one_error_naming_it(tmp_path: Path, edit, fau
 # -- on 2 gloo ranks ------------------------------------------------------------------------------------
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def calibrated_choice_worker(rank: int, world: int, folder: str) -> list[str]:
     """Worker: a calibration sends small sizes to gloo's own; results stay equal to torch's."""
     ring = ring_algorithm(AR, world)
@@ -131,7 +122,7 @@ def test_a_calibration_runs_the_native_collective_where_it_measured_faster(tmp_p
 
 def cached_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
     """Worker: measure into a file once; a second Communicator reads it instead of measuring."""
-    lines = _Lines()
+    lines = _Count()
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
@@ -152,8 +143,8 @@ def cached_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
     second = Communicator(None, library, timeout_s=30, calibration=path)
     if second.calibration != measured:
         problems.append("the cached calibration differs from the measured one")
-    if sum("calibrated 2 ranks" in line for line in lines.lines) != 1:
-        problems.append(f"measured more or less than once: {lines.lines}")
+    if sum("calibrated 2 ranks" in line for line in lines.messages) != 1:
+        problems.append(f"measured more or less than once: {lines.messages}")
     data = torch.randn(16384, generator=torch.Generator().manual_seed(rank))  # 64 KB: whatever was chosen
     want = data.clone()
     torch.distributed.all_reduce(want)
