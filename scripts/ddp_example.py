@@ -1,4 +1,4 @@
-"""Train a small MLP with DDP three ways and compare: default DDP, the taccl_py hook, the taccl backend.
+"""Train a small MLP with DDP four ways and compare: default DDP, the taccl_py hook (plain, calibrated), the backend.
 
     torchrun --nproc-per-node 4 scripts/ddp_example.py [--steps 20] [--width 256] [--library ring]
 
@@ -16,6 +16,7 @@ import datetime
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ AGREEMENT = 1e-6
 #: Steps run before timing starts (executor compilation, bucket rebuild).
 WARMUP_STEPS = 3
 BATCH, INPUTS, CLASSES = 32, 64, 10
-VARIANTS = ("default DDP", "taccl hook", "taccl backend")
+VARIANTS = ("default DDP", "taccl hook", "taccl backend", "calibrated hook")
 
 
 def ring_library(num_ranks: int) -> list[Any]:
@@ -126,9 +127,16 @@ def run_variants(rank: int, width: int, steps: int, library: Any, gloo: Any) -> 
     (pytorch/pytorch#56297).
     """
     hooked_model = DDP(make_model(width), process_group=gloo)
-    models = [DDP(make_model(width), process_group=gloo), hooked_model, DDP(make_model(width))]
-    with register(hooked_model, library=library):
-        trained = train_side_by_side(models, rank, steps)
+    calibrated_model = DDP(make_model(width), process_group=gloo)
+    models = [DDP(make_model(width), process_group=gloo), hooked_model, DDP(make_model(width)), calibrated_model]
+    # The calibrated hook measures its all-reduce against gloo's own on its group first (rank 0's file counts).
+    with tempfile.TemporaryDirectory(prefix="taccl-ddp-") as folder:
+        calibration = Path(folder) / "calibration.json"
+        with (
+            register(hooked_model, library=library),
+            register(calibrated_model, library=library, calibration=calibration),
+        ):
+            trained = train_side_by_side(models, rank, steps)
     found = {}
     reference = trained[0][0]
     for name, (params, times_ms) in zip(VARIANTS, trained):
