@@ -289,6 +289,17 @@ def test_functional_collectives_are_routed_and_equal_gloo(backend_results: list[
         assert routed == {"allgather": 3, "reducescatter": 1, "allreduce": 1}, f"rank {rank}: routed {routed}"
 
 
+class RecordingWork:
+    """Stands in for a c10d Work: records the arguments of each ``wait``."""
+
+    def __init__(self, calls: list[tuple]) -> None:
+        self.calls = calls
+
+    def wait(self, *args: Any) -> bool:
+        self.calls.append(("wait", *args))
+        return True
+
+
 class RecordingBackend:
     """Stands in for a ProcessGroupNCCL backend object: records the calls a BackendTransport makes."""
 
@@ -307,9 +318,9 @@ class RecordingBackend:
     def _start_coalescing(self) -> None:  # the binding of a Backend takes no device (torch 2.11, 2.13)
         self.calls.append(("start",))
 
-    def _end_coalescing(self) -> str:
+    def _end_coalescing(self) -> RecordingWork:
         self.calls.append(("end",))
-        return "work of the group"
+        return RecordingWork(self.calls)
 
     def send(self, tensors: list, peer: int, tag: int) -> None:
         self.calls.append(("send", peer, tag))
@@ -332,6 +343,36 @@ def test_an_nccl_round_goes_out_as_one_coalesced_group() -> None:
     assert not link.independent_messages
     backend.calls.clear()
     assert link.post([], []) == ([], []) and backend.calls == []
+    recvs[0].wait(30.0)  # NCCL: the stream waits, the host does not (no timeout reaches Work.wait)
+    assert backend.calls == [("wait",)]
+
+
+def test_a_gloo_message_is_waited_on_the_host_with_the_timeout() -> None:
+    from taccl_py.runtime.transports.torch_dist import WorkPending
+
+    calls: list[tuple] = []
+    WorkPending(RecordingWork(calls)).wait(2.5)
+    assert calls == [("wait", datetime.timedelta(seconds=2.5))]
+
+
+def test_a_routed_work_honours_its_wait_timeout_and_its_error() -> None:
+    import time
+
+    from taccl_py.errors import TransportError
+    from taccl_py.runtime.backend_transport import FutureWork
+
+    pending = torch.futures.Future()
+    work = FutureWork(pending)
+    start = time.perf_counter()
+    with pytest.raises(TransportError, match=r"did not finish within 0.2 s"):
+        work.wait(datetime.timedelta(seconds=0.2))
+    assert 0.15 < time.perf_counter() - start < 5 and not work.is_completed()
+    pending.set_result([torch.ones(1)])
+    assert work.wait(datetime.timedelta(seconds=0.2)) and work.wait(datetime.timedelta(0)) and work.wait()
+    failed = torch.futures.Future()
+    failed.set_exception(TransportError("rank 1 went silent"))
+    with pytest.raises(TransportError, match="rank 1 went silent"):
+        FutureWork(failed).wait(datetime.timedelta(seconds=1))
 
 
 def test_every_collective_of_a_process_group_is_a_python_method() -> None:

@@ -9,6 +9,7 @@ reach it); :func:`make_backend` builds such backends.
 from __future__ import annotations
 
 import datetime
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,9 +28,9 @@ class FutureWork(dist.Work):
     """The Work of a routed collective: ``wait`` raises when the collective failed.
 
     (The Work of ``_create_work_from_future`` returns from ``wait`` even when its future holds an
-    error, so a failed collective would pass silently.) ``wait`` ignores ``timeout``: the
-    Communicator's own per-message timeout, the group's, bounds it. ``stream`` is the CUDA stream
-    the collective was queued on (see :func:`~taccl_py.runtime.ordered_worker.caller_stream`):
+    error, so a failed collective would pass silently.) The Communicator's per-message timeout,
+    the group's, bounds every collective; ``wait(timeout)`` can give up sooner. ``stream`` is the
+    CUDA stream the collective was queued on (see :func:`~taccl_py.runtime.ordered_worker.caller_stream`):
     ``wait`` orders the waiter's current stream after it, as NCCL's Work does.
     """
 
@@ -37,9 +38,18 @@ class FutureWork(dist.Work):
         super().__init__()
         self._future = future
         self._stream = stream
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Return True once the collective finished; raise RuntimeError naming its error if it failed."""
+        """Return True once the collective finished; raise its error if it failed (a RuntimeError through c10d).
+
+        With ``timeout``, raise TransportError when the collective has not finished by then (it
+        keeps running: the group's own timeout ends it).
+        """
+        limit_s = None if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
+        if not self._done.wait(limit_s):
+            raise TransportError(f"a routed collective did not finish within {limit_s:g} s (Work.wait timeout)")
         self._future.wait()
         wait_for_stream(self._stream)
         return True
@@ -89,7 +99,7 @@ class BackendTransport(Transport):
                     self._backend.send([m.tensor], m.peer, m.tag)
                 for m in recvs:
                     self._backend.recv([m.tensor], m.peer, m.tag)
-                shared = WorkPending(self._backend._end_coalescing())
+                shared = WorkPending(self._backend._end_coalescing(), stream_ordered=True)  # NCCL: no host wait
                 return [shared] * len(sends), [shared] * len(recvs)
             send_works = [self._backend.send([m.tensor], m.peer, m.tag) for m in sends]
             recv_works = [self._backend.recv([m.tensor], m.peer, m.tag) for m in recvs]

@@ -2,7 +2,10 @@
 
 gloo: every message is one ``isend``/``irecv`` (tag = the executor's tag), waited with a timeout.
 NCCL: a round's messages go through one ``batch_isend_irecv`` (a NCCL group), which also keeps
-the posting order NCCL matches by; ``wait`` orders the current CUDA stream after the transfer.
+the posting order NCCL matches by; ``wait`` orders the current CUDA stream after the transfer and
+returns at once. A timeout there would make every round wait on the host (ProcessGroupNCCL spins
+until the work completes); NCCL's own watchdog enforces the group's timeout instead, aborting the
+communicator so that the next call raises.
 """
 
 from __future__ import annotations
@@ -24,15 +27,23 @@ SUPPORTED_BACKENDS = ("gloo", "nccl")
 
 
 class WorkPending(Pending):
-    """A message in flight as a torch.distributed ``Work`` (gloo, NCCL, or a taccl group's inner backend)."""
+    """A message in flight as a torch.distributed ``Work`` (gloo, NCCL, or a taccl group's inner backend).
 
-    __slots__ = ("work",)
+    ``stream_ordered``: ``wait`` only orders the current CUDA stream after the work (NCCL) and
+    leaves the deadline to the backend's watchdog, instead of waiting on the host up to ``timeout_s``.
+    """
 
-    def __init__(self, work: Any) -> None:
+    __slots__ = ("work", "stream_ordered")
+
+    def __init__(self, work: Any, stream_ordered: bool = False) -> None:
         self.work = work
+        self.stream_ordered = stream_ordered
 
     def wait(self, timeout_s: float) -> None:
         try:
+            if self.stream_ordered:
+                self.work.wait()
+                return
             completed = self.work.wait(datetime.timedelta(seconds=timeout_s))
         except RuntimeError as error:  # gloo and NCCL report peer failures and timeouts this way
             raise TransportError(first_error_line(error)) from error
@@ -120,7 +131,7 @@ class TorchDistTransport(Transport):
         ops += [dist.P2POp(dist.irecv, m.tensor, self._global[m.peer], self.group, m.tag) for m in recvs]
         works = dist.batch_isend_irecv(ops) if ops else []
         if len(works) != len(ops):  # some torch versions return one work for the whole batch
-            shared = WorkPending(works[-1]) if works else None
+            shared = WorkPending(works[-1], stream_ordered=True) if works else None
             return [shared] * len(sends), [shared] * len(recvs)
-        pendings = [WorkPending(w) for w in works]
+        pendings = [WorkPending(w, stream_ordered=True) for w in works]
         return pendings[: len(sends)], pendings[len(sends) :]
