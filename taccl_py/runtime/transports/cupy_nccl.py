@@ -5,17 +5,20 @@ The NCCL unique id is made on group rank 0 and handed to the others through a to
 ``broadcast_object_list`` on the group. CuPy has returned the id
 as a tuple of signed byte values and, in some builds, as ``bytes``; it travels as bytes and is
 given back in the form the local CuPy accepts. Messages run on the current torch CUDA stream, so
-the executor's reductions on that stream are ordered after them without host waits.
+the executor's reductions on that stream are ordered after them without host waits; a
+:class:`~taccl_py.runtime.watchdog.Watchdog` holds each round to the caller's timeout (a CUDA event
+queried from its thread) and aborts the communicator when one is late, so the next call raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
 from taccl_py.errors import TransportError
 from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.watchdog import Watchdog
 
 __all__ = ["CupyNcclTransport", "unique_id_to_bytes", "unique_id_candidates", "NCCL_UNIQUE_ID_BYTES"]
 
@@ -57,12 +60,19 @@ def unique_id_candidates(raw: bytes) -> tuple[Any, ...]:
 
 
 class _StreamOrdered(Pending):
-    """A message queued on the CUDA stream: later work on that stream already waits for it."""
+    """A round queued on the CUDA stream: later work on that stream already waits for it.
 
-    __slots__ = ()
+    ``wait`` does not block the host: the first call hands the round's deadline to the watchdog,
+    every call raises if a round already missed one.
+    """
+
+    __slots__ = ("_watch",)
+
+    def __init__(self, watch: Callable[[float], None]) -> None:
+        self._watch = watch
 
     def wait(self, timeout_s: float) -> None:
-        return None
+        self._watch(timeout_s)
 
 
 def _import_nccl() -> Any:
@@ -146,6 +156,9 @@ class CupyNcclTransport(Transport):
         self._nccl = nccl
         raw = _exchange_id(nccl, self.rank, group, store, key)
         self._comm = self._communicator(nccl, raw, index)
+        self._rounds = 0
+        self._aborted = False
+        self._watchdog = Watchdog(self._abort, name=f"taccl-cupy-nccl-{self.rank}")
 
     def _communicator(self, nccl: Any, raw: bytes, index: int) -> Any:
         import cupy
@@ -168,8 +181,10 @@ class CupyNcclTransport(Transport):
 
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
         """Queue a round's messages as one NCCL group on the current torch CUDA stream."""
+        import cupy
         import torch
 
+        self._watchdog.check()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         nccl = self._nccl
         try:
@@ -183,11 +198,36 @@ class CupyNcclTransport(Transport):
                 nccl.groupEnd()
         except nccl.NcclError as error:
             raise TransportError(f"NCCL: {error}") from error
-        done = _StreamOrdered()
+        finished = cupy.cuda.Event(disable_timing=True)
+        finished.record(cupy.cuda.ExternalStream(stream))
+        self._rounds += 1
+        what = f"rank {self.rank}: NCCL round {self._rounds} ({len(sends)} sends, {len(recvs)} receives)"
+        done = _StreamOrdered(self._deadline(finished, what))
         return [done] * len(sends), [done] * len(recvs)
 
-    def close(self) -> None:
-        """Destroy the NCCL communicator."""
-        comm, self._comm = self._comm, None
+    def _deadline(self, finished: Any, what: str) -> Callable[[float], None]:
+        """Return the round's wait: watch ``finished`` (a CUDA event) from the first call on."""
+        watched = False
+
+        def wait(timeout_s: float) -> None:
+            nonlocal watched
+            if not watched:
+                watched = True
+                self._watchdog.watch(lambda: finished.done, timeout_s, what)
+            self._watchdog.check()
+
+        return wait
+
+    def _abort(self) -> None:
+        """End the communicator's stuck kernels (the watchdog's thread calls this)."""
+        comm = self._comm
         if comm is not None:
+            self._aborted = True
+            comm.abort()
+
+    def close(self) -> None:
+        """Stop the watchdog and destroy the NCCL communicator."""
+        self._watchdog.close()
+        comm, self._comm = self._comm, None
+        if comm is not None and not self._aborted:  # an aborted communicator is freed already
             comm.destroy()
