@@ -153,6 +153,21 @@ def test_gloo_executor_matches_torch_on_every_algorithm_at_8_ranks() -> None:
     assert_no_mismatches(run_ranks(check_executor_cases, 8, cases, timeout_s=600))
 
 
+def test_an_nccl_transport_sets_its_communicator_up_with_a_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a GPU: the calls TorchDistTransport makes on an NCCL group, before any p2p."""
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda group: "nccl")
+    monkeypatch.setattr(dist, "get_rank", lambda group: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(dist, "all_reduce", lambda tensor, group: calls.append((tensor.tolist(), group)))
+    monkeypatch.setattr(torch, "zeros", lambda n, device: torch.empty(n).fill_(0.0))  # no CUDA here
+    link = TorchDistTransport(None, device="cuda:0")
+    assert (link.name, link.independent_messages, calls) == ("torch-nccl", False, [([0.0], None)])
+
+
 def test_torch_transport_needs_an_initialised_group() -> None:
     with pytest.raises(TransportError, match="torch.distributed is not initialised"):
         TorchDistTransport()

@@ -114,6 +114,10 @@ class TorchDistTransport(Transport):
         if device is None:
             device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.device = torch.device(device)
+        if backend == "nccl":
+            # A batched p2p call as the group's first NCCL operation needs every rank in it, and a rank
+            # with nothing to send in a round skips it: one collective first sets the communicator up.
+            dist.all_reduce(torch.zeros(1, device=self.device), group=group)
 
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
         """Issue a round's messages together; NCCL as one batch, gloo one call per message."""
