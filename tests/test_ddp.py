@@ -339,6 +339,45 @@ def test_a_job_runs_on_the_stream_its_caller_was_on() -> None:
     assert bare_stream == torch.cuda.default_stream()
 
 
+def test_a_job_result_is_set_inside_its_context() -> None:
+    """A CUDA-aware future records the stream current at set_result: it must be the job's."""
+    import contextlib
+
+    from taccl_py.runtime.ordered_worker import OrderedWorker
+
+    inside = []
+
+    @contextlib.contextmanager
+    def around():
+        inside.append(True)
+        yield
+        inside.append(False)
+
+    worker = OrderedWorker("test-context")
+    seen = worker.submit(lambda: 5, around()).then(lambda future: (future.value(), inside[-1])).wait()
+    worker.close()
+    assert seen == (5, True) and inside == [True, False]
+
+
+def test_a_cuda_job_future_orders_the_waiters_stream() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA not available: CUDA-aware futures need a GPU")
+    from taccl_py.runtime.ordered_worker import OrderedWorker, on_stream
+
+    side, device = torch.cuda.Stream(), torch.device("cuda", torch.cuda.current_device())
+    out = torch.zeros(1 << 20, device=device)
+    torch.cuda.synchronize()
+
+    def slow_fill() -> torch.Tensor:
+        torch.cuda._sleep(200_000_000)  # the host returns at once; the GPU is busy for a while
+        return out.fill_(7.0)
+
+    worker = OrderedWorker("test-cuda-future")
+    result = worker.submit(slow_fill, on_stream(side), [device]).wait().clone()  # on the default stream
+    worker.close()
+    assert bool((result == 7.0).all())
+
+
 def test_ordered_worker_refuses_pickling() -> None:
     from taccl_py.runtime.ordered_worker import OrderedWorker
 

@@ -192,7 +192,8 @@ class TacclProcessGroup(dist.ProcessGroup):
         """Queue ``job`` on the worker, on the caller's CUDA stream where ``tensor`` is on a GPU; return its Work."""
         self.routed[collective.value] += 1
         stream = caller_stream(tensor)
-        return FutureWork(self._worker.submit(job, on_stream(stream)), stream)
+        devices = [tensor.device] if stream is not None else None
+        return FutureWork(self._worker.submit(job, on_stream(stream), devices), stream)
 
     def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
         self.delegated[collective.value] += 1

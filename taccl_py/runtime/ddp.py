@@ -101,7 +101,8 @@ class HookState:
         job = partial(_average_in_place, self, tensor)
         if self._worker is not None:
             # DDP uses the bucket once the future completes, on the stream it called the hook from
-            return self._worker.submit(job, on_stream(caller_stream(tensor)))
+            stream = caller_stream(tensor)
+            return self._worker.submit(job, on_stream(stream), [tensor.device] if stream is not None else None)
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(job())
         return future

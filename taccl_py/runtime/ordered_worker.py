@@ -100,11 +100,17 @@ class OrderedWorker:
         return self._closed
 
     def submit(
-        self, job: Callable[[], Any], around: contextlib.AbstractContextManager | None = None
+        self,
+        job: Callable[[], Any],
+        around: contextlib.AbstractContextManager | None = None,
+        devices: list[torch.device] | None = None,
     ) -> torch.futures.Future:
         """Queue ``job`` behind the jobs already submitted; return the Future of its result.
 
-        ``around``, when given, is entered on the worker thread for the job (``on_stream(...)``).
+        ``around``, when given, is entered on the worker thread for the job (``on_stream(...)``);
+        the result is set inside it too. With CUDA ``devices`` the Future is CUDA-aware: it records
+        the job's stream when it completes, and ``wait``/``value`` order the waiter's current
+        stream after it (``torch.futures.Future(devices=...)``).
 
         A failed job's Future holds a torch-level error, so C++ waiters (DDP's reducer, a
         process group's Work) raise too; in Python ``wait()`` raises RuntimeError whose message
@@ -115,7 +121,7 @@ class OrderedWorker:
         ArgumentError
             If the worker was closed.
         """
-        future: torch.futures.Future = torch.futures.Future()
+        future: torch.futures.Future = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
         # torch.futures.Future.set_exception stores the exception as the *value* and re-raises it
         # only from Python; a callback that raises gives a real error that C++ waiters see.
         surfaced = future.then(_value_or_raise)
@@ -159,17 +165,18 @@ class OrderedWorker:
             if failure is not None:
                 future.set_exception(_after_failure(self._name, failure))
                 continue
-            try:
-                with around if around is not None else contextlib.nullcontext():
+            with around if around is not None else contextlib.nullcontext():
+                # A CUDA-aware future records the current stream at set_result: the job's stream.
+                try:
                     result = job()
-            except Exception as exc:  # noqa: BLE001 - every failure must reach the waiting rank
-                error = _as_taccl_error(self._name, exc)
-                with self._lock:
-                    self._failure = error
-                logger.error("%s: job failed: %s", self._name, error)
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+                except Exception as exc:  # noqa: BLE001 - every failure must reach the waiting rank
+                    error = _as_taccl_error(self._name, exc)
+                    with self._lock:
+                        self._failure = error
+                    logger.error("%s: job failed: %s", self._name, error)
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
 
 
 def caller_stream(tensor: torch.Tensor) -> Any:
