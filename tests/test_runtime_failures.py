@@ -70,6 +70,22 @@ def hanging_worker(rank: int, world: int) -> tuple[str, float]:
     return run_until_failure(comm, world)
 
 
+def hanging_backend_worker(rank: int, world: int) -> tuple[str, float]:
+    """As ``hanging_worker``, over the transport of the DDP hook and the taccl backend (a gloo backend object)."""
+    import torch.distributed as dist
+
+    from taccl_py.runtime.backend_transport import BackendTransport
+
+    group = dist.new_group(backend="gloo")
+    link = BackendTransport(group._get_backend(torch.device("cpu")), torch.device("cpu"))
+    algorithm = ring_algorithm(Collective.ALLREDUCE, world, inplace=True)
+    comm = Communicator(group, algorithm, transport=link, timeout_s=TIMEOUT_S)
+    if rank == VICTIM:
+        time.sleep(TIMEOUT_S + 3)
+        return "slept", 0.0
+    return run_until_failure(comm, world)
+
+
 def assert_survivors_failed_in_time(outcomes, victim_ok: bool) -> None:
     for outcome in outcomes:
         if outcome.rank == VICTIM:
@@ -92,6 +108,12 @@ def test_a_rank_that_dies_mid_collective_fails_the_others_within_the_timeout() -
 @pytest.mark.multiprocess
 def test_a_rank_that_hangs_fails_the_others_within_the_timeout() -> None:
     outcomes = launch_ranks(hanging_worker, 4, timeout_s=60)
+    assert_survivors_failed_in_time(outcomes, victim_ok=True)
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_fails_the_others_within_the_timeout_on_a_gloo_backend_object() -> None:
+    outcomes = launch_ranks(hanging_backend_worker, 4, timeout_s=60)
     assert_survivors_failed_in_time(outcomes, victim_ok=True)
 
 
