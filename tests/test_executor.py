@@ -314,3 +314,23 @@ def test_a_silent_peer_times_out_with_a_transport_error_naming_it() -> None:
         TransportError, match=r"rank 0: receive from rank 1 failed in round \d+ \(threadblock \d+, step \d+\)"
     ):
         executor.run(torch.zeros(4), torch.ones(2), hub.transport(0), timeout_s=0.2)
+
+
+def test_scratch_used_on_another_cuda_stream_is_recorded_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The caching allocator must not hand the scratch out again while another stream still uses it."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA not available: streams and the caching allocator need a GPU")
+    from taccl_py.runtime.bench import _NullTransport
+    from taccl_py.runtime.executor import Executor
+
+    algorithm = ring_algorithm(Collective.ALLREDUCE, 4, inplace=True)
+    executor = Executor(algorithm, 0, torch.float32, 8, "cuda")
+    tensor = torch.ones(executor.expected_numels()[0], device="cuda")
+    recorded = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append(stream))
+    executor.run(tensor, tensor, _NullTransport(0, 4))
+    assert recorded == []  # the stream it was built on
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        executor.run(tensor, tensor, _NullTransport(0, 4))
+    assert recorded and set(recorded) == {side}

@@ -149,6 +149,7 @@ class Executor:
         "segment_bytes",
         "eager_sends",
         "_scratch",
+        "_scratch_stream",
         "_bindings",
     )
 
@@ -194,6 +195,7 @@ class Executor:
             storage: torch.zeros(self.plan.chunks(storage) * self.chunk_elems, dtype=dtype, device=self.device)
             for storage in (Storage.SCRATCH, Storage.TEMP, Storage.SNAP)
         }
+        self._scratch_stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         self._bindings: list[_Binding] = []
 
     # -- shapes -----------------------------------------------------------------------------------
@@ -304,6 +306,7 @@ class Executor:
                 f"rank {transport.rank} of {transport.world_size}",
                 f"rank {self.rank} of {self.algorithm.num_ranks} for {self.algorithm.name}",
             )
+        self._mark_scratch_in_use()
         binding = self._binding(output, input)
         for dst, src in binding.copy_in:
             dst.copy_(src)
@@ -315,6 +318,20 @@ class Executor:
                 output.div_(self.algorithm.num_ranks)
             else:  # integer average truncates toward zero, as NCCL's ncclAvg does
                 output.div_(self.algorithm.num_ranks, rounding_mode="trunc")
+
+    def _mark_scratch_in_use(self) -> None:
+        """Tell the CUDA caching allocator that the scratch is used on the current stream, too.
+
+        The scratch belongs to the stream that was current when this executor was built; a run on
+        another stream (DDP's, FSDP2's) must keep the memory from being handed out again, once the
+        executor is dropped, before that stream's work is done.
+        """
+        if self._scratch_stream is None:
+            return
+        stream = torch.cuda.current_stream(self.device)
+        if stream != self._scratch_stream:
+            for tensor in self._scratch.values():
+                tensor.record_stream(stream)
 
     def _replay(self, binding: _Binding, transport: Transport, combine: Callable[..., Any], timeout_s: float) -> None:
         pending: list[list[Any]] = [[] for _ in range(self.plan.num_sends)]  # per plan send: its segments
