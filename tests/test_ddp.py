@@ -109,6 +109,7 @@ def _register_scenario(
         "reduced": state.buckets_reduced,
         "elapsed_s": elapsed_s,
         "calibration": state.communicator.calibration,
+        "native": state.buckets_native,
     }
 
 
@@ -162,6 +163,7 @@ def _hook_scenarios(rank: int, world_size: int, folder: str) -> dict[str, Any]:
         "bfloat16": _register_scenario(rank, library, dtype=torch.bfloat16),
         "foreground": _register_scenario(rank, library, background=False),
         "calibrated": _register_scenario(rank, library, calibration=f"{folder}/ddp.calibration.json"),
+        "native": _register_scenario(rank, []),  # no algorithm at all: every bucket goes to DDP's own group
         "failure": _failure_scenario(rank),
     }
 
@@ -217,6 +219,15 @@ def test_hook_with_a_calibration_matches_default_ddp_and_measured_the_hook_group
         assert measured.key.transport == "taccl-gloo" and measured.key.world_size == WORLD_SIZE
         assert {p.collective for p in measured.points} == {"allreduce"} and len(measured.points) == 6
     assert len({result["calibrated"]["calibration"] for result in hook_results}) == 1  # every rank chose alike
+
+
+@pytest.mark.multiprocess
+def test_buckets_without_an_algorithm_go_straight_to_ddps_group(hook_results: list[dict[str, Any]]) -> None:
+    for result in hook_results:
+        native = result["native"]
+        assert native["diff"] < 1e-6 and native["moved"] > 1e-3
+        assert native["reduced"] == 0 and native["native"] > 0  # none through the Communicator
+        assert result["unused"]["native"] == 0  # the ring serves every size there
 
 
 @pytest.mark.multiprocess

@@ -60,6 +60,11 @@ class HookState:
         bucket on the calling thread before the hook returns (no overlap; useful to debug).
     owned_group : ProcessGroup or None
         A group this state created for ``communicator`` and destroys in :meth:`close`.
+    native_group : ProcessGroup or None
+        The DDP model's group. A bucket the Communicator would reduce with torch's own all-reduce
+        (no algorithm for its size, or a calibration that measured torch's faster) goes there at
+        once, asynchronously, as DDP's default hook does, instead of through the worker thread.
+        None: every bucket goes through the Communicator.
 
     Notes
     -----
@@ -67,15 +72,28 @@ class HookState:
     unpickling a model.
     """
 
-    __slots__ = ("communicator", "world_size", "background", "buckets_reduced", "_worker", "_owned_group")
+    __slots__ = (
+        "communicator",
+        "world_size",
+        "background",
+        "buckets_reduced",
+        "buckets_native",
+        "native_group",
+        "_worker",
+        "_owned_group",
+    )
 
-    def __init__(self, communicator: Communicator, *, background: bool = True, owned_group: Any = None) -> None:
+    def __init__(
+        self, communicator: Communicator, *, background: bool = True, owned_group: Any = None, native_group: Any = None
+    ) -> None:
         if not isinstance(communicator, Communicator):
             raise ArgumentError(_SOURCE, "communicator", f"got {type(communicator).__name__}", "a Communicator")
         self.communicator = communicator
         self.world_size = int(communicator.world_size)
         self.background = bool(background)
         self.buckets_reduced = 0
+        self.buckets_native = 0
+        self.native_group = native_group
         self._owned_group = owned_group
         self._worker = OrderedWorker(f"taccl-ddp-rank{communicator.rank}") if self.background else None
 
@@ -98,6 +116,12 @@ class HookState:
         """
         if tensor.dtype not in GRADIENT_DTYPES:
             raise ArgumentError(_SOURCE, "bucket.dtype", f"got {tensor.dtype}", "float32, float16, bfloat16 or float64")
+        if self.native_group is not None and self._runs_natively(tensor):
+            # Divided first, as the Communicator's path does: undivided gradients can overflow.
+            tensor.div_(self.world_size)
+            self.buckets_native += 1
+            work = dist.all_reduce(tensor, group=self.native_group, async_op=True)
+            return work.get_future().then(lambda done: done.value()[0])
         job = partial(_average_in_place, self, tensor)
         if self._worker is not None:
             # DDP uses the bucket once the future completes, on the stream it called the hook from
@@ -106,6 +130,11 @@ class HookState:
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(job())
         return future
+
+    def _runs_natively(self, tensor: torch.Tensor) -> bool:
+        """Return True when the Communicator would run torch's own all-reduce for ``tensor``."""
+        size_bytes = tensor.numel() * tensor.element_size()
+        return self.communicator.algorithm_for(Collective.ALLREDUCE, size_bytes) is None
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Finish the queued buckets, stop the worker and destroy the group this state created."""
@@ -181,7 +210,8 @@ def register(
     calibration : optional
         Passed to :class:`Communicator` when ``communicator`` is None: a calibration file (read,
         or measured on the dedicated group and written) so buckets run torch's own all-reduce
-        at the sizes where it measured faster.
+        at the sizes where it measured faster. With ``communicator`` None, such buckets go to
+        DDP's own group directly, as DDP's default hook sends them (``HookState.native_group``).
 
     Returns
     -------
@@ -207,7 +237,10 @@ def register(
         raise ArgumentError(
             _SOURCE, "library/calibration", "given together with a communicator", "a communicator, or these"
         )
-    state = HookState(communicator, background=background, owned_group=owned_group)
+    # Buckets for torch's own all-reduce go straight to DDP's group, unless a given Communicator may
+    # share that group: its worker thread and the hook would then drive one group from two threads.
+    native_group = model.process_group if owned_group is not None else None
+    state = HookState(communicator, background=background, owned_group=owned_group, native_group=native_group)
     model.register_comm_hook(state, allreduce_hook)
     logger.info("registered the taccl_py all-reduce hook on %d ranks (background=%s)", state.world_size, background)
     return state
