@@ -19,7 +19,10 @@ Which process group: by default :func:`register` creates a dedicated group (``di
 over the DDP group's ranks) for the Communicator. The worker thread talks on it while the
 autograd thread may issue DDP's own collectives (the unused-parameter map, buffer broadcasts) on the
 DDP group; on one shared group the two threads' messages could pair up in a different order on
-different ranks. A Communicator passed in must likewise be the only user of its group.
+different ranks. A Communicator passed in must likewise be the only user of its group. Buckets
+the Communicator would give to torch's own all-reduce (no algorithm for the size, or a calibration
+that measured torch's faster) skip the worker: the autograd thread all-reduces them on the DDP
+group itself, asynchronously, exactly as DDP's default hook would.
 """
 
 # No ``from __future__ import annotations`` here: DistributedDataParallel.register_comm_hook compares
@@ -204,7 +207,7 @@ def register(
         must make, in the same order (even ranks outside a DDP sub-group).
     library : optional
         Passed to :class:`Communicator` when ``communicator`` is None (a topology name, library
-        file, Algorithm, ...); None runs torch's own all-reduce on the dedicated group.
+        file, Algorithm, ...); None runs torch's own all-reduce for every bucket, on DDP's group.
     background : bool, default True
         Serve buckets on a worker thread that overlaps backward (see :class:`HookState`).
     calibration : optional
