@@ -214,7 +214,9 @@ def test_hook_with_a_calibration_matches_default_ddp_and_measured_the_hook_group
 ) -> None:
     for result in hook_results:
         calibrated = result["calibrated"]
-        assert calibrated["diff"] < 1e-6 and calibrated["moved"] > 1e-3 and calibrated["reduced"] > 0
+        # which buckets the calibration gives to gloo's own depends on the machine: count both paths
+        assert calibrated["diff"] < 1e-6 and calibrated["moved"] > 1e-3
+        assert calibrated["reduced"] + calibrated["native"] > 0
         measured = calibrated["calibration"]
         assert measured.key.transport == "taccl-gloo" and measured.key.world_size == WORLD_SIZE
         assert {p.collective for p in measured.points} == {"allreduce"} and len(measured.points) == 6
