@@ -43,7 +43,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
-from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream, on_stream
+from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
 from taccl_py.runtime.selection import collect_algorithms
 
 __all__ = ["BACKEND_NAME", "TacclProcessGroup", "register_backend"]
@@ -192,8 +192,7 @@ class TacclProcessGroup(dist.ProcessGroup):
         """Queue ``job`` on the worker, on the caller's CUDA stream where ``tensor`` is on a GPU; return its Work."""
         self.routed[collective.value] += 1
         stream = caller_stream(tensor)
-        devices = [tensor.device] if stream is not None else None
-        return FutureWork(self._worker.submit(job, on_stream(stream), devices), stream)
+        return FutureWork(self._worker.submit_on(job, stream), stream)
 
     def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
         self.delegated[collective.value] += 1

@@ -67,8 +67,7 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) ->
     if spec.collectives is not None:
         collectives = tuple(Collective(c) for c in spec.collectives)
     else:
-        present = {c.algorithm.collective for c in comm.choices.candidates}
-        collectives = tuple(c for c in BENCH_COLLECTIVES if c in present) or BENCH_COLLECTIVES
+        collectives = tuple(c for c in BENCH_COLLECTIVES if c in comm.choices.collectives) or BENCH_COLLECTIVES
     dtype = getattr(torch, spec.dtype)
     rows: list[BenchRow] = []
     for collective in collectives:

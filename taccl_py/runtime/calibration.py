@@ -11,6 +11,7 @@ match the live group means "measure again".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -91,7 +92,7 @@ class Calibration:
         other neighbour when only that one measured ``algorithm``; with no measurement of
         ``algorithm`` beside the size, the algorithm keeps it.
         """
-        points = sorted((p for p in self.points if p.collective == collective.value), key=lambda p: p.size_bytes)
+        points = self._by_collective.get(collective.value, ())
         if not points:
             return False
         above = next((i for i, p in enumerate(points) if p.size_bytes >= size_bytes), len(points))
@@ -101,6 +102,14 @@ class Calibration:
             if point.algorithm == algorithm:
                 return point.native_faster
         return False
+
+    @functools.cached_property
+    def _by_collective(self) -> dict[str, tuple[CalibrationPoint, ...]]:
+        """Return the points per collective, by size: every call of a calibrated Communicator looks here."""
+        found: dict[str, list[CalibrationPoint]] = {}
+        for point in sorted(self.points, key=lambda p: p.size_bytes):
+            found.setdefault(point.collective, []).append(point)
+        return {collective: tuple(points) for collective, points in found.items()}
 
     def summary(self) -> str:
         """Return one line: how many measured sizes each side won."""

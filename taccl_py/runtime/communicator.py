@@ -262,8 +262,7 @@ class Communicator:
         those the library has algorithms for. Rank 0 writes the result to ``path`` when given.
         """
         if collectives is None:
-            present = {c.algorithm.collective for c in self.choices.candidates}
-            collectives = [c for c in Collective if c in present]
+            collectives = [c for c in Collective if c in self.choices.collectives]
         self.calibration = None  # time the library's algorithms, not an earlier calibration's choice
         points = measure_points(self, [Collective(c) for c in collectives], sizes, iters, warmup)
         self.calibration = Calibration(self.calibration_key(), "float32", iters, points)

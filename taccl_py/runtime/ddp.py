@@ -39,7 +39,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_transport import BackendTransport
 from taccl_py.runtime.communicator import Communicator
-from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream, on_stream
+from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream
 
 __all__ = ["HookState", "allreduce_hook", "register", "GRADIENT_DTYPES"]
 
@@ -128,8 +128,7 @@ class HookState:
         job = partial(_average_in_place, self, tensor)
         if self._worker is not None:
             # DDP uses the bucket once the future completes, on the stream it called the hook from
-            stream = caller_stream(tensor)
-            return self._worker.submit(job, on_stream(stream), [tensor.device] if stream is not None else None)
+            return self._worker.submit_on(job, caller_stream(tensor))
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(job())
         return future

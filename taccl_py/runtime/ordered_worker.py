@@ -135,6 +135,10 @@ class OrderedWorker:
             future.set_exception(_after_failure(self._name, failure))
         return surfaced
 
+    def submit_on(self, job: Callable[[], Any], stream: Any) -> torch.futures.Future:
+        """Queue ``job`` to run on ``stream`` (``caller_stream``'s; None: CPU), its Future CUDA-aware there."""
+        return self.submit(job, on_stream(stream), None if stream is None else [stream.device])
+
     def flush(self) -> torch.futures.Future:
         """Return a Future that completes once every job submitted so far has finished."""
         return self.submit(_no_op)

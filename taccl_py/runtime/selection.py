@@ -44,6 +44,11 @@ class AlgorithmChoices:
     world_size: int
     candidates: tuple[Candidate, ...]
 
+    @property
+    def collectives(self) -> frozenset[Collective]:
+        """Return the collectives some candidate implements."""
+        return frozenset(candidate.algorithm.collective for candidate in self.candidates)
+
     def select(self, collective: Collective, size_bytes: int) -> Candidate | None:
         """Return the first candidate for ``collective`` whose band covers ``size_bytes``, or None."""
         for candidate in self.candidates:
