@@ -366,8 +366,14 @@ def test_a_job_result_is_set_inside_its_context() -> None:
         yield
         inside.append(False)
 
+    # The job holds until the callback is attached: a callback attached to a completed future
+    # runs at once on the caller's thread, outside any context.
+    attached = threading.Event()
     worker = OrderedWorker("test-context")
-    seen = worker.submit(lambda: 5, around()).then(lambda future: (future.value(), inside[-1])).wait()
+    future = worker.submit(lambda: attached.wait(60) and 5, around())
+    seen_future = future.then(lambda future: (future.value(), inside[-1]))
+    attached.set()
+    seen = seen_future.wait()
     worker.close()
     assert seen == (5, True) and inside == [True, False]
 
