@@ -52,7 +52,15 @@ def test_only_a_measurement_of_the_same_algorithm_counts() -> None:
     assert not cal.native_faster(AR, 65536, "large")  # the nearer point measured another algorithm
     assert cal.native_faster(AR, 300_000, "large")  # the other neighbour measured it
     assert not cal.native_faster(AR, 300_000, "other")  # nobody measured it
-    assert calibration((65536, NATIVE, 0.0, 10.0)).points[0].native_faster  # no algorithm there: native
+    assert calibration((65536, NATIVE, 0.0, 10.0)).points[0].prefers_native()  # no algorithm there: native
+
+
+def test_an_algorithm_keeps_a_size_only_beyond_the_margin() -> None:
+    close = calibration((65536, "ring", 960.0, 1000.0))  # 4% faster: inside the default 5% margin
+    assert close.native_faster(AR, 65536, "ring")
+    assert not replace(close, margin=0.0).native_faster(AR, 65536, "ring")
+    assert not calibration((65536, "ring", 900.0, 1000.0)).native_faster(AR, 65536, "ring")  # 10% faster
+    assert "native runs at 1 of 1 measured sizes (margin 5%)" == close.summary()
 
 
 # -- the file ---------------------------------------------------------------------------------------------
@@ -62,6 +70,10 @@ def test_a_calibration_file_round_trips(tmp_path: Path) -> None:
     cal = calibration((65536, "ring", 900.0, 300.5), (1 << 20, NATIVE, 12.0, 11.0))
     write_calibration(cal, tmp_path / "cal.json")
     assert read_calibration(tmp_path / "cal.json") == cal
+    body = json.loads((tmp_path / "cal.json").read_text())
+    del body["margin"]  # a file from before margins reads with the default one
+    (tmp_path / "old.json").write_text(json.dumps(body))
+    assert read_calibration(tmp_path / "old.json") == cal
 
 
 @pytest.mark.parametrize(
@@ -76,6 +88,7 @@ def test_a_calibration_file_round_trips(tmp_path: Path) -> None:
         ),
         (lambda body: {**body, "points": [{**body["points"][0], "extra": 1}]}, "unknown field 'extra'"),
         (lambda body: {**body, "points": [{**body["points"][0], "collective": "gossip"}]}, "'gossip'"),
+        (lambda body: {**body, "margin": 1.5}, "margin: 1.5; expected a fraction in [0, 1)"),
     ],
 )
 def test_a_bad_calibration_file_is_one_error_naming_it(tmp_path: Path, edit, fault: str) -> None:

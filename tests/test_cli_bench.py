@@ -63,7 +63,7 @@ def test_bench_calibration_is_measured_written_then_read(tmp_path: Path, capsys:
         (4000, "ring_allreduce_2"),
         (40000, "ring_allreduce_2"),
     ]
-    chosen = {p.size_bytes: "torch" if p.native_faster else p.algorithm for p in measured.points}
+    chosen = {p.size_bytes: "torch" if p.prefers_native(measured.margin) else p.algorithm for p in measured.points}
     rows = json.loads(capsys.readouterr().out)
     assert {row["size_bytes"]: row["algorithm"] for row in rows} == chosen  # the bench times the calibrated choice
     before = calibration.stat().st_mtime_ns

@@ -3,10 +3,13 @@
 A :class:`Calibration` holds, per collective and size, the slowest rank's median time of the
 algorithm the library picks there and of the backend's own collective, measured alternately on
 the same group (``taccl_py.runtime.timing.bench_sizes``). A Communicator given one runs the native
-collective wherever it measured faster, so plugging taccl_py in never costs time at a calibrated
-size. The file form (``read_calibration``/``write_calibration``) caches it; it is keyed by what the
-times depend on (world size, transport, device, the library's bands), and a key that does not
-match the live group means "measure again".
+collective unless the algorithm measured faster by more than the calibration's ``margin``: two
+medians of a handful of calls differ by a few percent on a busy machine even when both sides run
+the same code, and a user who plugs taccl_py in should never pay for that noise.
+
+The file form (``read_calibration``/``write_calibration``) caches it; it is keyed by what the times
+depend on (world size, transport, device, the library's bands), and a key that does not match the
+live group means "measure again".
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from taccl_py.ir.collectives import Collective
 
 __all__ = [
     "CALIBRATION_FORMAT",
+    "DEFAULT_CALIBRATION_ITERS",
     "DEFAULT_CALIBRATION_SIZES",
+    "DEFAULT_MARGIN",
     "NATIVE",
     "Calibration",
     "CalibrationKey",
@@ -44,6 +49,10 @@ NATIVE = "native"
 #: Sizes (bytes, nccl-tests convention) a calibration measures unless told otherwise: 64 KB to 64 MB
 #: in steps of 4x, where DDP buckets and FSDP shards fall.
 DEFAULT_CALIBRATION_SIZES = tuple(65536 * 4**i for i in range(6))
+#: Calls timed per side and size; the median of 9 alternating pairs rides out one descheduled call.
+DEFAULT_CALIBRATION_ITERS = 9
+#: How much faster (fraction of the native time) an algorithm must measure to keep its size.
+DEFAULT_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -69,21 +78,24 @@ class CalibrationPoint:
     ours_us: float
     native_us: float
 
-    @property
-    def native_faster(self) -> bool:
-        """Return True when the backend's own collective should run at this size."""
-        return self.algorithm == NATIVE or self.native_us < self.ours_us
+    def prefers_native(self, margin: float = DEFAULT_MARGIN) -> bool:
+        """Return True unless the algorithm beat the native collective here by more than ``margin`` (a fraction)."""
+        return self.algorithm == NATIVE or self.ours_us * (1.0 + margin) >= self.native_us
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Measured times of one group, and the choice they imply per (collective, size)."""
+    """Measured times of one group, and the choice they imply per (collective, size).
+
+    ``margin`` (a fraction) is how much faster than native an algorithm must have measured to run.
+    """
 
     key: CalibrationKey
     dtype: str
     iters: int
     points: tuple[CalibrationPoint, ...]
     taccl_py: str = __version__
+    margin: float = DEFAULT_MARGIN
 
     def native_faster(self, collective: Collective, size_bytes: int, algorithm: str) -> bool:
         """Return True when ``collective`` of ``size_bytes`` should run natively instead of ``algorithm``.
@@ -100,7 +112,7 @@ class Calibration:
         neighbours.sort(key=lambda p: (abs(math.log(p.size_bytes / max(1, size_bytes))), p.size_bytes))
         for point in neighbours:
             if point.algorithm == algorithm:
-                return point.native_faster
+                return point.prefers_native(self.margin)
         return False
 
     @functools.cached_property
@@ -113,8 +125,8 @@ class Calibration:
 
     def summary(self) -> str:
         """Return one line: how many measured sizes each side won."""
-        native = sum(p.native_faster for p in self.points)
-        return f"native faster at {native} of {len(self.points)} measured sizes"
+        native = sum(p.prefers_native(self.margin) for p in self.points)
+        return f"native runs at {native} of {len(self.points)} measured sizes (margin {self.margin:.0%})"
 
 
 def library_fingerprint(bands: Sequence[tuple[str, int, int | None, str]]) -> str:
@@ -175,11 +187,14 @@ def read_calibration(path: str | Path) -> Calibration:
     try:
         key = CalibrationKey(**_fields(body["key"], CalibrationKey, source))
         points = tuple(CalibrationPoint(**_fields(p, CalibrationPoint, source)) for p in body["points"])
-        calibration = Calibration(key, str(body["dtype"]), int(body["iters"]), points, str(body["taccl_py"]))
+        margin = float(body.get("margin", DEFAULT_MARGIN))  # written before margins existed: the default
+        calibration = Calibration(key, str(body["dtype"]), int(body["iters"]), points, str(body["taccl_py"]), margin)
     except KeyError as error:
         raise FormatError(source, str(error.args[0]), "missing", "every field of a calibration") from error
     except (TypeError, ValueError) as error:
         raise FormatError(source, None, str(error), "a calibration written by taccl_py") from error
+    if not 0.0 <= calibration.margin < 1.0:
+        raise FormatError(source, "margin", f"{calibration.margin!r}", "a fraction in [0, 1)")
     for point in points:
         if point.collective not in {c.value for c in Collective}:
             raise FormatError(source, "points.collective", f"{point.collective!r}", "a collective name")

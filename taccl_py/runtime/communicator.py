@@ -15,6 +15,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -28,7 +29,9 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow, build_dataflow
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
 from taccl_py.runtime.calibration import (
+    DEFAULT_CALIBRATION_ITERS,
     DEFAULT_CALIBRATION_SIZES,
+    DEFAULT_MARGIN,
     Calibration,
     CalibrationKey,
     library_fingerprint,
@@ -251,21 +254,26 @@ class Communicator:
         sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES,
         *,
         collectives: Sequence[Collective | str] | None = None,
-        iters: int = 5,
+        iters: int = DEFAULT_CALIBRATION_ITERS,
         warmup: int = 1,
+        margin: float = DEFAULT_MARGIN,
         path: str | os.PathLike | None = None,
     ) -> Calibration:
         """Time the library's algorithm against the group's own collective at ``sizes`` (bytes); use the result.
 
         Every rank must call this with the same arguments; all get the same calibration (times are
         the slowest rank's, medians over ``iters`` float32 calls each). ``collectives`` defaults to
-        those the library has algorithms for. Rank 0 writes the result to ``path`` when given.
+        those the library has algorithms for. An algorithm keeps a size only where it measured
+        faster than native by more than ``margin`` (a fraction). Rank 0 writes the result to
+        ``path`` when given.
         """
+        if not 0.0 <= margin < 1.0:
+            raise ArgumentError(_SOURCE, "margin", f"{margin!r}", "a fraction in [0, 1)")
         if collectives is None:
             collectives = [c for c in Collective if c in self.choices.collectives]
         self.calibration = None  # time the library's algorithms, not an earlier calibration's choice
         points = measure_points(self, [Collective(c) for c in collectives], sizes, iters, warmup)
-        self.calibration = Calibration(self.calibration_key(), "float32", iters, points)
+        self.calibration = Calibration(self.calibration_key(), "float32", iters, points, margin=margin)
         if path is not None and self.rank == 0:
             write_calibration(self.calibration, path)
         logger.info("calibrated %d ranks on %s: %s", self.world_size, self.transport.name, self.calibration.summary())
@@ -278,7 +286,7 @@ class Communicator:
 
         Every rank must call this alike. Rank 0 reads the file and hands it to every rank, so all
         ranks choose alike even without a shared file system. ``sizes`` and ``options`` go to
-        :meth:`calibrate` when measuring.
+        :meth:`calibrate` when measuring; a ``margin`` among them also applies to a cached file.
         """
         path = Path(path)
         found: list[Any] = [None]
@@ -298,7 +306,7 @@ class Communicator:
             raise found[0]
         if found[0] is None:
             return self.calibrate(sizes, path=path, **options)
-        self.calibration = found[0]
+        self.calibration = found[0] if "margin" not in options else replace(found[0], margin=options["margin"])
         logger.info("calibration from %s: %s", path, self.calibration.summary())
         return self.calibration
 
