@@ -1,4 +1,4 @@
-"""Train a small MLP with DDP four ways and compare: default DDP, the taccl_py hook (plain, calibrated), the backend.
+"""Train a small MLP with DDP five ways: default DDP, the taccl_py hook and backend (plain and calibrated).
 
     torchrun --nproc-per-node 4 scripts/ddp_example.py [--steps 20] [--width 256] [--library ring]
 
@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from taccl_py.baselines import ring_algorithm  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
-from taccl_py.runtime.backend import register_backend  # noqa: E402
+from taccl_py.runtime.backend import BACKEND_NAME, register_backend  # noqa: E402
 from taccl_py.runtime.ddp import register  # noqa: E402
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology  # noqa: E402
 
@@ -39,7 +39,7 @@ AGREEMENT = 1e-6
 #: Steps run before timing starts (executor compilation, bucket rebuild).
 WARMUP_STEPS = 3
 BATCH, INPUTS, CLASSES = 32, 64, 10
-VARIANTS = ("default DDP", "taccl hook", "taccl backend", "calibrated hook")
+VARIANTS = ("default DDP", "taccl hook", "taccl backend", "calibrated hook", "calibrated backend")
 
 
 def ring_library(num_ranks: int) -> list[Any]:
@@ -128,13 +128,21 @@ def run_variants(rank: int, width: int, steps: int, library: Any, gloo: Any) -> 
     """
     hooked_model = DDP(make_model(width), process_group=gloo)
     calibrated_model = DDP(make_model(width), process_group=gloo)
-    models = [DDP(make_model(width), process_group=gloo), hooked_model, DDP(make_model(width)), calibrated_model]
-    # The calibrated hook measures its all-reduce against gloo's own on its group first (rank 0's file counts).
+    # The calibrated variants time their all-reduce against gloo's own on their group first
+    # (rank 0's file counts); the calibrated backend is a second taccl group, calibrated alone.
+    calibrated_group = dist.new_group(backend=BACKEND_NAME)
     with tempfile.TemporaryDirectory(prefix="taccl-ddp-") as folder:
-        calibration = Path(folder) / "calibration.json"
+        calibrated_group.calibrate(Path(folder) / "backend.json", collectives=[Collective.ALLREDUCE])
+        models = [
+            DDP(make_model(width), process_group=gloo),
+            hooked_model,
+            DDP(make_model(width)),
+            calibrated_model,
+            DDP(make_model(width), process_group=calibrated_group),
+        ]
         with (
             register(hooked_model, library=library),
-            register(calibrated_model, library=library, calibration=calibration),
+            register(calibrated_model, library=library, calibration=Path(folder) / "hook.json"),
         ):
             trained = train_side_by_side(models, rank, steps)
     found = {}
@@ -170,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for name, (difference, median_ms) in results.items():
             verdict = "" if name == VARIANTS[0] else ("  agree" if difference <= AGREEMENT else "  DIFFER")
-            print(f"  {name:<14} {median_ms:8.2f} ms/step (median)   max |param - default| = {difference:.2e}{verdict}")
+            print(f"  {name:<18} {median_ms:8.2f} ms/step (median)   max |param - default| = {difference:.2e}{verdict}")
     agree = all(difference <= AGREEMENT for difference, _ in results.values())
     dist.destroy_process_group()
     return 0 if agree else 1

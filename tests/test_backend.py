@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -223,7 +225,42 @@ def _failure_case(rank: int, world: int) -> dict[str, str]:
     return outcome
 
 
-def _backend_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]:
+def _calibration_case(rank: int, gloo: Any, folder: str) -> dict[str, Any]:
+    """The group calibrates once and caches it; sizes calibrated to gloo go to the inner backend."""
+    from taccl_py.errors import FormatError
+    from taccl_py.runtime.calibration import CalibrationPoint, write_calibration
+
+    pg, path = dist.group.WORLD, Path(folder) / "measured.json"
+    measured = pg.calibrate(path, sizes=[4096], collectives=["allreduce"], iters=2, warmup=0)
+    result: dict[str, Any] = {"measured": len(measured.points), "read_back": pg.calibrate(path) == measured}
+    ring = measured.points[0].algorithm
+    verdicts = (
+        CalibrationPoint("allreduce", 4096, ring, 1e6, 1.0),
+        CalibrationPoint("allreduce", 65536, ring, 1.0, 1e6),
+    )
+    if rank == 0:
+        write_calibration(replace(measured, points=verdicts), Path(folder) / "forced.json")
+        (Path(folder) / "bad.json").write_text("{ not json")
+    dist.barrier(gloo)
+    pg.calibrate(Path(folder) / "forced.json")
+    try:
+        pg.calibrate(Path(folder) / "bad.json")  # only rank 0 reads it; every rank must raise
+        result["bad"] = "accepted"
+    except FormatError as error:
+        result["bad"] = str(error)
+    before = (Counter(pg.routed), Counter(pg.delegated))
+    result["equal"] = []
+    for seed, numel in enumerate((1024, 16384)):  # 4 KB: gloo won; 64 KB: the ring won
+        ours = _data(rank, (numel,), torch.float32, 40 + seed)
+        reference = ours.clone()
+        dist.all_reduce(ours)
+        dist.all_reduce(reference, group=gloo)
+        result["equal"].append(_close(ours, reference))
+    result["routed"], result["delegated"] = dict(pg.routed - before[0]), dict(pg.delegated - before[1])
+    return result
+
+
+def _backend_scenarios(rank: int, world_size: int, port: int, folder: str) -> dict[str, Any]:
     pg = _init_taccl(rank, world_size, port)
     gloo = dist.new_group(backend="gloo")
     results: dict[str, Any] = {"name": dist.get_backend(), "type": type(pg).__name__}
@@ -239,16 +276,17 @@ def _backend_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]:
     before = (pg.routed["allgather"], pg.routed["reducescatter"])
     results["fsdp"] = _fsdp_case(rank, gloo)
     results["fsdp_routed"] = (pg.routed["allgather"] - before[0], pg.routed["reducescatter"] - before[1])
+    results["calibration"] = _calibration_case(rank, gloo, folder)
     results["subgroup"] = _subgroup_case(rank)
     results["failure"] = _failure_case(rank, world_size)
     return results
 
 
 @pytest.fixture(scope="module")
-def backend_results() -> list[dict[str, Any]]:
+def backend_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
     try:
-        return run_ranks(_backend_scenarios, WORLD_SIZE, store.port)
+        return run_ranks(_backend_scenarios, WORLD_SIZE, store.port, str(tmp_path_factory.mktemp("backend")))
     finally:
         del store
 
@@ -418,6 +456,17 @@ def test_fsdp2_on_taccl_matches_ddp_on_gloo(backend_results: list[dict[str, Any]
         assert gathers >= 20 and scatters >= 20, (
             f"rank {rank}: routed {gathers} all-gathers, {scatters} reduce-scatters"
         )
+
+
+@pytest.mark.multiprocess
+def test_a_calibrated_group_runs_gloo_where_gloo_measured_faster(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        cal = result["calibration"]
+        assert cal["measured"] == 1 and cal["read_back"], f"rank {rank}: {cal}"
+        assert "bad.json" in cal["bad"] and "invalid JSON" in cal["bad"], f"rank {rank}: {cal['bad']}"
+        assert cal["equal"] == [True, True], f"rank {rank}: {cal}"
+        # 4 KB on the inner gloo (no worker), 64 KB through the ring: the group still works after the bad file
+        assert cal["routed"] == {"allreduce": 1} and cal["delegated"] == {"allreduce": 1}, f"rank {rank}: {cal}"
 
 
 @pytest.mark.multiprocess

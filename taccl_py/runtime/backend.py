@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
@@ -38,9 +39,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from taccl_py.errors import ArgumentError
+from taccl_py.errors import ArgumentError, TacclError
 from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
+from taccl_py.runtime.calibration import Calibration
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
 from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
@@ -179,6 +181,11 @@ class TacclProcessGroup(dist.ProcessGroup):
             for t in tensors
         ):
             return None
+        communicator = self._communicator_on(link)
+        return communicator if communicator.algorithm_for(collective, size_bytes) is not None else None
+
+    def _communicator_on(self, link: BackendTransport) -> Communicator:
+        """Return the group's Communicator for ``link``'s device, made on first use."""
         communicator = self._communicators.get(link.device.type)
         if communicator is None:
             library, topology, nodes = self._spec
@@ -186,7 +193,33 @@ class TacclProcessGroup(dist.ProcessGroup):
                 self, library, topology=topology, nodes=nodes, transport=link, timeout_s=self._timeout_s
             )
             self._communicators[link.device.type] = communicator
-        return communicator if communicator.algorithm_for(collective, size_bytes) is not None else None
+        return communicator
+
+    def calibrate(
+        self, path: str | os.PathLike | None = None, *, device: str | None = None, **options: Any
+    ) -> Calibration | None:
+        """Time the routed collectives against the inner backend's on this group; route only where ours won.
+
+        Every rank calls it alike once the group exists (``dist.group.WORLD.calibrate(...)``), with
+        no collective of the group in flight. ``path`` caches the result as
+        :meth:`Communicator.load_or_calibrate` does; ``options`` (sizes, collectives, iters, warmup,
+        margin) go to :meth:`Communicator.calibrate`. ``device`` ("cpu" or "cuda") picks the link
+        to calibrate: by default the GPU's where the group has one. Returns None, measuring
+        nothing, when the group routes nothing (no algorithms for its world size).
+        """
+        kind = device or ("cuda" if "cuda" in self._links else "cpu")
+        link = self._links.get(kind)
+        if link is None:
+            if self._has_algorithms:
+                raise ArgumentError(BACKEND_NAME, "device", repr(kind), " | ".join(self._links))
+            return None
+        communicator = self._communicator_on(link)
+        # On the worker thread the native side's dist.* calls on this group reach the inner backend
+        # (see _communicator); errors come back as values so a bad file does not stop the worker.
+        measured = self._worker.submit(partial(_calibrate_or_error, communicator, path, options)).wait()
+        if isinstance(measured, BaseException):
+            raise measured
+        return measured
 
     def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]], tensor: torch.Tensor) -> Any:
         """Queue ``job`` on the worker, on the caller's CUDA stream where ``tensor`` is on a GPU; return its Work."""
@@ -317,7 +350,8 @@ class TacclProcessGroup(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> Any:
         """Wait for the routed collectives queued so far, then run the inner backend's barrier."""
-        self._worker.flush().wait()
+        if not self._worker.in_worker_thread():  # on it (calibrating), everything before has run
+            self._worker.flush().wait()
         opts = dist.BarrierOptions() if opts is None else opts
         return self._get_backend(torch.device("cpu")).barrier(opts)  # gloo: no device to choose
 
@@ -343,6 +377,17 @@ def _outputs_after(outputs: list[torch.Tensor], done: torch.futures.Future) -> l
     for future in done.wait():
         future.wait()  # raises a failed collective's error
     return list(outputs)
+
+
+def _calibrate_or_error(
+    communicator: Communicator, path: str | os.PathLike | None, options: dict[str, Any]
+) -> Calibration | Exception:
+    try:
+        if path is None:
+            return communicator.calibrate(**options)
+        return communicator.load_or_calibrate(path, **options)
+    except TacclError as error:
+        return error
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
