@@ -24,6 +24,11 @@ bucket all-reduces overlap backward. Its messages travel on a second backend of 
 (its own store prefix and connections), used by that worker thread alone, so they never pair up
 with the inner backend's collectives or with user send/recv. ``barrier`` waits for the routed
 collectives queued before it. As with gloo, wait on a Work before touching its tensors.
+
+Calibration: ``group.calibrate(path)`` (every rank, once the group exists) times each routed
+collective against the inner backend's own on the live group and from then on routes a size only
+where ours measured faster by the calibration's margin; the other sizes go straight to the inner
+backend, with no worker thread (see :mod:`taccl_py.runtime.calibration`).
 """
 
 from __future__ import annotations
