@@ -63,3 +63,29 @@ def test_library_xml_in_the_old_dialect_and_a_bad_dialect(tmp_path):
     assert "minBytes" not in export.files[0][1]
     with pytest.raises(ArgumentError, match="dialect: 'newest'; expected 'new'"):
         generate_library_xml(_toy_library(), "newest")
+
+
+def _with_native_band() -> AlgorithmLibrary:
+    """Return a toy library whose middle band runs the backend's own collective."""
+    ring = ring_algorithm(Collective.ALLGATHER, 2)
+    bands = (
+        SizeBand(0, 1000, ring, "x.json"),
+        SizeBand(1000, 5000, None, "native"),
+        SizeBand(5000, None, ring, "z.json"),
+    )
+    return AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, bands)
+
+
+def test_a_native_band_is_written_without_a_file_and_read_back(tmp_path):
+    write_library(_with_native_band(), tmp_path / "ag.library.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ag-0.json", "ag-2.json", "ag.library.json"]
+    written = read_library(tmp_path / "ag.library.json")
+    assert [band.algorithm_file for band in written.bands] == ["ag-0.json", "native", "ag-2.json"]
+    assert [band.native for band in written.bands] == [False, True, False]
+    assert written.select(999).name == "ag-0" and written.select(1000) is None and written.select(5000).name == "ag-2"
+
+
+def test_msccl_export_leaves_a_native_band_to_nccl_without_a_warning(tmp_path):
+    export = write_library_xml(_with_native_band(), tmp_path / "xml")
+    assert [name for name, _ in export.files] == ["toy-n1-allgather-0.xml", "toy-n1-allgather-2.xml"]
+    assert export.skipped == ()

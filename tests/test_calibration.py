@@ -174,3 +174,73 @@ def cached_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
 @pytest.mark.multiprocess
 def test_a_calibration_is_measured_once_then_read_and_a_bad_file_fails_every_rank(tmp_path: Path) -> None:
     assert_no_mismatches(run_ranks(cached_calibration_worker, 2, str(tmp_path)))
+
+
+def native_band_worker(rank: int, world: int) -> list[str]:
+    """Worker: a library's native band runs torch's all_reduce, silently; the ring runs above it."""
+    from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+
+    ring = ring_algorithm(AR, world)
+    bands = (SizeBand(0, 8192, None, NATIVE), SizeBand(8192, None, ring, "ring.json"))
+    handler = _Count()
+    logger = logging.getLogger("taccl_py.runtime.communicator")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        comm = Communicator(None, AlgorithmLibrary("toy", 1, AR, world, bands), timeout_s=30)
+        problems = []
+        if comm.algorithm_for(AR, 4096) is not None or comm.algorithm_for(AR, 65536) is not ring:
+            problems.append("the native band did not choose torch's all_reduce, or the ring band not the ring")
+        for numel in (1024, 16384):  # 4 KB in the native band, 64 KB in the ring's
+            data = torch.randn(numel, generator=torch.Generator().manual_seed(numel + rank))
+            want = data.clone()
+            torch.distributed.all_reduce(want)
+            comm.all_reduce(data)
+            if not torch.allclose(data, want, rtol=1e-5, atol=1e-5):
+                problems.append(f"{numel * 4} B all_reduce differs from torch's")
+    finally:
+        logger.removeHandler(handler)
+    if any("no taccl algorithm" in line for line in handler.messages):
+        problems.append(f"a chosen native band was logged as a fallback: {handler.messages}")
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_a_native_library_band_runs_torchs_collective_without_a_fallback_line() -> None:
+    assert_no_mismatches(run_ranks(native_band_worker, 2))
+
+
+# -- a calibrated library ------------------------------------------------------------------------------
+
+
+def test_a_calibrated_library_has_native_bands_exactly_where_the_calibration_runs_native() -> None:
+    import random
+
+    from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+    from taccl_py.runtime.calibration import calibrated_library
+
+    small, large = ring_algorithm(AR, 2), replace(ring_algorithm(AR, 2), name="large")
+    library = AlgorithmLibrary(
+        "toy", 1, AR, 2, (SizeBand(0, 1 << 20, small, "small.json", 3.0), SizeBand(1 << 20, None, large, "large.json"))
+    )
+    cal = calibration(
+        (65536, small.name, 900.0, 300.0),  # native
+        (262144, small.name, 100.0, 900.0),  # ours
+        (4 << 20, "large", 100.0, 900.0),  # ours
+        (64 << 20, "large", 1000.0, 900.0),  # native
+    )
+    out = calibrated_library(library, cal)
+    sixteen = 16 << 20  # the geometric mean of 4 MB and 64 MB: nearer the smaller up to and including it
+    assert [(b.min_bytes, b.max_bytes, b.algorithm_file) for b in out.bands] == [
+        (0, 131073, "native"),  # up to the geometric mean of 64 KB and 256 KB, which ties to the smaller
+        (131073, 1 << 20, "small.json"),
+        (1 << 20, sixteen + 1, "large.json"),
+        (sixteen + 1, None, "native"),
+    ]
+    assert out.bands[1].simulated_time_us == 3.0  # an algorithm's piece keeps its band's figures
+    rng = random.Random(7)
+    sizes = [1, 131072, 131073, sixteen, sixteen + 1] + [rng.randrange(1, 1 << 28) for _ in range(500)]
+    for size in sizes:
+        original = library.select(size)
+        expected = None if cal.native_faster(AR, size, original.name) else original
+        assert out.select(size) is expected, size

@@ -75,6 +75,50 @@ def test_bench_calibration_is_measured_written_then_read(tmp_path: Path, capsys:
 
 
 @pytest.mark.multiprocess
+def test_bench_writes_the_library_with_native_bands_where_gloo_won(tmp_path: Path) -> None:
+    from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library
+    from taccl_py.runtime.calibration import calibrated_library, read_calibration
+    from taccl_py.synth.bands import write_library
+
+    source = tmp_path / "ar.library.json"
+    ring = ring_algorithm(Collective.ALLREDUCE, 2, inplace=True)
+    write_library(AlgorithmLibrary("toy", 1, Collective.ALLREDUCE, 2, (SizeBand(0, None, ring, "x.json"),)), source)
+    calibration, out = tmp_path / "cal.json", tmp_path / "out"
+    argv = ["bench", "--library", str(source), "--nproc", "2", "--sizes", "4KB,400KB", "--iters", "2"]
+    assert main([*argv, "--calibration", str(calibration), "--write-library", str(out)]) == 0
+    written = read_library(out / "ar.library.json")
+    expected = calibrated_library(read_library(source), read_calibration(calibration))
+    assert [(b.min_bytes, b.max_bytes, b.native) for b in written.bands] == [
+        (b.min_bytes, b.max_bytes, b.native) for b in expected.bands
+    ]
+    assert all(band.native or band.algorithm.ranks == ring.ranks for band in written.bands)
+
+
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        (["--write-library", "out"], "--write-library: given without --calibration"),
+        (["--write-library", "/no/such/dir/out", "--calibration", "c.json"], "its parent folder does not exist"),
+    ],
+)
+def test_bench_refuses_a_library_it_cannot_write_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], pattern: str
+) -> None:
+    from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+    from taccl_py.synth.bands import write_library
+
+    source = tmp_path / "ar.library.json"
+    ring = ring_algorithm(Collective.ALLREDUCE, 2, inplace=True)
+    write_library(AlgorithmLibrary("toy", 1, Collective.ALLREDUCE, 2, (SizeBand(0, None, ring, "x.json"),)), source)
+    argv = ["bench", "--library", str(source), "--nproc", "2", *extra]
+    assert_one_error_line(capsys, main(argv), pattern)
+    path = tmp_path / "ring.json"
+    write_algorithm(ring, str(path))
+    status = main(["bench", "--algorithm", str(path), "--nproc", "2", "--write-library", "o", "--calibration", "c"])
+    assert_one_error_line(capsys, status, "--write-library: not a *.library.json")
+
+
+@pytest.mark.multiprocess
 def test_bench_json_rows_fall_back_to_torch_where_the_library_has_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     xml = FIXTURES / "microsoft" / "allgather_ring_4gpu_1ch_simple.xml"
     status = main(

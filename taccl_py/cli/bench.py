@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
 from taccl_py.cli._output import format_table, progress_to_stderr
 from taccl_py.errors import ArgumentError
@@ -78,8 +80,39 @@ def _check_inputs(spec, world_size: int) -> None:
         read_calibration(spec.calibration)
 
 
+def _check_write_library(args: argparse.Namespace) -> None:
+    """Fail before any measurement when ``--write-library`` cannot be honoured."""
+    if args.write_library is None:
+        return
+    if args.calibration is None:
+        raise ArgumentError(None, "--write-library", "given without --calibration", "--calibration FILE as well")
+    not_libraries = [item for item in args.library or [args.algorithm] if not item.endswith(".library.json")]
+    if not_libraries:
+        raise ArgumentError(not_libraries[0], "--write-library", "not a *.library.json", "--library files only")
+    if not Path(args.write_library).parent.is_dir():
+        raise ArgumentError(args.write_library, "--write-library", "its parent folder does not exist", "a folder")
+
+
+def _write_calibrated_libraries(args: argparse.Namespace) -> None:
+    """Write each ``--library`` file with native bands where the calibration ran the group's own collective."""
+    from taccl_py.ir.library import read_library
+    from taccl_py.runtime.calibration import calibrated_library, read_calibration
+    from taccl_py.synth.bands import write_library
+
+    calibration = read_calibration(args.calibration)
+    folder = Path(args.write_library)
+    folder.mkdir(exist_ok=True)
+    for source in args.library:
+        library = read_library(source)
+        compress = any(band.algorithm_file.endswith(".xz") for band in library.bands)
+        calibrated, target = calibrated_library(library, calibration), folder / Path(source).name
+        write_library(calibrated, target, compress=compress)
+        print(f"wrote {target} ({sum(band.native for band in calibrated.bands)} native bands)", file=sys.stderr)
+
+
 def _bench(args: argparse.Namespace) -> int:
     spec = _spec(args)
+    _check_write_library(args)
     under_torchrun = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
     if args.nproc is not None:
         if args.nproc < 2:
@@ -106,6 +139,8 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps([asdict(row) for row in rows], indent=2))
     else:
         print(format_rows(rows))
+    if args.write_library is not None:
+        _write_calibrated_libraries(args)
     return 0
 
 
@@ -150,6 +185,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="time the Communicator's choice with this calibration: read when it fits the group and library, "
         "else measured first at --sizes and written; where the group's own collective measured faster, it runs",
+    )
+    bench.add_argument(
+        "--write-library",
+        metavar="FOLDER",
+        help="with --calibration and --library files: write each library there with 'native' bands where the "
+        "group's own collective measured faster (the runtime then runs it there without a calibration)",
     )
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")

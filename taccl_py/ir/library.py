@@ -10,7 +10,10 @@ as taccl JSON files (plain, or compressed as ``.json.xz`` or ``.json.gz``)::
      "bands": [{"min_bytes": 0, "max_bytes": 1048576, "algorithm": "allgather-0.json.xz",
                 "simulated_time_us": 41.2}, ...]}
 
-``max_bytes`` null means unbounded. MSCCL XML is not stored: ``taccl export-msccl`` derives it.
+``max_bytes`` null means unbounded. A band whose algorithm is ``"native"`` names no file: there the
+runtime runs its backend's own collective (gloo's, NCCL's), as one calibrated on the live group
+chooses where that is faster; MSCCL export writes no XML for it, so MSCCL falls back to NCCL there
+too. MSCCL XML is not stored: ``taccl export-msccl`` derives it.
 Shipped libraries live in ``algorithms/<topology>/n<nodes>/<collective>.library.json`` of the
 source tree and inside the wheel as package data (``shipped_library_dir``).
 """
@@ -32,6 +35,7 @@ from taccl_py.ir.collectives import Collective
 
 __all__ = [
     "LIBRARY_SCHEMA",
+    "NATIVE_ALGORITHM",
     "SHIPPED_PACKAGE",
     "AlgorithmLibrary",
     "Provenance",
@@ -45,6 +49,8 @@ __all__ = [
 ]
 
 LIBRARY_SCHEMA = "taccl-library/1"
+#: The algorithm name of a band that runs the backend's own collective.
+NATIVE_ALGORITHM = "native"
 # The package that carries algorithms/ as data (pyproject.toml maps the folder onto it).
 SHIPPED_PACKAGE = "taccl_py.data.algorithms"
 
@@ -76,13 +82,21 @@ class Provenance:
 
 @dataclass(frozen=True)
 class SizeBand:
-    """The algorithm for sizes ``min_bytes`` <= size < ``max_bytes`` (None: no upper end)."""
+    """The algorithm for sizes ``min_bytes`` <= size < ``max_bytes`` (None: no upper end).
+
+    ``algorithm`` None (``algorithm_file`` ``"native"``): the backend's own collective runs here.
+    """
 
     min_bytes: int
     max_bytes: int | None
-    algorithm: Algorithm
+    algorithm: Algorithm | None
     algorithm_file: str
     simulated_time_us: float | None = None
+
+    @property
+    def native(self) -> bool:
+        """Return True when the backend's own collective runs in this band."""
+        return self.algorithm is None
 
     def covers(self, size_bytes: int) -> bool:
         """Return True when ``size_bytes`` falls in this band."""
@@ -101,7 +115,7 @@ class AlgorithmLibrary:
     provenance: Provenance | None = None
 
     def select(self, size_bytes: int) -> Algorithm | None:
-        """Return the algorithm of the band covering ``size_bytes``, or None."""
+        """Return the algorithm of the band covering ``size_bytes``; None: no band, or a native one."""
         for band in self.bands:
             if band.covers(size_bytes):
                 return band.algorithm
@@ -157,7 +171,8 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
         collective = Collective(obj["collective"])
         bands = []
         for band in obj["bands"]:
-            algorithm = read_algorithm(base_dir / band["algorithm"])
+            native = band["algorithm"] == NATIVE_ALGORITHM
+            algorithm = None if native else read_algorithm(base_dir / band["algorithm"])
             bands.append(
                 SizeBand(
                     int(band["min_bytes"]),

@@ -4,7 +4,8 @@ The MSCCL runtimes load every XML file of a folder (msccl-executor-nccl's and RC
 directory) and pick, per call, the algorithm whose collective, rank count and size range fit;
 so a library becomes a folder of XML files, one per band. A band whose schedule breaks the
 runtime's limits (``taccl_py.msccl.limits``) is left out and reported: our own runtime still
-runs it from the library.
+runs it from the library. A "native" band gets no file, silently: where no XML covers a size, MSCCL
+runs NCCL's own collective, which is what the band asks for.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def generate_library_xml(library: AlgorithmLibrary, dialect: Dialect | str = Dia
     dialect = parse_dialect(dialect)
     files, skipped = [], []
     for index, band in enumerate(library.bands):
+        if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
+            continue
         try:
             files.append((library_xml_name(library, index), _band_xml(library, index, band, dialect)))
         except ArgumentError as error:

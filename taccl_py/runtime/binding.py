@@ -41,9 +41,7 @@ class BoundRound:
     recv_steps: list[tuple[int, int, int]]
     num_early: int
     send_waits: list[int]
-    computes: list[
-        tuple[Any, Any, Any, bool, int]
-    ]  # (target, source, source or None, copy sources first, receive to wait for)
+    computes: list[tuple[Any, Any, Any, Any, int]]  # (target, source, source or None, staging, receive to wait for)
     eager: list[tuple[int, int]] | None = (
         None  # per leading send segment of the next round: (piece, receive) it waits for
     )
@@ -75,14 +73,17 @@ def _messages(
 
 def _computes(
     rnd: RoundPlan, view: Any, arrivals: list[Any], send_sources: list[Any], segment_elems: int | None
-) -> list[tuple[Any, Any, Any, bool, int]]:
+) -> list[tuple[Any, Any, Any, Any, int]]:
     """Return the round's computation pieces, each with the last arrival it must wait for.
+
+    A piece is (target, source a, source b or None, staging, last arrival): ``staging`` is None,
+    or the buffers (allocated here, once per binding) the sources are copied into first.
 
     A piece that overwrites the source of a send the round waits for runs only after every
     receive of the round (then the send waits): waiting for a send while receives are still
     unwaited could deadlock on a transport that moves data only inside ``wait``.
     """
-    bound: list[tuple[Any, Any, Any, bool, int]] = []
+    bound: list[tuple[Any, Any, Any, Any, int]] = []
     ready_after, last = -1, len(arrivals) - 1
     for op in rnd.computes:
         target, sources = view(op.target), [view(s) for s in op.sources]
@@ -102,7 +103,8 @@ def _computes(
             if any(overlaps(piece, source) for source in send_sources):
                 needs = max(needs, last)
             ready_after = max(ready_after, needs)
-            bound.append((piece, parts[0], parts[1] if len(parts) > 1 else None, staged, ready_after))
+            staging = tuple(part.new_empty(part.shape) for part in parts) if staged else None
+            bound.append((piece, parts[0], parts[1] if len(parts) > 1 else None, staging, ready_after))
     return bound
 
 

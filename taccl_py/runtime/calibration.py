@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from taccl_py import __version__
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import NATIVE_ALGORITHM, AlgorithmLibrary, SizeBand
 
 __all__ = [
     "CALIBRATION_FORMAT",
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_MARGIN",
     "NATIVE",
     "Calibration",
+    "calibrated_library",
     "CalibrationKey",
     "CalibrationPoint",
     "library_fingerprint",
@@ -45,7 +47,7 @@ __all__ = [
 
 CALIBRATION_FORMAT = "taccl-calibration/1"
 #: The name a calibration gives the backend's own collective (also where the library had no algorithm).
-NATIVE = "native"
+NATIVE = NATIVE_ALGORITHM
 #: Sizes (bytes, nccl-tests convention) a calibration measures unless told otherwise: 64 KB to 64 MB
 #: in steps of 4x, where DDP buckets and FSDP shards fall.
 DEFAULT_CALIBRATION_SIZES = tuple(65536 * 4**i for i in range(6))
@@ -127,6 +129,35 @@ class Calibration:
         """Return one line: how many measured sizes each side won."""
         native = sum(p.prefers_native(self.margin) for p in self.points)
         return f"native runs at {native} of {len(self.points)} measured sizes (margin {self.margin:.0%})"
+
+
+def calibrated_library(library: AlgorithmLibrary, calibration: Calibration) -> AlgorithmLibrary:
+    """Return ``library`` with a "native" band wherever ``calibration`` runs the backend's own collective.
+
+    Bands are cut where the calibration's verdict can change (at a measured size, and between two
+    at their geometric mean, where the nearer one changes); native pieces that touch merge.
+    """
+    sizes = sorted({p.size_bytes for p in calibration.points if p.collective == library.collective.value})
+    cuts = {edge for size in sizes for edge in (size, size + 1)}
+    for low, high in zip(sizes, sizes[1:]):
+        middle = math.isqrt(low * high)  # the verdict flips just above the geometric mean; floats may blur it by one
+        cuts.update((middle, middle + 1, middle + 2))
+    pieces: list[SizeBand] = []
+    for band in library.bands:
+        edges = [band.min_bytes, *sorted(c for c in cuts if c > band.min_bytes and band.covers(c))]
+        for low, high in zip(edges, [*edges[1:], band.max_bytes]):
+            runs_natively = band.algorithm is None or calibration.native_faster(
+                library.collective, low, band.algorithm.name
+            )
+            piece = (
+                SizeBand(low, high, None, NATIVE_ALGORITHM)
+                if runs_natively
+                else replace(band, min_bytes=low, max_bytes=high)
+            )
+            if pieces and pieces[-1].algorithm_file == piece.algorithm_file and pieces[-1].max_bytes == low:
+                piece = replace(pieces.pop(), max_bytes=high)
+            pieces.append(piece)
+    return replace(library, bands=tuple(pieces))
 
 
 def library_fingerprint(bands: Sequence[tuple[str, int, int | None, str]]) -> str:

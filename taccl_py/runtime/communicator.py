@@ -40,6 +40,7 @@ from taccl_py.runtime.calibration import (
     write_calibration,
 )
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
+from taccl_py.runtime.graphs import graph_support
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
@@ -116,6 +117,11 @@ class Communicator:
         A path is a cache: read when it holds a calibration of this group's key (world size,
         transport, device, library), otherwise measured now (every rank takes part, a few seconds
         to a minute) and written there by rank 0. See :meth:`calibrate`.
+    cuda_graphs : bool
+        Capture each call into a CUDA graph on its second run with the same tensors and replay it
+        after (see :mod:`taccl_py.runtime.graphs`); every rank must pass the same value. Where
+        graphs cannot be used (CPU, the CuPy transport, an NCCL before 2.9.6) the Communicator
+        says why in one warning and runs every call eagerly.
 
     Raises
     ------
@@ -144,6 +150,7 @@ class Communicator:
         "timeout_s",
         "choices",
         "calibration",
+        "cuda_graphs",
         "_executors",
         "_dataflows",
         "_logged",
@@ -160,6 +167,7 @@ class Communicator:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         verify: bool = True,
         calibration: Any = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TransportError(
@@ -174,7 +182,7 @@ class Communicator:
         if verify:
             from taccl_py.verify import check_algorithm
 
-            for algorithm in {id(c.algorithm): c.algorithm for c in self.choices.candidates}.values():
+            for algorithm in {id(c.algorithm): c.algorithm for c in self.choices.candidates if c.algorithm}.values():
                 check_algorithm(algorithm)
         self.transport = _make_transport(transport, process_group)
         if (self.transport.rank, self.transport.world_size) != (self.rank, self.world_size):
@@ -185,6 +193,12 @@ class Communicator:
                 f"rank {self.rank} of {self.world_size} as in the group",
             )
         self.timeout_s = float(timeout_s)
+        self.cuda_graphs = False
+        if cuda_graphs:
+            unsupported = graph_support(self.transport.device, self.transport)
+            if unsupported is not None:
+                logger.warning("CUDA graphs are off: %s; every call runs eagerly", unsupported)
+            self.cuda_graphs = unsupported is None
         self._executors: OrderedDict[tuple, Executor] = OrderedDict()
         self._dataflows: dict[int, Dataflow] = {}
         self._logged: set[tuple] = set()
@@ -229,23 +243,26 @@ class Communicator:
     # -- selection --------------------------------------------------------------------------------
 
     def algorithm_for(self, collective: Collective | str, size_bytes: int) -> Algorithm | None:
-        """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's)."""
+        """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's).
+
+        None where no band covers the size, where the band is a library's "native" one, and where
+        the calibration measured torch's collective faster.
+        """
         collective = Collective(collective)
         candidate = self.choices.select(collective, int(size_bytes))
-        if candidate is None or self._native_faster(collective, int(size_bytes), candidate.algorithm):
+        if candidate is None or candidate.algorithm is None:
+            return None
+        if self.calibration is not None and self.calibration.native_faster(
+            collective, int(size_bytes), candidate.algorithm.name
+        ):
             return None
         return candidate.algorithm
-
-    def _native_faster(self, collective: Collective, size_bytes: int, algorithm: Algorithm) -> bool:
-        return self.calibration is not None and self.calibration.native_faster(collective, size_bytes, algorithm.name)
 
     # -- calibration ------------------------------------------------------------------------------
 
     def calibration_key(self) -> CalibrationKey:
         """Return what this Communicator's measured times depend on (see ``taccl_py.runtime.calibration``)."""
-        bands = [
-            (c.algorithm.collective.value, c.min_bytes, c.max_bytes, c.algorithm.name) for c in self.choices.candidates
-        ]
+        bands = [(c.collective.value, c.min_bytes, c.max_bytes, c.name) for c in self.choices.candidates]
         device = torch.device(self.transport.device).type
         return CalibrationKey(self.world_size, self.transport.name, device, library_fingerprint(bands))
 
@@ -398,16 +415,14 @@ class Communicator:
         size_bytes = collective_size_bytes(
             collective, input.numel() * input.element_size(), output.numel() * output.element_size()
         )
-        candidate = self.choices.select(collective, size_bytes)
-        if candidate is None:
-            self._log_fallback(collective, size_bytes)
+        algorithm = self.algorithm_for(collective, size_bytes)
+        if algorithm is None:
+            if self.choices.select(collective, size_bytes) is None:  # chosen "native" needs no word
+                self._log_fallback(collective, size_bytes)
             self._torch_collective(collective, output, input, op)
             return
-        if self._native_faster(collective, size_bytes, candidate.algorithm):
-            self._torch_collective(collective, output, input, op)
-            return
-        executor = self._executor(candidate.algorithm, input.dtype, numel, input.device)
-        executor.run(output, input, self.transport, op, self.timeout_s)
+        executor = self._executor(algorithm, input.dtype, numel, input.device)
+        executor.run(output, input, self.transport, op, self.timeout_s, cuda_graph=self.cuda_graphs)
 
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
         if collective not in self._logged:  # one line per collective, not one per call

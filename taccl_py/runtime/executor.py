@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -34,6 +35,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow
 from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
+from taccl_py.runtime.graphs import GraphedCalls
 from taccl_py.runtime.rank_plan import RankPlan, Storage, compile_rank_plan
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
@@ -67,13 +69,14 @@ def block_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -
 
 @dataclass
 class _Binding:
-    """The plan bound to one pair of user tensors."""
+    """The plan bound to one pair of user tensors, and the CUDA graphs of its calls (see ``run``)."""
 
     keep: tuple[Any, ...]  # the user tensors, held so their addresses stay theirs
     copy_in: list[tuple[Any, Any]]
     rounds: list[BoundRound]
     copy_out: list[tuple[Any, Any]]
     final_waits: list[int]
+    graphs: GraphedCalls = field(default_factory=GraphedCalls)  # they die with the tensors they name
 
 
 class Executor:
@@ -288,16 +291,28 @@ class Executor:
     # -- replay -----------------------------------------------------------------------------------
 
     def run(
-        self, output: Any, input: Any, transport: Transport, op: str = "sum", timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        output: Any,
+        input: Any,
+        transport: Transport,
+        op: str = "sum",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        *,
+        cuda_graph: bool = False,
     ) -> None:
         """Run the collective: ``output`` receives the result of ``input`` over all ranks.
 
         For allreduce pass the same tensor twice to reduce in place. ``op`` applies when the
-        collective reduces. Raises ArgumentError for tensors that do not fit (before anything is
-        sent) and TransportError, naming the peer and the step, when a message fails.
+        collective reduces. With ``cuda_graph`` (CUDA tensors, a transport that
+        :func:`~taccl_py.runtime.graphs.graph_support` accepts; every rank alike) the second call
+        with the same tensors, op and transport is captured into a CUDA graph and later ones
+        replay it. Raises ArgumentError for tensors that do not fit (before anything is sent) and
+        TransportError, naming the peer and the step, when a message fails.
         """
         if op not in REDUCE_OPS:
             raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
+        if cuda_graph and self.device.type != "cuda":
+            raise ArgumentError(_SOURCE, "cuda_graph", f"tensors on {self.device}", "CUDA tensors")
         self.check(output, input)
         if transport.rank != self.rank or transport.world_size != self.algorithm.num_ranks:
             raise ArgumentError(
@@ -308,6 +323,14 @@ class Executor:
             )
         self._mark_scratch_in_use()
         binding = self._binding(output, input)
+        call = partial(self._call, binding, output, transport, op, timeout_s)
+        if cuda_graph:
+            binding.graphs.run((op, id(transport)), call)
+        else:
+            call()
+
+    def _call(self, binding: _Binding, output: Any, transport: Transport, op: str, timeout_s: float) -> None:
+        """Copy in, replay the rounds, copy out and average: one whole call (what a CUDA graph captures)."""
         for dst, src in binding.copy_in:
             dst.copy_(src)
         self._replay(binding, transport, _COMBINE[op], timeout_s)
@@ -380,9 +403,10 @@ class Executor:
             if position == len(arrived):  # every receive is in: the sends the round overwrites may complete
                 self._wait_sends(pending, rnd.send_waits, timeout_s)
             while next_compute < len(computes) and computes[next_compute][4] < position:
-                target, a, b, staged, _after = computes[next_compute]
-                if staged:
-                    a, b = a.clone(), (None if b is None else b.clone())
+                target, a, b, staging, _after = computes[next_compute]
+                if staging is not None:  # sources that overlap the target are read before it is written
+                    a = staging[0].copy_(a)
+                    b = None if b is None else staging[1].copy_(b)
                 if b is None:
                     target.copy_(a)
                 else:

@@ -16,7 +16,13 @@ from typing import Any
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
+from taccl_py.ir.library import (
+    NATIVE_ALGORITHM,
+    AlgorithmLibrary,
+    read_library,
+    shipped_library_paths,
+    shipped_node_counts,
+)
 
 __all__ = ["Candidate", "AlgorithmChoices", "collect_algorithms", "collective_size_bytes"]
 
@@ -25,12 +31,29 @@ _SOURCE = "Communicator"
 
 @dataclass(frozen=True)
 class Candidate:
-    """An algorithm for ``min_bytes`` <= size < ``max_bytes`` (None: unbounded), with its origin."""
+    """What runs ``collective`` on ``num_ranks`` ranks for ``min_bytes`` <= size < ``max_bytes`` (None: unbounded).
 
-    algorithm: Algorithm
+    ``algorithm`` None is a library's "native" band: the backend's own collective runs there.
+    """
+
+    algorithm: Algorithm | None
     min_bytes: int
     max_bytes: int | None
     origin: str
+    collective: Collective
+    num_ranks: int
+
+    @classmethod
+    def of(cls, algorithm: Algorithm, origin: str) -> Candidate:
+        """Return the candidate of one algorithm over the size range it was saved with."""
+        return cls(
+            algorithm, algorithm.min_bytes, algorithm.max_bytes, origin, algorithm.collective, algorithm.num_ranks
+        )
+
+    @property
+    def name(self) -> str:
+        """Return the algorithm's name, or ``"native"``."""
+        return NATIVE_ALGORITHM if self.algorithm is None else self.algorithm.name
 
     def covers(self, size_bytes: int) -> bool:
         """Return True when ``size_bytes`` falls in the band."""
@@ -47,12 +70,12 @@ class AlgorithmChoices:
     @property
     def collectives(self) -> frozenset[Collective]:
         """Return the collectives some candidate implements."""
-        return frozenset(candidate.algorithm.collective for candidate in self.candidates)
+        return frozenset(candidate.collective for candidate in self.candidates)
 
     def select(self, collective: Collective, size_bytes: int) -> Candidate | None:
         """Return the first candidate for ``collective`` whose band covers ``size_bytes``, or None."""
         for candidate in self.candidates:
-            if candidate.algorithm.collective is collective and candidate.covers(size_bytes):
+            if candidate.collective is collective and candidate.covers(size_bytes):
                 return candidate
         return None
 
@@ -70,7 +93,14 @@ def collective_size_bytes(collective: Collective, input_bytes: int, output_bytes
 
 def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
     return [
-        Candidate(band.algorithm, band.min_bytes, band.max_bytes, f"{origin} ({band.algorithm_file})")
+        Candidate(
+            band.algorithm,
+            band.min_bytes,
+            band.max_bytes,
+            f"{origin} ({band.algorithm_file})",
+            library.collective,
+            library.num_ranks if band.algorithm is None else band.algorithm.num_ranks,
+        )
         for band in library.bands
     ]
 
@@ -91,7 +121,7 @@ def _read_path(path: Path) -> list[Candidate]:
     from taccl_py.files import read_any_algorithm  # imports the verifier; only when a file is given
 
     algorithm = read_any_algorithm(path)
-    return [Candidate(algorithm, algorithm.min_bytes, algorithm.max_bytes, str(path))]
+    return [Candidate.of(algorithm, str(path))]
 
 
 def _topology_candidates(name: str, nodes: int | None, world_size: int) -> list[Candidate]:
@@ -128,7 +158,7 @@ def _topology_name(text: str) -> str | None:
 
 def _collect_one(spec: Any, nodes: int | None, world_size: int) -> list[Candidate]:
     if isinstance(spec, Algorithm):
-        return [Candidate(spec, spec.min_bytes, spec.max_bytes, spec.name)]
+        return [Candidate.of(spec, spec.name)]
     if isinstance(spec, AlgorithmLibrary):
         return _from_library(spec, f"library of {spec.topology}")
     if isinstance(spec, (str, os.PathLike)):
@@ -187,12 +217,11 @@ def collect_algorithms(
     candidates: list[Candidate] = []
     for spec in specs:
         for candidate in _collect_one(spec, nodes, world_size):
-            if candidate.algorithm.num_ranks != world_size:
+            if candidate.num_ranks != world_size:
                 raise ArgumentError(
                     candidate.origin,
                     "num_ranks",
-                    f"{candidate.algorithm.name} runs on {candidate.algorithm.num_ranks} ranks, the group has "
-                    f"{world_size}",
+                    f"{candidate.name} runs on {candidate.num_ranks} ranks, the group has {world_size}",
                     "an algorithm for the group's world size",
                 )
             candidates.append(candidate)

@@ -51,6 +51,8 @@ class Transport(ABC):
     and ``name`` in ``__init__``. ``independent_messages`` is True when every message is matched
     and progressed on its own (gloo), so a receive may be posted before the round it belongs to;
     False when a round's messages form one group that completes together (NCCL).
+    ``graph_capturable`` is True when a whole run's posts and waits can be captured into a CUDA
+    graph (no host wait, no host-side polling; see :mod:`taccl_py.runtime.graphs`).
     """
 
     rank: int
@@ -58,6 +60,7 @@ class Transport(ABC):
     device: Any
     name: str
     independent_messages: bool = False
+    graph_capturable: bool = False
 
     @abstractmethod
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:

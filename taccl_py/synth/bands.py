@@ -134,11 +134,19 @@ def write_library(
     library = replace(
         library,
         bands=tuple(
-            replace(band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}{suffix}")
+            band
+            if band.algorithm is None  # native: no file
+            else replace(
+                band, algorithm=replace(band.algorithm, name=f"{stem}-{i}"), algorithm_file=f"{stem}-{i}{suffix}"
+            )
             for i, band in enumerate(library.bands)
         ),
     )
-    texts = {folder / band.algorithm_file: generate_algorithm_json(band.algorithm) for band in library.bands}
+    texts = {
+        folder / band.algorithm_file: generate_algorithm_json(band.algorithm)
+        for band in library.bands
+        if band.algorithm is not None
+    }
     texts[Path(path)] = generate_library(library)
     for file, text in texts.items():
         write_text_atomic(file, text)

@@ -107,6 +107,7 @@ class TorchDistTransport(Transport):
         self.backend = backend
         self.name = f"torch-{backend}"
         self.independent_messages = backend == "gloo"
+        self.graph_capturable = backend == "nccl"  # batch_isend_irecv and stream-ordered waits only
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         # p2p calls take global ranks on every torch version we support (group_dst is newer)
