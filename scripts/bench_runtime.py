@@ -6,9 +6,9 @@ schedule, the shipped algorithms and the baselines of the built-in machines that
 and torch.distributed's collective, alternately, on the same group: the median over --iters of
 the slowest rank. "best" is the fastest candidate at that size, known only afterwards; "chosen"
 is what a Communicator on the ring library runs once calibrated on the group (the ring, or gloo's
-own where that measured faster), timed again after the calibration. The executor's own cost per
-round is measured over a transport that moves nothing. Writes the ``runtime`` section of
-BENCHMARKS.md unless --no-write.
+own unless the ring measured more than 5% faster), timed again after the calibration. The
+executor's own cost per round is measured over a transport that moves nothing. Writes the
+``runtime`` section of BENCHMARKS.md unless --no-write.
 
     python scripts/bench_runtime.py                          # 4 and 8 ranks, 64KB-64MB (minutes)
     python scripts/bench_runtime.py --ranks 4 --sizes 1MB,4MB --iters 5 --no-write
@@ -172,7 +172,8 @@ def write_section(args: argparse.Namespace, load: str, main_table: str, overhead
         "each ratio "
         "divides the gloo time measured alternately with that algorithm by the algorithm's own. chosen = what a "
         "Communicator on the ring library runs after `Communicator.calibrate` on the same group (the ring, or "
-        "gloo's own where that measured faster: `taccl_py.runtime.calibration`), timed in a second pass.\n\n"
+        "gloo's own unless the ring measured more than 5% faster: `taccl_py.runtime.calibration`), "
+        "timed in a second pass.\n\n"
         f"```\n{main_table}\n```\n\n"
         "Our side runs as the Communicator runs it on gloo: receives posted a round early, messages cut into 1 MB "
         "segments, each reduced as it arrives and forwarded at once.\n\n"

@@ -8,7 +8,8 @@ Every rank needs a CUDA device. Four parts, rank 0 prints each as a table:
 1. exactness: every algorithm of ``--library`` (and rings for the world size) through the torch
    NCCL transport and the CuPy NCCL transport, on the current stream and on a side stream, in
    float32/float16/bfloat16 with sum (and max), against NCCL's own collective on the same
-   integer-valued random data (so every order of summation gives the same bits);
+   integer-valued random data (so every order of summation gives the same bits); then each
+   algorithm three times through one CUDA graph on the torch NCCL transport (eager, captured, replayed);
 2. the ``taccl`` backend's all_reduce / all_gather_single / reduce_scatter_single, likewise;
 3. times in the nccl-tests format (algbw, busbw) of our Communicator and of NCCL, alternated;
 4. a DDP step with the hook and with the ``taccl`` backend, and an FSDP2 step on the ``taccl``
@@ -149,6 +150,32 @@ def check_algorithms(algorithms: Sequence[Algorithm], transports: dict[str, Any]
     return rows
 
 
+def check_graphs(algorithms: Sequence[Algorithm], transport: Any, reference: Any, rank: int) -> list:
+    """Return rows (algorithm, transport, cases, failures) of three calls through one CUDA graph against NCCL.
+
+    The same tensors take fresh data each call: the first runs eagerly, the second is captured and
+    replayed, the third only replays (``Executor.run(cuda_graph=True)``).
+    """
+    rows = []
+    for algorithm in algorithms:
+        numel = NUMELS[0]
+        executor = Executor(algorithm, transport.rank, torch.float32, numel, transport.device)
+        inputs, outputs = executor.expected_numels()
+        data = torch.empty(inputs, device=transport.device)
+        in_place = algorithm.collective is Collective.ALLREDUCE
+        output = data if in_place else torch.empty(outputs, device=transport.device)
+        failures = []
+        for call, how in enumerate(("eager", "captured", "replayed")):
+            fresh = integer_data(inputs, torch.float32, 5000 + 10 * call + rank, transport.device)
+            data.copy_(fresh)
+            expected = group_result(algorithm.collective, fresh, numel, "sum", reference)
+            executor.run(output, data, transport, cuda_graph=True)
+            if not torch.equal(output, expected):
+                failures.append(f"call {call + 1} ({how})")
+        rows.append((algorithm.name, f"{transport.name} graph", 3, failures))
+    return rows
+
+
 def check_backend(world: int, rank: int, device: torch.device, reference: Any) -> list:
     """Return rows (collective, cases, failures) of the default ``taccl`` group against NCCL's own."""
     rows = []
@@ -273,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     algorithms = {id(c.algorithm): c.algorithm for c in collect_algorithms(library, world).candidates}
     exact = check_algorithms(list(algorithms.values()), transports, reference, rank)
+    exact += check_graphs(list(algorithms.values()), transports["torch-nccl"], reference, rank)
     backend = check_backend(world, rank, device, reference)
     comm = Communicator(dist.new_group(backend="nccl"), library)
     times = time_collectives(comm, [int(s) for s in args.sizes.split(",")], args.iters)
