@@ -366,6 +366,18 @@ class RecordingBackend:
     def recv(self, tensors: list, peer: int, tag: int) -> None:
         self.calls.append(("recv", peer, tag))
 
+    def allreduce(self, tensors: list) -> RecordingWork:
+        self.calls.append(("allreduce", tensors[0].numel()))
+        return RecordingWork(self.calls)
+
+
+def test_a_link_warms_up_with_one_collective_on_every_rank() -> None:
+    from taccl_py.runtime.backend_transport import BackendTransport
+
+    backend = RecordingBackend()
+    BackendTransport(backend, torch.device("cpu")).warm_up()
+    assert backend.calls == [("allreduce", 1), ("wait",)]
+
 
 def test_an_nccl_round_goes_out_as_one_coalesced_group() -> None:
     from taccl_py.runtime.backend_transport import BackendTransport

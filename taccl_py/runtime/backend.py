@@ -156,6 +156,8 @@ class TacclProcessGroup(dist.ProcessGroup):
                     kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout
                 )
                 self._links[device_type] = BackendTransport(link, device)
+                if kind == "nccl":  # every rank makes the group together: the one moment all take part
+                    self._links[device_type].warm_up()
         self._set_default_backend(default_type)
         self._worker = OrderedWorker(f"taccl-pg-rank{rank}")
 

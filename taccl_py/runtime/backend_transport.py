@@ -89,6 +89,16 @@ class BackendTransport(Transport):
         # gloo matches and progresses each message on its own, so the executor may post early
         self.independent_messages = not self._coalesce
 
+    def warm_up(self) -> None:
+        """Run one collective on the backend: NCCL's first batched p2p call needs every rank, a round may not.
+
+        Every rank of the group must call it; the taccl group does, for its NCCL link, as it is made.
+        """
+        try:
+            self._backend.allreduce([torch.zeros(1, device=self.device)]).wait()
+        except RuntimeError as error:
+            raise TransportError(f"{self.name}: warm-up all-reduce failed: {error}") from error
+
     def post(self, sends: Sequence[Message], recvs: Sequence[Message]) -> tuple[Sequence[Pending], Sequence[Pending]]:
         """Issue a round's sends and receives without blocking; return their Pending, in order."""
         try:
