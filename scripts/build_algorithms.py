@@ -120,6 +120,7 @@ def build_instance(
     library = replace(result.library, topology=topology_name, provenance=provenance)
     if write:
         path = library_path(topology_name, nodes, collective)
+        path.parent.mkdir(parents=True, exist_ok=True)  # a machine or node count shipped for the first time
         for old in path.parent.glob(f"{collective}-*"):
             old.unlink()
         write_library(library, path, compress=True)

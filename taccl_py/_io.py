@@ -12,9 +12,9 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
-from taccl_py.errors import FormatError, InputError
+from taccl_py.errors import ArgumentError, FormatError, InputError
 
-__all__ = ["XZ_PRESET", "decode_json", "read_text", "write_text_atomic"]
+__all__ = ["XZ_PRESET", "decode_json", "read_text", "write_bytes_atomic", "write_text_atomic"]
 
 # xz level for compressed schedules: 64-rank schedules are megabytes of repetitive JSON, which level 9
 # packs to less than half of gzip's size; decompressing stays in the tens of milliseconds.
@@ -58,15 +58,25 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     if str(path) == "-":
         sys.stdout.write(text)
         return
+    data = text.encode("utf-8")
+    if str(path).endswith(".xz"):
+        data = lzma.compress(data, preset=XZ_PRESET)
+    elif str(path).endswith(".gz"):
+        data = gzip.compress(data, mtime=0)
+    write_bytes_atomic(path, data)
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary sibling and a rename, with a plain ``open()``'s mode.
+
+    Raises ArgumentError, writing nothing, when the folder of ``path`` does not exist: a mistyped
+    ``-o`` should not leave new folders behind.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        raise ArgumentError(str(path), None, f"its folder {path.parent} does not exist", "a path in an existing folder")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        data = text.encode("utf-8")
-        if path.name.endswith(".xz"):
-            data = lzma.compress(data, preset=XZ_PRESET)
-        elif path.name.endswith(".gz"):
-            data = gzip.compress(data, mtime=0)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         # mkstemp creates the file 0600; give it the permissions a plain open() would

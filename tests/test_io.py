@@ -7,15 +7,23 @@ import os
 import pytest
 
 from taccl_py._io import read_text, write_text_atomic
-from taccl_py.errors import FormatError
+from taccl_py.errors import ArgumentError, FormatError
 
 
 def test_write_is_atomic_readable_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "sub" / "a.json"
+    path.parent.mkdir()
     write_text_atomic(path, "héllo\n")
     assert read_text(path) == "héllo\n"
     assert oct(os.stat(path).st_mode & 0o777) != oct(0o600)
     assert [p.name for p in path.parent.iterdir()] == ["a.json"]
+
+
+def test_a_missing_folder_is_one_error_and_nothing_is_created(tmp_path):
+    path = tmp_path / "no" / "such" / "a.json"
+    with pytest.raises(ArgumentError, match="its folder .*/no/such does not exist"):
+        write_text_atomic(path, "x")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("suffix", [".gz", ".xz"])

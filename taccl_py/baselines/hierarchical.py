@@ -14,6 +14,8 @@ channel's share into ``chunks`` pieces. With one machine this is the ring algori
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from taccl_py.baselines._orders import node_ranks
 from taccl_py.baselines._plans import Piece, ring_allgather_items, ring_reducescatter_items
 from taccl_py.baselines.ring import MAX_CHANNELS, machine_rings
@@ -173,14 +175,14 @@ def hierarchical_algorithm(
         total, items = _allreduce_items(grid, pieces)
     else:
         total, items = _gather_items(grid, pieces, reduce=collective is Collective.REDUCESCATTER)
+    algorithm = lower_plan("hierarchical", collective, topology.num_ranks, total, items)
+    # the name and metadata count every channel, the cross-machine ring's included, as MSCCL will
+    channels = algorithm.num_channels
     metadata = (
         ("baseline", "hierarchical"),
         ("topology", topology.name),
-        ("channels", str(len(rings))),
+        ("channels", str(channels)),
         ("chunks", str(pieces)),
         ("local_rings", "; ".join(" ".join(map(str, ring)) for ring in rings)),
     )
-    algorithm = lower_plan(
-        f"hierarchical-{len(rings)}ch-{pieces}p", collective, topology.num_ranks, total, items, metadata=metadata
-    )
-    return check_algorithm(algorithm)
+    return check_algorithm(replace(algorithm, name=f"hierarchical-{channels}ch-{pieces}p", metadata=metadata))

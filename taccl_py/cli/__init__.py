@@ -1,22 +1,35 @@
 """The ``taccl`` command line: a thin layer that parses, calls the library, and formats.
 
-Every ``TacclError`` becomes one ``error: ...`` line on stderr and exit status 2, here and
-nowhere else; other exceptions keep their traceback.
+The one error path of the CLI is here: every ``TacclError`` becomes one ``error: ...`` line on
+stderr and exit status 2, and so does a missing optional package (naming the extra that provides
+it); Ctrl-C exits with 130 and a closed output pipe with 141 (128 + the signal, as a shell
+reports them), without a traceback. Other exceptions are bugs and keep theirs.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from types import MappingProxyType
 
+from taccl_py import __version__
 from taccl_py.cli import algo, bench, place, sim, synth, topo
 from taccl_py.errors import TacclError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["EXIT_CLOSED_PIPE", "EXIT_INPUT", "EXIT_INTERRUPTED", "OPTIONAL_PACKAGES", "build_parser", "main"]
 
 _SUBCOMMAND_MODULES = (topo, algo, sim, synth, bench, place)
+#: Exit status for a fault of the input, an argument or the environment.
+EXIT_INPUT = 2
+#: Exit status after Ctrl-C (128 + SIGINT) and after the reader of stdout went away (128 + SIGPIPE).
+EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 130, 141
+#: The optional extra (``pip install 'taccl-py[extra]'``) that provides each package imported on demand.
+OPTIONAL_PACKAGES = MappingProxyType(
+    {"matplotlib": "plot", "torch": "runtime", "cupy": "cuda", "pynvml": "cuda", "ortools": "cpsat"}
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="taccl", description="Synthesize, verify, simulate and run collective algorithms."
     )
+    parser.add_argument("--version", action="version", version=f"taccl {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _SUBCOMMAND_MODULES:
@@ -33,13 +47,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``taccl`` command line with ``argv``; return the exit status."""
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # Whatever is still buffered for stdout would raise again at exit: send it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the provenance of what is written
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the error path, not at exit
+        return status
     except TacclError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        return _error_line(str(error))
+    except ModuleNotFoundError as error:
+        package = (error.name or "").partition(".")[0]
+        if package not in OPTIONAL_PACKAGES:
+            raise
+        extra = OPTIONAL_PACKAGES[package]
+        return _error_line(
+            f"taccl {args.command}: {package} is not installed; expected pip install 'taccl-py[{extra}]'"
+        )
+
+
+def _error_line(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_INPUT

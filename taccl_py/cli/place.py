@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Assign S pipeline stages to GPUs so the activation transfers stage k -> k+1 are cheapest "
         "under the alpha-beta model; print the order and its modelled p2p time against the naive order.",
     )
-    parser.add_argument("--topology", required=True, help="built-in name or topology file")
+    parser.add_argument("--topology", "-t", required=True, help="built-in name or topology file")
     parser.add_argument("--nodes", type=int, default=1, help="machines joined by a network switch (default 1)")
     parser.add_argument("--stages", type=int, required=True, help="number of pipeline stages (<= GPUs)")
     parser.add_argument(

@@ -78,6 +78,8 @@ def write_library_xml(
     Every text is generated before the first file is written, each file through a temporary name.
     """
     export = generate_library_xml(library, dialect)
+    if export.files:
+        Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in export.files:
         write_text_atomic(Path(folder) / name, text)
     return export

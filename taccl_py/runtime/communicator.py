@@ -436,7 +436,7 @@ class Communicator:
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
         if collective not in self._logged:  # one line per collective, not one per call
             self._logged.add(collective)
-            logger.info(
+            logger.warning(  # a warning: shown by default, as the README promises
                 "no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own (logged once per "
                 "collective)",
                 collective.value,

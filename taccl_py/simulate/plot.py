@@ -7,11 +7,11 @@ taccl-py[plot]``); the figure is drawn without pyplot, so no global figure state
 from __future__ import annotations
 
 import io
-import os
 from collections import defaultdict
 from pathlib import Path
 from types import MappingProxyType
 
+from taccl_py._io import write_bytes_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate.result import SimulationResult, TimelineRecord, resource_label
 from taccl_py.units import format_size
@@ -52,19 +52,6 @@ def _lanes(records: list[TimelineRecord]) -> list[int]:
         lane_end[free] = record.end_us
         lanes[index] = free % MAX_LANES
     return lanes
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary sibling (created with the usual permissions) and rename it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _draw(result: SimulationResult, rows: list[tuple[str, str]], by_link: dict, total_links: int):
@@ -151,4 +138,4 @@ def plot_timeline(result: SimulationResult, path: str | Path) -> None:
     figure = _draw(result, rows, by_link, len(by_link))
     buffer = io.BytesIO()
     figure.savefig(buffer, format=fmt)
-    _write_bytes_atomic(path, buffer.getvalue())
+    write_bytes_atomic(path, buffer.getvalue())

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import math
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
+from taccl_py._io import write_bytes_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.topology.model import Link, Topology, Vertex, VertexKind
 
@@ -229,15 +229,9 @@ def draw_topology(topology: Topology, path: str | Path, title: str | None = None
 
 
 def _save_atomic(figure: object, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        figure.savefig(tmp, dpi=110, format=path.suffix.lower()[1:], bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=110, format=path.suffix.lower()[1:], bbox_inches="tight")
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def _draw_nodes_boxes(axes: object, topology: Topology, positions: Mapping[str, tuple[float, float]]) -> None:
