@@ -141,7 +141,7 @@ def test_export_msccl_writes_every_band_of_a_machines_shipped_libraries(tmp_path
         ),
         (
             ["ndv2", "--dialect", "old", "-o", "/no/such/dir/x"],
-            "error: /no/such/dir/x: -o: its parent folder does not exist",
+            "error: /no/such/dir/x: -o: its folder /no/such/dir does not exist",
         ),
     ],
 )

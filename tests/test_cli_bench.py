@@ -98,7 +98,7 @@ def test_bench_writes_the_library_with_native_bands_where_gloo_won(tmp_path: Pat
     ("extra", "pattern"),
     [
         (["--write-library", "out"], "--write-library: given without --calibration"),
-        (["--write-library", "/no/such/dir/out", "--calibration", "c.json"], "its parent folder does not exist"),
+        (["--write-library", "/no/such/dir/out", "--calibration", "c.json"], "its folder /no/such/dir does not exist"),
     ],
 )
 def test_bench_refuses_a_library_it_cannot_write_before_measuring(

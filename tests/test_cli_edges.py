@@ -101,6 +101,7 @@ def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path) -> N
     [
         ["baseline", "ring", "-t", "ndv2", "-c", "allgather", "-o"],
         ["topo", "draw", "ndv2", "-o"],
+        ["synthesize", "-t", "dgx2", "--nodes", "4", "-c", "allreduce", "-o"],  # refused before minutes of work
     ],
 )
 def test_an_output_in_a_missing_folder_is_one_error_and_creates_nothing(

@@ -13,11 +13,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import MappingProxyType
 
 from taccl_py import __version__
 from taccl_py.cli import algo, bench, place, sim, synth, topo
-from taccl_py.errors import TacclError
+from taccl_py.errors import ArgumentError, TacclError
 
 __all__ = ["EXIT_CLOSED_PIPE", "EXIT_INPUT", "EXIT_INTERRUPTED", "OPTIONAL_PACKAGES", "build_parser", "main"]
 
@@ -26,6 +27,10 @@ _SUBCOMMAND_MODULES = (topo, algo, sim, synth, bench, place)
 EXIT_INPUT = 2
 #: Exit status after Ctrl-C (128 + SIGINT) and after the reader of stdout went away (128 + SIGPIPE).
 EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 130, 141
+#: Options naming a file (or a folder) a command writes, by their argparse attribute.
+OUTPUT_OPTIONS = MappingProxyType(
+    {"output": "-o", "xml": "--xml", "plot": "--plot", "write_library": "--write-library"}
+)
 #: The optional extra (``pip install 'taccl-py[extra]'``) that provides each package imported on demand.
 OPTIONAL_PACKAGES = MappingProxyType(
     {"matplotlib": "plot", "torch": "runtime", "cupy": "cuda", "pynvml": "cuda", "ortools": "cpsat"}
@@ -65,6 +70,7 @@ def _run(argv: Sequence[str] | None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
+        _check_output_folders(args)
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows up here, inside the error path, not at exit
         return status
@@ -78,6 +84,15 @@ def _run(argv: Sequence[str] | None) -> int:
         return _error_line(
             f"taccl {args.command}: {package} is not installed; expected pip install 'taccl-py[{extra}]'"
         )
+
+
+def _check_output_folders(args: argparse.Namespace) -> None:
+    """Raise ArgumentError, before any work, for an output whose folder does not exist (we create none)."""
+    for attribute, option in OUTPUT_OPTIONS.items():
+        value = getattr(args, attribute, None)
+        if isinstance(value, str) and value != "-" and not Path(value).parent.is_dir():
+            folder = Path(value).parent
+            raise ArgumentError(value, option, f"its folder {folder} does not exist", "a path in an existing folder")
 
 
 def _error_line(message: str) -> int:

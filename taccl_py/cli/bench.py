@@ -89,8 +89,6 @@ def _check_write_library(args: argparse.Namespace) -> None:
     not_libraries = [item for item in args.library or [args.algorithm] if not item.endswith(".library.json")]
     if not_libraries:
         raise ArgumentError(not_libraries[0], "--write-library", "not a *.library.json", "--library files only")
-    if not Path(args.write_library).parent.is_dir():
-        raise ArgumentError(args.write_library, "--write-library", "its parent folder does not exist", "a folder")
 
 
 def _write_calibrated_libraries(args: argparse.Namespace) -> None:
