@@ -71,21 +71,23 @@ def test_a_closed_pipe_is_quiet() -> None:
     assert stderr == ""
 
 
-def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path) -> None:
-    target = tmp_path / "ar.json"
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path, jobs: str) -> None:
+    target = tmp_path / "ag.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "taccl_py", "synthesize", "-t", "ndv2", "-c", "allgather", "--sizes", "1KB-1GB"]
-        + ["-o", str(target)],
+        + ["--jobs", jobs, "-o", str(target)],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
         cwd=REPO,
+        start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches the workers too
     )
     started = time.monotonic()
     for line in process.stderr:  # interrupt once synthesis is under way
         if "candidate" in line or time.monotonic() - started > 60:
             break
-    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)
     with process.stderr:
         rest = process.stderr.read()
     assert process.wait(timeout=300) == EXIT_INTERRUPTED

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import TypeVar
@@ -48,6 +49,11 @@ def _collecting(job: Job) -> tuple[object, tuple[str, ...]]:
     return value, tuple(lines)
 
 
+def _exit_on_interrupt() -> None:
+    """Make Ctrl-C end this worker at once and quietly: the parent reports it, once."""
+    signal.signal(signal.SIGINT, lambda _signal, _frame: os._exit(128 + signal.SIGINT))
+
+
 def _context() -> multiprocessing.context.BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -61,7 +67,10 @@ def run_jobs(jobs: Sequence[Job], workers: int, progress: Callable[[str], None] 
     if workers <= 1 or len(jobs) <= 1:
         return [job(progress) for job in jobs]
     values: list[object] = [None] * len(jobs)
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=_context()) as pool:
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=_context(), initializer=_exit_on_interrupt
+    )
+    with pool:
         futures = {pool.submit(_collecting, job): index for index, job in enumerate(jobs)}
         for future in as_completed(futures):
             value, lines = future.result()
