@@ -9,7 +9,7 @@ import sys
 from taccl_py.cli._output import format_table
 from taccl_py.placement import DEFAULT_ACTIVATION_BYTES, PlacementResult, place_pipeline
 from taccl_py.topology.builtins import load_topology
-from taccl_py.units import format_size, parse_size
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--activation-size",
         default=format_size(DEFAULT_ACTIVATION_BYTES),
-        help="bytes sent between stages per microbatch (default 16MB)",
+        help=f"bytes sent between stages per microbatch (default 16MB; {SIZE_SUFFIXES_HELP})",
     )
     parser.add_argument(
         "--method", choices=("auto", "exact", "heuristic"), default="auto", help="exact up to 16 GPUs per node (auto)"

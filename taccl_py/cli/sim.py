@@ -14,7 +14,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology import load_topology
-from taccl_py.units import format_size, parse_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
 
@@ -137,7 +137,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
     _add_topology(sim)
     sim.add_argument(
-        "--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES})"
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES}; {SIZE_SUFFIXES_HELP})",
     )
     sim.add_argument("--plot", metavar="IMAGE", help="also draw the timeline at the largest size (.png or .svg)")
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -164,7 +166,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rings or trees in parallel, or trees per rank for packed trees (default: as the topology suggests)",
     )
     base.add_argument("--chunks", type=int, help="pieces per channel, the pipeline depth (default: 1; trees 4)")
-    base.add_argument("--size", help="packed trees: the size their pipeline depth is tuned for (e.g. 64MB)")
+    base.add_argument(
+        "--size", help=f"packed trees: the size their pipeline depth is tuned for (e.g. 64MB; {SIZE_SUFFIXES_HELP})"
+    )
     base.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for JSON on stdout)"
     )

@@ -15,7 +15,7 @@ from taccl_py.synth.jobs import available_cores
 from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth.solver import SOLVERS, BudgetBound
 from taccl_py.topology import load_topology
-from taccl_py.units import format_size, parse_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_budget_line", "format_synthesis_table"]
 
@@ -145,8 +145,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--collective", "-c", required=True, choices=_COLLECTIVES)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--size", help="the size to synthesize for, e.g. 64MB (default 64MB)")
-    group.add_argument("--sizes", help="sizes for a library of bands: a list or a range, e.g. 1KB-1GB")
+    group.add_argument("--size", help=f"the size to synthesize for, e.g. 64MB (default 64MB; {SIZE_SUFFIXES_HELP})")
+    group.add_argument(
+        "--sizes", help=f"sizes for a library of bands: a list or a range, e.g. 1KB-1GB ({SIZE_SUFFIXES_HELP})"
+    )
     parser.add_argument("--sketch", metavar="FILE", help="a sketch: ours (taccl-sketch/1) or TACCL's sketch JSON")
     parser.add_argument(
         "--time-limit",
