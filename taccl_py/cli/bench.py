@@ -13,7 +13,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from taccl_py.cli._output import format_table, progress_to_stderr
+from taccl_py.cli._output import format_ratio, format_table, progress_to_stderr
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
@@ -37,7 +37,7 @@ def format_rows(rows: list) -> str:
             f"{r.torch_time_us:.0f}",
             f"{r.ours_algbw_GBps:.3f}",
             f"{r.torch_algbw_GBps:.3f}",
-            f"{r.speedup:.2f}x",
+            format_ratio(r.speedup),
         ]
         for r in rows
     ]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from taccl_py.cli._output import format_table
+from taccl_py.cli._output import format_ratio, format_table
 from taccl_py.placement import DEFAULT_ACTIVATION_BYTES, PlacementResult, place_pipeline
 from taccl_py.topology.builtins import load_topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size
@@ -65,6 +65,6 @@ def _report(result: PlacementResult) -> str:
     lines.append(f"rank list: {result.rank_list()}")
     lines.append(
         f"p2p per microbatch: placed {result.time_us:.1f} us, naive {result.naive_time_us:.1f} us, gain "
-        f"{result.gain:.2f}x"
+        f"{format_ratio(result.gain)}"
     )
     return "\n".join(lines)

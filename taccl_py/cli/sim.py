@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
-from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_table, progress_to_stderr
+from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_ratio, format_table, progress_to_stderr
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.ir.collectives import Collective
@@ -50,7 +50,7 @@ def format_simulation_table(results: list[SimulationResult], baselines: list[tup
                 f"{result.fraction_of_bound:.3f}",
                 name,
                 "-" if time_us is None else f"{time_us:.2f}",
-                "-" if time_us is None else f"{time_us / result.time_us:.2f}x",
+                "-" if time_us is None else format_ratio(time_us / result.time_us),
             )
         )
     return format_table(_HEADERS, rows)

@@ -7,17 +7,19 @@ import shlex
 import sys
 from dataclasses import replace
 
-from taccl_py.cli._output import format_table
+from taccl_py.cli._output import format_ratio, format_table
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, write_any_algorithm
+from taccl_py.ir.algorithm import Algorithm
 from taccl_py.synth import SynthesisResult, synthesize, write_library
+from taccl_py.synth.candidates import exportable
 from taccl_py.synth.jobs import available_cores
 from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth.solver import SOLVERS, BudgetBound
 from taccl_py.topology import load_topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
-__all__ = ["register", "format_budget_line", "format_synthesis_table"]
+__all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 _HEADERS = ("size", "chosen", "time (us)", "of bound", "synthesized (us)", "best baseline", "baseline (us)", "speedup")
@@ -45,10 +47,30 @@ def format_synthesis_table(result: SynthesisResult) -> str:
                 "-" if syn is None else f"{syn.time_us:.2f}",
                 choice.baseline_name or "-",
                 "-" if base is None else f"{base.time_us:.2f}",
-                "-" if base is None or syn is None else f"{base.time_us / syn.time_us:.2f}x",
+                "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
             )
         )
     return format_table(_HEADERS, rows)
+
+
+def choose_written_algorithm(result: SynthesisResult, *, want_xml: bool = False) -> tuple[Algorithm, str | None]:
+    """Return the algorithm a one-size synthesis writes, and a note when it is not the synthesized one.
+
+    The best baseline is written where it is faster than every synthesized algorithm (as a library
+    band would choose it), so a slower synthesis is never written as if it were better; with
+    ``want_xml`` only if the baseline loads in the MSCCL runtimes, else the synthesis is written
+    and the note says the baseline is faster.
+    """
+    choice = result.choices[-1]
+    if not choice.baseline_chosen or choice.synthesized is None:
+        return result.algorithm, None
+    slower = (
+        f"the synthesized algorithm ({choice.synthesized.time_us:.1f} us) is slower than the best baseline "
+        f"{choice.baseline_name} ({choice.chosen_result.time_us:.1f} us) at {format_size(choice.size_bytes)}"
+    )
+    if want_xml and not exportable(choice.chosen):
+        return result.algorithm, f"note: {slower}, which has no MSCCL XML; writing the synthesized algorithm"
+    return choice.chosen, f"note: {slower}; writing {choice.baseline_name} instead"
 
 
 def format_budget_line(result: SynthesisResult, time_limit_s: float | None) -> str:
@@ -110,10 +132,13 @@ def _synthesize(args: argparse.Namespace) -> int:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
         write_library(replace(result.library, provenance=provenance), args.output, progress=_stderr)
     else:
-        write_any_algorithm(result.algorithm, args.output)
+        algorithm, note = choose_written_algorithm(result, want_xml=args.xml is not None)
+        if note is not None:
+            _stderr(note)
+        write_any_algorithm(algorithm, args.output)
         _stderr(f"wrote {args.output}")
         if args.xml is not None:
-            write_any_algorithm(result.algorithm, args.xml)
+            write_any_algorithm(algorithm, args.xml)
             _stderr(f"wrote {args.xml}")
     _stderr(format_budget_line(result, args.time_limit))
     print(
