@@ -279,3 +279,16 @@ def test_xml_with_sizes(tmp_path, capsys):
         capsys,
         "--xml with --sizes",
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--sizes", "1KB,1MB", "-o", "l.json", "--runtime", "rccl"], "--runtime with --sizes"),
+        (["-o", "a.json", "--runtime", "rccl"], "runtime rccl for a JSON output; expected --runtime only with .xml"),
+    ],
+)
+def test_a_runtime_without_xml_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, extra, fragment):
+    monkeypatch.setattr("taccl_py.cli.synth.synthesize", lambda *a, **k: pytest.fail("synthesized"))
+    argv = ["synthesize", "-t", "ndv2", "-c", "allgather"] + [str(tmp_path / a) if "." in a else a for a in extra]
+    _fails(argv, tmp_path, capsys, fragment)
