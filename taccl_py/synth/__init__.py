@@ -3,10 +3,11 @@ logical topology shaped by a communication sketch, for AllGather, ReduceScatter 
 
 ``synthesize`` is the one entry point. For one size it synthesizes a few chunkings
 (``taccl_py.synth.candidates``), verifies each, simulates them and returns the fastest with the
-best baseline's time beside it. For several sizes it also builds a library of size bands that
-keeps, per size, the fastest of the synthesized algorithms and the baselines
-(``taccl_py.synth.bands``). The stages live in ``logical``, ``routing`` (with the routes of
-``tree_packing`` and ``hierarchy`` as starts and alternatives), ``ordering``, ``scheduling``,
+best baseline's time beside it; its ``SizeChoice`` names the baseline as chosen where that is
+faster. For several sizes it also builds a library of size bands that keeps, per size, the
+fastest of the synthesized algorithms and the baselines (``taccl_py.synth.bands``). The stages
+live in ``logical``, ``routing`` (with the routes of ``tree_packing`` and ``hierarchy`` as starts
+and alternatives), ``ordering``, ``scheduling``,
 ``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
 automatically.
 """
