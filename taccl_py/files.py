@@ -16,6 +16,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json
 from taccl_py.msccl import Dialect, generate_msccl_xml, looks_like_msccl_xml, parse_msccl_xml
+from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
 from taccl_py.verify import check_algorithm
 
 __all__ = [
@@ -68,10 +69,12 @@ def algorithm_format(path: str | Path, dialect: Dialect | str | None = None) -> 
     return _FORMATS[suffix]
 
 
-def generate_any_algorithm(algorithm: Algorithm, fmt: str, dialect: Dialect | str | None = None) -> str:
-    """Return the text of ``algorithm`` in ``fmt`` (``"json"`` or ``"xml"``) without verifying it."""
+def generate_any_algorithm(
+    algorithm: Algorithm, fmt: str, dialect: Dialect | str | None = None, *, runtime: Runtime | str = DEFAULT_RUNTIME
+) -> str:
+    """Return the text of ``algorithm`` in ``fmt`` (``"json"`` or ``"xml"``, within ``runtime``'s limits) unverified."""
     if fmt == "xml":
-        return generate_msccl_xml(algorithm, dialect if dialect is not None else Dialect.NEW)
+        return generate_msccl_xml(algorithm, dialect if dialect is not None else Dialect.NEW, runtime=runtime)
     return generate_algorithm_json(algorithm)
 
 
@@ -81,6 +84,7 @@ def write_any_algorithm(
     dialect: Dialect | str | None = None,
     *,
     verify: bool = True,
+    runtime: Runtime | str = DEFAULT_RUNTIME,
 ) -> None:
     """Verify ``algorithm`` and write it to ``path`` in the format its extension names.
 
@@ -92,6 +96,8 @@ def write_any_algorithm(
         ``*.json`` for taccl JSON, ``*.xml`` for MSCCL-IR XML, ``-`` for stdout.
     dialect : {"new", "old"} or None
         XML dialect (default ``new``); an error for JSON.
+    runtime : {"portable", "msccl-executor-nccl", "msccl", "rccl"}
+        XML only: the MSCCL runtime whose limits the file must meet (default ``portable``, all of them).
 
     Raises
     ------
@@ -103,4 +109,4 @@ def write_any_algorithm(
     fmt = algorithm_format(path, dialect)
     if verify:
         check_algorithm(algorithm)
-    write_text_atomic(path, generate_any_algorithm(algorithm, fmt, dialect))
+    write_text_atomic(path, generate_any_algorithm(algorithm, fmt, dialect, runtime=runtime))

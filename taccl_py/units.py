@@ -1,46 +1,85 @@
-"""Parse and format sizes in bytes: ``"64MB"`` -> 64_000_000, ranges ``"1KB-1GB"``.
+"""Parse and format sizes in bytes: ``"64MB"`` -> 64_000_000, ``"64M"`` -> 67_108_864, ranges ``"1KB-1GB"``.
 
-Sizes are decimal (1 MB = 10**6 bytes) as in nccl-tests' tables and TACCL's µs/MB profiles;
-binary suffixes (KiB, MiB, GiB) are accepted too.
+Suffixes follow nccl-tests (``-b 64M`` means 64 × 2**20 bytes): ``K``, ``M``, ``G``, ``T`` and
+``KiB``, ``MiB``, ``GiB``, ``TiB`` are powers of two; ``KB``, ``MB``, ``GB``, ``TB`` are powers of
+ten (1 MB = 10**6 bytes, as in TACCL's µs/MB profiles); ``B`` or no suffix means bytes. Suffixes
+are case-insensitive.
+
+Labels (``format_size``) read back exactly: the shortest of ``<n>KiB``/``MiB``/``GiB``/``TiB``,
+``<n>KB``/``MB``/``GB``/``TB`` (at most three decimals) and ``<n>B`` that names the size without
+rounding, so a binary multiple prints with a binary suffix and a decimal one with a decimal suffix.
 """
 
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 
 from taccl_py.errors import ArgumentError
 
-__all__ = ["BYTES_PER_US_PER_GBPS", "MBPS_PER_GBPS", "parse_size", "parse_sizes", "format_size", "size_range"]
+__all__ = [
+    "BYTES_PER_US_PER_GBPS",
+    "MBPS_PER_GBPS",
+    "SIZE_SUFFIXES_HELP",
+    "parse_size",
+    "parse_sizes",
+    "format_size",
+    "size_range",
+]
 
 #: Bytes a link of 1 GB/s moves in 1 µs: bandwidths are decimal GB/s (1e9 B/s), times are µs.
 BYTES_PER_US_PER_GBPS = 1e3
 #: Mb/s in 1 GB/s (8 bits, decimal prefixes), the factor NCCL's topology files divide by.
 MBPS_PER_GBPS = 8000.0
 
+#: How the CLI's help texts explain size suffixes.
+SIZE_SUFFIXES_HELP = "KB/MB/GB are powers of ten; K/M/G and KiB/MiB/GiB powers of two as in nccl-tests"
+
+# Binary K/M/G/T as nccl-tests' parsesize (src/common.cu: 'K' multiplies by 1024); KB/MB/GB/TB decimal.
 _SUFFIX_BYTES = {
     "": 1,
     "B": 1,
-    "K": 10**3,
+    "K": 2**10,
     "KB": 10**3,
     "KIB": 2**10,
-    "M": 10**6,
+    "M": 2**20,
     "MB": 10**6,
     "MIB": 2**20,
-    "G": 10**9,
+    "G": 2**30,
     "GB": 10**9,
     "GIB": 2**30,
-    "T": 10**12,
+    "T": 2**40,
     "TB": 10**12,
     "TIB": 2**40,
 }
+#: Suffixes labels use, largest first within each family: binary spelled KiB..TiB, decimal KB..TB.
+_LABEL_UNITS = (
+    ("TiB", 2**40),
+    ("GiB", 2**30),
+    ("MiB", 2**20),
+    ("KiB", 2**10),
+    ("TB", 10**12),
+    ("GB", 10**9),
+    ("MB", 10**6),
+    ("KB", 10**3),
+)
+_LABEL_DECIMALS = 3  # a label's number has at most this many digits after the point
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(text: str | int, field: str = "size") -> int:
-    """Return the number of bytes ``text`` names (``"64MB"``, ``"1GiB"``, ``"4096"``).
+    """Return the number of bytes ``text`` names (``"64MB"``, ``"64M"``, ``"1GiB"``, ``"4096"``).
 
-    >>> parse_size("64MB"), parse_size("1KiB")
-    (64000000, 1024)
+    ``K``/``M``/``G``/``T`` and ``KiB``..``TiB`` are powers of two (nccl-tests), ``KB``..``TB``
+    powers of ten, ``B`` or no suffix bytes.
+
+    Raises
+    ------
+    ArgumentError
+        If ``text`` is not a number with a known suffix, names a fraction of a byte, or is not positive.
+
+    >>> parse_size("64MB"), parse_size("64M"), parse_size("1KiB"), parse_size("1.5KB")
+    (64000000, 67108864, 1024, 1500)
     """
     if isinstance(text, int):
         value = text
@@ -48,9 +87,15 @@ def parse_size(text: str | int, field: str = "size") -> int:
         match = _SIZE_RE.match(text)
         if not match or match.group(2).upper() not in _SUFFIX_BYTES:
             raise ArgumentError(
-                None, field, f"cannot read size {text!r}", "a number with B, KB, MB, GB or KiB, MiB, GiB"
+                None,
+                field,
+                f"cannot read size {text!r}",
+                "a number with B, KB, MB, GB, TB (powers of ten) or K, M, G, T, KiB, MiB, GiB, TiB (powers of two)",
             )
-        value = int(float(match.group(1)) * _SUFFIX_BYTES[match.group(2).upper()])
+        exact = Decimal(match.group(1)) * _SUFFIX_BYTES[match.group(2).upper()]
+        if exact != exact.to_integral_value():
+            raise ArgumentError(None, field, f"size {text!r} is {exact} bytes", "a whole number of bytes")
+        value = int(exact)
     if value <= 0:
         raise ArgumentError(None, field, f"size {text!r} is not positive", "a size of at least 1 byte")
     return value
@@ -95,13 +140,32 @@ def parse_sizes(text: str, field: str = "sizes", factor: int = 4) -> tuple[int, 
 
 
 def format_size(size_bytes: int) -> str:
-    """Return ``size_bytes`` as a short decimal label (``"64MB"``, ``"1.5KB"``).
+    """Return ``size_bytes`` as the shortest label that reads back exactly (``"64MB"``, ``"64MiB"``, ``"1000003B"``).
 
-    >>> format_size(64_000_000), format_size(1024)
-    ('64MB', '1.02KB')
+    Candidates are ``<n>B`` and ``<n><unit>`` for each unit no larger than the size whose ``n``
+    needs at most three decimals; the shortest wins, then a whole ``n``, then the larger unit. So
+    binary multiples print as KiB/MiB/GiB/TiB, decimal ones as KB/MB/GB/TB, anything else in bytes,
+    and ``parse_size(format_size(n)) == n`` always.
+
+    >>> format_size(64_000_000), format_size(64 * 2**20), format_size(1024), format_size(1_500_000)
+    ('64MB', '64MiB', '1KiB', '1.5MB')
+    >>> format_size(65_536_000), format_size(1536), format_size(512), format_size(1_000_003)
+    ('65536KB', '1536B', '512B', '1000003B')
     """
-    for suffix, scale in (("GB", 10**9), ("MB", 10**6), ("KB", 10**3)):
-        if size_bytes >= scale:
-            value = size_bytes / scale
-            return f"{value:.3g}{suffix}"
-    return f"{size_bytes}B"
+    candidates = [(len(str(size_bytes)) + 1, 0, 0, f"{size_bytes}B")]
+    for order, (suffix, scale) in enumerate(_LABEL_UNITS):
+        number = _exact_number(size_bytes, scale) if size_bytes >= scale else None
+        if number is not None:
+            label = f"{number}{suffix}"
+            candidates.append((len(label), "." in number, order - len(_LABEL_UNITS), label))
+    return min(candidates)[3]
+
+
+def _exact_number(size_bytes: int, scale: int) -> str | None:
+    """Return ``size_bytes / scale`` written with at most three decimals, or None if that cannot be exact."""
+    thousandths, remainder = divmod(size_bytes * 10**_LABEL_DECIMALS, scale)
+    if remainder:
+        return None
+    whole, fraction = divmod(thousandths, 10**_LABEL_DECIMALS)
+    digits = f"{fraction:0{_LABEL_DECIMALS}d}".rstrip("0")
+    return f"{whole}.{digits}" if digits else str(whole)

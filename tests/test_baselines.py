@@ -230,3 +230,15 @@ def test_one_gpu_has_no_baseline():
     single = make_topology("one", [Vertex("gpu0", VertexKind.GPU, local_index=0, rank=0)], [])
     with pytest.raises(ArgumentError, match="at least 2 GPUs"):
         build_baseline("ring", single, "allgather")
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_ring_steps_per_threadblock_is_a_floor_of_the_exported_ring(collective, chunks):
+    from taccl_py.baselines.ring import ring_steps_per_threadblock
+    from taccl_py.msccl import generate_msccl_xml
+
+    algorithm = build_baseline("ring", load_topology("ndv2"), collective, chunks)
+    most = max(tb.count("<step ") for tb in generate_msccl_xml(algorithm).split("<tb ")[1:])
+    floor = ring_steps_per_threadblock(collective, 8, chunks)
+    assert floor <= most <= floor + chunks  # AllReduce adds one step per piece

@@ -8,9 +8,12 @@ import json
 import pytest
 
 from taccl_py.cli import main
+from taccl_py.files import write_any_algorithm
+from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library, shipped_library_paths
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.msccl import read_msccl_xml
 from taccl_py.synth.bands import write_library
 
@@ -171,3 +174,53 @@ def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, caps
         "warning: toy n1 allgather band 1 (1KB and up) has no MSCCL XML: toy-n1-allgather-1: rank 0 tb 0: 80 steps"
     )
     assert [p.name for p in (tmp_path / "xml").iterdir()] == ["toy-n1-allgather-0.xml"]
+
+
+def test_export_msccl_for_a_runtime_keeps_the_bands_it_can_load(tmp_path, capsys) -> None:
+    library = AlgorithmLibrary(
+        "toy",
+        1,
+        Collective.ALLGATHER,
+        2,
+        (
+            SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json"),
+            SizeBand(1000, None, too_many_steps_allgather(), "y.json"),
+        ),
+    )
+    write_library(library, tmp_path / "ag.library.json")
+    argv = ["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml"), "--runtime", "msccl"]
+    assert main(argv) == 0  # 80 steps per threadblock fit microsoft/msccl's 256
+    assert capsys.readouterr().err.strip() == f"wrote 2 MSCCL XML files to {tmp_path / 'xml'}"
+    assert read_msccl_xml(str(tmp_path / "xml" / "toy-n1-allgather-1.xml")).num_ranks == 2
+    assert "inplace" in (tmp_path / "xml" / "toy-n1-allgather-1.xml").read_text()
+    assert "outofplace" not in (tmp_path / "xml" / "toy-n1-allgather-1.xml").read_text(), "msccl reads the old dialect"
+    assert main(argv[:-2] + ["--runtime", "rccl"]) == 0
+    assert "included); expected at most 64 steps per threadblock for runtime rccl" in capsys.readouterr().err
+
+
+def _long_correct_allgather() -> Algorithm:
+    """Return a verified 2-rank allgather with 80 one-chunk sends on each rank's sending threadblock."""
+    plan = [LocalCopy(r, (Buffer.INPUT, i), (Buffer.OUTPUT, 80 * r + i)) for r in (0, 1) for i in range(80)]
+    plan += [Transfer(r, 1 - r, (Buffer.INPUT, i), (Buffer.OUTPUT, 80 * r + i)) for r in (0, 1) for i in range(80)]
+    return lower_plan("long", Collective.ALLGATHER, 2, 160, plan)
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (
+            ["--runtime", "msccl", "--dialect", "new"],
+            "--dialect: dialect new for runtime msccl; expected --dialect old",
+        ),
+        (["--runtime", "rccl"], "tb 0: 80 steps (dependency nops and split counts included); expected at most 64"),
+    ],
+)
+def test_convert_for_a_runtime_refuses_what_it_cannot_load(tmp_path, capsys, extra, fragment) -> None:
+    source = tmp_path / "long.json"
+    write_any_algorithm(_long_correct_allgather(), source)
+    out = tmp_path / "long.xml"
+    assert main(["convert", str(source), "-o", str(out), *extra]) == 2
+    assert fragment in _error_line(capsys)
+    assert not out.exists()
+    assert main(["convert", str(source), "-o", str(out), "--runtime", "msccl"]) == 0
+    assert read_msccl_xml(str(out)).num_ranks == 2

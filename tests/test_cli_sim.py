@@ -141,3 +141,57 @@ def test_simulate_bad_options_exit_2(mesh4, capsys, extra, message):
 def test_simulate_unreadable_file_exits_2(tmp_path, capsys):
     assert main(["simulate", str(tmp_path / "missing.json"), "-t", "ndv2"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("runtime", "chunks", "message"),
+    [
+        (
+            None,
+            1,
+            "at least 126 steps per threadblock (64 ranks, 1 chunk per channel); expected at most 64 steps "
+            "per threadblock for every MSCCL runtime (runtime portable)",
+        ),
+        (
+            "rccl",
+            1,
+            "at least 126 steps per threadblock (64 ranks, 1 chunk per channel); expected at most 64 steps "
+            "per threadblock for runtime rccl",
+        ),
+        ("msccl-executor-nccl", 1, "expected at most 64 steps per threadblock for runtime msccl-executor-nccl"),
+        (
+            "msccl",
+            4,
+            "at least 504 steps per threadblock (64 ranks, 4 chunks per channel); expected at most 256 steps "
+            "per threadblock for runtime msccl",
+        ),
+    ],
+)
+def test_a_ring_beyond_the_runtime_step_limit_is_refused_before_it_is_built(
+    tmp_path, capsys, monkeypatch, runtime, chunks, message
+):
+    # Issue 14: 8 DGX A100s, all-reduce: the refusal used to come after the ring was built (2 min 41 s with 4 chunks).
+    monkeypatch.setattr("taccl_py.cli.sim.build_baseline", lambda *a, **k: pytest.fail("the ring was built"))
+    out = tmp_path / "ring.xml"
+    argv = ["baseline", "ring", "-t", "dgx-a100", "--nodes", "8", "-c", "allreduce", "--chunks", str(chunks)]
+    assert main(argv + ["-o", str(out)] + ([] if runtime is None else ["--runtime", runtime])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: dgx-a100x8: ring allreduce: ") and message in err[0]
+    assert not out.exists()
+
+
+def test_a_ring_within_the_runtime_limit_is_written_in_its_dialect(tmp_path, capsys):
+    out = tmp_path / "ring.xml"
+    argv = ["baseline", "ring", "-t", "dgx2", "-c", "reducescatter", "--chunks", "5", "--runtime", "msccl"]
+    assert main(argv + ["-o", str(out)]) == 0  # 75 steps per threadblock: too many for all but microsoft/msccl
+    assert 'coll="reduce_scatter"' in out.read_text()
+    assert_valid_algorithm(read_any_algorithm(str(out)))
+    assert main(argv[:-2] + ["-o", str(tmp_path / "portable.xml")]) == 2
+    assert "75 steps" in capsys.readouterr().err
+
+
+def test_a_runtime_for_a_json_output_is_refused(tmp_path, capsys):
+    out = tmp_path / "ring.json"
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "allgather", "--runtime", "rccl", "-o", str(out)]) == 2
+    assert "--runtime: runtime rccl for a JSON output; expected --runtime only with .xml" in capsys.readouterr().err
+    assert not out.exists()

@@ -106,6 +106,22 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
     assert "allreduce on ndv2 (8 GPUs)" in captured.out
 
 
+def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
+    out, xml = tmp_path / "ag.json", tmp_path / "ag.xml"
+    argv = ["synthesize", "-t", "pcie-8gpu", "-c", "allgather", "--size", "64MB", "-o", str(out), "--xml", str(xml)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    written = read_algorithm(str(out))
+    assert_valid_algorithm(written)
+    assert written.name == "ring-2ch-1p" and read_msccl_xml(str(xml)).name == "ring-2ch-1p"
+    assert (
+        "synthesize: note: the synthesized algorithm (2598.0 us) is slower than the best baseline ring-2ch-1p "
+        "(2350.8 us) at 64MB; writing ring-2ch-1p instead"
+    ) in captured.err
+    row = captured.out.splitlines()[-1].split()
+    assert row[1] == "ring-2ch-1p" and row[-1] == "0.90x"
+
+
 def test_sizes_write_a_library(tmp_path):
     out = tmp_path / "ag.library.json"
     assert (
@@ -263,3 +279,16 @@ def test_xml_with_sizes(tmp_path, capsys):
         capsys,
         "--xml with --sizes",
     )
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--sizes", "1KB,1MB", "-o", "l.json", "--runtime", "rccl"], "--runtime with --sizes"),
+        (["-o", "a.json", "--runtime", "rccl"], "runtime rccl for a JSON output; expected --runtime only with .xml"),
+    ],
+)
+def test_a_runtime_without_xml_output_is_refused_before_any_work(tmp_path, capsys, monkeypatch, extra, fragment):
+    monkeypatch.setattr("taccl_py.cli.synth.synthesize", lambda *a, **k: pytest.fail("synthesized"))
+    argv = ["synthesize", "-t", "ndv2", "-c", "allgather"] + [str(tmp_path / a) if "." in a else a for a in extra]
+    _fails(argv, tmp_path, capsys, fragment)

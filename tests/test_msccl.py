@@ -24,9 +24,17 @@ from taccl_py.msccl import (
     read_msccl_xml,
     write_msccl_xml,
 )
+from taccl_py.msccl.limits import Runtime, runtime_limits
 from taccl_py.verify import verify_algorithm
 
-from helpers import BROKEN_MSCCL_FIXTURES, FIXTURES, assert_valid_algorithm, msccl_fixture_paths, ring_algorithm
+from helpers import (
+    BROKEN_MSCCL_FIXTURES,
+    FIXTURES,
+    assert_valid_algorithm,
+    msccl_fixture_paths,
+    ring_algorithm,
+    too_many_steps_allgather,
+)
 
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 FIXTURE_IDS = lambda p: f"{p.parent.name}/{p.name}"  # noqa: E731
@@ -292,3 +300,45 @@ def test_per_channel_and_peer_limits() -> None:
     check_gpu_limits("x", 0, [(t, t + 1, None, t % 2, 1) for t in range(33)])  # spread over two channels: fine
     with pytest.raises(ArgumentError, match=r"x: rank 2 tb 1: peer 2 is the GPU itself"):
         check_gpu_limits("x", 2, [(0, 1, None, 0, 1), (1, None, 2, 0, 1)])
+
+
+@pytest.mark.parametrize(
+    ("runtime", "limit"),
+    [
+        ("portable", "every MSCCL runtime \\(runtime portable\\)"),
+        ("rccl", "runtime rccl"),
+        ("msccl-executor-nccl", "runtime msccl-executor-nccl"),
+    ],
+)
+def test_each_runtime_refuses_what_it_cannot_load_and_names_itself(runtime, limit) -> None:
+    long = too_many_steps_allgather()  # 80 steps on one threadblock: only microsoft/msccl (256) takes it
+    with pytest.raises(ArgumentError, match=f"80 steps .*expected at most 64 steps per threadblock for {limit}"):
+        generate_msccl_xml(long, runtime=runtime)
+    assert 'coll="allgather"' in generate_msccl_xml(long, "old", runtime="msccl")
+
+
+def test_threadblocks_per_gpu_differ_by_runtime() -> None:
+    tbs = tuple(Threadblock(t, (Step(OpType.COPY, I, 0, O, 0),)) for t in range(MAX_THREADBLOCKS_PER_GPU + 1))
+    wide = Algorithm("wide", Collective.ALLREDUCE, 1, 1, (RankProgram(0, tbs, 1, 1),))
+    for runtime in ("portable", "rccl"):
+        with pytest.raises(
+            ArgumentError, match=f"65 threadblocks; expected at most 64 threadblocks per GPU for .*{runtime}"
+        ):
+            generate_msccl_xml(wide, runtime=runtime)
+    for runtime in ("msccl-executor-nccl", "msccl"):  # 1024 (32 per channel x 32 channels) and 216 (2 per A100 SM)
+        assert generate_msccl_xml(wide, runtime=runtime).count("<tb ") == 65
+
+
+def test_runtime_limits_table() -> None:
+    table = {r: runtime_limits(r) for r in Runtime}
+    assert {r.value: (t.max_steps_per_threadblock, t.max_threadblocks_per_gpu) for r, t in table.items()} == {
+        "portable": (64, 64),
+        "msccl-executor-nccl": (64, 1024),
+        "msccl": (256, 216),
+        "rccl": (64, 64),
+    }
+    assert table[Runtime.MSCCL].dialect is Dialect.OLD and table[Runtime.RCCL].dialect is Dialect.NEW
+    for field in ("max_steps_per_threadblock", "max_threadblocks_per_gpu", "max_threadblocks_per_channel"):
+        assert getattr(table[Runtime.PORTABLE], field) == min(getattr(t, field) for t in table.values())
+    with pytest.raises(ArgumentError, match="runtime: 'nccl'; expected one of portable, msccl-executor-nccl"):
+        runtime_limits("nccl")

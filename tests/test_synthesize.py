@@ -28,8 +28,18 @@ def test_every_collective_on_one_ndv2(collective):
     choice = result.choices[0]
     again = simulate(result.algorithm, topology, 4 * MB)
     assert again.time_us == pytest.approx(choice.synthesized.time_us)
-    assert choice.chosen is result.algorithm, "one size: the synthesized algorithm is chosen"
     assert choice.baseline is not None and choice.baseline_name
+    faster = result.algorithm if choice.synthesized.time_us <= choice.baseline.time_us else None
+    assert choice.chosen is (faster or choice.chosen) and choice.baseline_chosen is (faster is None)
+
+
+def test_one_size_chooses_the_baseline_where_it_is_faster():
+    # On 8 PCIe GPUs at 64 MB the synthesized schedules (2598 us) lose to a 2-channel ring (2351 us).
+    result = synthesize(load_topology("pcie-8gpu"), "allgather", size_bytes=64 * MB)
+    (choice,) = result.choices
+    assert choice.baseline_chosen and choice.chosen.name == choice.baseline_name
+    assert choice.chosen_result.time_us == choice.baseline.time_us < choice.synthesized.time_us
+    assert result.algorithm.name.startswith("taccl-"), "the fastest synthesized algorithm stays available"
 
 
 def test_allgather_on_nvswitch_reaches_the_bound():

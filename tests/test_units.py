@@ -11,7 +11,20 @@ from taccl_py.units import format_size, parse_size, parse_sizes
 def test_decimal_and_binary_suffixes():
     assert parse_size("1GB") == 10**9
     assert parse_size("1 GiB") == 2**30
-    assert parse_size("512") == 512
+    assert parse_size("512") == 512 and parse_size("512B") == 512
+
+
+@pytest.mark.parametrize(
+    ("text", "size_bytes"),
+    [("1K", 2**10), ("64M", 64 * 2**20), ("1G", 2**30), ("1T", 2**40), ("64m", 64 * 2**20), ("1.5K", 1536)],
+)
+def test_single_letter_suffixes_are_binary_as_in_nccl_tests(text, size_bytes):
+    assert parse_size(text) == size_bytes
+
+
+def test_a_fraction_of_a_byte_is_refused():
+    with pytest.raises(ArgumentError, match=r"size '1.5B' is 1.5 bytes; expected a whole number of bytes"):
+        parse_size("1.5B")
 
 
 def test_ranges_grow_by_four_and_keep_both_ends():
@@ -33,5 +46,28 @@ def test_bad_sizes(text, match):
         parse_sizes(text)
 
 
-def test_format_size():
-    assert format_size(1_500_000) == "1.5MB"
+@pytest.mark.parametrize(
+    ("size_bytes", "label"),
+    [
+        (1_500_000, "1.5MB"),
+        (2**20, "1MiB"),
+        (1024, "1KiB"),
+        (64 * 10**6, "64MB"),
+        (10**9, "1GB"),
+        (2**30, "1GiB"),
+        (1_024_000, "1024KB"),  # the 1KB x4 ladder stays exact, not "1.02MB"
+        (65_536_000, "65536KB"),  # not "65.5MB"
+        (262_144_000, "250MiB"),
+        (1536, "1536B"),
+        (1_000_003, "1000003B"),
+        (999, "999B"),
+    ],
+)
+def test_format_size_prints_exactly_what_was_meant(size_bytes, label):
+    assert format_size(size_bytes) == label
+
+
+def test_labels_read_back_exactly():
+    sizes = [*parse_sizes("1KB-1GB"), *parse_sizes("1K-1G"), 1, 3, 1023, 10**12 + 1, 7 * 2**40, 123_456_789]
+    for size_bytes in sizes:
+        assert parse_size(format_size(size_bytes)) == size_bytes

@@ -28,7 +28,7 @@ from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
-__all__ = ["machine_rings", "ring_orders", "ring_algorithm", "MAX_CHANNELS", "MAX_WEIGHT"]
+__all__ = ["machine_rings", "ring_orders", "ring_algorithm", "ring_steps_per_threadblock", "MAX_CHANNELS", "MAX_WEIGHT"]
 
 MAX_CHANNELS = 32  # MSCCL/NCCL limit on channels (MAXCHANNELS 32)
 MAX_WEIGHT = 4  # at most this many channels per cycle direction when link speeds differ
@@ -75,6 +75,21 @@ def _multi_node_rings(topology: Topology) -> list[tuple[int, ...]]:
     if len(rings) == 1:
         rings.append((rings[0][0],) + tuple(reversed(rings[0][1:])))
     return rings
+
+
+def ring_steps_per_threadblock(collective: Collective | str, num_ranks: int, chunks: int) -> int:
+    """Return the fewest MSCCL steps a ring's threadblock runs: (N−1)·chunks, twice that for AllReduce.
+
+    Each of a channel's ``chunks`` pieces passes N−1 hops around a ring of N ranks, one step per
+    hop on the threadblock that sends to the next rank (AllReduce: a reduce-scatter and an
+    all-gather lap). Export adds a few more (local copies, dependency nops), so this is a floor
+    that lets a caller refuse a ring beyond a runtime's step limit before building it.
+
+    >>> ring_steps_per_threadblock("allreduce", 64, 1), ring_steps_per_threadblock("allgather", 8, 4)
+    (126, 28)
+    """
+    laps = 2 if Collective(collective) is Collective.ALLREDUCE else 1
+    return laps * (num_ranks - 1) * chunks
 
 
 def ring_orders(topology: Topology, channels: int | None = None) -> tuple[tuple[int, ...], ...]:

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 
-__all__ = ["ALGORITHM_FILE_HELP", "format_table", "progress_to_stderr"]
+__all__ = ["ALGORITHM_FILE_HELP", "format_ratio", "format_table", "progress_to_stderr"]
 
 ALGORITHM_FILE_HELP = "algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)"
+_RATIO_DECIMALS = 2  # decimals of a ratio that is not close to 1
+_RATIO_MAX_DECIMALS = 6  # decimals at which a ratio still reading 1 is rounded away from it
+
+
+def format_ratio(ratio: float) -> str:
+    """Return ``ratio`` as ``"1.07x"``, with the decimals it takes to stay on its side of 1.
+
+    A ratio other than 1 never reads ``1.00x``: 433.5 µs against 431.4 µs is ``0.995x``, and a
+    ratio within 1e-6 of 1 is rounded away from 1 (``0.999999x``).
+
+    >>> format_ratio(1.0704), format_ratio(431.4 / 433.5), format_ratio(1.0), format_ratio(1 - 1e-9)
+    ('1.07x', '0.995x', '1.00x', '0.999999x')
+    """
+    for decimals in range(_RATIO_DECIMALS, _RATIO_MAX_DECIMALS + 1):
+        text = f"{ratio:.{decimals}f}"
+        if ratio == 1 or float(text) != 1:
+            return f"{text}x"
+    scale = 10**_RATIO_MAX_DECIMALS
+    away = math.floor(ratio * scale) if ratio < 1 else math.ceil(ratio * scale)
+    return f"{away / scale:.{_RATIO_MAX_DECIMALS}f}x"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from taccl_py.cli._output import ALGORITHM_FILE_HELP
+from taccl_py.cli._runtime import add_runtime_argument, xml_dialect, xml_target
 from taccl_py.errors import ArgumentError
-from taccl_py.files import read_any_algorithm, write_any_algorithm
+from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.msccl import Dialect, write_library_xml
 from taccl_py.units import format_size
@@ -71,8 +72,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    xml = (args.output == "-" and args.runtime is not None) or algorithm_format(args.output, args.dialect) == "xml"
+    limits = xml_target(args.runtime, args.dialect, xml=xml, path=args.output)
     algorithm = read_any_algorithm(args.input)
-    write_any_algorithm(algorithm, args.output, args.dialect)
+    dialect = args.dialect if args.runtime is None else xml_dialect(limits, args.dialect)
+    write_any_algorithm(algorithm, args.output, dialect, runtime=limits.runtime)
     if args.output != "-":
         print(
             f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks)",
@@ -104,10 +108,11 @@ def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrar
 
 def _export_msccl(args: argparse.Namespace) -> int:
     folder = Path(args.output)  # its parent exists: taccl_py.cli checks every output first
+    limits = xml_target(args.runtime, args.dialect, xml=True, path=args.output)
     libraries = _libraries_to_export(args.library, args.nodes)
     written = 0
     for library in libraries:
-        export = write_library_xml(library, folder, args.dialect or Dialect.NEW)
+        export = write_library_xml(library, folder, xml_dialect(limits, args.dialect), runtime=limits.runtime)
         written += len(export.files)
         for index, why in export.skipped:
             band = library.bands[index]
@@ -155,6 +160,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for stdout)"
     )
     _add_dialect_argument(convert)
+    add_runtime_argument(convert)
     convert.set_defaults(func=_convert)
 
     export = subparsers.add_parser(
@@ -176,4 +182,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)"
     )
     _add_dialect_argument(export)
+    add_runtime_argument(export)
     export.set_defaults(func=_export_msccl)

@@ -13,10 +13,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from taccl_py.cli._output import format_table, progress_to_stderr
+from taccl_py.cli._output import format_ratio, format_table, progress_to_stderr
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
-from taccl_py.units import format_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
 
 __all__ = ["register", "format_rows", "DEFAULT_SIZES"]
 
@@ -37,7 +37,7 @@ def format_rows(rows: list) -> str:
             f"{r.torch_time_us:.0f}",
             f"{r.ours_algbw_GBps:.3f}",
             f"{r.torch_algbw_GBps:.3f}",
-            f"{r.speedup:.2f}x",
+            format_ratio(r.speedup),
         ]
         for r in rows
     ]
@@ -164,7 +164,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--sizes",
         default=DEFAULT_SIZES,
-        help=f"sizes: a list '1MB,4MB' or a range growing x4 (default {DEFAULT_SIZES})",
+        help=f"sizes: a list '1MB,4MB' or a range growing x4 (default {DEFAULT_SIZES}; {SIZE_SUFFIXES_HELP})",
     )
     bench.add_argument("--dtype", default="float32", choices=_DTYPES, help="element type (default float32)")
     bench.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")

@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
-from taccl_py.cli._output import format_table
+from taccl_py.cli._output import format_ratio, format_table
 from taccl_py.placement import DEFAULT_ACTIVATION_BYTES, PlacementResult, place_pipeline
 from taccl_py.topology.builtins import load_topology
-from taccl_py.units import format_size, parse_size
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size
 
 __all__ = ["register"]
 
@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--activation-size",
         default=format_size(DEFAULT_ACTIVATION_BYTES),
-        help="bytes sent between stages per microbatch (default 16MB)",
+        help=f"bytes sent between stages per microbatch (default 16MB; {SIZE_SUFFIXES_HELP})",
     )
     parser.add_argument(
         "--method", choices=("auto", "exact", "heuristic"), default="auto", help="exact up to 16 GPUs per node (auto)"
@@ -65,6 +65,6 @@ def _report(result: PlacementResult) -> str:
     lines.append(f"rank list: {result.rank_list()}")
     lines.append(
         f"p2p per microbatch: placed {result.time_us:.1f} us, naive {result.naive_time_us:.1f} us, gain "
-        f"{result.gain:.2f}x"
+        f"{format_ratio(result.gain)}"
     )
     return "\n".join(lines)

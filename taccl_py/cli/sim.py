@@ -7,14 +7,17 @@ import json
 from typing import Any
 
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
-from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_table, progress_to_stderr
+from taccl_py.baselines.ring import ring_steps_per_threadblock
+from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_ratio, format_table, progress_to_stderr
+from taccl_py.cli._runtime import add_runtime_argument, xml_target
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
 from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology import load_topology
-from taccl_py.units import format_size, parse_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
 
@@ -50,7 +53,7 @@ def format_simulation_table(results: list[SimulationResult], baselines: list[tup
                 f"{result.fraction_of_bound:.3f}",
                 name,
                 "-" if time_us is None else f"{time_us:.2f}",
-                "-" if time_us is None else f"{time_us / result.time_us:.2f}x",
+                "-" if time_us is None else format_ratio(time_us / result.time_us),
             )
         )
     return format_table(_HEADERS, rows)
@@ -99,14 +102,29 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_ring_fits(args: argparse.Namespace, topology_name: str, num_ranks: int, limits: RuntimeLimits) -> None:
+    """Raise ``ArgumentError`` before building when a ring's threadblocks need more steps than ``limits`` allow."""
+    if args.kind != BaselineKind.RING.value or (args.chunks is not None and args.chunks < 1):
+        return  # other kinds' step counts are known once built; a bad --chunks is the builder's to refuse
+    chunks = 1 if args.chunks is None else args.chunks
+    steps = ring_steps_per_threadblock(args.collective, num_ranks, chunks)
+    fault = (
+        f"at least {steps} steps per threadblock ({num_ranks} ranks, {chunks} chunk{'s' * (chunks > 1)} per channel)"
+    )
+    check_steps_per_threadblock(topology_name, f"ring {args.collective}", steps, fault, limits)
+
+
 def _baseline(args: argparse.Namespace) -> int:
-    algorithm_format(args.output)
+    fmt = algorithm_format(args.output)
+    limits = xml_target(args.runtime, None, xml=fmt == "xml", path=args.output)
     topology = load_topology(args.topology, nodes=args.nodes)
     size = parse_size(args.size, "--size") if args.size is not None else None
+    if fmt == "xml":
+        _check_ring_fits(args, topology.name, topology.num_ranks, limits)
     algorithm = build_baseline(
         args.kind, topology, args.collective, args.chunks, channels=args.channels, size_bytes=size
     )
-    write_any_algorithm(algorithm, args.output)
+    write_any_algorithm(algorithm, args.output, limits.dialect if fmt == "xml" else None, runtime=limits.runtime)
     if args.output != "-":
         _PROGRESS(
             f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks, "
@@ -137,7 +155,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
     _add_topology(sim)
     sim.add_argument(
-        "--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES})"
+        "--sizes",
+        default=DEFAULT_SIZES,
+        help=f"nccl-tests sizes, a list or a range LOW-HIGH (default {DEFAULT_SIZES}; {SIZE_SUFFIXES_HELP})",
     )
     sim.add_argument("--plot", metavar="IMAGE", help="also draw the timeline at the largest size (.png or .svg)")
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -164,8 +184,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="rings or trees in parallel, or trees per rank for packed trees (default: as the topology suggests)",
     )
     base.add_argument("--chunks", type=int, help="pieces per channel, the pipeline depth (default: 1; trees 4)")
-    base.add_argument("--size", help="packed trees: the size their pipeline depth is tuned for (e.g. 64MB)")
+    base.add_argument(
+        "--size", help=f"packed trees: the size their pipeline depth is tuned for (e.g. 64MB; {SIZE_SUFFIXES_HELP})"
+    )
     base.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for JSON on stdout)"
     )
+    add_runtime_argument(base)
     base.set_defaults(func=_baseline)

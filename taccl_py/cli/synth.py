@@ -7,17 +7,21 @@ import shlex
 import sys
 from dataclasses import replace
 
-from taccl_py.cli._output import format_table
+from taccl_py.cli._output import format_ratio, format_table
+from taccl_py.cli._runtime import add_runtime_argument, xml_target
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, write_any_algorithm
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.msccl.limits import RuntimeLimits
 from taccl_py.synth import SynthesisResult, synthesize, write_library
+from taccl_py.synth.candidates import exportable
 from taccl_py.synth.jobs import available_cores
 from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth.solver import SOLVERS, BudgetBound
 from taccl_py.topology import load_topology
-from taccl_py.units import format_size, parse_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
-__all__ = ["register", "format_budget_line", "format_synthesis_table"]
+__all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 _HEADERS = ("size", "chosen", "time (us)", "of bound", "synthesized (us)", "best baseline", "baseline (us)", "speedup")
@@ -45,10 +49,32 @@ def format_synthesis_table(result: SynthesisResult) -> str:
                 "-" if syn is None else f"{syn.time_us:.2f}",
                 choice.baseline_name or "-",
                 "-" if base is None else f"{base.time_us:.2f}",
-                "-" if base is None or syn is None else f"{base.time_us / syn.time_us:.2f}x",
+                "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
             )
         )
     return format_table(_HEADERS, rows)
+
+
+def choose_written_algorithm(
+    result: SynthesisResult, *, xml_limits: RuntimeLimits | None = None
+) -> tuple[Algorithm, str | None]:
+    """Return the algorithm a one-size synthesis writes, and a note when it is not the synthesized one.
+
+    The best baseline is written where it is faster than every synthesized algorithm (as a library
+    band would choose it), so a slower synthesis is never written as if it were better; when XML
+    is written (``xml_limits``) only if the baseline loads in that runtime, else the synthesis is
+    written and the note says the baseline is faster.
+    """
+    choice = result.choices[-1]
+    if not choice.baseline_chosen or choice.synthesized is None:
+        return result.algorithm, None
+    slower = (
+        f"the synthesized algorithm ({choice.synthesized.time_us:.1f} us) is slower than the best baseline "
+        f"{choice.baseline_name} ({choice.chosen_result.time_us:.1f} us) at {format_size(choice.size_bytes)}"
+    )
+    if xml_limits is not None and not exportable(choice.chosen, xml_limits.runtime.value):
+        return result.algorithm, f"note: {slower}, which has no MSCCL XML; writing the synthesized algorithm"
+    return choice.chosen, f"note: {slower}; writing {choice.baseline_name} instead"
 
 
 def format_budget_line(result: SynthesisResult, time_limit_s: float | None) -> str:
@@ -67,8 +93,11 @@ def format_budget_line(result: SynthesisResult, time_limit_s: float | None) -> s
     return "budget: every MILP finished within its work budget"
 
 
-def _check_outputs(args: argparse.Namespace) -> None:
-    """Raise ``ArgumentError`` for output paths that cannot be written, before any work."""
+def _check_outputs(args: argparse.Namespace) -> RuntimeLimits | None:
+    """Return the limits the XML output must meet (None: no XML); raise ``ArgumentError`` before any work.
+
+    Raised for output paths that cannot be written and a ``--runtime`` with no XML output.
+    """
     if args.sizes is not None:
         if not str(args.output).endswith(".json"):
             raise ArgumentError(
@@ -81,14 +110,21 @@ def _check_outputs(args: argparse.Namespace) -> None:
                 "--xml with --sizes",
                 "no --xml; then 'taccl export-msccl LIBRARY -o DIR' writes every band's XML",
             )
-        return
-    algorithm_format(args.output)
+        if args.runtime is not None:
+            raise ArgumentError(
+                args.output, "--runtime", "--runtime with --sizes", "no --runtime; 'taccl export-msccl --runtime' then"
+            )
+        return None
+    output_format = algorithm_format(args.output)
     if args.xml is not None and algorithm_format(args.xml) != "xml":
         raise ArgumentError(args.xml, "--xml", "not an .xml path", "OUT.xml")
+    xml = args.xml is not None or output_format == "xml"
+    limits = xml_target(args.runtime, None, xml=xml, path=args.output)
+    return limits if xml else None
 
 
 def _synthesize(args: argparse.Namespace) -> int:
-    _check_outputs(args)
+    xml_limits = _check_outputs(args)
     sketch = read_sketch(args.sketch) if args.sketch is not None else None
     nodes = args.nodes if args.nodes is not None else (sketch.nodes if sketch is not None and sketch.nodes else 1)
     topology = load_topology(args.topology, nodes=nodes)
@@ -110,11 +146,16 @@ def _synthesize(args: argparse.Namespace) -> int:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
         write_library(replace(result.library, provenance=provenance), args.output, progress=_stderr)
     else:
-        write_any_algorithm(result.algorithm, args.output)
-        _stderr(f"wrote {args.output}")
-        if args.xml is not None:
-            write_any_algorithm(result.algorithm, args.xml)
-            _stderr(f"wrote {args.xml}")
+        algorithm, note = choose_written_algorithm(result, xml_limits=xml_limits)
+        if note is not None:
+            _stderr(note)
+        paths = [path for path in (args.output, args.xml) if path is not None]
+        for path in sorted(paths, key=lambda p: algorithm_format(p) != "xml"):  # XML first: a limit leaves nothing
+            if xml_limits is not None and algorithm_format(path) == "xml":
+                write_any_algorithm(algorithm, path, xml_limits.dialect, runtime=xml_limits.runtime)
+            else:
+                write_any_algorithm(algorithm, path)
+            _stderr(f"wrote {path}")
     _stderr(format_budget_line(result, args.time_limit))
     print(
         f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
@@ -145,8 +186,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--collective", "-c", required=True, choices=_COLLECTIVES)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--size", help="the size to synthesize for, e.g. 64MB (default 64MB)")
-    group.add_argument("--sizes", help="sizes for a library of bands: a list or a range, e.g. 1KB-1GB")
+    group.add_argument("--size", help=f"the size to synthesize for, e.g. 64MB (default 64MB; {SIZE_SUFFIXES_HELP})")
+    group.add_argument(
+        "--sizes", help=f"sizes for a library of bands: a list or a range, e.g. 1KB-1GB ({SIZE_SUFFIXES_HELP})"
+    )
     parser.add_argument("--sketch", metavar="FILE", help="a sketch: ours (taccl-sketch/1) or TACCL's sketch JSON")
     parser.add_argument(
         "--time-limit",
@@ -177,4 +220,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o", "--output", required=True, metavar="OUT", help="algorithm .json/.xml, or the library .json with --sizes"
     )
     parser.add_argument("--xml", metavar="OUT.xml", help="also write the algorithm as MSCCL-IR XML")
+    add_runtime_argument(parser)
     parser.set_defaults(func=_synthesize)

@@ -13,7 +13,7 @@ from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
 from taccl_py.topology.model import Topology
 from taccl_py.topology.schema import write_topology
-from taccl_py.units import format_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
 
 __all__ = ["register"]
 
@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     show = topo_subparsers.add_parser("show", help="show a topology's GPUs, NICs, link classes and lower bounds")
     _add_topology_arguments(show)
-    show.add_argument("--sizes", default=_DEFAULT_SIZES, help=f"sizes for the lower bounds (default {_DEFAULT_SIZES})")
+    show.add_argument(
+        "--sizes",
+        default=_DEFAULT_SIZES,
+        help=f"sizes for the lower bounds (default {_DEFAULT_SIZES}; {SIZE_SUFFIXES_HELP})",
+    )
     show.add_argument("--json", action="store_true", help="print JSON instead of tables")
     show.set_defaults(func=_run_show)
 

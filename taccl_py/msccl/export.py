@@ -21,7 +21,7 @@ from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol, parse_dialect
-from taccl_py.msccl.limits import MAX_COUNT, check_gpu_limits
+from taccl_py.msccl.limits import DEFAULT_RUNTIME, MAX_COUNT, Runtime, check_gpu_limits, runtime_limits
 
 __all__ = ["generate_msccl_xml", "write_msccl_xml", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
 
@@ -183,7 +183,9 @@ def _step_line(index: int, step: _XmlStep) -> str:
     )
 
 
-def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NEW) -> str:
+def generate_msccl_xml(
+    algorithm: Algorithm, dialect: Dialect | str = Dialect.NEW, *, runtime: Runtime | str = DEFAULT_RUNTIME
+) -> str:
     """Return the MSCCL-IR XML text of ``algorithm`` for the runtime ``dialect``.
 
     Parameters
@@ -192,6 +194,9 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
         The schedule; it should have passed ``check_algorithm`` (it is not modified).
     dialect : {"new", "old"}
         ``new`` for Azure/msccl-executor-nccl and RCCL, ``old`` for microsoft/msccl.
+    runtime : {"portable", "msccl-executor-nccl", "msccl", "rccl"}
+        Whose limits the file must meet (``taccl_py.msccl.limits``); default ``portable``, the
+        strictest of them all.
 
     Returns
     -------
@@ -201,8 +206,8 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
     Raises
     ------
     ArgumentError
-        For an unknown dialect or protocol, a dependency on a missing step, or a GPU beyond the
-        runtime limits of ``taccl_py.msccl.limits`` (threadblocks, steps, channels, peers).
+        For an unknown dialect, runtime or protocol, a dependency on a missing step, or a GPU
+        beyond ``runtime``'s limits (``taccl_py.msccl.limits``: threadblocks, steps, channels, peers).
 
     Examples
     --------
@@ -216,6 +221,7 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
     '<algo name="ag2" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
     """  # noqa: E501
     dialect = parse_dialect(dialect)
+    limits = runtime_limits(runtime)
     if algorithm.protocol not in {p.value for p in Protocol}:
         raise ArgumentError(
             algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol)
@@ -231,6 +237,7 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
             algorithm.name,
             prog.rank,
             [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs],
+            limits,
         )
         lines.append(
             f'  <gpu id="{prog.rank}" i_chunks="{prog.input_chunks}" o_chunks="{prog.output_chunks}" '
@@ -247,10 +254,12 @@ def generate_msccl_xml(algorithm: Algorithm, dialect: Dialect | str = Dialect.NE
     return "\n".join(lines) + "\n"
 
 
-def write_msccl_xml(algorithm: Algorithm, path: str, dialect: Dialect | str = Dialect.NEW) -> None:
+def write_msccl_xml(
+    algorithm: Algorithm, path: str, dialect: Dialect | str = Dialect.NEW, *, runtime: Runtime | str = DEFAULT_RUNTIME
+) -> None:
     """Write ``algorithm`` as MSCCL-IR XML to ``path`` atomically (``-`` for stdout).
 
     The text is generated completely before anything is written, so a limit violation leaves
     no file behind. Callers should run ``check_algorithm`` first.
     """
-    write_text_atomic(path, generate_msccl_xml(algorithm, dialect))
+    write_text_atomic(path, generate_msccl_xml(algorithm, dialect, runtime=runtime))

@@ -18,6 +18,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand
 from taccl_py.msccl.dialect import Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
+from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
 
 __all__ = ["LibraryXml", "generate_library_xml", "library_xml_name", "write_library_xml"]
 
@@ -40,7 +41,7 @@ def library_xml_name(library: AlgorithmLibrary, index: int) -> str:
     return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}.xml"
 
 
-def _band_xml(library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect) -> str:
+def _band_xml(library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect, runtime: Runtime | str) -> str:
     # The band's range is what a runtime selects by, whatever range the algorithm was saved with.
     algorithm = replace(
         band.algorithm,
@@ -48,11 +49,13 @@ def _band_xml(library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Di
         min_bytes=band.min_bytes,
         max_bytes=band.max_bytes,
     )
-    return generate_msccl_xml(algorithm, dialect)
+    return generate_msccl_xml(algorithm, dialect, runtime=runtime)
 
 
-def generate_library_xml(library: AlgorithmLibrary, dialect: Dialect | str = Dialect.NEW) -> LibraryXml:
-    """Return the MSCCL XML of every band of ``library`` that the MSCCL runtimes can load.
+def generate_library_xml(
+    library: AlgorithmLibrary, dialect: Dialect | str = Dialect.NEW, *, runtime: Runtime | str = DEFAULT_RUNTIME
+) -> LibraryXml:
+    """Return the MSCCL XML of every band of ``library`` that ``runtime`` (default: every MSCCL runtime) can load.
 
     The open-ended last band gets ``maxBytes="0"``, which the MSCCL tools write for "no upper end".
     """
@@ -62,14 +65,18 @@ def generate_library_xml(library: AlgorithmLibrary, dialect: Dialect | str = Dia
         if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
             continue
         try:
-            files.append((library_xml_name(library, index), _band_xml(library, index, band, dialect)))
+            files.append((library_xml_name(library, index), _band_xml(library, index, band, dialect, runtime)))
         except ArgumentError as error:
             skipped.append((index, str(error)))
     return LibraryXml(tuple(files), tuple(skipped))
 
 
 def write_library_xml(
-    library: AlgorithmLibrary, folder: str | Path, dialect: Dialect | str = Dialect.NEW
+    library: AlgorithmLibrary,
+    folder: str | Path,
+    dialect: Dialect | str = Dialect.NEW,
+    *,
+    runtime: Runtime | str = DEFAULT_RUNTIME,
 ) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 
@@ -77,7 +84,7 @@ def write_library_xml(
 
     Every text is generated before the first file is written, each file through a temporary name.
     """
-    export = generate_library_xml(library, dialect)
+    export = generate_library_xml(library, dialect, runtime=runtime)
     if export.files:
         Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in export.files:

@@ -3,10 +3,11 @@ logical topology shaped by a communication sketch, for AllGather, ReduceScatter 
 
 ``synthesize`` is the one entry point. For one size it synthesizes a few chunkings
 (``taccl_py.synth.candidates``), verifies each, simulates them and returns the fastest with the
-best baseline's time beside it. For several sizes it also builds a library of size bands that
-keeps, per size, the fastest of the synthesized algorithms and the baselines
-(``taccl_py.synth.bands``). The stages live in ``logical``, ``routing`` (with the routes of
-``tree_packing`` and ``hierarchy`` as starts and alternatives), ``ordering``, ``scheduling``,
+best baseline's time beside it; its ``SizeChoice`` names the baseline as chosen where that is
+faster. For several sizes it also builds a library of size bands that keeps, per size, the
+fastest of the synthesized algorithms and the baselines (``taccl_py.synth.bands``). The stages
+live in ``logical``, ``routing`` (with the routes of ``tree_packing`` and ``hierarchy`` as starts
+and alternatives), ``ordering``, ``scheduling``,
 ``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
 automatically.
 """
@@ -87,8 +88,10 @@ def default_time_limit_s(num_ranks: int) -> float:
 class SynthesisResult:
     """What ``synthesize`` found: the algorithm, per-size choices and how the search went.
 
-    ``algorithm`` is the fastest synthesized algorithm at the (largest) size; ``library`` the
-    size bands when several sizes were asked for. ``budget_bound`` names the budget that
+    ``algorithm`` is the fastest synthesized algorithm at the (largest) size; ``choices`` hold, per
+    size, the fastest of the synthesized algorithms and the best baseline (``SizeChoice.chosen``,
+    a baseline where it is faster, for one size too); ``library`` the size bands when several sizes
+    were asked for. ``budget_bound`` names the budget that
     stopped a MILP before it proved its gap: ``node limit`` (the work budget: the same input gives
     the same bytes) or ``wall-clock cap`` (the safety cap: the result may differ run to run); None
     when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
@@ -326,7 +329,8 @@ def synthesize(
     collective : Collective or str
         ``allgather``, ``reducescatter`` or ``allreduce``.
     size_bytes : int, optional
-        The nccl-tests size (bytes) to synthesize for; default ``DEFAULT_SIZE_BYTES``.
+        The nccl-tests size (bytes) to synthesize for; default ``DEFAULT_SIZE_BYTES``. Its
+        ``SizeChoice`` names the best baseline as chosen where that is faster than every synthesis.
     sizes : sequence of int, optional
         Several sizes (bytes): also build a library of size bands that keeps, per size, the
         fastest of the synthesized algorithms and the baselines.
@@ -409,7 +413,7 @@ def _synthesize_impl(
         runs += _mixed_allreduce_runs(runs, topology, sizes, bounds)
     everything = [(c.algorithm, r) for c, r in runs]
     usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)]
-    eligible = [banded] * len(sizes)
+    eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better
     if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
         fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
         eligible = [base is not None and fits[base[0].name] for base in baselines]

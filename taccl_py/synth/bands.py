@@ -36,6 +36,11 @@ class SizeChoice:
     baseline: SimulationResult | None
     baseline_name: str | None
 
+    @property
+    def baseline_chosen(self) -> bool:
+        """Return True when the best baseline, not a synthesized algorithm, won at this size."""
+        return self.baseline is not None and self.chosen_result is self.baseline
+
 
 def choose_per_size(
     sizes: Sequence[int],

@@ -84,12 +84,12 @@ def simulate_at(
     return tuple(simulate_plan(plan, size, bound_time_us=bound.time_us) for size, bound in zip(sizes, bounds))
 
 
-def exportable(algorithm: Algorithm) -> bool:
-    """Return True when the MSCCL runtimes' limits allow ``algorithm`` (steps, threadblocks)."""
+def exportable(algorithm: Algorithm, runtime: str = "portable") -> bool:
+    """Return True when ``runtime``'s limits (default: every runtime's) allow ``algorithm`` (steps, threadblocks)."""
     from taccl_py.msccl import generate_msccl_xml
 
     try:
-        generate_msccl_xml(algorithm)
+        generate_msccl_xml(algorithm, runtime=runtime)
     except ArgumentError as error:
         logger.info("%s: not exportable to MSCCL XML: %s", algorithm.name, error)
         return False
