@@ -155,18 +155,17 @@ def test_export_msccl_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys,
     assert not (tmp_path / "out").exists()
 
 
-def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, capsys) -> None:
-    library = AlgorithmLibrary(
-        "toy",
-        1,
-        Collective.ALLGATHER,
-        2,
-        (
-            SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json"),
-            SizeBand(1000, None, too_many_steps_allgather(), "y.json"),
-        ),
+def _write_toy_library_beyond_msccl_limits(path) -> None:
+    """Write a 2-rank allgather library whose second band takes 80 steps per threadblock."""
+    bands = (
+        SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json"),
+        SizeBand(1000, None, too_many_steps_allgather(), "y.json"),
     )
-    write_library(library, tmp_path / "ag.library.json")
+    write_library(AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, bands), path)
+
+
+def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, capsys) -> None:
+    _write_toy_library_beyond_msccl_limits(tmp_path / "ag.library.json")
     assert main(["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[1] == f"wrote 1 MSCCL XML files to {tmp_path / 'xml'}"
@@ -177,17 +176,7 @@ def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, caps
 
 
 def test_export_msccl_for_a_runtime_keeps_the_bands_it_can_load(tmp_path, capsys) -> None:
-    library = AlgorithmLibrary(
-        "toy",
-        1,
-        Collective.ALLGATHER,
-        2,
-        (
-            SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json"),
-            SizeBand(1000, None, too_many_steps_allgather(), "y.json"),
-        ),
-    )
-    write_library(library, tmp_path / "ag.library.json")
+    _write_toy_library_beyond_msccl_limits(tmp_path / "ag.library.json")
     argv = ["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml"), "--runtime", "msccl"]
     assert main(argv) == 0  # 80 steps per threadblock fit microsoft/msccl's 256
     assert capsys.readouterr().err.strip() == f"wrote 2 MSCCL XML files to {tmp_path / 'xml'}"
