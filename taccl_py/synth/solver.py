@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
@@ -32,6 +32,7 @@ from taccl_py.synth.solver_cpsat import (
     deterministic_time_rule,
     solve_with_cpsat,
 )
+from taccl_py.synth.solver_highs import consume_highs_banner, new_highs, watch_highs
 
 __all__ = [
     "SOLVERS",
@@ -190,8 +191,7 @@ def prepare_highs_threads(threads: int) -> None:
     except ImportError:
         return
     highspy.Highs.resetGlobalScheduler(True)
-    empty = highspy.Highs()
-    empty.setOptionValue("output_flag", False)
+    empty = new_highs()
     empty.setOptionValue("threads", threads)
     empty.run()
 
@@ -248,11 +248,22 @@ class SolveOutcome:
 
 
 class _BudgetedHiGHS(pulp.HiGHS):
-    """pulp's HiGHS with a starting solution handed to HiGHS, and the node-limit status read."""
+    """pulp's HiGHS with a starting solution handed to HiGHS, the node-limit status read, and no console output.
 
-    def __init__(self, start: dict[str, float], **kwargs: object) -> None:
+    ``progress`` gets a line every few seconds while HiGHS works (``watch_highs``).
+    """
+
+    def __init__(
+        self, start: dict[str, float], progress: Callable[[str], None] | None = None, **kwargs: object
+    ) -> None:
         super().__init__(**kwargs)
         self.start = start
+        self.progress = progress
+
+    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
+        consume_highs_banner()  # pulp's highspy.Highs() would print it before msg=False applies
+        super().createAndConfigureSolver(lp)
+        watch_highs(lp.solverModel, lp.name, self.progress)
 
     def callSolver(self, lp: pulp.LpProblem) -> None:
         if self.start:
@@ -291,11 +302,16 @@ class _BudgetedCBC(pulp.COIN_CMD):
 
 
 def _make_solver(
-    options: SolverOptions, time_limit_s: float, node_limit: int, start: dict[str, float]
+    options: SolverOptions,
+    time_limit_s: float,
+    node_limit: int,
+    start: dict[str, float],
+    progress: Callable[[str], None] | None = None,
 ) -> pulp.LpSolver:
     if options.solver == "highs":
         highs = _BudgetedHiGHS(
             start,
+            progress,
             msg=False,
             timeLimit=time_limit_s,
             gapRel=options.gap_rel,
@@ -339,24 +355,60 @@ def solve_model(
     options: SolverOptions,
     time_limit_s: float | None = None,
     start: dict[str, float] | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
 ) -> SolveOutcome:
     """Solve ``prob`` in place within its work budget and return how it went.
 
     ``start`` maps variable names to a feasible solution's values (HiGHS uses it as the first
     incumbent, CP-SAT as a hint; CBC ignores it). ``time_limit_s`` is what is left of the
-    wall-clock safety cap (s; default ``options.time_limit_s``).
+    wall-clock safety cap (s; default ``options.time_limit_s``). ``progress`` gets a line with
+    the model's size and work budget before the solve, one every few seconds while HiGHS works
+    (``watch_highs``), and one with how the solve ended.
     """
     cap = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
     columns = prob.numVariables()
+    say = progress if progress is not None else _quiet
     if columns > MAX_MILP_COLUMNS:
         logger.info(
             "%s: %d columns, over %d: not solved (the caller keeps its start)", prob.name, columns, MAX_MILP_COLUMNS
         )
+        say(f"{prob.name}: {columns} columns, over {MAX_MILP_COLUMNS}: not solved")
         return SolveOutcome(SolveStatus.TOO_LARGE, None, 0.0, BudgetBound.NODE_LIMIT, 0)
+    say(f"{prob.name}: MILP of {columns} columns, {prob.numConstraints()} rows; {_budget_words(options, columns)}")
     if options.solver == "cpsat":
-        return _solve_with_cpsat(prob, options, cap, start or {})
+        outcome = _solve_with_cpsat(prob, options, cap, start or {})
+    else:
+        outcome = _solve_with_pulp(prob, options, cap, columns, start or {}, progress)
+    say(f"{prob.name}: {outcome.status.value} in {outcome.wall_s:.1f} s")
+    return outcome
+
+
+def _quiet(message: str) -> None:
+    """Drop a progress line (no callback given)."""
+
+
+def _budget_words(options: SolverOptions, columns: int) -> str:
+    """Return the work budget of a model with ``columns`` columns, in words."""
+    if options.solver == "cpsat":
+        budget_s = options.deterministic_time_s
+        budget_s = default_deterministic_time_s(columns) if budget_s is None else budget_s
+        return f"work budget {budget_s:g} deterministic s (cpsat)"
     nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
-    solver = _make_solver(options, cap, nodes, start or {})
+    return f"work budget {nodes} nodes ({options.solver})"
+
+
+def _solve_with_pulp(
+    prob: pulp.LpProblem,
+    options: SolverOptions,
+    cap: float,
+    columns: int,
+    start: dict[str, float],
+    progress: Callable[[str], None] | None,
+) -> SolveOutcome:
+    """Solve ``prob`` with HiGHS (CBC without highspy) within its node budget and ``cap`` seconds."""
+    nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
+    solver = _make_solver(options, cap, nodes, start, progress)
     if isinstance(solver, _BudgetedHiGHS):
         prepare_highs_threads(options.threads)
     began = time.perf_counter()

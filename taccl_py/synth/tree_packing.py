@@ -31,6 +31,7 @@ import numpy as np
 
 from taccl_py.synth.logical import LogicalGraph, Resource
 from taccl_py.synth.routing import ChunkSymmetry, Routing, chunk_symmetry, routing_objective_us
+from taccl_py.synth.solver_highs import new_highs
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["TreePacking", "pack_trees", "packed_routing", "integral_loads"]
@@ -159,8 +160,7 @@ class _MasterLP:
     def __init__(self, num_roots: int, num_resources: int) -> None:
         import highspy
 
-        self.highs = highspy.Highs()
-        self.highs.setOptionValue("output_flag", False)
+        self.highs = new_highs()
         # No "threads": HiGHS sizes one process-wide scheduler at its first run, and a later
         # solve asking for another count (the synthesizer's MILPs) would then fail.
         self.highs.setOptionValue("random_seed", 0)
@@ -273,8 +273,8 @@ def _integral_counts(packing: TreePacking, chunkup: int, node_limit: int) -> tup
         members = [j for j, (root, _) in enumerate(packing.columns) if root == i]
         for j, count in zip(members, _round_counts([packing.weights[j] for j in members], chunkup)):
             start[j] = count
-    highs = highspy.Highs()
-    for option, value in (("output_flag", False), ("random_seed", 0), ("mip_rel_gap", 1e-4)):
+    highs = new_highs()
+    for option, value in (("random_seed", 0), ("mip_rel_gap", 1e-4)):
         highs.setOptionValue(option, value)
     highs.setOptionValue("mip_max_nodes", node_limit)
     inf = highspy.kHighsInf

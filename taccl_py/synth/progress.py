@@ -1,0 +1,46 @@
+"""Progress lines from inside long synthesis stages (MILPs, ordering, simulation), a few seconds apart.
+
+A stage that runs for minutes on 64 GPUs reports through the caller's progress callback while it
+works, not only when it starts and ends. Wall time decides only when a line is written, never
+what is computed, so the result is the same on an idle or a busy machine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+__all__ = ["REPORT_INTERVAL_S", "ProgressTicker"]
+
+# Seconds between progress lines inside one stage: often enough that a long run never looks stuck,
+# rarely enough that a terminal can read it (HiGHS's own MIP log waits 5 s, mip_min_logging_interval).
+REPORT_INTERVAL_S = 2.0
+
+
+class ProgressTicker:
+    """Pass lines to ``progress`` (None: nowhere), those of ``tick`` at most every ``interval_s`` seconds.
+
+    ``interval_s`` defaults to ``REPORT_INTERVAL_S`` as it is when the ticker is made.
+    """
+
+    __slots__ = ("progress", "interval_s", "_last_s")
+
+    def __init__(self, progress: Callable[[str], None] | None, interval_s: float | None = None) -> None:
+        self.progress = progress
+        self.interval_s = REPORT_INTERVAL_S if interval_s is None else interval_s
+        self._last_s = time.monotonic()
+
+    def say(self, message: str) -> None:
+        """Pass ``message`` on now and start the interval again."""
+        if self.progress is not None:
+            self.progress(message)
+            self._last_s = time.monotonic()
+
+    def due(self) -> bool:
+        """Return True when a line is wanted and the interval has passed since the last one."""
+        return self.progress is not None and time.monotonic() - self._last_s >= self.interval_s
+
+    def tick(self, describe: Callable[[], str]) -> None:
+        """Pass ``describe()`` on when the interval has passed (``describe`` is not called otherwise)."""
+        if self.due():
+            self.say(describe())

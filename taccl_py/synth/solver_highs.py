@@ -1,0 +1,84 @@
+"""HiGHS without console output: a quiet ``highspy.Highs``, its log at DEBUG, progress from inside a solve.
+
+HiGHS 1.16 writes its banner ("Running HiGHS ... Copyright ...") to stdout once per process, from
+the first ``highspy.Highs()``: its constructor registers highspy's callback, which logs the banner
+before any option can be set (pulp's ``msg=False`` comes too late). ``taccl synthesize > out`` and
+JSON output got it. HiGHS marks the banner written process-wide, so ``consume_highs_banner`` has it
+written first by a bare core instance whose log goes nowhere (``log_to_console`` off; ERGO-Code/HiGHS
+issues 1702, 1932). Solver logs go to this module's logger at DEBUG, never to the console.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from taccl_py.synth.progress import ProgressTicker
+
+__all__ = ["consume_highs_banner", "new_highs", "watch_highs"]
+
+logger = logging.getLogger(__name__)
+
+
+def consume_highs_banner() -> None:
+    """Have HiGHS's once-per-process banner written where nothing shows it (no-op without highspy)."""
+    try:
+        from highspy._core import _Highs
+    except ImportError:
+        return
+    bare = _Highs()
+    bare.setOptionValue("log_to_console", False)
+    bare.setCallback(None, None)  # any call that logs writes the banner; this one does nothing else
+
+
+def new_highs() -> object:
+    """Return a ``highspy.Highs`` that writes nothing to the console (``output_flag`` off)."""
+    import highspy
+
+    consume_highs_banner()
+    highs = highspy.Highs()
+    highs.setOptionValue("output_flag", False)
+    return highs
+
+
+class _SolveReporter:
+    """A HiGHS callback that passes a solve's log to DEBUG and its MIP state to a ticker every few seconds."""
+
+    __slots__ = ("name", "ticker")
+
+    def __init__(self, name: str, ticker: ProgressTicker) -> None:
+        self.name = name
+        self.ticker = ticker
+
+    def log(self, event: object) -> None:
+        logger.debug("%s: HiGHS: %s", self.name, event.message.rstrip())
+
+    def mip(self, event: object) -> None:
+        self.ticker.tick(lambda: self._describe(event.data_out))
+
+    def lp(self, event: object) -> None:
+        self.ticker.tick(lambda: f"{self.name}: root LP, {event.data_out.simplex_iteration_count} simplex iterations")
+
+    def _describe(self, out: object) -> str:
+        gap = f"{100 * out.mip_gap:.2f} %" if out.mip_gap < 1e30 else "none yet"
+        return (
+            f"{self.name}: {out.mip_node_count} nodes, {out.simplex_iteration_count} LP iterations, "
+            f"best {out.mip_primal_bound:.6g}, bound {out.mip_dual_bound:.6g}, gap {gap}, {out.running_time:.1f} s"
+        )
+
+
+def watch_highs(highs: object, name: str, progress: Callable[[str], None] | None) -> None:
+    """Subscribe ``highs`` (a ``highspy.Highs`` before its run) to report to ``progress`` and log at DEBUG.
+
+    Progress comes from HiGHS's interrupt callbacks, which never interrupt: a line at most every
+    ``REPORT_INTERVAL_S`` seconds (wall time picks the moment, not the work done). With DEBUG on,
+    HiGHS logs (``output_flag`` on, ``log_to_console`` off) and every log line goes to the logger.
+    """
+    reporter = _SolveReporter(name, ProgressTicker(progress))
+    if progress is not None:
+        highs.cbMipInterrupt.subscribe(reporter.mip)
+        highs.cbSimplexInterrupt.subscribe(reporter.lp)
+    if logger.isEnabledFor(logging.DEBUG):
+        highs.setOptionValue("output_flag", True)
+        highs.setOptionValue("log_to_console", False)
+        highs.cbLogging.subscribe(reporter.log)
