@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["REPORT_INTERVAL_S", "ProgressTicker"]
+__all__ = ["REPORT_INTERVAL_S", "ProgressTicker", "prefixed"]
 
 # Seconds between progress lines inside one stage: often enough that a long run never looks stuck,
 # rarely enough that a terminal can read it (HiGHS's own MIP log waits 5 s, mip_min_logging_interval).
@@ -44,3 +44,21 @@ class ProgressTicker:
         """Pass ``describe()`` on when the interval has passed (``describe`` is not called otherwise)."""
         if self.due():
             self.say(describe())
+
+
+class _Prefixed:
+    """A progress callback that puts ``prefix`` before each line and passes it to ``progress``."""
+
+    __slots__ = ("progress", "prefix")
+
+    def __init__(self, progress: Callable[[str], None], prefix: str) -> None:
+        self.progress = progress
+        self.prefix = prefix
+
+    def __call__(self, message: str) -> None:
+        self.progress(self.prefix + message)
+
+
+def prefixed(progress: Callable[[str], None] | None, prefix: str) -> Callable[[str], None] | None:
+    """Return a callback passing each line to ``progress`` after ``prefix`` (None for None)."""
+    return None if progress is None else _Prefixed(progress, prefix)

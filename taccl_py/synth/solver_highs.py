@@ -19,6 +19,8 @@ __all__ = ["consume_highs_banner", "new_highs", "watch_highs"]
 
 logger = logging.getLogger(__name__)
 
+_NO_VALUE = 1e30  # HiGHS reports a bound it does not have yet as +-inf (kHighsInf)
+
 
 def consume_highs_banner() -> None:
     """Have HiGHS's once-per-process banner written where nothing shows it (no-op without highspy)."""
@@ -60,11 +62,11 @@ class _SolveReporter:
         self.ticker.tick(lambda: f"{self.name}: root LP, {event.data_out.simplex_iteration_count} simplex iterations")
 
     def _describe(self, out: object) -> str:
-        gap = f"{100 * out.mip_gap:.2f} %" if out.mip_gap < 1e30 else "none yet"
-        return (
-            f"{self.name}: {out.mip_node_count} nodes, {out.simplex_iteration_count} LP iterations, "
-            f"best {out.mip_primal_bound:.6g}, bound {out.mip_dual_bound:.6g}, gap {gap}, {out.running_time:.1f} s"
-        )
+        if abs(out.mip_primal_bound) < _NO_VALUE:
+            found = f"best {out.mip_primal_bound:.6g}, bound {out.mip_dual_bound:.6g}, gap {100 * out.mip_gap:.2f} %"
+        else:
+            found = f"no solution yet, bound {out.mip_dual_bound:.6g}"
+        return f"{self.name}: {out.mip_node_count} nodes, {found}, {out.running_time:.1f} s"
 
 
 def watch_highs(highs: object, name: str, progress: Callable[[str], None] | None) -> None:
