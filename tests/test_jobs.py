@@ -1,0 +1,49 @@
+"""Worker jobs: their progress lines reach the caller while they run, not when they finish (issue 14)."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+from taccl_py.synth.jobs import run_jobs
+
+WAIT_S = 20.0  # how long a job waits for the caller to have seen its first line
+
+
+def _wait_for_caller(flag: str, progress) -> bool:
+    """Report, then return True once the caller's callback has made ``flag`` (False after ``WAIT_S``)."""
+    progress(f"started, waiting for {flag}")
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        if Path(flag).exists():
+            progress("seen")
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _mark_seen(lines: list[str], flag: Path, line: str) -> None:
+    lines.append(line)
+    flag.touch()
+
+
+def test_worker_progress_reaches_the_caller_while_the_job_runs(tmp_path):
+    flags = [tmp_path / "first", tmp_path / "second"]
+    lines: list[str] = []
+    seen = run_jobs(
+        [partial(_wait_for_caller, str(flag)) for flag in flags],
+        2,
+        lambda line: _mark_seen(lines, flags[int("second" in line)], line),
+    )
+    assert seen == [True, True], "a job's first line reached the caller only after it finished"
+    assert lines.count("seen") == 2, lines
+
+
+def _square(value: int, progress) -> int:
+    assert progress is None
+    return value * value
+
+
+def test_workers_without_progress_return_values_in_order():
+    assert run_jobs([partial(_square, 2), partial(_square, 3)], 2, None) == [4, 9]
