@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+
+import pulp
 import pytest
 
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.synth import progress as progress_module
+from taccl_py.synth import solver as solver_module
 from taccl_py.synth import synthesize
-from taccl_py.synth.progress import ProgressTicker
+from taccl_py.synth.progress import ProgressTicker, heartbeat
+from taccl_py.synth.solver import SolverOptions, solve_model
 from taccl_py.topology import load_topology
 
 MB = 1_000_000
@@ -42,3 +48,48 @@ def test_ticker_waits_its_interval_and_says_at_once():
     ticker.say("now")
     assert lines == ["now"]
     ProgressTicker(None, interval_s=0.0).tick(lambda: pytest.fail("describe is not called without a callback"))
+
+
+def test_heartbeat_speaks_while_its_block_runs_and_stops_after():
+    lines: list[str] = []
+    with heartbeat(lines.append, "routing", interval_s=0.01):
+        time.sleep(0.2)
+    count = len(lines)
+    time.sleep(0.05)
+    assert count >= 1 and len(lines) == count, lines
+    assert lines[0].startswith("routing: still running, ")
+
+
+@pytest.mark.parametrize(
+    ("solver", "budget"),
+    [("cbc", "work budget 5 nodes (cbc)"), ("cpsat", "work budget 0.05 deterministic s (cpsat)")],
+    ids=["cbc", "cpsat"],
+)
+def test_a_solve_without_callbacks_reports_size_budget_and_outcome_with_a_heartbeat_between(
+    monkeypatch, solver, budget
+):
+    """CBC (a subprocess) and CP-SAT give no callbacks: lines come before and after, and a heartbeat runs meanwhile."""
+    if solver == "cpsat":
+        pytest.importorskip("ortools.linear_solver.python.model_builder", reason="ortools is not installed")
+    options = (
+        SolverOptions(solver="cbc", node_limit=5)
+        if solver == "cbc"
+        else SolverOptions("cpsat", deterministic_time_s=0.05)
+    )
+    beats: list[str] = []
+
+    @contextlib.contextmanager
+    def recorded(progress, what, interval_s=None):
+        beats.append(what if progress is not None else "none")
+        yield
+
+    monkeypatch.setattr(solver_module, "heartbeat", recorded)
+    prob = pulp.LpProblem("knapsack", pulp.LpMaximize)
+    take = prob.add_variable_dicts("take", range(30), cat=pulp.LpBinary)
+    prob += pulp.lpSum((41 + (i * 104729) % 97) * take[i] for i in range(30))
+    prob += pulp.lpSum((37 + (i * 7919) % 101) * take[i] for i in range(30)) <= 700, "capacity"
+    lines: list[str] = []
+    outcome = solve_model(prob, options, progress=lines.append)
+    assert lines[0] == f"knapsack: MILP of 30 columns, 1 rows; {budget}", lines
+    assert lines[-1] == f"knapsack: {outcome.status.value} in {outcome.wall_s:.1f} s", lines
+    assert beats == ["knapsack"]

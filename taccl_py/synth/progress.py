@@ -7,14 +7,17 @@ what is computed, so the result is the same on an idle or a busy machine.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-__all__ = ["REPORT_INTERVAL_S", "ProgressTicker", "prefixed"]
+__all__ = ["REPORT_INTERVAL_S", "ProgressTicker", "heartbeat", "prefixed"]
 
 # Seconds between progress lines inside one stage: often enough that a long run never looks stuck,
 # rarely enough that a terminal can read it (HiGHS's own MIP log waits 5 s, mip_min_logging_interval).
 REPORT_INTERVAL_S = 2.0
+_MIN_BEAT_S = 0.01  # a heartbeat thread never spins, whatever interval it is given
 
 
 class ProgressTicker:
@@ -62,3 +65,31 @@ class _Prefixed:
 def prefixed(progress: Callable[[str], None] | None, prefix: str) -> Callable[[str], None] | None:
     """Return a callback passing each line to ``progress`` after ``prefix`` (None for None)."""
     return None if progress is None else _Prefixed(progress, prefix)
+
+
+@contextlib.contextmanager
+def heartbeat(progress: Callable[[str], None] | None, what: str, interval_s: float | None = None) -> Iterator[None]:
+    """Pass ``"<what>: still running, N s"`` to ``progress`` every ``interval_s`` seconds while the block runs.
+
+    For a call that gives no callbacks of its own (CP-SAT through OR-Tools' model builder, whose
+    log callback does not bind in 9.15; CBC in a subprocess): it releases the GIL, so a thread can
+    speak meanwhile. ``progress`` is then called from that thread. None: nothing runs.
+    """
+    if progress is None:
+        yield
+        return
+    interval = max(_MIN_BEAT_S, REPORT_INTERVAL_S if interval_s is None else interval_s)
+    stop = threading.Event()
+    began = time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            progress(f"{what}: still running, {time.monotonic() - began:.0f} s")
+
+    thread = threading.Thread(target=beat, name="taccl-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

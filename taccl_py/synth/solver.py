@@ -25,6 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 import pulp
 
 from taccl_py.errors import ArgumentError
+from taccl_py.synth.progress import heartbeat
 from taccl_py.synth.solver_cpsat import (
     CpsatStop,
     cpsat_importable,
@@ -377,7 +378,8 @@ def solve_model(
         return SolveOutcome(SolveStatus.TOO_LARGE, None, 0.0, BudgetBound.NODE_LIMIT, 0)
     say(f"{prob.name}: MILP of {columns} columns, {prob.numConstraints()} rows; {_budget_words(options, columns)}")
     if options.solver == "cpsat":
-        outcome = _solve_with_cpsat(prob, options, cap, start or {})
+        with heartbeat(progress, prob.name):
+            outcome = _solve_with_cpsat(prob, options, cap, start or {})
     else:
         outcome = _solve_with_pulp(prob, options, cap, columns, start or {}, progress)
     say(f"{prob.name}: {outcome.status.value} in {outcome.wall_s:.1f} s")
@@ -412,7 +414,9 @@ def _solve_with_pulp(
     if isinstance(solver, _BudgetedHiGHS):
         prepare_highs_threads(options.threads)
     began = time.perf_counter()
-    prob.solve(solver)
+    # HiGHS reports through its callbacks (watch_highs); CBC runs in a subprocess and says nothing.
+    with heartbeat(None if isinstance(solver, _BudgetedHiGHS) else progress, prob.name):
+        prob.solve(solver)
     wall = time.perf_counter() - began
     bound = _stop_reason(prob, solver, wall, cap)
     if prob.status == pulp.LpStatusInfeasible:
