@@ -30,6 +30,7 @@ def test_a_candidate_reports_from_inside_its_milps_ordering_verification_and_sim
     monkeypatch.setattr(progress_module, "REPORT_INTERVAL_S", 0.0)
     lines: list[str] = []
     result = synthesize(load_topology("ndv2"), "allgather", size_bytes=MB, jobs=1, progress=lines.append)
+    assert any(line.startswith("tree packing: ") and " rounds, " in line for line in lines), lines
     inside = [line for line in lines if line.startswith("[1/")]
     assert any("routing: MILP of" in line and "columns" in line and "work budget" in line for line in inside), lines
     assert any("routing: " in line and (" in " in line and line.endswith(" s")) for line in inside), lines

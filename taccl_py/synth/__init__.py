@@ -294,7 +294,9 @@ def _run_candidates(
     sizes, bounds = tuple(sizes), tuple(bounds)
     # Every candidate starts from the same packings; packing a 64-GPU graph takes seconds.
     prepare_highs_threads(options.threads)
-    packings = tuple(pack_trees(phase_graph) for phase_graph in phase_graphs(graph, collective))
+    if progress is not None:
+        progress(f"tree packing on {graph.num_ranks} GPUs (the routing MILPs' starting routes)")
+    packings = tuple(pack_trees(phase_graph, progress=progress) for phase_graph in phase_graphs(graph, collective))
     work = [
         partial(
             _run_candidate,

@@ -19,7 +19,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.compose import Chunking
 from taccl_py.synth.logical import LogicalGraph
-from taccl_py.synth.progress import ProgressTicker
+from taccl_py.synth.progress import ProgressTicker, heartbeat
 from taccl_py.topology.bounds import LowerBound
 from taccl_py.topology.model import Topology
 
@@ -86,14 +86,16 @@ def simulate_at(
 ) -> tuple[SimulationResult, ...]:
     """Return the simulated runs of ``algorithm`` at ``sizes`` (bounds given, computed once).
 
-    ``progress`` gets a line every few seconds with the sizes simulated so far (``ProgressTicker``).
+    ``progress`` gets a line every few seconds with the sizes simulated so far (``ProgressTicker``),
+    and from a ``heartbeat`` while one size takes longer.
     """
-    plan = prepare_simulation(algorithm, topology)
     ticker = ProgressTicker(progress)
     results = []
-    for size, bound in zip(sizes, bounds):
-        ticker.tick(lambda: f"simulating {algorithm.name}: {len(results)} of {len(sizes)} sizes done")
-        results.append(simulate_plan(plan, size, bound_time_us=bound.time_us))
+    with heartbeat(progress, f"simulating {algorithm.name}"):
+        plan = prepare_simulation(algorithm, topology)
+        for size, bound in zip(sizes, bounds):
+            ticker.tick(lambda: f"simulating {algorithm.name}: {len(results)} of {len(sizes)} sizes done")
+            results.append(simulate_plan(plan, size, bound_time_us=bound.time_us))
     return tuple(results)
 
 

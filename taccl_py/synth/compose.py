@@ -27,7 +27,7 @@ from taccl_py.synth.hierarchy import hierarchical_routing
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.progress import prefixed
+from taccl_py.synth.progress import heartbeat, prefixed
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
 from taccl_py.synth.solver import (
@@ -235,7 +235,8 @@ def synthesize_chunking(
     if progress is not None:
         steps = sum(len(tb.steps) for program in algorithm.ranks for tb in program.threadblocks)
         progress(f"{chunking.label}: verifying {name} ({steps} steps on {algorithm.num_ranks} ranks)")
-    check_algorithm(algorithm)
+    with heartbeat(progress, f"{chunking.label}: verifying"):
+        check_algorithm(algorithm)
     wall = time.perf_counter() - began
     logger.info(
         "%s %s: predicted %.1f us, routing %s, %.2f s",
