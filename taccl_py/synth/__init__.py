@@ -354,7 +354,12 @@ def synthesize(
     solver : {"highs", "cbc", "cpsat"}
         The MILP solver.
     progress : callable, optional
-        Called with one line per stage (in this process, also with ``jobs`` > 1).
+        Called with one line per stage and, inside long stages (MILPs, ordering, verification,
+        simulation), one at least every ``REPORT_INTERVAL_S`` seconds
+        (``taccl_py.synth.progress``). It runs in this process, also with ``jobs`` > 1 (workers'
+        lines arrive as they are written), and may be called from a helper thread while a
+        solver or the verifier holds this one. Wall time decides only when a line comes, never
+        what is computed.
     node_limit : int, optional
         Branch-and-bound nodes per MILP; default by model size (``default_node_limit``).
     jobs : int or None
