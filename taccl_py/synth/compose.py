@@ -27,7 +27,7 @@ from taccl_py.synth.hierarchy import hierarchical_routing
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.progress import heartbeat, prefixed
+from taccl_py.synth.progress import heartbeat, no_progress, prefixed
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
 from taccl_py.synth.solver import (
@@ -139,7 +139,7 @@ def _schedule_phase(
     is ``pack_trees(graph)`` when the caller has it already. ``progress`` gets a line per step
     and, inside the long ones (MILPs, ordering), one every few seconds.
     """
-    say = progress if progress is not None else _quiet
+    say = progress if progress is not None else no_progress
     deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
     chunk_bytes = chunking.design_bytes / (graph.num_ranks * chunking.chunkup)
     piece_bytes = chunk_bytes / chunking.pieces
@@ -174,10 +174,6 @@ def _schedule_phase(
     solves = (routings[0].solve_status, hierarchical.solve_status if hierarchical else None, final.solve_status)
     statuses = frozenset(status for status in solves if status is not None)
     return (final if final.makespan_us <= quick[best].makespan_us else quick[best]), statuses
-
-
-def _quiet(message: str) -> None:
-    """Drop a progress line (no callback given)."""
 
 
 def synthesize_chunking(

@@ -12,12 +12,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-__all__ = ["REPORT_INTERVAL_S", "ProgressTicker", "heartbeat", "prefixed"]
+__all__ = ["REPORT_INTERVAL_S", "ProgressTicker", "heartbeat", "no_progress", "prefixed"]
 
 # Seconds between progress lines inside one stage: often enough that a long run never looks stuck,
 # rarely enough that a terminal can read it (HiGHS's own MIP log waits 5 s, mip_min_logging_interval).
 REPORT_INTERVAL_S = 2.0
 _MIN_BEAT_S = 0.01  # a heartbeat thread never spins, whatever interval it is given
+
+
+def no_progress(message: str) -> None:
+    """Drop a progress line (the callback to use where the caller gave none)."""
 
 
 class ProgressTicker:

@@ -25,7 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 import pulp
 
 from taccl_py.errors import ArgumentError
-from taccl_py.synth.progress import heartbeat
+from taccl_py.synth.progress import heartbeat, no_progress
 from taccl_py.synth.solver_cpsat import (
     CpsatStop,
     cpsat_importable,
@@ -369,7 +369,7 @@ def solve_model(
     """
     cap = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
     columns = prob.numVariables()
-    say = progress if progress is not None else _quiet
+    say = progress if progress is not None else no_progress
     if columns > MAX_MILP_COLUMNS:
         logger.info(
             "%s: %d columns, over %d: not solved (the caller keeps its start)", prob.name, columns, MAX_MILP_COLUMNS
@@ -384,10 +384,6 @@ def solve_model(
         outcome = _solve_with_pulp(prob, options, cap, columns, start or {}, progress)
     say(f"{prob.name}: {outcome.status.value} in {outcome.wall_s:.1f} s")
     return outcome
-
-
-def _quiet(message: str) -> None:
-    """Drop a progress line (no callback given)."""
 
 
 def _budget_words(options: SolverOptions, columns: int) -> str:
