@@ -9,8 +9,9 @@ one thread and a fixed random seed. A wall-clock cap is only a safety net; when 
 result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says so.
 
 pulp 3.3's HiGHS interface has no entry for HiGHS's node-limit status (``kSolutionLimit``:
-``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``_BudgetedHiGHS`` reads that
-case itself; the status of every solve comes from HiGHS's own model status.
+``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``BudgetedHiGHS``
+(``taccl_py.synth.solver_highs``) reads that case itself; the status of every solve comes from
+HiGHS's own model status.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from taccl_py.synth.solver_cpsat import (
     deterministic_time_rule,
     solve_with_cpsat,
 )
-from taccl_py.synth.solver_highs import consume_highs_banner, new_highs, watch_highs
+from taccl_py.synth.solver_highs import BudgetedHiGHS, new_highs
 
 __all__ = [
     "SOLVERS",
@@ -248,48 +249,6 @@ class SolveOutcome:
         return self.status in (SolveStatus.OPTIMAL, SolveStatus.NODE_LIMIT, SolveStatus.WALL_CLOCK_CAP)
 
 
-class _BudgetedHiGHS(pulp.HiGHS):
-    """pulp's HiGHS with a starting solution handed to HiGHS, the node-limit status read, and no console output.
-
-    ``progress`` gets a line every few seconds while HiGHS works (``watch_highs``).
-    """
-
-    def __init__(
-        self, start: dict[str, float], progress: Callable[[str], None] | None = None, **kwargs: object
-    ) -> None:
-        super().__init__(**kwargs)
-        self.start = start
-        self.progress = progress
-
-    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
-        consume_highs_banner()  # pulp's highspy.Highs() would print it before msg=False applies
-        super().createAndConfigureSolver(lp)
-        watch_highs(lp.solverModel, lp.name, self.progress)
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:
-        if self.start:
-            import numpy as np
-
-            pairs = [(var.index, self.start[var.name]) for var in lp.variables() if var.name in self.start]
-            if pairs:
-                index = np.array([p[0] for p in pairs], dtype=np.int32)
-                value = np.array([p[1] for p in pairs], dtype=np.float64)
-                lp.solverModel.setSolution(len(pairs), index, value)
-        super().callSolver(lp)
-
-    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
-        import highspy
-
-        if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
-            return super().findSolutionValues(lp)
-        if lp.solverModel.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
-        values = lp.solverModel.getSolution().col_value
-        for var in lp.variables():
-            var.varValue = values[var.index]
-        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
-
-
 class _BudgetedCBC(pulp.COIN_CMD):
     """pulp's COIN_CMD remembering why CBC stopped (``stopped_on``: ``time``, ``nodes``, ...)."""
 
@@ -310,7 +269,7 @@ def _make_solver(
     progress: Callable[[str], None] | None = None,
 ) -> pulp.LpSolver:
     if options.solver == "highs":
-        highs = _BudgetedHiGHS(
+        highs = BudgetedHiGHS(
             start,
             progress,
             msg=False,
@@ -339,7 +298,7 @@ def _stop_reason(prob: pulp.LpProblem, solver: pulp.LpSolver, wall_s: float, cap
     """Return which budget stopped an unfinished solve (None: it finished)."""
     if prob.sol_status == pulp.LpSolutionOptimal or prob.status == pulp.LpStatusInfeasible:
         return None
-    if isinstance(solver, _BudgetedHiGHS):
+    if isinstance(solver, BudgetedHiGHS):
         import highspy
 
         status = prob.solverModel.getModelStatus()
@@ -407,11 +366,11 @@ def _solve_with_pulp(
     """Solve ``prob`` with HiGHS (CBC without highspy) within its node budget and ``cap`` seconds."""
     nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
     solver = _make_solver(options, cap, nodes, start, progress)
-    if isinstance(solver, _BudgetedHiGHS):
+    if isinstance(solver, BudgetedHiGHS):
         prepare_highs_threads(options.threads)
     began = time.perf_counter()
     # HiGHS reports through its callbacks (watch_highs); CBC runs in a subprocess and says nothing.
-    with heartbeat(None if isinstance(solver, _BudgetedHiGHS) else progress, prob.name):
+    with heartbeat(None if isinstance(solver, BudgetedHiGHS) else progress, prob.name):
         prob.solve(solver)
     wall = time.perf_counter() - began
     bound = _stop_reason(prob, solver, wall, cap)

@@ -1,11 +1,12 @@
-"""HiGHS without console output: a quiet ``highspy.Highs``, its log at DEBUG, progress from inside a solve.
+"""HiGHS for the synthesizer: pulp's HiGHS with starts and work budgets, quiet ``highspy.Highs``, progress.
 
 HiGHS 1.16 writes its banner ("Running HiGHS ... Copyright ...") to stdout once per process, from
 the first ``highspy.Highs()``: its constructor registers highspy's callback, which logs the banner
 before any option can be set (pulp's ``msg=False`` comes too late). ``taccl synthesize > out`` and
 JSON output got it. HiGHS marks the banner written process-wide, so ``consume_highs_banner`` has it
 written first by a bare core instance whose log goes nowhere (``log_to_console`` off; ERGO-Code/HiGHS
-issues 1702, 1932). Solver logs go to this module's logger at DEBUG, never to the console.
+issues 1702, 1932). Solver logs go to this module's logger at DEBUG, never to the console, and
+``watch_highs`` turns HiGHS's callbacks into progress lines while a solve runs.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import pulp
+
 from taccl_py.synth.progress import ProgressTicker
 
-__all__ = ["consume_highs_banner", "new_highs", "watch_highs"]
+__all__ = ["BudgetedHiGHS", "consume_highs_banner", "new_highs", "watch_highs"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,3 +87,45 @@ def watch_highs(highs: object, name: str, progress: Callable[[str], None] | None
         highs.setOptionValue("output_flag", True)
         highs.setOptionValue("log_to_console", False)
         highs.cbLogging.subscribe(reporter.log)
+
+
+class BudgetedHiGHS(pulp.HiGHS):
+    """pulp's HiGHS with a starting solution handed to HiGHS, the node-limit status read, and no console output.
+
+    ``progress`` gets a line every few seconds while HiGHS works (``watch_highs``).
+    """
+
+    def __init__(
+        self, start: dict[str, float], progress: Callable[[str], None] | None = None, **kwargs: object
+    ) -> None:
+        super().__init__(**kwargs)
+        self.start = start
+        self.progress = progress
+
+    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
+        consume_highs_banner()  # pulp's highspy.Highs() would print it before msg=False applies
+        super().createAndConfigureSolver(lp)
+        watch_highs(lp.solverModel, lp.name, self.progress)
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:
+        if self.start:
+            import numpy as np
+
+            pairs = [(var.index, self.start[var.name]) for var in lp.variables() if var.name in self.start]
+            if pairs:
+                index = np.array([p[0] for p in pairs], dtype=np.int32)
+                value = np.array([p[1] for p in pairs], dtype=np.float64)
+                lp.solverModel.setSolution(len(pairs), index, value)
+        super().callSolver(lp)
+
+    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
+        import highspy
+
+        if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+            return super().findSolutionValues(lp)
+        if lp.solverModel.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+        values = lp.solverModel.getSolution().col_value
+        for var in lp.variables():
+            var.varValue = values[var.index]
+        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
