@@ -61,26 +61,38 @@ def test_heartbeat_speaks_while_its_block_runs_and_stops_after():
     assert lines[0].startswith("routing: still running, ")
 
 
+def test_heartbeat_keeps_quiet_while_the_shared_ticker_is_not_due():
+    """A solver's own reports reset the shared ticker: the heartbeat speaks only into silences."""
+    lines: list[str] = []
+    ticker = ProgressTicker(lines.append, interval_s=0.2)
+    with heartbeat(lines.append, "routing", ticker=ticker):
+        for _ in range(30):
+            ticker.say("routing: 10 nodes")
+            time.sleep(0.01)
+    assert lines == ["routing: 10 nodes"] * 30
+
+
 @pytest.mark.parametrize(
-    ("solver", "budget"),
-    [("cbc", "work budget 5 nodes (cbc)"), ("cpsat", "work budget 0.05 deterministic s (cpsat)")],
-    ids=["cbc", "cpsat"],
+    ("options", "budget"),
+    [
+        (SolverOptions(node_limit=5), "work budget 5 nodes (highs)"),
+        (SolverOptions(solver="cbc", node_limit=5), "work budget 5 nodes (cbc)"),
+        ("cpsat", "work budget 0.05 deterministic s (cpsat)"),
+    ],
+    ids=["highs", "cbc", "cpsat"],
 )
-def test_a_solve_without_callbacks_reports_size_budget_and_outcome_with_a_heartbeat_between(
-    monkeypatch, solver, budget
-):
-    """CBC (a subprocess) and CP-SAT give no callbacks: lines come before and after, and a heartbeat runs meanwhile."""
-    if solver == "cpsat":
+def test_a_solve_reports_size_budget_and_outcome_with_a_heartbeat_between(monkeypatch, options, budget):
+    """Lines come before and after a solve, and a heartbeat runs meanwhile for the silences of any solver.
+
+    (HiGHS says nothing while it solves its root LP; CBC, a subprocess, and CP-SAT give no callbacks here.)
+    """
+    if options == "cpsat":
         pytest.importorskip("ortools.linear_solver.python.model_builder", reason="ortools is not installed")
-    options = (
-        SolverOptions(solver="cbc", node_limit=5)
-        if solver == "cbc"
-        else SolverOptions("cpsat", deterministic_time_s=0.05)
-    )
+        options = SolverOptions("cpsat", deterministic_time_s=0.05)
     beats: list[str] = []
 
     @contextlib.contextmanager
-    def recorded(progress, what, interval_s=None):
+    def recorded(progress, what, interval_s=None, *, ticker=None):
         beats.append(what if progress is not None else "none")
         yield
 

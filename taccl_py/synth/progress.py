@@ -72,23 +72,33 @@ def prefixed(progress: Callable[[str], None] | None, prefix: str) -> Callable[[s
 
 
 @contextlib.contextmanager
-def heartbeat(progress: Callable[[str], None] | None, what: str, interval_s: float | None = None) -> Iterator[None]:
-    """Pass ``"<what>: still running, N s"`` to ``progress`` every ``interval_s`` seconds while the block runs.
+def heartbeat(
+    progress: Callable[[str], None] | None,
+    what: str,
+    interval_s: float | None = None,
+    *,
+    ticker: ProgressTicker | None = None,
+) -> Iterator[None]:
+    """Pass ``"<what>: still running, N s"`` to ``progress`` while the block runs, when nothing else spoke.
 
-    For a call that gives no callbacks of its own (CP-SAT through OR-Tools' model builder, whose
-    log callback does not bind in 9.15; CBC in a subprocess): it releases the GIL, so a thread can
-    speak meanwhile. ``progress`` is then called from that thread. None: nothing runs.
+    For calls that hold no callbacks of their own, or too few (HiGHS's root LP; CP-SAT through
+    OR-Tools' model builder, whose log callback does not bind in 9.15; CBC in a subprocess), and
+    for pure-Python work (verification, simulation): those release the GIL or let threads switch,
+    so a thread can speak meanwhile, from ``ticker`` (shared with the block's own reports, so a
+    heartbeat comes only when they were quiet for its interval) or a new one of ``interval_s``.
+    ``progress`` is then called from that thread. None: nothing runs.
     """
     if progress is None:
         yield
         return
-    interval = max(_MIN_BEAT_S, REPORT_INTERVAL_S if interval_s is None else interval_s)
+    ticker = ticker if ticker is not None else ProgressTicker(progress, interval_s)
+    interval = max(_MIN_BEAT_S, ticker.interval_s)
     stop = threading.Event()
     began = time.monotonic()
 
     def beat() -> None:
         while not stop.wait(interval):
-            progress(f"{what}: still running, {time.monotonic() - began:.0f} s")
+            ticker.tick(lambda: f"{what}: still running, {time.monotonic() - began:.0f} s")
 
     thread = threading.Thread(target=beat, name="taccl-progress", daemon=True)
     thread.start()

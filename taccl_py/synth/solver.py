@@ -26,7 +26,7 @@ from importlib.metadata import PackageNotFoundError, version
 import pulp
 
 from taccl_py.errors import ArgumentError
-from taccl_py.synth.progress import heartbeat, no_progress
+from taccl_py.synth.progress import ProgressTicker, heartbeat, no_progress
 from taccl_py.synth.solver_cpsat import (
     CpsatStop,
     cpsat_importable,
@@ -266,12 +266,12 @@ def _make_solver(
     time_limit_s: float,
     node_limit: int,
     start: dict[str, float],
-    progress: Callable[[str], None] | None = None,
+    ticker: ProgressTicker | None = None,
 ) -> pulp.LpSolver:
     if options.solver == "highs":
         highs = BudgetedHiGHS(
             start,
-            progress,
+            ticker,
             msg=False,
             timeLimit=time_limit_s,
             gapRel=options.gap_rel,
@@ -365,12 +365,14 @@ def _solve_with_pulp(
 ) -> SolveOutcome:
     """Solve ``prob`` with HiGHS (CBC without highspy) within its node budget and ``cap`` seconds."""
     nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
-    solver = _make_solver(options, cap, nodes, start, progress)
+    ticker = None if progress is None else ProgressTicker(progress)
+    solver = _make_solver(options, cap, nodes, start, ticker)
     if isinstance(solver, BudgetedHiGHS):
         prepare_highs_threads(options.threads)
     began = time.perf_counter()
-    # HiGHS reports through its callbacks (watch_highs); CBC runs in a subprocess and says nothing.
-    with heartbeat(None if isinstance(solver, BudgetedHiGHS) else progress, prob.name):
+    # HiGHS reports through its callbacks (watch_highs), though not while it solves the root LP;
+    # CBC runs in a subprocess and says nothing. The heartbeat fills the silences.
+    with heartbeat(progress, prob.name, ticker=ticker):
         prob.solve(solver)
     wall = time.perf_counter() - began
     bound = _stop_reason(prob, solver, wall, cap)

@@ -12,7 +12,6 @@ issues 1702, 1932). Solver logs go to this module's logger at DEBUG, never to th
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import pulp
 
@@ -72,15 +71,15 @@ class _SolveReporter:
         return f"{self.name}: {out.mip_node_count} nodes, {found}, {out.running_time:.1f} s"
 
 
-def watch_highs(highs: object, name: str, progress: Callable[[str], None] | None) -> None:
-    """Subscribe ``highs`` (a ``highspy.Highs`` before its run) to report to ``progress`` and log at DEBUG.
+def watch_highs(highs: object, name: str, ticker: ProgressTicker | None) -> None:
+    """Subscribe ``highs`` (a ``highspy.Highs`` before its run) to report to ``ticker`` and log at DEBUG.
 
-    Progress comes from HiGHS's interrupt callbacks, which never interrupt: a line at most every
-    ``REPORT_INTERVAL_S`` seconds (wall time picks the moment, not the work done). With DEBUG on,
-    HiGHS logs (``output_flag`` on, ``log_to_console`` off) and every log line goes to the logger.
+    Progress comes from HiGHS's interrupt callbacks, which never interrupt: a line when the
+    ticker is due (wall time picks the moment, not the work done). With DEBUG on, HiGHS logs
+    (``output_flag`` on, ``log_to_console`` off) and every log line goes to the logger.
     """
-    reporter = _SolveReporter(name, ProgressTicker(progress))
-    if progress is not None:
+    reporter = _SolveReporter(name, ticker if ticker is not None else ProgressTicker(None))
+    if ticker is not None:
         highs.cbMipInterrupt.subscribe(reporter.mip)
         highs.cbSimplexInterrupt.subscribe(reporter.lp)
     if logger.isEnabledFor(logging.DEBUG):
@@ -92,20 +91,18 @@ def watch_highs(highs: object, name: str, progress: Callable[[str], None] | None
 class BudgetedHiGHS(pulp.HiGHS):
     """pulp's HiGHS with a starting solution handed to HiGHS, the node-limit status read, and no console output.
 
-    ``progress`` gets a line every few seconds while HiGHS works (``watch_highs``).
+    ``ticker`` gets a line every few seconds while HiGHS works (``watch_highs``).
     """
 
-    def __init__(
-        self, start: dict[str, float], progress: Callable[[str], None] | None = None, **kwargs: object
-    ) -> None:
+    def __init__(self, start: dict[str, float], ticker: ProgressTicker | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self.start = start
-        self.progress = progress
+        self.ticker = ticker
 
     def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
         consume_highs_banner()  # pulp's highspy.Highs() would print it before msg=False applies
         super().createAndConfigureSolver(lp)
-        watch_highs(lp.solverModel, lp.name, self.progress)
+        watch_highs(lp.solverModel, lp.name, self.ticker)
 
     def callSolver(self, lp: pulp.LpProblem) -> None:
         if self.start:
