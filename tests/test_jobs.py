@@ -6,6 +6,8 @@ import time
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from taccl_py.synth.jobs import run_jobs
 
 WAIT_S = 20.0  # how long a job waits for the caller to have seen its first line
@@ -41,9 +43,24 @@ def test_worker_progress_reaches_the_caller_while_the_job_runs(tmp_path):
 
 
 def _square(value: int, progress) -> int:
-    assert progress is None
     return value * value
+
+
+def _given(progress) -> bool:
+    return progress is not None
 
 
 def test_workers_without_progress_return_values_in_order():
     assert run_jobs([partial(_square, 2), partial(_square, 3)], 2, None) == [4, 9]
+    assert run_jobs([_given, _given], 2, None) == [False, False], "no progress: workers get None"
+
+
+def _fail(message: str, progress) -> None:
+    progress("about to fail")
+    raise ValueError(message)
+
+
+def test_a_worker_exception_is_raised_here_with_progress_on():
+    lines: list[str] = []
+    with pytest.raises(ValueError, match="broken job"):
+        run_jobs([partial(_fail, "broken job"), partial(_square, 3)], 2, lines.append)
