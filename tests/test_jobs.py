@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from taccl_py.synth.jobs import run_jobs
+from taccl_py.synth.progress import heartbeat
 
 WAIT_S = 20.0  # how long a job waits for the caller to have seen its first line
 
@@ -64,3 +65,16 @@ def test_a_worker_exception_is_raised_here_with_progress_on():
     lines: list[str] = []
     with pytest.raises(ValueError, match="broken job"):
         run_jobs([partial(_fail, "broken job"), partial(_square, 3)], 2, lines.append)
+
+
+def _beating(progress) -> int:
+    with heartbeat(progress, "solving", interval_s=0.01):
+        time.sleep(0.2)
+    return 1
+
+
+def test_a_workers_heartbeat_thread_reaches_the_caller():
+    """A heartbeat speaks from its own thread; in a worker, that thread too must reach the caller's queue."""
+    lines: list[str] = []
+    assert run_jobs([_beating, _beating], 2, lines.append) == [1, 1]
+    assert any(line.startswith("solving: still running") for line in lines), lines
