@@ -1,10 +1,12 @@
-"""The CLI's shared formatting: ratios that never read 1.00x unless they are 1."""
+"""The CLI's shared formatting: ratios that never read 1.00x unless they are 1, and the stderr progress callback."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
-from taccl_py.cli._output import format_ratio
+from taccl_py.cli._output import format_ratio, progress_to_stderr
 
 
 @pytest.mark.parametrize(
@@ -22,3 +24,12 @@ from taccl_py.cli._output import format_ratio
 )
 def test_format_ratio_keeps_its_side_of_one(ratio, text):
     assert format_ratio(ratio) == text
+
+
+def test_progress_to_stderr_pickles_and_writes_one_line(capsys):
+    """``taccl bench --progress`` hands the callback to the ranks it starts: it must pickle (issue 14)."""
+    report = pickle.loads(pickle.dumps(progress_to_stderr("bench: ")))
+    report("64MB done")
+    captured = capsys.readouterr()
+    assert captured.err == "bench: 64MB done\n"
+    assert captured.out == ""

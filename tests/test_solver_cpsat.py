@@ -83,7 +83,7 @@ def _routing_model() -> tuple[pulp.LpProblem, dict[str, float], float]:
     chunk_bytes = 64 * MB / graph.num_ranks
     kept = []
 
-    def keep(prob, options, time_limit_s=None, start=None):
+    def keep(prob, options, time_limit_s=None, start=None, progress=None):
         kept.append((prob, dict(start)))
         return SolveOutcome(SolveStatus.NO_SOLUTION, None, 0.0)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-__all__ = ["ALGORITHM_FILE_HELP", "format_ratio", "format_table", "progress_to_stderr"]
+__all__ = ["ALGORITHM_FILE_HELP", "StderrProgress", "format_ratio", "format_table", "progress_to_stderr"]
 
 ALGORITHM_FILE_HELP = "algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)"
 _RATIO_DECIMALS = 2  # decimals of a ratio that is not close to 1
@@ -40,10 +40,28 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(lines)
 
 
-def progress_to_stderr(prefix: str = "") -> Callable[[str], None]:
-    """Return a progress callback that writes each message as one line on stderr."""
+class StderrProgress:
+    """A progress callback that writes each message as one line on stderr, after ``prefix``.
 
-    def report(message: str) -> None:
-        print(f"{prefix}{message}", file=sys.stderr, flush=True)
+    A class rather than a closure so that it pickles: ``taccl bench`` hands it to the ranks it
+    starts, and synthesis workers (``--jobs``) get it to report as they go.
+    """
 
-    return report
+    __slots__ = ("prefix",)
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    def __call__(self, message: str) -> None:
+        print(f"{self.prefix}{message}", file=sys.stderr, flush=True)
+
+    def __getstate__(self) -> str:
+        return self.prefix
+
+    def __setstate__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+
+def progress_to_stderr(prefix: str = "") -> StderrProgress:
+    """Return a picklable progress callback that writes each message as one line on stderr."""
+    return StderrProgress(prefix)

@@ -37,6 +37,7 @@ from taccl_py.synth.compose import (
 )
 from taccl_py.synth.jobs import check_jobs, run_jobs
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
+from taccl_py.synth.progress import prefixed
 from taccl_py.synth.sketch import auto_sketch
 from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import (
@@ -171,10 +172,11 @@ def _simulated_variants(
     near: Sequence[int],
     sizes: tuple[int, ...],
     bounds: tuple[LowerBound, ...],
+    progress: Callable[[str], None] | None = None,
 ) -> list[tuple[Candidate, tuple]]:
     """Return ``candidate`` (and for AllReduce its ``gather_after_reduce`` twin), each with its simulated results.
 
-    Results are None at the sizes outside ``near``.
+    Results are None at the sizes outside ``near``; ``progress`` gets a line per simulated size.
     """
     variants = [candidate]
     if candidate.algorithm.collective is Collective.ALLREDUCE:
@@ -184,7 +186,7 @@ def _simulated_variants(
         variants.append(gather_after_reduce(candidate, name))
     out = []
     for variant in variants:
-        found = simulate_at(variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near])
+        found = simulate_at(variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near], progress)
         results = dict(zip(near, found))
         out.append((variant, tuple(results.get(i) for i in range(len(sizes)))))
     return out
@@ -214,11 +216,18 @@ def _run_candidate(
     name = _algorithm_name(collective, topology, chunking.label, chunking.design_bytes)
     cap_s = deadline_s - time.time()
     candidate = synthesize_chunking(
-        graph, collective, chunking, options, cap_s, name=name, progress=progress, packings=packings
+        graph,
+        collective,
+        chunking,
+        options,
+        cap_s,
+        name=name,
+        progress=prefixed(progress, f"{label} "),
+        packings=packings,
     )
     if progress is not None:
         progress(f"{label} {chunking.label}: verified; routing {candidate.routing_status}; simulating")
-    return _simulated_variants(candidate, topology, near, sizes, bounds)
+    return _simulated_variants(candidate, topology, near, sizes, bounds, prefixed(progress, f"{label} "))
 
 
 def _mixed_allreduce_runs(
@@ -226,6 +235,7 @@ def _mixed_allreduce_runs(
     topology: Topology,
     sizes: tuple[int, ...],
     bounds: tuple[LowerBound, ...],
+    progress: Callable[[str], None] | None = None,
 ) -> list[tuple[Candidate, tuple]]:
     """Return, per design size, the AllReduce of the fastest reduce phase and the fastest gather phase.
 
@@ -246,7 +256,7 @@ def _mixed_allreduce_runs(
         name = _algorithm_name(Collective.ALLREDUCE, topology, label, reduce[0].chunking.design_bytes)
         mixed = mixed_allreduce(reduce[0], gather[0], name)
         near = [i for i, result in enumerate(reduce[1]) if result is not None]
-        out += _simulated_variants(mixed, topology, near, sizes, bounds)
+        out += _simulated_variants(mixed, topology, near, sizes, bounds, prefixed(progress, f"{label}: "))
     return out
 
 
@@ -284,7 +294,9 @@ def _run_candidates(
     sizes, bounds = tuple(sizes), tuple(bounds)
     # Every candidate starts from the same packings; packing a 64-GPU graph takes seconds.
     prepare_highs_threads(options.threads)
-    packings = tuple(pack_trees(phase_graph) for phase_graph in phase_graphs(graph, collective))
+    if progress is not None:
+        progress(f"tree packing on {graph.num_ranks} GPUs (the routing MILPs' starting routes)")
+    packings = tuple(pack_trees(phase_graph, progress=progress) for phase_graph in phase_graphs(graph, collective))
     work = [
         partial(
             _run_candidate,
@@ -342,7 +354,12 @@ def synthesize(
     solver : {"highs", "cbc", "cpsat"}
         The MILP solver.
     progress : callable, optional
-        Called with one line per stage (in this process, also with ``jobs`` > 1).
+        Called with one line per stage and, inside long stages (MILPs, ordering, verification,
+        simulation), one at least every ``REPORT_INTERVAL_S`` seconds
+        (``taccl_py.synth.progress``). It runs in this process, also with ``jobs`` > 1 (workers'
+        lines arrive as they are written), and may be called from a helper thread while a
+        solver or the verifier holds this one. Wall time decides only when a line comes, never
+        what is computed.
     node_limit : int, optional
         Branch-and-bound nodes per MILP; default by model size (``default_node_limit``).
     jobs : int or None
@@ -410,7 +427,7 @@ def _synthesize_impl(
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
     runs, baselines = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress, jobs)
     if collective is Collective.ALLREDUCE:
-        runs += _mixed_allreduce_runs(runs, topology, sizes, bounds)
+        runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, progress)
     everything = [(c.algorithm, r) for c, r in runs]
     usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)]
     eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
@@ -19,6 +19,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.compose import Chunking
 from taccl_py.synth.logical import LogicalGraph
+from taccl_py.synth.progress import ProgressTicker, heartbeat
 from taccl_py.topology.bounds import LowerBound
 from taccl_py.topology.model import Topology
 
@@ -77,11 +78,25 @@ def candidate_chunkings(
 
 
 def simulate_at(
-    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: Sequence[LowerBound]
+    algorithm: Algorithm,
+    topology: Topology,
+    sizes: Sequence[int],
+    bounds: Sequence[LowerBound],
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[SimulationResult, ...]:
-    """Return the simulated runs of ``algorithm`` at ``sizes`` (bounds given, computed once)."""
-    plan = prepare_simulation(algorithm, topology)
-    return tuple(simulate_plan(plan, size, bound_time_us=bound.time_us) for size, bound in zip(sizes, bounds))
+    """Return the simulated runs of ``algorithm`` at ``sizes`` (bounds given, computed once).
+
+    ``progress`` gets a line every few seconds with the sizes simulated so far (``ProgressTicker``),
+    and from a ``heartbeat`` while one size takes longer.
+    """
+    ticker = ProgressTicker(progress)
+    results = []
+    with heartbeat(progress, f"simulating {algorithm.name}"):
+        plan = prepare_simulation(algorithm, topology)
+        for size, bound in zip(sizes, bounds):
+            ticker.tick(lambda: f"simulating {algorithm.name}: {len(results)} of {len(sizes)} sizes done")
+            results.append(simulate_plan(plan, size, bound_time_us=bound.time_us))
+    return tuple(results)
 
 
 def exportable(algorithm: Algorithm, runtime: str = "portable") -> bool:

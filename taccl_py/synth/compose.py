@@ -27,6 +27,7 @@ from taccl_py.synth.hierarchy import hierarchical_routing
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import order_sends
+from taccl_py.synth.progress import heartbeat, no_progress, prefixed
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
 from taccl_py.synth.solver import (
@@ -126,6 +127,7 @@ def _schedule_phase(
     options: SolverOptions,
     cap_s: float | None = None,
     packing: TreePacking | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Schedule, frozenset[str]]:
     """Return the fastest schedule over the candidate routings that MSCCL can load (contiguity MILP on the winner).
 
@@ -134,8 +136,10 @@ def _schedule_phase(
     Also returns how the phase's MILPs ended (routing and contiguity statuses), whichever routing
     won. Each MILP has its own node budget (``options``); ``cap_s`` (s) is what is left of the
     wall-clock safety cap for this phase's MILPs (default ``options.time_limit_s``). ``packing``
-    is ``pack_trees(graph)`` when the caller has it already.
+    is ``pack_trees(graph)`` when the caller has it already. ``progress`` gets a line per step
+    and, inside the long ones (MILPs, ordering), one every few seconds.
     """
+    say = progress if progress is not None else no_progress
     deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
     chunk_bytes = chunking.design_bytes / (graph.num_ranks * chunking.chunkup)
     piece_bytes = chunk_bytes / chunking.pieces
@@ -144,21 +148,29 @@ def _schedule_phase(
     packing = packing if packing is not None else pack_trees(graph)
     packed = packed_routing(packing, chunking.chunkup, chunk_bytes, piece_bytes)
     hierarchical = hierarchical_routing(
-        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic()
+        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic(), progress=progress
     )
     starts = [r for r in (packed, hierarchical) if r is not None]
     start = min(starts, key=lambda r: r.objective_us)
     routings = route_candidates(
-        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic(), start=start
+        graph,
+        chunking.chunkup,
+        chunk_bytes,
+        piece_bytes,
+        options,
+        deadline - time.monotonic(),
+        start=start,
+        progress=progress,
     )
     routings += tuple(r for r in starts if all(r.trees != other.trees for other in routings))
-    orderings = [order_sends(routing, chunking.pieces, piece_bytes) for routing in routings]
+    say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
+    orderings = [order_sends(routing, chunking.pieces, piece_bytes, progress=progress) for routing in routings]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
     ranked = sorted(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
     # A library band takes only what the MSCCL runtimes load, so a routing whose phase breaks their
     # limits (greedy routes on 64 GPUs can need 100 steps in one threadblock) would sink the candidate.
     best = next((i for i in ranked if _phase_fits_msccl(quick[i])), ranked[0])
-    final = schedule_sends(orderings[best], options, deadline - time.monotonic())
+    final = schedule_sends(orderings[best], options, deadline - time.monotonic(), progress=progress)
     solves = (routings[0].solve_status, hierarchical.solve_status if hierarchical else None, final.solve_status)
     statuses = frozenset(status for status in solves if status is not None)
     return (final if final.makespan_us <= quick[best].makespan_us else quick[best]), statuses
@@ -192,12 +204,17 @@ def synthesize_chunking(
     packings = packings if packings is not None else [None] * len(phases)
     schedules, solve_statuses = [], set()
     for phase_graph, packing in zip(phases, packings, strict=True):
+        phase = "reduce" if phase_graph.reversed else "gather"
         if progress is not None:
-            progress(
-                f"{chunking.label}: routing, ordering, scheduling ({'reduce' if phase_graph.reversed else 'gather'} "
-                "phase)"
-            )
-        schedule, statuses = _schedule_phase(phase_graph, chunking, options, deadline - time.monotonic(), packing)
+            progress(f"{chunking.label}: routing, ordering, scheduling ({phase} phase)")
+        schedule, statuses = _schedule_phase(
+            phase_graph,
+            chunking,
+            options,
+            deadline - time.monotonic(),
+            packing,
+            prefixed(progress, f"{chunking.label} {phase}: "),
+        )
         schedules.append(schedule)
         solve_statuses |= statuses
     capped = BudgetBound.WALL_CLOCK_CAP if time.monotonic() >= deadline else None
@@ -211,7 +228,11 @@ def synthesize_chunking(
         **(metadata or {}),
     }
     algorithm = lower_schedule(name, collective, schedules, metadata=tuple(sorted(meta.items())))
-    check_algorithm(algorithm)
+    if progress is not None:
+        steps = sum(len(tb.steps) for program in algorithm.ranks for tb in program.threadblocks)
+        progress(f"{chunking.label}: verifying {name} ({steps} steps on {algorithm.num_ranks} ranks)")
+    with heartbeat(progress, f"{chunking.label}: verifying"):
+        check_algorithm(algorithm)
     wall = time.perf_counter() - began
     logger.info(
         "%s %s: predicted %.1f us, routing %s, %.2f s",

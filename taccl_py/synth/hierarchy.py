@@ -15,6 +15,7 @@ with the routes found on the whole graph (it wins where their MILP is too large 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
 from taccl_py.synth.routing import (
@@ -156,12 +157,15 @@ def hierarchical_routing(
     piece_bytes: float,
     options: SolverOptions,
     time_limit_s: float | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
 ) -> Routing | None:
     """Return hierarchical routes over ``graph`` (bytes per chunk and per piece), or None where they do not apply.
 
     None for one machine, machines that differ, or network links that leave a machine
     unreachable for some chunk. The local design's MILP runs within ``options``' budgets and
-    ``time_limit_s`` (s); its status is the result's ``solve_status``.
+    ``time_limit_s`` (s); its status is the result's ``solve_status``. ``progress`` gets a line
+    before the design and the MILP's lines (``solve_model``).
     """
     local = local_graph(graph)
     if local is None:
@@ -169,8 +173,12 @@ def hierarchical_routing(
     nodes = graph.num_ranks // graph.gpus_per_node
     # Each local tree carries a GPU's own chunk and, on average, one landed from every other machine.
     local_bytes = chunk_bytes * nodes
+    if progress is not None:
+        progress(f"hierarchical routes: designing one machine's {local.num_ranks} GPUs")
     start = packed_routing(pack_trees(local), chunkup, local_bytes, piece_bytes)
-    design = route_chunks(local, chunkup, local_bytes, piece_bytes, options, time_limit_s, start=start)
+    design = route_chunks(
+        local, chunkup, local_bytes, piece_bytes, options, time_limit_s, start=start, progress=progress
+    )
     composer = _Composer(graph, design, chunk_bytes, piece_bytes)
     sym = chunk_symmetry(graph, chunkup)
     best: Routing | None = None

@@ -3,19 +3,22 @@
 Every job is a picklable callable taking a progress callback. With one job slot they run here,
 in order, their progress lines passed on as they come. With more, they run in worker processes
 started by forkserver (spawn where there is none), so threads or CUDA state of the parent never
-reach a worker; a worker collects its progress lines and the parent passes them on when the job
-finishes, since a caller's callback (a CLI closure, a logger) need not pickle. Results come back
+reach a worker; a worker puts its progress lines on a queue that the parent drains while it
+waits, and the parent passes them to the caller's callback as they come (a callback, such as a
+list's ``append``, need not pickle, and always runs in the caller's process). Results come back
 in job order either way, and every job fixes its own solver state (work budgets, HiGHS's thread
 pool), so the answer does not depend on the number of workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import queue
 import signal
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TypeVar
 
 from taccl_py.errors import ArgumentError
@@ -23,6 +26,7 @@ from taccl_py.errors import ArgumentError
 __all__ = ["Job", "available_cores", "check_jobs", "run_jobs"]
 
 T = TypeVar("T")
+_POLL_S = 0.2  # how often the parent passes on its workers' progress lines
 Job = Callable[[Callable[[str], None] | None], T]
 
 
@@ -42,11 +46,9 @@ def check_jobs(jobs: int | None) -> int:
     return jobs
 
 
-def _collecting(job: Job) -> tuple[object, tuple[str, ...]]:
-    """Run ``job`` in a worker and return its value with the progress lines it wrote."""
-    lines: list[str] = []
-    value = job(lines.append)
-    return value, tuple(lines)
+def _reporting(job: Job, lines: object | None) -> object:
+    """Run ``job`` in a worker with its progress lines put on the queue ``lines`` (None: no progress)."""
+    return job(None if lines is None else lines.put)
 
 
 def _exit_on_interrupt() -> None:
@@ -59,23 +61,36 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+def _pass_on(lines: object, progress: Callable[[str], None]) -> None:
+    """Pass every line waiting on the queue ``lines`` to ``progress``."""
+    while True:
+        try:
+            line = lines.get_nowait()
+        except queue.Empty:
+            return
+        progress(line)
+
+
 def run_jobs(jobs: Sequence[Job], workers: int, progress: Callable[[str], None] | None) -> list:
     """Return the values of ``jobs`` in order, running up to ``workers`` of them at a time.
 
     ``workers`` 1 (or a single job) runs them here; a job's exception is raised here either way.
+    Progress lines of workers reach ``progress`` (in this process) within ``_POLL_S`` seconds.
     """
     if workers <= 1 or len(jobs) <= 1:
         return [job(progress) for job in jobs]
+    context = _context()
     values: list[object] = [None] * len(jobs)
-    pool = ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=_context(), initializer=_exit_on_interrupt
-    )
-    with pool:
-        futures = {pool.submit(_collecting, job): index for index, job in enumerate(jobs)}
-        for future in as_completed(futures):
-            value, lines = future.result()
-            values[futures[future]] = value
-            if progress is not None:
-                for line in lines:
-                    progress(line)
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context, initializer=_exit_on_interrupt)
+    with pool, contextlib.ExitStack() as stack:
+        # The manager's server process ignores SIGINT (CPython bpo-36368): Ctrl-C stays one line.
+        lines = None if progress is None else stack.enter_context(context.Manager()).Queue()
+        futures = {pool.submit(_reporting, job, lines): index for index, job in enumerate(jobs)}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+            if lines is not None:
+                _pass_on(lines, progress)
+            for future in done:
+                values[futures[future]] = future.result()
     return values

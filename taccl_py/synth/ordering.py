@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
+from taccl_py.synth.progress import ProgressTicker
 from taccl_py.synth.routing import Routing, chunk_symmetry
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
@@ -233,8 +235,12 @@ def _relist(heap: list[tuple[float, tuple]], listed: dict[tuple, float], lane: t
     heapq.heappush(heap, (earliest, lane))
 
 
-def order_sends(routing: Routing, pieces: int, piece_bytes: float) -> Ordering:
+def order_sends(
+    routing: Routing, pieces: int, piece_bytes: float, *, progress: Callable[[str], None] | None = None
+) -> Ordering:
     """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
+
+    ``progress`` gets a line every few seconds with the sends placed so far (``ProgressTicker``).
 
     Notes
     -----
@@ -255,7 +261,10 @@ def order_sends(routing: Routing, pieces: int, piece_bytes: float) -> Ordering:
     listed: dict[tuple, float] = {}  # the key each lane is listed under in ``heap`` (older entries are stale)
     for lane, queue in state.queues.items():
         _relist(heap, listed, lane, queue)
+    ticker = ProgressTicker(progress)
+    total = pieces * sum(len(tree) for tree in routing.trees)
     while heap:
+        ticker.tick(lambda: f"ordering: {len(state.sends)} of {total} sends placed")
         key, lane = heapq.heappop(heap)
         if listed.get(lane) != key:
             continue

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pulp
@@ -406,14 +407,17 @@ def route_candidates(
     options: SolverOptions,
     time_limit_s: float | None = None,
     start: Routing | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Routing, ...]:
     """Return the MILP's routing followed by ``start`` (when it differs) and the distinct greedy ones.
 
     Routings of equal relaxed objective can order very differently, so the caller orders each
     and keeps the fastest schedule; the greedy ones carry ``ALTERNATIVE_STATUS``. ``start`` (e.g.
-    packed trees) also warm-starts the MILP when it beats the greedy routes.
+    packed trees) also warm-starts the MILP when it beats the greedy routes. ``progress`` gets
+    the MILP's lines (``solve_model``).
     """
-    best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s, start=start)
+    best = route_chunks(graph, chunkup, chunk_bytes, piece_bytes, options, time_limit_s, start=start, progress=progress)
     others = tuple(
         replace(r, status=ALTERNATIVE_STATUS)
         for r in greedy_routings(graph, chunkup, chunk_bytes, piece_bytes)
@@ -431,6 +435,8 @@ def route_chunks(
     options: SolverOptions,
     time_limit_s: float | None = None,
     start: Routing | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
 ) -> Routing:
     """Return every chunk's route: the MILP's best within its budgets, else the greedy one.
 
@@ -440,6 +446,7 @@ def route_chunks(
     found nothing better within its budgets, or was not needed: a single-rank problem), or the
     start's status when the MILP found nothing better than it; ``solve_status`` says how the MILP
     ended either way. ``time_limit_s`` (s) is what is left of the wall-clock safety cap.
+    ``progress`` gets the MILP's lines (``solve_model``).
     """
     incumbent = greedy_routing(graph, chunkup, chunk_bytes, piece_bytes)
     if start is not None and start.objective_us < incumbent.objective_us:
@@ -450,7 +457,7 @@ def route_chunks(
     horizon = incumbent.objective_us * (1 + 1e-6) + 1e-6
     model = _build_model(graph, sym, chunkup, chunk_bytes, piece_bytes, horizon)
     values = _start_values(model, graph, sym, incumbent, chunkup, piece_bytes)
-    outcome = solve_model(model.prob, options, time_limit_s, values)
+    outcome = solve_model(model.prob, options, time_limit_s, values, progress=progress)
     ended = outcome.status.value
     kept = Routing(graph, chunkup, incumbent.trees, incumbent.objective_us, incumbent.status, outcome.wall_s, ended)
     if not outcome.has_solution:

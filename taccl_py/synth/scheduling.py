@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pulp
@@ -212,6 +213,7 @@ def _contiguity_milp(
     horizon: float,
     options: SolverOptions,
     time_limit_s: float | None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[set[tuple[int, int]] | None, str]:
     """Return the merges among ``free_pairs`` the MILP picks (``forced`` pairs are merged anyway) and its status.
 
@@ -254,21 +256,28 @@ def _contiguity_milp(
     for a, b, busy in _resource_pairs(ordering):
         alpha_a, alpha_b = graph.links[sends[a].link].alpha_us, graph.links[sends[b].link].alpha_us
         prob += s[b] + alpha_b >= s[a] + alpha_a + busy, f"resource_{a}_{b}"
-    outcome = solve_model(prob, options, time_limit_s, {m[k].name: float(k >= len(free_pairs)) for k in m})
+    start = {m[k].name: float(k >= len(free_pairs)) for k in m}
+    outcome = solve_model(prob, options, time_limit_s, start, progress=progress)
     if not outcome.has_solution:
         return None, outcome.status.value
     return {pairs[k] for k in range(len(free_pairs)) if (m[k].value() or 0.0) > 0.5}, outcome.status.value
 
 
 def schedule_sends(
-    ordering: Ordering, options: SolverOptions, time_limit_s: float | None = None, *, milp: bool = True
+    ordering: Ordering,
+    options: SolverOptions,
+    time_limit_s: float | None = None,
+    *,
+    milp: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> Schedule:
     """Return the schedule with the best contiguity found and exact send times.
 
     ``status`` names how the merges were chosen: ``none`` (nothing to merge), ``milp`` (the
     MILP's, optimal or at a budget), ``greedy`` (too large for the MILP, ``milp`` False, or the MILP
     found nothing better). The MILP runs to ``options``'s node budget; ``time_limit_s`` (s) is
-    what is left of the wall-clock safety cap (default ``options.time_limit_s``).
+    what is left of the wall-clock safety cap (default ``options.time_limit_s``). ``progress``
+    gets the MILP's lines (``solve_model``).
     """
     batched = _batch_pairs(ordering)
     base = _groups_from_merges(ordering, batched)
@@ -284,7 +293,7 @@ def schedule_sends(
     solve_status = None
     if milp and adjacent and len(ordering.sends) <= MAX_MILP_SENDS:
         chosen, solve_status = _contiguity_milp(
-            ordering, adjacent, batched, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s
+            ordering, adjacent, batched, best.makespan_us * (1 + 1e-6) + 1e-6, options, time_limit_s, progress
         )
         if chosen is not None:
             options_tried.append((chosen, "milp"))

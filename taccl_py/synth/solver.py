@@ -9,15 +9,16 @@ one thread and a fixed random seed. A wall-clock cap is only a safety net; when 
 result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says so.
 
 pulp 3.3's HiGHS interface has no entry for HiGHS's node-limit status (``kSolutionLimit``:
-``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``_BudgetedHiGHS`` reads that
-case itself; the status of every solve comes from HiGHS's own model status.
+``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``BudgetedHiGHS``
+(``taccl_py.synth.solver_highs``) reads that case itself; the status of every solve comes from
+HiGHS's own model status.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
@@ -25,6 +26,7 @@ from importlib.metadata import PackageNotFoundError, version
 import pulp
 
 from taccl_py.errors import ArgumentError
+from taccl_py.synth.progress import ProgressTicker, heartbeat, no_progress
 from taccl_py.synth.solver_cpsat import (
     CpsatStop,
     cpsat_importable,
@@ -32,6 +34,7 @@ from taccl_py.synth.solver_cpsat import (
     deterministic_time_rule,
     solve_with_cpsat,
 )
+from taccl_py.synth.solver_highs import BudgetedHiGHS, new_highs
 
 __all__ = [
     "SOLVERS",
@@ -190,8 +193,7 @@ def prepare_highs_threads(threads: int) -> None:
     except ImportError:
         return
     highspy.Highs.resetGlobalScheduler(True)
-    empty = highspy.Highs()
-    empty.setOptionValue("output_flag", False)
+    empty = new_highs()
     empty.setOptionValue("threads", threads)
     empty.run()
 
@@ -247,37 +249,6 @@ class SolveOutcome:
         return self.status in (SolveStatus.OPTIMAL, SolveStatus.NODE_LIMIT, SolveStatus.WALL_CLOCK_CAP)
 
 
-class _BudgetedHiGHS(pulp.HiGHS):
-    """pulp's HiGHS with a starting solution handed to HiGHS, and the node-limit status read."""
-
-    def __init__(self, start: dict[str, float], **kwargs: object) -> None:
-        super().__init__(**kwargs)
-        self.start = start
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:
-        if self.start:
-            import numpy as np
-
-            pairs = [(var.index, self.start[var.name]) for var in lp.variables() if var.name in self.start]
-            if pairs:
-                index = np.array([p[0] for p in pairs], dtype=np.int32)
-                value = np.array([p[1] for p in pairs], dtype=np.float64)
-                lp.solverModel.setSolution(len(pairs), index, value)
-        super().callSolver(lp)
-
-    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
-        import highspy
-
-        if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
-            return super().findSolutionValues(lp)
-        if lp.solverModel.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
-        values = lp.solverModel.getSolution().col_value
-        for var in lp.variables():
-            var.varValue = values[var.index]
-        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
-
-
 class _BudgetedCBC(pulp.COIN_CMD):
     """pulp's COIN_CMD remembering why CBC stopped (``stopped_on``: ``time``, ``nodes``, ...)."""
 
@@ -291,11 +262,16 @@ class _BudgetedCBC(pulp.COIN_CMD):
 
 
 def _make_solver(
-    options: SolverOptions, time_limit_s: float, node_limit: int, start: dict[str, float]
+    options: SolverOptions,
+    time_limit_s: float,
+    node_limit: int,
+    start: dict[str, float],
+    ticker: ProgressTicker | None = None,
 ) -> pulp.LpSolver:
     if options.solver == "highs":
-        highs = _BudgetedHiGHS(
+        highs = BudgetedHiGHS(
             start,
+            ticker,
             msg=False,
             timeLimit=time_limit_s,
             gapRel=options.gap_rel,
@@ -322,7 +298,7 @@ def _stop_reason(prob: pulp.LpProblem, solver: pulp.LpSolver, wall_s: float, cap
     """Return which budget stopped an unfinished solve (None: it finished)."""
     if prob.sol_status == pulp.LpSolutionOptimal or prob.status == pulp.LpStatusInfeasible:
         return None
-    if isinstance(solver, _BudgetedHiGHS):
+    if isinstance(solver, BudgetedHiGHS):
         import highspy
 
         status = prob.solverModel.getModelStatus()
@@ -339,28 +315,65 @@ def solve_model(
     options: SolverOptions,
     time_limit_s: float | None = None,
     start: dict[str, float] | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
 ) -> SolveOutcome:
     """Solve ``prob`` in place within its work budget and return how it went.
 
     ``start`` maps variable names to a feasible solution's values (HiGHS uses it as the first
     incumbent, CP-SAT as a hint; CBC ignores it). ``time_limit_s`` is what is left of the
-    wall-clock safety cap (s; default ``options.time_limit_s``).
+    wall-clock safety cap (s; default ``options.time_limit_s``). ``progress`` gets a line with
+    the model's size and work budget before the solve, one every few seconds while HiGHS works
+    (``watch_highs``), and one with how the solve ended.
     """
     cap = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
     columns = prob.numVariables()
+    say = progress if progress is not None else no_progress
     if columns > MAX_MILP_COLUMNS:
         logger.info(
             "%s: %d columns, over %d: not solved (the caller keeps its start)", prob.name, columns, MAX_MILP_COLUMNS
         )
+        say(f"{prob.name}: {columns} columns, over {MAX_MILP_COLUMNS}: not solved")
         return SolveOutcome(SolveStatus.TOO_LARGE, None, 0.0, BudgetBound.NODE_LIMIT, 0)
+    say(f"{prob.name}: MILP of {columns} columns, {prob.numConstraints()} rows; {_budget_words(options, columns)}")
     if options.solver == "cpsat":
-        return _solve_with_cpsat(prob, options, cap, start or {})
+        with heartbeat(progress, prob.name):
+            outcome = _solve_with_cpsat(prob, options, cap, start or {})
+    else:
+        outcome = _solve_with_pulp(prob, options, cap, columns, start or {}, progress)
+    say(f"{prob.name}: {outcome.status.value} in {outcome.wall_s:.1f} s")
+    return outcome
+
+
+def _budget_words(options: SolverOptions, columns: int) -> str:
+    """Return the work budget of a model with ``columns`` columns, in words."""
+    if options.solver == "cpsat":
+        budget_s = options.deterministic_time_s
+        budget_s = default_deterministic_time_s(columns) if budget_s is None else budget_s
+        return f"work budget {budget_s:g} deterministic s (cpsat)"
     nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
-    solver = _make_solver(options, cap, nodes, start or {})
-    if isinstance(solver, _BudgetedHiGHS):
+    return f"work budget {nodes} nodes ({options.solver})"
+
+
+def _solve_with_pulp(
+    prob: pulp.LpProblem,
+    options: SolverOptions,
+    cap: float,
+    columns: int,
+    start: dict[str, float],
+    progress: Callable[[str], None] | None,
+) -> SolveOutcome:
+    """Solve ``prob`` with HiGHS (CBC without highspy) within its node budget and ``cap`` seconds."""
+    nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
+    ticker = None if progress is None else ProgressTicker(progress)
+    solver = _make_solver(options, cap, nodes, start, ticker)
+    if isinstance(solver, BudgetedHiGHS):
         prepare_highs_threads(options.threads)
     began = time.perf_counter()
-    prob.solve(solver)
+    # HiGHS reports through its callbacks (watch_highs), though not while it solves the root LP;
+    # CBC runs in a subprocess and says nothing. The heartbeat fills the silences.
+    with heartbeat(progress, prob.name, ticker=ticker):
+        prob.solve(solver)
     wall = time.perf_counter() - began
     bound = _stop_reason(prob, solver, wall, cap)
     if prob.status == pulp.LpStatusInfeasible:

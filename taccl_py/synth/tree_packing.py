@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
 
 from taccl_py.synth.logical import LogicalGraph, Resource
+from taccl_py.synth.progress import ProgressTicker
 from taccl_py.synth.routing import ChunkSymmetry, Routing, chunk_symmetry, routing_objective_us
+from taccl_py.synth.solver_highs import new_highs
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["TreePacking", "pack_trees", "packed_routing", "integral_loads"]
@@ -159,8 +162,7 @@ class _MasterLP:
     def __init__(self, num_roots: int, num_resources: int) -> None:
         import highspy
 
-        self.highs = highspy.Highs()
-        self.highs.setOptionValue("output_flag", False)
+        self.highs = new_highs()
         # No "threads": HiGHS sizes one process-wide scheduler at its first run, and a later
         # solve asking for another count (the synthesizer's MILPs) would then fail.
         self.highs.setOptionValue("random_seed", 0)
@@ -188,10 +190,13 @@ class _MasterLP:
         return float(values[0]), values[1:], duals[: self.num_roots], np.maximum(-duals[self.num_roots :], 0.0)
 
 
-def pack_trees(graph: LogicalGraph, max_rounds: int = MAX_PACKING_ROUNDS) -> TreePacking:
+def pack_trees(
+    graph: LogicalGraph, max_rounds: int = MAX_PACKING_ROUNDS, *, progress: Callable[[str], None] | None = None
+) -> TreePacking:
     """Return the fractional tree packing of least busiest-resource load on ``graph`` (see module doc).
 
     ``max_rounds`` bounds the LP solves; the result then carries the duals' lower bound.
+    ``progress`` gets a line every few seconds with the rounds and trees so far.
     """
     orbits = _orbit_loads(graph)
     reps = orbits.symmetry.reps
@@ -205,7 +210,9 @@ def pack_trees(graph: LogicalGraph, max_rounds: int = MAX_PACKING_ROUNDS) -> Tre
         seen.add((i, tree))
         master.add_tree(i, columns[-1][2])
     lower, converged, rounds = 0.0, False, 0
+    ticker = ProgressTicker(progress)
     while rounds < max_rounds:
+        ticker.tick(lambda: f"tree packing: {rounds} of at most {max_rounds} rounds, {len(columns)} trees")
         rounds += 1
         load, weights, convexity, mu = master.solve()
         added, bound = 0, 0.0
@@ -273,8 +280,8 @@ def _integral_counts(packing: TreePacking, chunkup: int, node_limit: int) -> tup
         members = [j for j, (root, _) in enumerate(packing.columns) if root == i]
         for j, count in zip(members, _round_counts([packing.weights[j] for j in members], chunkup)):
             start[j] = count
-    highs = highspy.Highs()
-    for option, value in (("output_flag", False), ("random_seed", 0), ("mip_rel_gap", 1e-4)):
+    highs = new_highs()
+    for option, value in (("random_seed", 0), ("mip_rel_gap", 1e-4)):
         highs.setOptionValue(option, value)
     highs.setOptionValue("mip_max_nodes", node_limit)
     inf = highspy.kHighsInf
