@@ -76,7 +76,7 @@ def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path, jobs
     target = tmp_path / "ag.json"
     process = subprocess.Popen(
         [sys.executable, "-m", "taccl_py", "synthesize", "-t", "ndv2", "-c", "allgather", "--sizes", "1KB-1GB"]
-        + ["--jobs", jobs, "-o", str(target)],
+        + ["--jobs", jobs, "--progress", "-o", str(target)],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -93,6 +93,18 @@ def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path, jobs
     assert process.wait(timeout=300) == EXIT_INTERRUPTED
     assert "Traceback" not in rest and rest.rstrip().endswith("interrupted"), rest[-2000:]
     assert not target.exists()
+
+
+def test_synthesis_progress_is_off_unless_asked_when_stderr_is_no_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["synthesize", "-t", "pcie-8gpu", "-c", "allgather", "--size", "1MB", "--jobs", "1"]
+    assert main([*argv, "-o", str(tmp_path / "quiet.json")]) == 0
+    quiet = capsys.readouterr().err
+    assert main([*argv, "--progress", "-o", str(tmp_path / "loud.json")]) == 0
+    loud = capsys.readouterr().err
+    assert "candidate" not in quiet and "budget" in quiet  # the verdict lines stay
+    assert "candidate" in loud and len(loud.splitlines()) > len(quiet.splitlines())
 
 
 # -- items 6 and 7: output paths and modes --------------------------------------------------------------

@@ -91,6 +91,7 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
                 "1MB",
                 "--time-limit",
                 "1",
+                "--progress",
                 "-o",
                 str(out),
                 "--xml",

@@ -31,6 +31,11 @@ def _stderr(line: str) -> None:
     print(f"synthesize: {line}", file=sys.stderr)
 
 
+def _shows_progress(args: argparse.Namespace) -> bool:
+    """Return whether the stages report as they go: ``--progress``/``--no-progress``, else when stderr is a terminal."""
+    return args.progress if args.progress is not None else sys.stderr.isatty()
+
+
 def format_synthesis_table(result: SynthesisResult) -> str:
     """Return one row per size: the chosen algorithm, its time and bound ratio, and the best baseline.
 
@@ -138,7 +143,7 @@ def _synthesize(args: argparse.Namespace) -> int:
         sketch=sketch,
         time_limit_s=args.time_limit,
         solver=args.solver,
-        progress=_stderr,
+        progress=_stderr if _shows_progress(args) else None,
         node_limit=args.node_limit,
         jobs=args.jobs,
     )
@@ -220,5 +225,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o", "--output", required=True, metavar="OUT", help="algorithm .json/.xml, or the library .json with --sizes"
     )
     parser.add_argument("--xml", metavar="OUT.xml", help="also write the algorithm as MSCCL-IR XML")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="report each stage on stderr as it goes, every few seconds inside long ones (default: when stderr is "
+        "a terminal)",
+    )
     add_runtime_argument(parser)
     parser.set_defaults(func=_synthesize)
