@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from taccl_py.errors import ArgumentError, FormatError, TopologyError
-from taccl_py.topology import import_topology, route
+from taccl_py.topology import generate_topology, import_topology, load_topology, route
 from taccl_py.topology.importers import (
     TopologyFormat,
     detect_topology_format,
@@ -334,8 +334,13 @@ def test_import_topology_names_and_formats(tmp_path):
         import_topology(tmp_path / "missing.txt")
     ours = tmp_path / "ours.json"
     ours.write_text('{"name": "x", "vertices": [], "links": []}')
-    with pytest.raises(FormatError, match="read_topology"):
+    with pytest.raises(TopologyError, match=r"ours.json: schema: missing field"):
         import_topology(ours)
+    ours.write_text(generate_topology(load_topology("ndv2")))
+    assert detect_topology_format(ours.read_text()) is TopologyFormat.TACCL_TOPOLOGY
+    imported, builtin = import_topology(ours), load_topology("ndv2")
+    assert (imported.name, imported.vertices, imported.links) == (builtin.name, builtin.vertices, builtin.links)
+    assert import_topology(ours, name="mine").name == "mine"
 
 
 @pytest.mark.parametrize(
