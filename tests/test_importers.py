@@ -326,6 +326,25 @@ def test_taccl_profile_units_can_be_given(caplog):
 # -- sniffing and malformed inputs ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "match"),
+    [
+        ('"alpha": 0.3', '"alpha": NaN', r"alpha: nan is not finite"),
+        ('"alpha": 0.3', '"alpha": 1e999', r"alpha: inf is not finite"),
+        ('"node_betas_list": [23', '"node_betas_list": [1' + "0" * 400, r"node_betas_list\[0\]: 10+ is not a finite"),
+        ('"name": "NDv2_1MB"', '"name": "NDv2_' + "1" * 5000 + 'MB"', None),
+    ],
+)
+def test_profile_numbers_python_cannot_hold(old, new, match):
+    text = (TOPO / "topo-ndv2-1MB.json").read_text()
+    assert old in text
+    if match is None:  # a size suffix too long to be one: the profile is read at the reference chunk size
+        assert parse_taccl_profile(text.replace(old, new), "p.json").num_ranks == 8
+        return
+    with pytest.raises(TopologyError, match=r"^p\.json: " + match):
+        parse_taccl_profile(text.replace(old, new), "p.json")
+
+
 def test_import_topology_names_and_formats(tmp_path):
     assert import_topology(TOPO / "topo-ndv2-1MB.json").name == "NDv2_1MB"
     assert import_topology(TOPO / "dgx-a100-8gpu-10nic.txt", name="dgxa100").name == "dgxa100"
@@ -358,7 +377,7 @@ def test_import_topology_names_and_formats(tmp_path):
         ("xml-bad-sm.xml", TopologyError, r"line 4: <gpu> sm='ninety' is not an integer"),
         ("xml-nvlink-unknown-target.xml", TopologyError, r"line 10: nvlink to unknown target '0000:03:00.0'"),
         ("xml-unknown-link-speed.xml", TopologyError, r"line 3: unknown link_speed 'fast'"),
-        ("taccl-truncated.json", FormatError, r"line 7: malformed JSON"),
+        ("taccl-truncated.json", FormatError, r"line 7: invalid JSON"),
         ("taccl-missing-alpha.json", TopologyError, r"alpha: missing"),
         ("taccl-three-betas.json", TopologyError, r"node_betas_list: 3 betas"),
         ("taccl-ndv2-four-gpus.json", TopologyError, r"gpus_per_node: 4 GPUs with two node betas"),

@@ -15,13 +15,12 @@ takes any topology file a user holds.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
-from taccl_py._io import read_text
+from taccl_py._io import decode_json, read_text
 from taccl_py.errors import FormatError
 from taccl_py.topology.importers.nccl_xml import parse_nccl_topology_xml
 from taccl_py.topology.importers.nvidia_smi import parse_nvidia_smi_topo
@@ -86,12 +85,7 @@ def _detect_xml(text: str, source: str) -> TopologyFormat:
 
 
 def _detect_json(text: str, source: str) -> TopologyFormat:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(
-            source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object"
-        ) from None
+    data = decode_json(text, source, FormatError, "a TACCL profile JSON object")
     if (
         isinstance(data, dict)
         and "gpus_per_node" in data
