@@ -67,6 +67,7 @@ def test_write_then_read(tmp_path):
         (lambda obj: obj["ranks"].pop(), r"ranks: ranks \[0\] for 2 ranks"),
         (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(count=-1), r"count: -1 out of range"),
         (lambda obj: obj.update(num_ranks=0), r"num_ranks: 0 out of range"),
+        (lambda obj: obj.update(num_ranks=10**12, chunks_per_loop=10**12), r"ranks: ranks \[0, 1\] for 10+ ranks"),
         (lambda obj: obj.update(metadata=[]), r"metadata: \[\] has the wrong type"),
         (lambda obj: obj.update(min_bytes=1.5), r"min_bytes: 1.5 has the wrong type"),
         (lambda obj: obj.update(inplace="no"), r"inplace: 'no' has the wrong type"),

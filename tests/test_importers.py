@@ -333,6 +333,9 @@ def test_taccl_profile_units_can_be_given(caplog):
         ('"alpha": 0.3', '"alpha": 1e999', r"alpha: inf is not finite"),
         ('"node_betas_list": [23', '"node_betas_list": [1' + "0" * 400, r"node_betas_list\[0\]: 10+ is not a finite"),
         ('"name": "NDv2_1MB"', '"name": "NDv2_' + "1" * 5000 + 'MB"', None),
+        # counts expand into count² links: a huge one exhausted memory before it was refused
+        ('"gpus_per_node": 8', '"gpus_per_node": 100000000', r"gpus_per_node: 100000000 is out of range"),
+        ('"nics_per_node": 1', '"nics_per_node": 100000000', r"nics_per_node: 100000000 is out of range"),
     ],
 )
 def test_profile_numbers_python_cannot_hold(old, new, match):

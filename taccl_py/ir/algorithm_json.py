@@ -209,7 +209,8 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
         ),
         key=lambda prog: prog.rank,
     )
-    if [prog.rank for prog in ranks] != list(range(num_ranks)):
+    # the length first: list(range(num_ranks)) of a huge num_ranks would exhaust memory
+    if len(ranks) != num_ranks or [prog.rank for prog in ranks] != list(range(num_ranks)):
         found = ", ".join(str(prog.rank) for prog in ranks)
         raise FormatError(
             source, "ranks", f"ranks [{found}] for {num_ranks} ranks", f"one entry for each rank 0..{num_ranks - 1}"

@@ -285,7 +285,8 @@ def _parse_algo(doc: _Doc) -> Algorithm:
     num_channels = _int(doc, root, "nchannels", low=1)
     gpus = [_parse_gpu(doc, child, num_ranks, num_channels) for child in _children(doc, root, "gpu")]
     ranks = sorted(gpus, key=lambda prog: prog.rank)
-    if [prog.rank for prog in ranks] != list(range(num_ranks)):
+    # the length first: list(range(num_ranks)) of a huge ngpus would exhaust memory
+    if len(ranks) != num_ranks or [prog.rank for prog in ranks] != list(range(num_ranks)):
         found = ", ".join(str(prog.rank) for prog in ranks)
         raise FormatError(
             doc.source,

@@ -40,11 +40,14 @@ from taccl_py.topology.rates import (
     duplex,
 )
 
-__all__ = ["parse_taccl_profile", "REFERENCE_CHUNK_BYTES"]
+__all__ = ["parse_taccl_profile", "MAX_DEVICES_PER_NODE", "REFERENCE_CHUNK_BYTES"]
 
 logger = logging.getLogger(__name__)
 
 REFERENCE_CHUNK_BYTES = 2**20  # the chunk of TACCL's "1MB" profiles, whose β is µs per MB
+# A profile's counts expand into GPUs, NICs and all-to-all links (count² of them); no node comes near
+# this (DGX-2: 16 GPUs, 8 NICs; an NVL72 rack: 72 GPUs), and a count past it would exhaust memory.
+MAX_DEVICES_PER_NODE = 1024
 _SIZE_SUFFIX_RE = re.compile(r"(?<!\d)(\d{1,6})\s*(KB|MB|GB)\s*$", re.IGNORECASE)  # 6 digits: up to ~1 PB
 _BINARY_BYTES = MappingProxyType({"KB": 2**10, "MB": 2**20, "GB": 2**30})
 # taccl-data README: the shipped 1 KB and 32 KB profiles scale times by 100 and 10.
@@ -215,8 +218,9 @@ def _number(data: Mapping[str, object], key: str, source: str, *, positive: bool
 
 def _count(data: Mapping[str, object], key: str, source: str, minimum: int = 0) -> int:
     value = _field(data, key, int, source)
-    if value < minimum:
-        raise TopologyError(source, key, f"{value} is below {minimum}", f"an integer >= {minimum}")
+    if not minimum <= value <= MAX_DEVICES_PER_NODE:
+        expected = f"an integer in {minimum}..{MAX_DEVICES_PER_NODE}"
+        raise TopologyError(source, key, f"{value} is out of range", expected)
     return value
 
 
