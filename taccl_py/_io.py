@@ -42,11 +42,20 @@ def read_text(path: str | Path | Traversable, error: type[InputError] = FormatEr
 
 
 def decode_json(text: str, source: str, error: type[InputError], expected: str) -> Any:
-    """Return the JSON value in ``text``; raise ``error`` naming ``source`` and the line when it is not JSON."""
+    """Return the JSON value in ``text``; raise ``error`` naming ``source`` and the line when it is not JSON.
+
+    Arrays or objects nested deeper than the interpreter's recursion limit (``[[[[...``) and
+    integers longer than Python converts (4300 digits, ``sys.get_int_max_str_digits``) are errors
+    too: the json module raises ``RecursionError`` and a plain ``ValueError`` for them.
+    """
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}", expected) from None
+    except ValueError as exc:
+        raise error(source, None, f"invalid JSON: {exc}", expected) from None
+    except RecursionError:
+        raise error(source, None, "invalid JSON: arrays or objects nested too deeply", expected) from None
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:

@@ -1,9 +1,12 @@
 """Read and write algorithms in either file format: taccl JSON or MSCCL-IR XML.
 
-Readers tell the formats apart by content (XML starts with ``<``; JSON carries the schema tag),
-so ``-`` (stdin) works too. Writers pick the format by extension (``.json``, ``.xml``; ``-``
-writes JSON to stdout, or XML when a dialect is given), verify the algorithm first and write
-atomically, so nothing is written for an incorrect algorithm.
+Readers take the format a file's name gives (``.json``, ``.xml``, either one ``.xz``- or
+``.gz``-compressed), so a bad ``.xml`` file is reported as bad XML; a name without either
+extension, and ``-`` (stdin), are told apart by content (XML starts with ``<``).
+
+Writers pick the format by extension (``.json``, ``.xml``; ``-`` writes JSON to stdout, or XML
+when a dialect is given), verify the algorithm first and write atomically, so nothing is written
+for an incorrect algorithm.
 """
 
 from __future__ import annotations
@@ -28,25 +31,41 @@ __all__ = [
 ]
 
 _FORMATS = MappingProxyType({".json": "json", ".xml": "xml"})
+_COMPRESSED = frozenset({".xz", ".gz"})  # the endings read_text decompresses
 
 
-def parse_any_algorithm(text: str, source: str = "<string>") -> Algorithm:
-    """Return the Algorithm in ``text``, MSCCL-IR XML or taccl JSON, chosen by its content."""
-    if looks_like_msccl_xml(text):
+def parse_any_algorithm(text: str, source: str = "<string>", fmt: str | None = None) -> Algorithm:
+    """Return the Algorithm in ``text``: MSCCL-IR XML or taccl JSON as ``fmt`` says, or by its content when None."""
+    if fmt is None:
+        fmt = "xml" if looks_like_msccl_xml(text) else "json"
+    if fmt == "xml":
         return parse_msccl_xml(text, source)
     return parse_algorithm_json(text, source)
+
+
+def _input_format(path: str | Path) -> str | None:
+    """Return the format the name of ``path`` gives (``a.xml``, ``a.json.xz``), or None for another name."""
+    if str(path) == "-":
+        return None
+    suffixes = [suffix.lower() for suffix in Path(path).suffixes]
+    if suffixes and suffixes[-1] in _COMPRESSED:
+        suffixes.pop()
+    return _FORMATS.get(suffixes[-1]) if suffixes else None
 
 
 def read_any_algorithm(path: str | Path) -> Algorithm:
     """Return the Algorithm in the file at ``path`` (``-`` for stdin), JSON or XML.
 
+    A ``*.xml`` file is read as MSCCL-IR XML and a ``*.json`` file as taccl JSON (each may end in
+    ``.xz`` or ``.gz``); any other name, and stdin, by its content.
+
     Raises
     ------
     FormatError
-        When the file cannot be read or follows neither format (the message names the field
+        When the file cannot be read or does not follow its format (the message names the field
         or element at fault).
     """
-    return parse_any_algorithm(read_text(path), str(path))
+    return parse_any_algorithm(read_text(path), str(path), _input_format(path))
 
 
 def algorithm_format(path: str | Path, dialect: Dialect | str | None = None) -> str:

@@ -56,6 +56,21 @@ def test_write_then_read(tmp_path):
             r"steps\[0\]\.src: unknown value 'q'",
         ),
         (lambda obj: obj["ranks"][1].pop("input_chunks"), r"ranks\[1\]\.input_chunks: missing"),
+        # each of these got past the reader and crashed later (a fuzzer found them: tests/test_reader_fuzz.py)
+        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].pop("src"), r"steps\[0\]\.src: missing"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(depends=None), r"steps\[0\]\.depends"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0].update(send_peer="1"), r"send_peer: '1' has the wrong type"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0].update(send_peer=7), r"send_peer: 7 out of range"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0].update(send_peer=0), r"send_peer: peer 0 is the rank itself"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0].update(channel=-1), r"channel: -1 out of range"),
+        (lambda obj: obj["ranks"][0].update(rank=5), r"ranks\[0\]\.rank: 5 out of range"),
+        (lambda obj: obj["ranks"].pop(), r"ranks: ranks \[0\] for 2 ranks"),
+        (lambda obj: obj["ranks"][0]["threadblocks"][0]["steps"][0].update(count=-1), r"count: -1 out of range"),
+        (lambda obj: obj.update(num_ranks=0), r"num_ranks: 0 out of range"),
+        (lambda obj: obj.update(num_ranks=10**12, chunks_per_loop=10**12), r"ranks: ranks \[0, 1\] for 10+ ranks"),
+        (lambda obj: obj.update(metadata=[]), r"metadata: \[\] has the wrong type"),
+        (lambda obj: obj.update(min_bytes=1.5), r"min_bytes: 1.5 has the wrong type"),
+        (lambda obj: obj.update(inplace="no"), r"inplace: 'no' has the wrong type"),
     ],
 )
 def test_malformed_json_names_the_field(mutate, match):

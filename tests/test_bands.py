@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
-from taccl_py.errors import ArgumentError
+from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, read_library
 from taccl_py.msccl import generate_library_xml, read_msccl_xml, write_library_xml
@@ -45,6 +48,33 @@ def test_a_library_is_written_once_per_band_compressed_with_its_provenance(tmp_p
     assert written.provenance == PROVENANCE
     assert [band.algorithm.name for band in written.bands] == ["ag-0", "ag-1"]
     assert [band.simulated_time_us for band in written.bands] == [1.5, 2.5]
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        # each of these crashed the reader (OverflowError, AttributeError) or was read as something else
+        (lambda d: d["bands"][0].update(min_bytes=float("inf")), r"bands\[0\]\.min_bytes: inf; expected an integer"),
+        (lambda d: d["bands"][0].update(min_bytes="0"), r"bands\[0\]\.min_bytes: '0'; expected an integer"),
+        (lambda d: d["bands"][0].update(max_bytes=0), r"bands\[0\]\.max_bytes: 0 out of range"),
+        (lambda d: d["bands"][0].update(simulated_time_us="fast"), r"bands\[0\]\.simulated_time_us: 'fast'"),
+        (lambda d: d["bands"][0].update(algorithm=3), r"bands\[0\]\.algorithm: 3; expected a file name"),
+        (lambda d: d["bands"].__setitem__(1, []), r"bands\[1\]: \[\]; expected a band object"),
+        (lambda d: d.update(nodes=True), r"nodes: True; expected an integer >= 1"),
+        (lambda d: d.pop("topology"), r"topology: missing; expected a topology name"),
+        (lambda d: d["provenance"].update(sizes=[1.5]), r"provenance\.sizes: \[1\.5\]"),
+        (lambda d: d["provenance"].update(timed_out="no"), r"provenance\.timed_out: 'no'; expected true, false"),
+        (lambda d: d["provenance"].update(solver_options=[]), r"provenance\.solver_options: \[\]"),
+    ],
+)
+def test_a_malformed_library_names_its_field(tmp_path, edit, match):
+    path = tmp_path / "ag.library.json"
+    write_library(_toy_library(PROVENANCE), path)
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    with pytest.raises(FormatError, match="^" + re.escape(str(path)) + ": " + match):
+        read_library(path)
 
 
 def test_library_xml_fills_the_band_sizes_and_leaves_out_a_band_beyond_msccl_limits(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 
@@ -77,6 +78,23 @@ def test_verify_json_report(capsys) -> None:
 )
 def test_verify_malformed_exits_2(capsys, name, fragment) -> None:
     assert main(["verify", str(FIXTURES / name)]) == 2
+    assert fragment in _error_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "name, text, fragment",
+    [
+        ("garbage.xml", "garbage\n", "garbage.xml: line 1, column 1: malformed XML: syntax error"),
+        ("empty.xml", "", "empty.xml: line 1, column 1: malformed XML: no element found"),
+        ("json_inside.xml", '{"schema": "taccl-algorithm/1"}', "json_inside.xml: line 1, column 1: malformed XML"),
+        ("markup_inside.json", "<algo/>", "markup_inside.json: line 1: invalid JSON"),
+        ("garbage.xml.gz", "garbage", "garbage.xml.gz: line 1, column 1: malformed XML"),
+    ],
+)
+def test_verify_reads_the_format_the_extension_names(tmp_path, capsys, name, text, fragment) -> None:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(text.encode()) if name.endswith(".gz") else text.encode())
+    assert main(["verify", str(path)]) == 2
     assert fragment in _error_line(capsys)
 
 

@@ -85,6 +85,24 @@ def test_import_writes_the_imported_machine(tmp_path, capsys):
     assert (written.vertices, written.links) == (expected.vertices, expected.links)
 
 
+def test_import_of_our_own_format_rewrites_it(tmp_path, capsys):
+    builtin = Path(__file__).parents[1] / "topologies" / "ndv2.json"
+    target = tmp_path / "ndv2.json"
+    assert main(["topo", "import", str(builtin), "-o", str(target)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {target}: ndv2, 8 GPUs, ")
+    written, expected = read_topology(target), read_topology(builtin)
+    assert (written.name, written.vertices, written.links) == (expected.name, expected.vertices, expected.links)
+    assert main(["topo", "import", str(builtin), "-o", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "ndv2"
+
+
+def test_import_of_a_malformed_file_of_our_own_format_names_the_field(tmp_path, capsys):
+    target = tmp_path / "out.json"
+    assert main(["topo", "import", str(BAD / "unknown_vertex_kind.json"), "-o", str(target)]) == 2
+    assert "unknown_vertex_kind.json: vertices[2].kind: unknown vertex kind 'tpu'" in one_error_line(capsys)
+    assert not target.exists()
+
+
 def test_import_of_an_unreadable_format_writes_nothing(tmp_path, capsys):
     source = tmp_path / "notes.txt"
     source.write_text("not a topology\n", encoding="utf-8")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from taccl_py.errors import ArgumentError, FormatError, TopologyError
-from taccl_py.topology import import_topology, route
+from taccl_py.topology import generate_topology, import_topology, load_topology, route
 from taccl_py.topology.importers import (
     TopologyFormat,
     detect_topology_format,
@@ -326,6 +326,28 @@ def test_taccl_profile_units_can_be_given(caplog):
 # -- sniffing and malformed inputs ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "match"),
+    [
+        ('"alpha": 0.3', '"alpha": NaN', r"alpha: nan is not finite"),
+        ('"alpha": 0.3', '"alpha": 1e999', r"alpha: inf is not finite"),
+        ('"node_betas_list": [23', '"node_betas_list": [1' + "0" * 400, r"node_betas_list\[0\]: 10+ is not a finite"),
+        ('"name": "NDv2_1MB"', '"name": "NDv2_' + "1" * 5000 + 'MB"', None),
+        # counts expand into count² links: a huge one exhausted memory before it was refused
+        ('"gpus_per_node": 8', '"gpus_per_node": 100000000', r"gpus_per_node: 100000000 is out of range"),
+        ('"nics_per_node": 1', '"nics_per_node": 100000000', r"nics_per_node: 100000000 is out of range"),
+    ],
+)
+def test_profile_numbers_python_cannot_hold(old, new, match):
+    text = (TOPO / "topo-ndv2-1MB.json").read_text()
+    assert old in text
+    if match is None:  # a size suffix too long to be one: the profile is read at the reference chunk size
+        assert parse_taccl_profile(text.replace(old, new), "p.json").num_ranks == 8
+        return
+    with pytest.raises(TopologyError, match=r"^p\.json: " + match):
+        parse_taccl_profile(text.replace(old, new), "p.json")
+
+
 def test_import_topology_names_and_formats(tmp_path):
     assert import_topology(TOPO / "topo-ndv2-1MB.json").name == "NDv2_1MB"
     assert import_topology(TOPO / "dgx-a100-8gpu-10nic.txt", name="dgxa100").name == "dgxa100"
@@ -334,8 +356,13 @@ def test_import_topology_names_and_formats(tmp_path):
         import_topology(tmp_path / "missing.txt")
     ours = tmp_path / "ours.json"
     ours.write_text('{"name": "x", "vertices": [], "links": []}')
-    with pytest.raises(FormatError, match="read_topology"):
+    with pytest.raises(TopologyError, match=r"ours.json: schema: missing field"):
         import_topology(ours)
+    ours.write_text(generate_topology(load_topology("ndv2")))
+    assert detect_topology_format(ours.read_text()) is TopologyFormat.TACCL_TOPOLOGY
+    imported, builtin = import_topology(ours), load_topology("ndv2")
+    assert (imported.name, imported.vertices, imported.links) == (builtin.name, builtin.vertices, builtin.links)
+    assert import_topology(ours, name="mine").name == "mine"
 
 
 @pytest.mark.parametrize(
@@ -353,7 +380,7 @@ def test_import_topology_names_and_formats(tmp_path):
         ("xml-bad-sm.xml", TopologyError, r"line 4: <gpu> sm='ninety' is not an integer"),
         ("xml-nvlink-unknown-target.xml", TopologyError, r"line 10: nvlink to unknown target '0000:03:00.0'"),
         ("xml-unknown-link-speed.xml", TopologyError, r"line 3: unknown link_speed 'fast'"),
-        ("taccl-truncated.json", FormatError, r"line 7: malformed JSON"),
+        ("taccl-truncated.json", FormatError, r"line 7: invalid JSON"),
         ("taccl-missing-alpha.json", TopologyError, r"alpha: missing"),
         ("taccl-three-betas.json", TopologyError, r"node_betas_list: 3 betas"),
         ("taccl-ndv2-four-gpus.json", TopologyError, r"gpus_per_node: 4 GPUs with two node betas"),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from taccl_py._io import read_text, write_text_atomic
+from taccl_py._io import decode_json, read_text, write_text_atomic
 from taccl_py.errors import ArgumentError, FormatError
 
 
@@ -44,3 +45,15 @@ def test_corrupt_compressed_and_missing_files_are_format_errors(tmp_path, suffix
         read_text(bad)
     with pytest.raises(FormatError, match="missing.json: cannot read"):
         read_text(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    ("text", "fault"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "invalid JSON: arrays or objects nested too deeply"),
+        ('{"n": ' + "9" * 5000 + "}", "invalid JSON: Exceeds the limit (4300 digits)"),
+    ],
+)
+def test_json_python_cannot_hold_is_the_callers_error(text, fault):
+    with pytest.raises(FormatError, match="^" + re.escape(f"x.json: {fault}")):
+        decode_json(text, "x.json", FormatError, "a JSON file")

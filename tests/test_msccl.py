@@ -242,6 +242,13 @@ def test_malformed_xml_names_element_and_line(name, message) -> None:
         read_msccl_xml(str(FIXTURES / "bad_xml" / name))
 
 
+def test_huge_gpu_count_is_refused_without_exhausting_memory() -> None:
+    text = (FIXTURES / "msccl/microsoft/allgather_ring_4gpu_1ch_simple.xml").read_text()
+    text = text.replace('nchunksperloop="4" ngpus="4"', 'nchunksperloop="1000000000000" ngpus="1000000000000"')
+    with pytest.raises(FormatError, match=r"<gpu> ids \[0, 1, 2, 3\] for 1000000000000 GPUs"):
+        parse_msccl_xml(text, "huge.xml")
+
+
 def test_every_bad_fixture_is_tested() -> None:
     assert {p.name for p in (FIXTURES / "bad_xml").iterdir()} == set(MALFORMED)
 

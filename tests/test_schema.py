@@ -149,6 +149,12 @@ def test_non_finite_number_is_refused():
         parse_topology(text)
 
 
+def test_integer_beyond_float_range_is_refused():
+    text = PAIR.read_text(encoding="utf-8").replace('"bandwidth_GBps": 25', '"bandwidth_GBps": 1' + "0" * 400)
+    with pytest.raises(TopologyError, match=r"bandwidth_GBps: found 10+; expected a finite number"):
+        parse_topology(text)
+
+
 def test_top_level_must_be_an_object():
     with pytest.raises(TopologyError, match=r"^<string>: found list; expected a JSON object$"):
         parse_topology("[]")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from taccl_py.errors import InfeasibleError, SketchError
@@ -30,6 +32,12 @@ def test_taccl_sketches_parse(name):
     assert sketch.symmetry is not None
     if sketch.nodes > 1:
         assert sketch.internode_conn
+
+
+@pytest.mark.parametrize("name", ["mi300x-n2.json", "sk-akmu-n2-gpu4.json"])
+def test_sketches_of_taccl_users_parse(name):
+    sketch = read_sketch(str(SKETCHES / "third_party" / name))
+    assert sketch.nodes == 2 and sketch.chunkup == 1 and sketch.internode_conn
 
 
 def test_taccl_dgx2_two_node_fields():
@@ -125,6 +133,49 @@ def test_wrong_field_type():
 def test_unknown_strategy():
     with pytest.raises(SketchError, match=r"intranode_sketch.strategy: unknown value 'ring'"):
         parse_taccl_sketch('{"intranode_sketch": {"strategy": "ring"}}', "x.json")
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (
+            '{"nnodes": 1, "symetry_offsets": [[1, 8]]}',
+            "symetry_offsets: unknown field 'symetry_offsets'; "
+            "expected one of nnodes, intranode_sketch, internode_sketch, symmetry_offsets, hyperparameters",
+        ),
+        (
+            '{"intranode_sketch": {"strategy": "switch", "switches": [[0, 1]], "switch_hyperedge": ["uc-max"]}}',
+            "intranode_sketch.switch_hyperedge: unknown field 'switch_hyperedge'",
+        ),
+        (
+            '{"nnodes": 2, "internode_sketch": {"strategy": "relay", "internode_con": {"0": [1]}}}',
+            "internode_sketch.internode_con: unknown field 'internode_con'",
+        ),
+        (
+            '{"hyperparameters": {"input_chunkup": 2, "heuristic": 5}}',
+            "hyperparameters.heuristic: unknown field 'heuristic'; expected one of input_chunkup",
+        ),
+        ('{"schema": "taccl-sketch/1", "chunk_up": 2}', "chunk_up: unknown field 'chunk_up'"),
+        (
+            '{"schema": "taccl-sketch/1", "intranode": {"strategy": "auto", "switch": [[0, 1]]}}',
+            "intranode.switch: unknown field 'switch'",
+        ),
+    ],
+)
+def test_unknown_key_names_file_and_key(tmp_path, text, field):
+    path = tmp_path / "sketch.json"
+    path.write_text(text)
+    with pytest.raises(SketchError, match="^" + re.escape(f"{path}: {field}")):
+        read_sketch(str(path))
+
+
+def test_wrong_shapes_of_nested_objects():
+    with pytest.raises(SketchError, match=r"x.json: hyperparameters: 3; expected an object"):
+        parse_taccl_sketch('{"hyperparameters": 3}', "x.json")
+    with pytest.raises(SketchError, match=r"x.json: intranode_sketch.switches: 4 is not a list"):
+        parse_taccl_sketch('{"intranode_sketch": {"strategy": "switch", "switches": 4}}', "x.json")
+    with pytest.raises(SketchError, match=r"x.json: internode_sketch: \[\]; expected an object"):
+        parse_taccl_sketch('{"internode_sketch": []}', "x.json")
 
 
 def test_wrong_schema():

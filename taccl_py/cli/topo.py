@@ -43,7 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show.set_defaults(func=_run_show)
 
     importer = topo_subparsers.add_parser(
-        "import", help="convert nvidia-smi topo -m text, NCCL topology XML or a TACCL profile to taccl-topology/1 JSON"
+        "import",
+        help="convert nvidia-smi topo -m text, NCCL topology XML or a TACCL profile to taccl-topology/1 JSON "
+        "(a taccl-topology/1 file is checked and rewritten)",
     )
     importer.add_argument("file", metavar="FILE", help="the file to import")
     importer.add_argument("-o", "--output", required=True, help="the JSON file to write (- for stdout)")

@@ -76,12 +76,42 @@ class OpType(str, Enum):
         """Return True when the step adds a received or local operand."""
         return self in _REDUCING
 
+    @property
+    def uses_src(self) -> bool:
+        """Return True when the step has a ``src`` operand (the table in the module docstring)."""
+        return self in _USING_SRC
+
+    @property
+    def uses_dst(self) -> bool:
+        """Return True when the step has a ``dst`` operand (the table in the module docstring)."""
+        return self in _USING_DST
+
 
 _SENDING = frozenset({OpType.SEND, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY_SEND})
 _RECEIVING = frozenset(
     {OpType.RECV, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND}
 )
 _REDUCING = frozenset({OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND, OpType.REDUCE})
+_USING_SRC = frozenset(
+    {
+        OpType.SEND,
+        OpType.RECV_REDUCE_SEND,
+        OpType.RECV_REDUCE_COPY,
+        OpType.RECV_REDUCE_COPY_SEND,
+        OpType.COPY,
+        OpType.REDUCE,
+    }
+)
+_USING_DST = frozenset(
+    {
+        OpType.RECV,
+        OpType.RECV_COPY_SEND,
+        OpType.RECV_REDUCE_COPY,
+        OpType.RECV_REDUCE_COPY_SEND,
+        OpType.COPY,
+        OpType.REDUCE,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

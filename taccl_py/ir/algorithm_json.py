@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from taccl_py._io import decode_json, read_text, write_text_atomic
-from taccl_py.errors import FormatError
+from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
-from taccl_py.ir.collectives import Collective
+from taccl_py.ir.collectives import Collective, chunk_layout
 
 __all__ = ["ALGORITHM_SCHEMA", "generate_algorithm_json", "parse_algorithm_json", "read_algorithm", "write_algorithm"]
 
@@ -91,72 +91,144 @@ def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], source:
     return value
 
 
+def _int(
+    obj: dict[str, Any], key: str, source: str, where: str, low: int | None = None, high: int | None = None
+) -> int:
+    """Return the integer at ``obj[key]``, within ``low..high``; missing keys are faults (use ``_optional``)."""
+    value = _field(obj, key, int, source, where)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"{low if low is not None else '-inf'}..{high if high is not None else 'inf'}"
+        raise FormatError(
+            source, f"{where}.{key}" if where else key, f"{value} out of range", f"an integer in {bounds}"
+        )
+    return value
+
+
+def _optional(obj: dict[str, Any], key: str, default: Any) -> dict[str, Any]:
+    """Return ``obj`` with ``key`` set to ``default`` where it is absent (the writer always writes it)."""
+    return obj if key in obj else {**obj, key: default}
+
+
+def _peer(obj: dict[str, Any], key: str, source: str, where: str, rank: int, num_ranks: int) -> int | None:
+    if obj.get(key) is None:
+        return None
+    peer = _int(obj, key, source, where, 0, num_ranks - 1)
+    if peer == rank:
+        raise FormatError(source, f"{where}.{key}", f"peer {peer} is the rank itself", "another rank or null")
+    return peer
+
+
+def _object(value: Any, source: str, where: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise FormatError(source, where, f"{value!r} is not an object", what)
+    return value
+
+
 def _parse_slot(value: Any, source: str, where: str) -> tuple[Buffer, int]:
-    if not (isinstance(value, list) and len(value) == 2 and isinstance(value[1], int)):
-        raise FormatError(source, where, f"{value!r} is not a [buffer, offset] pair", '["i"|"o"|"s", chunk offset]')
+    if not (isinstance(value, list) and len(value) == 2 and type(value[1]) is int and value[1] >= 0):
+        raise FormatError(
+            source, where, f"{value!r} is not a [buffer, offset] pair", '["i"|"o"|"s", chunk offset >= 0]'
+        )
     return _enum(Buffer, value[0], source, where), value[1]
 
 
+def _parse_depends(value: Any, source: str, where: str) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, list) or not all(
+        isinstance(d, list) and len(d) == 2 and all(type(x) is int and x >= 0 for x in d) for d in value
+    ):
+        raise FormatError(source, where, f"{value!r}", "a list of [threadblock, step] pairs")
+    return tuple((d[0], d[1]) for d in value)
+
+
 def _parse_step(obj: Any, source: str, where: str) -> Step:
-    if not isinstance(obj, dict):
-        raise FormatError(source, where, "not an object", "a step object")
+    obj = _object(obj, source, where, "a step object")
     op = _enum(OpType, _field(obj, "op", str, source, where), source, f"{where}.op")
-    src = _parse_slot(obj["src"], source, f"{where}.src") if "src" in obj else (None, 0)
-    dst = _parse_slot(obj["dst"], source, f"{where}.dst") if "dst" in obj else (None, 0)
-    depends = obj.get("depends", [])
-    if not all(isinstance(d, list) and len(d) == 2 and all(isinstance(x, int) for x in d) for d in depends):
-        raise FormatError(source, f"{where}.depends", f"{depends!r}", "a list of [threadblock, step] pairs")
-    return Step(
-        op, src[0], src[1], dst[0], dst[1], _field(obj, "count", int, source, where), tuple(tuple(d) for d in depends)
+    # As in MSCCL XML, only the operands the op uses enter the IR; those it uses must be there.
+    src = _parse_slot(_field(obj, "src", list, source, where), source, f"{where}.src") if op.uses_src else (None, 0)
+    dst = _parse_slot(_field(obj, "dst", list, source, where), source, f"{where}.dst") if op.uses_dst else (None, 0)
+    depends = _parse_depends(obj.get("depends", []), source, f"{where}.depends")
+    return Step(op, src[0], src[1], dst[0], dst[1], _int(obj, "count", source, where, 0), depends)
+
+
+def _parse_threadblock(obj: Any, source: str, where: str, rank: int, num_ranks: int) -> Threadblock:
+    obj = _object(obj, source, where, "a threadblock object")
+    steps = tuple(
+        _parse_step(s, source, f"{where}.steps[{i}]") for i, s in enumerate(_field(obj, "steps", list, source, where))
+    )
+    return Threadblock(
+        _int(obj, "id", source, where, 0),
+        steps,
+        _peer(obj, "send_peer", source, where, rank, num_ranks),
+        _peer(obj, "recv_peer", source, where, rank, num_ranks),
+        _int(_optional(obj, "channel", 0), "channel", source, where, 0),
+    )
+
+
+def _parse_rank(obj: Any, source: str, where: str, num_ranks: int) -> RankProgram:
+    obj = _object(obj, source, where, "a rank object")
+    rank = _int(obj, "rank", source, where, 0, num_ranks - 1)
+    tbs = tuple(
+        _parse_threadblock(tb, source, f"{where}.threadblocks[{i}]", rank, num_ranks)
+        for i, tb in enumerate(_field(obj, "threadblocks", list, source, where))
+    )
+    ids = [tb.id for tb in tbs]
+    if len(set(ids)) != len(ids):
+        raise FormatError(source, f"{where}.threadblocks", f"threadblock ids {ids} repeat", "unique ids per rank")
+    return RankProgram(
+        rank,
+        tbs,
+        _int(obj, "input_chunks", source, where, 0),
+        _int(obj, "output_chunks", source, where, 0),
+        _int(_optional(obj, "scratch_chunks", 0), "scratch_chunks", source, where, 0),
     )
 
 
 def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
-    """Return the ``Algorithm`` a JSON text describes; raise ``FormatError`` naming the field."""
+    """Return the ``Algorithm`` a JSON text describes; raise ``FormatError`` naming the field.
+
+    Types and ranges are checked as the MSCCL XML reader checks them (ranks 0..num_ranks-1, each
+    once; peers other ranks; counts, chunk numbers and offsets non-negative), so what is returned
+    can be verified; whether it implements its collective is the verifier's question.
+    """
     obj = decode_json(text, source, FormatError, "an algorithm JSON file")
     if not isinstance(obj, dict) or obj.get("schema") != ALGORITHM_SCHEMA:
         raise FormatError(
             source, "schema", f"{obj.get('schema') if isinstance(obj, dict) else obj!r}", repr(ALGORITHM_SCHEMA)
         )
-    ranks = []
-    for r_index, prog in enumerate(_field(obj, "ranks", list, source, "")):
-        where = f"ranks[{r_index}]"
-        tbs = []
-        for t_index, tb in enumerate(_field(prog, "threadblocks", list, source, where)):
-            tb_where = f"{where}.threadblocks[{t_index}]"
-            steps = tuple(
-                _parse_step(s, source, f"{tb_where}.steps[{i}]")
-                for i, s in enumerate(_field(tb, "steps", list, source, tb_where))
-            )
-            tbs.append(
-                Threadblock(
-                    _field(tb, "id", int, source, tb_where),
-                    steps,
-                    tb.get("send_peer"),
-                    tb.get("recv_peer"),
-                    tb.get("channel", 0),
-                )
-            )
-        ranks.append(
-            RankProgram(
-                _field(prog, "rank", int, source, where),
-                tuple(tbs),
-                _field(prog, "input_chunks", int, source, where),
-                _field(prog, "output_chunks", int, source, where),
-                prog.get("scratch_chunks", 0),
-            )
+    num_ranks = _int(obj, "num_ranks", source, "", 1)
+    chunks_per_loop = _int(obj, "chunks_per_loop", source, "", 1)
+    collective = _enum(Collective, _field(obj, "collective", str, source, ""), source, "collective")
+    try:
+        chunk_layout(collective, num_ranks, chunks_per_loop)
+    except ArgumentError as error:
+        raise FormatError(source, "chunks_per_loop", error.fault, error.expected) from None
+    ranks = sorted(
+        (
+            _parse_rank(prog, source, f"ranks[{i}]", num_ranks)
+            for i, prog in enumerate(_field(obj, "ranks", list, source, ""))
+        ),
+        key=lambda prog: prog.rank,
+    )
+    # the length first: list(range(num_ranks)) of a huge num_ranks would exhaust memory
+    if len(ranks) != num_ranks or [prog.rank for prog in ranks] != list(range(num_ranks)):
+        found = ", ".join(str(prog.rank) for prog in ranks)
+        raise FormatError(
+            source, "ranks", f"ranks [{found}] for {num_ranks} ranks", f"one entry for each rank 0..{num_ranks - 1}"
         )
-    metadata = obj.get("metadata", {})
+    defaults = {"inplace": False, "protocol": "Simple", "min_bytes": 0, "max_bytes": None, "metadata": {}}
+    obj = {**defaults, **obj}
+    max_bytes = None if obj["max_bytes"] is None else _int(obj, "max_bytes", source, "", 0)
+    metadata = _field(obj, "metadata", dict, source, "")
     return Algorithm(
         name=_field(obj, "name", str, source, ""),
-        collective=_enum(Collective, _field(obj, "collective", str, source, ""), source, "collective"),
-        num_ranks=_field(obj, "num_ranks", int, source, ""),
-        chunks_per_loop=_field(obj, "chunks_per_loop", int, source, ""),
+        collective=collective,
+        num_ranks=num_ranks,
+        chunks_per_loop=chunks_per_loop,
         ranks=tuple(ranks),
-        inplace=bool(obj.get("inplace", False)),
-        protocol=obj.get("protocol", "Simple"),
-        min_bytes=obj.get("min_bytes", 0),
-        max_bytes=obj.get("max_bytes"),
+        inplace=_field(obj, "inplace", bool, source, ""),
+        protocol=_field(obj, "protocol", str, source, ""),
+        min_bytes=_int(obj, "min_bytes", source, "", 0),
+        max_bytes=max_bytes,
         metadata=tuple(sorted((str(k), str(v)) for k, v in metadata.items())),
     )
 

@@ -122,22 +122,55 @@ class AlgorithmLibrary:
         return None
 
 
-def _provenance_from_json(obj: Any) -> Provenance | None:
+def _typed(obj: dict[str, Any], key: str, kinds: tuple[type, ...], source: str, where: str, expected: str) -> Any:
+    """Return ``obj[key]`` (None when absent) if it has one of ``kinds``; booleans pass only as ``bool``."""
+    value = obj.get(key)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        fault = f"{value!r}" if key in obj else "missing"
+        raise FormatError(source, f"{where}.{key}" if where else key, fault, expected)
+    return value
+
+
+def _count(obj: dict[str, Any], key: str, source: str, where: str, low: int = 0) -> int:
+    """Return the integer ``obj[key]`` (>= ``low``)."""
+    value = _typed(obj, key, (int,), source, where, f"an integer >= {low}")
+    if value < low:
+        raise FormatError(source, f"{where}.{key}" if where else key, f"{value} out of range", f"an integer >= {low}")
+    return value
+
+
+def _provenance_from_json(obj: Any, source: str) -> Provenance | None:
     if obj is None:
         return None
-    sizes = tuple(int(size) for size in obj["sizes"])
+    if not isinstance(obj, dict):
+        raise FormatError(source, "provenance", f"{obj!r}", "an object")
+    sizes = _typed(obj, "sizes", (list,), source, "provenance", "a list of sizes in bytes")
+    if not all(type(size) is int and size >= 0 for size in sizes):
+        raise FormatError(source, "provenance.sizes", f"{sizes!r}", "a list of sizes in bytes")
+    text, optional_text = (str,), (str, type(None))
     return Provenance(
-        taccl_py=str(obj["taccl_py"]),
-        solver=str(obj["solver"]),
-        solver_options=tuple(sorted(dict(obj["solver_options"]).items())),
-        sketch=str(obj["sketch"]),
-        sizes=sizes,
-        timed_out=obj.get("timed_out"),
-        source_commit=obj.get("source_commit"),
-        command=obj.get("command"),
-        note=obj.get("note"),
-        budget_bound=obj.get("budget_bound"),
+        taccl_py=_typed(obj, "taccl_py", text, source, "provenance", "a version string"),
+        solver=_typed(obj, "solver", text, source, "provenance", "a string"),
+        solver_options=tuple(sorted(_typed(obj, "solver_options", (dict,), source, "provenance", "an object").items())),
+        sketch=_typed(obj, "sketch", text, source, "provenance", "a string"),
+        sizes=tuple(sizes),
+        timed_out=_typed(obj, "timed_out", (bool, type(None)), source, "provenance", "true, false or null"),
+        source_commit=_typed(obj, "source_commit", optional_text, source, "provenance", "a string or null"),
+        command=_typed(obj, "command", optional_text, source, "provenance", "a string or null"),
+        note=_typed(obj, "note", optional_text, source, "provenance", "a string or null"),
+        budget_bound=_typed(obj, "budget_bound", optional_text, source, "provenance", "a string or null"),
     )
+
+
+def _band_from_json(obj: Any, source: str, where: str, base_dir: Path | Traversable) -> SizeBand:
+    if not isinstance(obj, dict):
+        raise FormatError(source, where, f"{obj!r}", "a band object with min_bytes, max_bytes and algorithm")
+    min_bytes = _count(obj, "min_bytes", source, where)
+    max_bytes = None if obj.get("max_bytes") is None else _count(obj, "max_bytes", source, where, min_bytes + 1)
+    name = _typed(obj, "algorithm", (str,), source, where, f"a file name beside the library, or {NATIVE_ALGORITHM!r}")
+    time_us = _typed(obj, "simulated_time_us", (int, float, type(None)), source, where, "a time in µs or null")
+    algorithm = None if name == NATIVE_ALGORITHM else read_algorithm(base_dir / name)
+    return SizeBand(min_bytes, max_bytes, algorithm, name, time_us)
 
 
 def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
@@ -157,38 +190,30 @@ def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
 
 
 def parse_library(text: str, source: str, base_dir: Path | Traversable) -> AlgorithmLibrary:
-    """Return the library a JSON text describes, reading its algorithms relative to ``base_dir``."""
+    """Return the library a JSON text describes, reading its algorithms relative to ``base_dir``.
+
+    Raises ``FormatError`` naming the field for a value of the wrong type or out of range, and
+    naming the band's file for an algorithm that cannot be read.
+    """
     obj = decode_json(text, source, FormatError, "a library file")
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
         raise FormatError(source, "schema", "not a taccl library file", repr(LIBRARY_SCHEMA))
+    provenance = _provenance_from_json(obj.get("provenance"), source)
+    name = _typed(obj, "collective", (str,), source, "", "a collective name")
     try:
-        provenance = _provenance_from_json(obj.get("provenance"))
-    except (KeyError, TypeError, ValueError) as error:
-        raise FormatError(
-            source, "provenance", f"malformed ({error})", "taccl_py, solver, solver_options, sketch and sizes"
-        ) from None
-    try:
-        collective = Collective(obj["collective"])
-        bands = []
-        for band in obj["bands"]:
-            native = band["algorithm"] == NATIVE_ALGORITHM
-            algorithm = None if native else read_algorithm(base_dir / band["algorithm"])
-            bands.append(
-                SizeBand(
-                    int(band["min_bytes"]),
-                    band["max_bytes"],
-                    algorithm,
-                    band["algorithm"],
-                    band.get("simulated_time_us"),
-                )
-            )
-        return AlgorithmLibrary(
-            str(obj["topology"]), int(obj["nodes"]), collective, int(obj["num_ranks"]), tuple(bands), provenance
-        )
-    except (KeyError, TypeError, ValueError) as error:
-        raise FormatError(
-            source, "bands", f"malformed entry ({error})", "topology, nodes, collective, num_ranks and bands"
-        ) from None
+        collective = Collective(name)
+    except ValueError:
+        allowed = ", ".join(repr(member.value) for member in Collective)
+        raise FormatError(source, "collective", f"unknown value {name!r}", f"one of {allowed}") from None
+    bands = _typed(obj, "bands", (list,), source, "", "a list of band objects")
+    return AlgorithmLibrary(
+        _typed(obj, "topology", (str,), source, "", "a topology name"),
+        _count(obj, "nodes", source, "", 1),
+        collective,
+        _count(obj, "num_ranks", source, "", 1),
+        tuple(_band_from_json(band, source, f"bands[{i}]", base_dir) for i, band in enumerate(bands)),
+        provenance,
+    )
 
 
 def read_library(path: str | Path | Traversable) -> AlgorithmLibrary:

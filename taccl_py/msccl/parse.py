@@ -252,10 +252,9 @@ def _metadata(doc: _Doc) -> tuple[tuple[str, str], ...]:
         if text.startswith(METADATA_COMMENT):
             try:
                 items = json.loads(text[len(METADATA_COMMENT) :])
-            except json.JSONDecodeError as error:
-                raise FormatError(
-                    doc.source, f"<!-- {METADATA_COMMENT} --> comment", f"invalid JSON: {error.msg}", "a JSON object"
-                ) from None
+            except (ValueError, RecursionError) as error:  # ValueError: JSONDecodeError, or an int too long
+                fault = f"invalid JSON: {getattr(error, 'msg', error)}"
+                raise FormatError(doc.source, f"<!-- {METADATA_COMMENT} --> comment", fault, "a JSON object") from None
             if not isinstance(items, dict):
                 raise FormatError(doc.source, f"<!-- {METADATA_COMMENT} --> comment", "not an object", "a JSON object")
             return tuple(sorted((str(k), str(v)) for k, v in items.items()))
@@ -286,7 +285,8 @@ def _parse_algo(doc: _Doc) -> Algorithm:
     num_channels = _int(doc, root, "nchannels", low=1)
     gpus = [_parse_gpu(doc, child, num_ranks, num_channels) for child in _children(doc, root, "gpu")]
     ranks = sorted(gpus, key=lambda prog: prog.rank)
-    if [prog.rank for prog in ranks] != list(range(num_ranks)):
+    # the length first: list(range(num_ranks)) of a huge ngpus would exhaust memory
+    if len(ranks) != num_ranks or [prog.rank for prog in ranks] != list(range(num_ranks)):
         found = ", ".join(str(prog.rank) for prog in ranks)
         raise FormatError(
             doc.source,

@@ -34,6 +34,7 @@ from taccl_py._io import read_text, write_text_atomic
 from taccl_py.errors import SketchError
 from taccl_py.synth.sketch_auto import find_symmetry, nic_relays
 from taccl_py.synth.sketch_fields import (
+    check_keys,
     connections_field,
     int_field,
     intranode_field,
@@ -46,6 +47,7 @@ from taccl_py.synth.sketch_taccl import parse_taccl_sketch
 from taccl_py.topology.model import Topology
 
 __all__ = [
+    "SKETCH_KEYS",
     "SKETCH_SCHEMA",
     "auto_sketch",
     "check_sketch",
@@ -56,6 +58,8 @@ __all__ = [
 ]
 
 SKETCH_SCHEMA = "taccl-sketch/1"
+# The keys of a taccl-sketch/1 object, as generate_sketch writes them; any other is refused.
+SKETCH_KEYS = ("schema", "name", "nodes", "intranode", "internode_conn", "relay_roots", "symmetry", "chunkup")
 
 
 def parse_sketch(text: str, source: str = "<string>") -> Sketch:
@@ -65,8 +69,9 @@ def parse_sketch(text: str, source: str = "<string>") -> Sketch:
         return parse_taccl_sketch(text, source)
     if obj["schema"] != SKETCH_SCHEMA:
         raise SketchError(source, "schema", f"{obj['schema']!r}", repr(SKETCH_SCHEMA))
+    check_keys(obj, SKETCH_KEYS, source)
     nodes = obj.get("nodes")
-    strategy, switches, policies = intranode_field(obj.get("intranode", {"strategy": "auto"}), source)
+    strategy, switches, policies = intranode_field(obj.get("intranode", {"strategy": "auto"}), source, "intranode")
     conn_raw = obj.get("internode_conn", "auto")
     conn = None if conn_raw == "auto" else connections_field(conn_raw, source, "internode_conn")
     symmetry_raw = obj.get("symmetry", "auto")

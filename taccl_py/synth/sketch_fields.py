@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import Enum
 from typing import Any
 
@@ -10,6 +11,8 @@ from taccl_py.errors import SketchError
 from taccl_py.synth.sketch_model import IntranodeStrategy, SwitchPolicy
 
 __all__ = [
+    "INTRANODE_KEYS",
+    "check_keys",
     "connections_field",
     "enum_field",
     "int_field",
@@ -20,6 +23,17 @@ __all__ = [
     "relay_roots_field",
     "symmetry_field",
 ]
+
+# The keys of an intra-node sketch object, in TACCL's spelling (taccl/cli/common.py parse_and_get_topo) and ours.
+INTRANODE_KEYS = ("strategy", "switches", "switch_hyperedge_strategy")
+
+
+def check_keys(obj: dict[str, Any], allowed: Collection[str], source: str, where: str | None = None) -> None:
+    """Raise ``SketchError`` naming the first key of ``obj`` not in ``allowed`` (a misspelt key is never ignored)."""
+    for key in obj:
+        if key not in allowed:
+            field = f"{where}.{key}" if where else key
+            raise SketchError(source, field, f"unknown field {key!r}", "one of " + ", ".join(allowed))
 
 
 def int_field(value: Any, source: str, field: str, minimum: int = 0) -> int:
@@ -91,29 +105,28 @@ def connections_field(value: Any, source: str, field: str) -> tuple[tuple[int, i
 
 
 def intranode_field(
-    obj: Any, source: str
+    obj: Any, source: str, where: str = "intranode_sketch"
 ) -> tuple[IntranodeStrategy, tuple[tuple[int, ...], ...], tuple[SwitchPolicy, ...]]:
-    """Return (strategy, switch groups, switch policies) of an intra-node sketch object."""
+    """Return (strategy, switch groups, switch policies) of the intra-node sketch object at field ``where``."""
     if obj is None:
         return IntranodeStrategy.AUTO, (), ()
     if not isinstance(obj, dict):
-        raise SketchError(source, "intranode_sketch", f"{obj!r}", "an object with 'strategy'")
-    strategy = enum_field(IntranodeStrategy, obj.get("strategy", "none"), source, "intranode_sketch.strategy")
-    switches = tuple(
-        int_list(group, source, f"intranode_sketch.switches[{i}]") for i, group in enumerate(obj.get("switches", []))
-    )
+        raise SketchError(source, where, f"{obj!r}", "an object with 'strategy'")
+    check_keys(obj, INTRANODE_KEYS, source, where)
+    strategy = enum_field(IntranodeStrategy, obj.get("strategy", "none"), source, f"{where}.strategy")
+    groups = obj.get("switches", [])
+    if not isinstance(groups, list):
+        raise SketchError(source, f"{where}.switches", f"{groups!r} is not a list", "a list of local GPU groups")
+    switches = tuple(int_list(group, source, f"{where}.switches[{i}]") for i, group in enumerate(groups))
     policies = obj.get("switch_hyperedge_strategy", [])
     if not isinstance(policies, list):
-        raise SketchError(
-            source, "intranode_sketch.switch_hyperedge_strategy", f"{policies!r}", "a list of 'uc-min'/'uc-max'"
-        )
+        raise SketchError(source, f"{where}.switch_hyperedge_strategy", f"{policies!r}", "a list of 'uc-min'/'uc-max'")
     policy = tuple(
-        enum_field(SwitchPolicy, p, source, f"intranode_sketch.switch_hyperedge_strategy[{i}]")
-        for i, p in enumerate(policies)
+        enum_field(SwitchPolicy, p, source, f"{where}.switch_hyperedge_strategy[{i}]") for i, p in enumerate(policies)
     )
     if strategy is IntranodeStrategy.SWITCH and not switches:
         raise SketchError(
-            source, "intranode_sketch.switches", "strategy 'switch' without switches", "a list of local GPU groups"
+            source, f"{where}.switches", "strategy 'switch' without switches", "a list of local GPU groups"
         )
     return strategy, switches, policy
 

@@ -135,7 +135,7 @@ def _is_taccl_topology(path: Path, text: str) -> bool:
     """
     try:
         document = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return path.suffix.lower() == ".json"
     return isinstance(document, dict) and "schema" in document
 

@@ -102,7 +102,7 @@ class _Reader:
         return value
 
     def number(self, value: Any, field: str, what: str, positive: bool) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             raise self.fail(field, f"found {value!r}", "a finite number")
         if positive and not value > 0:
             raise self.fail(field, f"{what} {value} is not positive", "a number > 0")
@@ -163,6 +163,10 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
         ) from None
     except ValueError as exc:
         raise reader.fail(None, f"invalid JSON: {exc}", "finite numbers") from None
+    except RecursionError:
+        raise reader.fail(
+            None, "invalid JSON: arrays or objects nested too deeply", f"a {SCHEMA_ID} JSON document"
+        ) from None
     document = reader.check_fields(document, "", _TOP_FIELDS)
     schema = reader.required(document, "", "schema")
     if schema != SCHEMA_ID:
@@ -177,6 +181,14 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
     vertices = _parse_vertices(reader, reader.required(document, "", "vertices"))
     links = _parse_links(reader, reader.required(document, "", "links"), {v.name for v in vertices})
     return make_topology(name, vertices, links, nodes=1, description=description, sources=sources, source=source)
+
+
+def _finite(value: int | float) -> bool:
+    """Return True when ``value`` is a finite float or an int a float can hold (json reads 10**400 exactly)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _reject_constant(token: str) -> float:

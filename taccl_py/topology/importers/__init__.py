@@ -8,22 +8,25 @@ Three formats are read, each into a one-machine ``Topology`` (``nodes=1``; join 
   (``parse_nccl_topology_xml``),
 - TACCL's topology profiles and its ``custom`` link-matrix format (``parse_taccl_profile``).
 
-``import_topology(path)`` reads a file and picks the parser by sniffing its content.
+``import_topology(path)`` reads a file and picks the parser by sniffing its content; a file in our
+own ``taccl-topology/1`` format is read as it is (``parse_topology``), so that ``taccl topo import``
+takes any topology file a user holds.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 
-from taccl_py._io import read_text
+from taccl_py._io import decode_json, read_text
 from taccl_py.errors import FormatError
 from taccl_py.topology.importers.nccl_xml import parse_nccl_topology_xml
 from taccl_py.topology.importers.nvidia_smi import parse_nvidia_smi_topo
 from taccl_py.topology.importers.taccl_profile import parse_taccl_profile
 from taccl_py.topology.model import Topology
+from taccl_py.topology.schema import parse_topology
 
 __all__ = [
     "TopologyFormat",
@@ -45,14 +48,16 @@ class TopologyFormat(str, Enum):
     NVIDIA_SMI = "nvidia-smi"
     NCCL_XML = "nccl-xml"
     TACCL_PROFILE = "taccl-profile"
+    TACCL_TOPOLOGY = "taccl-topology"
 
 
 def detect_topology_format(text: str, source: str = "<string>") -> TopologyFormat:
     """Return which ``TopologyFormat`` ``text`` is in; raise ``FormatError`` if none.
 
     XML whose first element is ``<system>`` is NCCL topology XML; a JSON object with
-    ``gpus_per_node`` and ``node_betas_list`` or ``links``/``betas`` is a TACCL profile; text with a
-    header row starting with ``GPU0`` is ``nvidia-smi topo -m`` output.
+    ``gpus_per_node`` and ``node_betas_list`` or ``links``/``betas`` is a TACCL profile; one with
+    ``schema`` or ``vertices`` is our own ``taccl-topology/1``; text with a header row starting
+    with ``GPU0`` is ``nvidia-smi topo -m`` output.
 
     >>> detect_topology_format('<system version="1"></system>').value
     'nccl-xml'
@@ -80,25 +85,15 @@ def _detect_xml(text: str, source: str) -> TopologyFormat:
 
 
 def _detect_json(text: str, source: str) -> TopologyFormat:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(
-            source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object"
-        ) from None
+    data = decode_json(text, source, FormatError, "a TACCL profile JSON object")
     if (
         isinstance(data, dict)
         and "gpus_per_node" in data
         and ("node_betas_list" in data or ("links" in data and "betas" in data))
     ):
         return TopologyFormat.TACCL_PROFILE
-    if isinstance(data, dict) and "vertices" in data:
-        raise FormatError(
-            source,
-            None,
-            "a taccl_py topology file, not an import format",
-            "read it with taccl_py.topology.read_topology",
-        )
+    if isinstance(data, dict) and ("schema" in data or "vertices" in data):
+        return TopologyFormat.TACCL_TOPOLOGY
     raise FormatError(source, None, "JSON without gpus_per_node and node_betas_list or links/betas", _EXPECTED)
 
 
@@ -108,8 +103,8 @@ def import_topology(path: str | Path, name: str | None = None) -> Topology:
     Parameters
     ----------
     path : str or Path
-        An ``nvidia-smi topo -m`` output, an NCCL topology XML or a TACCL profile JSON;
-        ``-`` reads standard input.
+        An ``nvidia-smi topo -m`` output, an NCCL topology XML, a TACCL profile JSON or a
+        ``taccl-topology/1`` file (read as it is, its name kept); ``-`` reads standard input.
     name : str, optional
         The topology's name; default the TACCL profile's ``name`` or the file's stem.
 
@@ -124,7 +119,8 @@ def import_topology(path: str | Path, name: str | None = None) -> Topology:
     FormatError
         The file cannot be read, is in none of the formats, or breaks its format's syntax.
     TopologyError
-        The content is inconsistent (a device listed twice, an NVLink to an unknown target, ...).
+        The content is inconsistent (a device listed twice, an NVLink to an unknown target, ...),
+        or a ``taccl-topology/1`` file breaks its schema.
 
     Notes
     -----
@@ -139,4 +135,7 @@ def import_topology(path: str | Path, name: str | None = None) -> Topology:
         return parse_nccl_topology_xml(text, source, name=name or stem)
     if kind == TopologyFormat.TACCL_PROFILE:
         return parse_taccl_profile(text, source, name=name)
+    if kind == TopologyFormat.TACCL_TOPOLOGY:
+        topology = parse_topology(text, source)
+        return topology if name is None else replace(topology, name=name)
     return parse_nvidia_smi_topo(text, source, name=name or stem)

@@ -23,13 +23,14 @@ no α of their own and never bottleneck the NIC.
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from taccl_py._io import decode_json
 from taccl_py.errors import ArgumentError, FormatError, TopologyError
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 from taccl_py.topology.rates import (
@@ -39,12 +40,15 @@ from taccl_py.topology.rates import (
     duplex,
 )
 
-__all__ = ["parse_taccl_profile", "REFERENCE_CHUNK_BYTES"]
+__all__ = ["parse_taccl_profile", "MAX_DEVICES_PER_NODE", "REFERENCE_CHUNK_BYTES"]
 
 logger = logging.getLogger(__name__)
 
 REFERENCE_CHUNK_BYTES = 2**20  # the chunk of TACCL's "1MB" profiles, whose β is µs per MB
-_SIZE_SUFFIX_RE = re.compile(r"(\d+)\s*(KB|MB|GB)\s*$", re.IGNORECASE)
+# A profile's counts expand into GPUs, NICs and all-to-all links (count² of them); no node comes near
+# this (DGX-2: 16 GPUs, 8 NICs; an NVL72 rack: 72 GPUs), and a count past it would exhaust memory.
+MAX_DEVICES_PER_NODE = 1024
+_SIZE_SUFFIX_RE = re.compile(r"(?<!\d)(\d{1,6})\s*(KB|MB|GB)\s*$", re.IGNORECASE)  # 6 digits: up to ~1 PB
 _BINARY_BYTES = MappingProxyType({"KB": 2**10, "MB": 2**20, "GB": 2**30})
 # taccl-data README: the shipped 1 KB and 32 KB profiles scale times by 100 and 10.
 _SHIPPED_TIME_SCALE = MappingProxyType({2**10: 100.0, 32 * 2**10: 10.0, 2**20: 1.0})
@@ -174,12 +178,7 @@ def parse_taccl_profile(
 
 
 def _load_object(text: str, source: str) -> Mapping[str, object]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(
-            source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "a TACCL profile JSON object"
-        ) from None
+    data = decode_json(text, source, FormatError, "a TACCL profile JSON object")
     if not isinstance(data, dict):
         raise FormatError(source, None, f"top level is a JSON {type(data).__name__}", "a JSON object")
     return data
@@ -194,8 +193,19 @@ def _field(data: Mapping[str, object], key: str, kind: type | tuple[type, ...], 
     return value
 
 
+def _finite(value: int | float) -> float:
+    """Return ``value`` as a float, NaN for one no float holds (json reads NaN, Infinity, 1e999, 10**400)."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return math.nan
+    return number if math.isfinite(number) else math.nan
+
+
 def _number(data: Mapping[str, object], key: str, source: str, *, positive: bool = False) -> float:
-    value = float(_field(data, key, (int, float), source))
+    value = _finite(_field(data, key, (int, float), source))
+    if math.isnan(value):
+        raise TopologyError(source, key, f"{data[key]!r} is not finite", "a finite number")
     if value < 0 or (positive and value == 0):
         raise TopologyError(
             source,
@@ -208,8 +218,9 @@ def _number(data: Mapping[str, object], key: str, source: str, *, positive: bool
 
 def _count(data: Mapping[str, object], key: str, source: str, minimum: int = 0) -> int:
     value = _field(data, key, int, source)
-    if value < minimum:
-        raise TopologyError(source, key, f"{value} is below {minimum}", f"an integer >= {minimum}")
+    if not minimum <= value <= MAX_DEVICES_PER_NODE:
+        expected = f"an integer in {minimum}..{MAX_DEVICES_PER_NODE}"
+        raise TopologyError(source, key, f"{value} is out of range", expected)
     return value
 
 
@@ -218,8 +229,8 @@ def _numbers(values: object, field: str, source: str, length: int | None = None)
     if not isinstance(values, list) or (length is not None and len(values) != length):
         raise TopologyError(source, field, f"{values!r} has the wrong shape", expected)
     for index, value in enumerate(values):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
-            raise TopologyError(source, f"{field}[{index}]", f"{value!r} is not a number >= 0", "a number >= 0")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not _finite(value) >= 0:
+            raise TopologyError(source, f"{field}[{index}]", f"{value!r} is not a finite number >= 0", "a number >= 0")
     return [float(v) for v in values]
 
 
