@@ -101,6 +101,7 @@ def test_multi_node_topology_is_not_written(tmp_path):
 
 def test_write_then_read_gives_the_machine_back(tmp_path):
     target = tmp_path / "sub" / "dgx2.json"
+    target.parent.mkdir()
     write_topology(load_topology("dgx2"), target)
     assert read_topology(target).links == load_topology("dgx2").links
     assert [p.name for p in target.parent.iterdir()] == ["dgx2.json"]  # no temporary file left
