@@ -42,7 +42,7 @@ from taccl_py.runtime.calibration import (
 )
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.graphs import graph_support
-from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, collective_size_bytes
+from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collect_algorithms, collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
 __all__ = ["Communicator", "MAX_CACHED_EXECUTORS", "DEFAULT_TIMEOUT_S", "default_backend"]
@@ -257,15 +257,18 @@ class Communicator:
         None where no band covers the size, where the band is a library's "native" one, and where
         the calibration measured torch's collective faster.
         """
-        collective = Collective(collective)
-        candidate = self.choices.select(collective, int(size_bytes))
+        return self._choose(Collective(collective), int(size_bytes))[1]
+
+    def _choose(self, collective: Collective, size_bytes: int) -> tuple[Candidate | None, Algorithm | None]:
+        """Return the band covering the size (None: none) and the algorithm to run (None: torch's)."""
+        candidate = self.choices.select(collective, size_bytes)
         if candidate is None or candidate.algorithm is None:
-            return None
+            return candidate, None
         if self.calibration is not None and self.calibration.native_faster(
-            collective, int(size_bytes), candidate.algorithm.name
+            collective, size_bytes, candidate.algorithm.name
         ):
-            return None
-        return candidate.algorithm
+            return candidate, None
+        return candidate, candidate.algorithm
 
     # -- calibration ------------------------------------------------------------------------------
 
@@ -424,9 +427,9 @@ class Communicator:
         size_bytes = collective_size_bytes(
             collective, input.numel() * input.element_size(), output.numel() * output.element_size()
         )
-        algorithm = self.algorithm_for(collective, size_bytes)
+        candidate, algorithm = self._choose(collective, size_bytes)
         if algorithm is None:
-            if self.choices.select(collective, size_bytes) is None:  # chosen "native" needs no word
+            if candidate is None:  # a band or calibration that chose "native" needs no word
                 self._log_fallback(collective, size_bytes)
             self._torch_collective(collective, output, input, op)
             return

@@ -325,7 +325,7 @@ class Executor:
         binding = self._binding(output, input)
         call = partial(self._call, binding, output, transport, op, timeout_s)
         if cuda_graph:
-            binding.graphs.run((op, id(transport)), call)
+            binding.graphs.run((op, transport), call)  # the key holds the transport: its id is never reused
         else:
             call()
 
