@@ -7,8 +7,8 @@ import json
 import sys
 
 from taccl_py.cli._output import format_ratio, format_table
+from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.placement import DEFAULT_ACTIVATION_BYTES, PlacementResult, place_pipeline
-from taccl_py.topology.builtins import load_topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size
 
 __all__ = ["register"]
@@ -22,8 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Assign S pipeline stages to GPUs so the activation transfers stage k -> k+1 are cheapest "
         "under the alpha-beta model; print the order and its modelled p2p time against the naive order.",
     )
-    parser.add_argument("--topology", "-t", required=True, help="built-in name or topology file")
-    parser.add_argument("--nodes", type=int, default=1, help="machines joined by a network switch (default 1)")
+    add_topology_options(parser)
     parser.add_argument("--stages", type=int, required=True, help="number of pipeline stages (<= GPUs)")
     parser.add_argument(
         "--activation-size",
@@ -39,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _place(args: argparse.Namespace) -> int:
     size = parse_size(args.activation_size, "--activation-size")
-    topology = load_topology(args.topology, nodes=args.nodes)
+    topology = topology_from_args(args)
     progress = None if args.json else (lambda message: print(message, file=sys.stderr))
     result = place_pipeline(topology, args.stages, activation_bytes=size, method=args.method, progress=progress)
     print(json.dumps(result.to_json_dict(), indent=2) if args.json else _report(result))

@@ -10,13 +10,13 @@ from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
 from taccl_py.baselines.ring import ring_steps_per_threadblock
 from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_ratio, format_table, progress_to_stderr
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
+from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
 from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
-from taccl_py.topology import load_topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
@@ -64,7 +64,7 @@ def _simulate(args: argparse.Namespace) -> int:
         plot_format(args.plot)
     sizes = parse_sizes(args.sizes)
     algorithm = read_any_algorithm(args.file)
-    topology = load_topology(args.topology, nodes=args.nodes)
+    topology = topology_from_args(args)
     if algorithm.num_ranks != topology.num_ranks:
         raise ArgumentError(
             args.file,
@@ -117,7 +117,7 @@ def _check_ring_fits(args: argparse.Namespace, topology_name: str, num_ranks: in
 def _baseline(args: argparse.Namespace) -> int:
     fmt = algorithm_format(args.output)
     limits = xml_target(args.runtime, None, xml=fmt == "xml", path=args.output)
-    topology = load_topology(args.topology, nodes=args.nodes)
+    topology = topology_from_args(args)
     size = parse_size(args.size, "--size") if args.size is not None else None
     if fmt == "xml":
         _check_ring_fits(args, topology.name, topology.num_ranks, limits)
@@ -133,17 +133,6 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_topology(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--topology",
-        "-t",
-        required=True,
-        metavar="TOPO",
-        help="a built-in name (see `taccl topo list`) or a topology file",
-    )
-    parser.add_argument("--nodes", type=int, default=1, help="join this many copies of the machine (default 1)")
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``simulate`` and ``baseline`` to ``subparsers``."""
     sim = subparsers.add_parser(
@@ -153,7 +142,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the fraction of the lower bound reached and the fastest baseline at each size.",
     )
     sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
-    _add_topology(sim)
+    add_topology_options(sim)
     sim.add_argument(
         "--sizes",
         default=DEFAULT_SIZES,
@@ -174,7 +163,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=[k.value for k in BaselineKind],
         help="ring, tree (allreduce only), hierarchical or trees (spanning-tree packing)",
     )
-    _add_topology(base)
+    add_topology_options(base)
     base.add_argument(
         "--collective", "-c", required=True, choices=["allgather", "reducescatter", "allreduce"], help="the collective"
     )

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from taccl_py.cli._output import format_ratio, format_table
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
+from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
@@ -18,7 +19,6 @@ from taccl_py.synth.candidates import exportable
 from taccl_py.synth.jobs import available_cores
 from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth.solver import SOLVERS, BudgetBound
-from taccl_py.topology import load_topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
@@ -132,7 +132,7 @@ def _synthesize(args: argparse.Namespace) -> int:
     xml_limits = _check_outputs(args)
     sketch = read_sketch(args.sketch) if args.sketch is not None else None
     nodes = args.nodes if args.nodes is not None else (sketch.nodes if sketch is not None and sketch.nodes else 1)
-    topology = load_topology(args.topology, nodes=nodes)
+    topology = topology_from_args(args, nodes=None if args.cluster is not None else nodes)
     size = parse_size(args.size) if args.size is not None else None
     sizes = parse_sizes(args.sizes) if args.sizes is not None else None
     result = synthesize(
@@ -179,16 +179,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "simulator with the lower bound and the best baseline. With --sizes, write a library of size bands "
         "(JSON plus one algorithm JSON and MSCCL XML per band).",
     )
-    parser.add_argument(
-        "--topology",
-        "-t",
-        required=True,
-        metavar="TOPO",
-        help="a built-in name, a topology file or a TACCL profile JSON",
-    )
-    parser.add_argument(
-        "--nodes", type=int, default=None, help="machines to join (default: the sketch's nnodes, else 1)"
-    )
+    add_topology_options(parser, nodes_default=None)
     parser.add_argument("--collective", "-c", required=True, choices=_COLLECTIVES)
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--size", help=f"the size to synthesize for, e.g. 64MB (default 64MB; {SIZE_SUFFIXES_HELP})")

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
+from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.ir.collectives import Collective
 from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
@@ -33,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     listing.set_defaults(func=_run_list)
 
     show = topo_subparsers.add_parser("show", help="show a topology's GPUs, NICs, link classes and lower bounds")
-    _add_topology_arguments(show)
+    add_topology_options(show, positional=True)
     show.add_argument(
         "--sizes",
         default=_DEFAULT_SIZES,
@@ -52,20 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     importer.set_defaults(func=_run_import)
 
     draw = topo_subparsers.add_parser("draw", help="draw a topology to PNG or SVG")
-    _add_topology_arguments(draw)
+    add_topology_options(draw, positional=True)
     draw.add_argument("-o", "--output", required=True, help="the image to write (.png or .svg)")
     draw.set_defaults(func=_run_draw)
 
     topo_probe.register(topo_subparsers)
-
-
-def _add_topology_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "topology",
-        metavar="TOPO",
-        help="a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import",
-    )
-    parser.add_argument("--nodes", type=int, default=1, help="join this many copies of the machine (default 1)")
 
 
 def _run_list(args: argparse.Namespace) -> int:
@@ -125,7 +117,7 @@ def _bound_record(bound: LowerBound) -> dict[str, object]:
 
 def _run_show(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes, "--sizes")
-    topology = load_topology(args.topology, nodes=args.nodes)
+    topology = topology_from_args(args)
     bounds = [bound for collective in _BOUND_COLLECTIVES for bound in lower_bounds(topology, collective, sizes)]
     affinity = nic_affinity(topology)
     nics = [
@@ -237,7 +229,7 @@ def _run_import(args: argparse.Namespace) -> int:
 def _run_draw(args: argparse.Namespace) -> int:
     from taccl_py.topology.draw import draw_topology
 
-    topology = load_topology(args.topology, nodes=args.nodes)
+    topology = topology_from_args(args)
     draw_topology(topology, args.output)
     print(f"wrote {args.output}")
     return 0

@@ -1,13 +1,14 @@
-"""Join copies of one machine into a multi-node topology through a non-blocking network switch."""
+"""Join machines into a multi-node topology through a non-blocking network switch."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology.model import Link, Topology, Vertex, VertexKind, make_topology
 
-__all__ = ["NETWORK_SWITCH", "compose_nodes", "node_prefix"]
+__all__ = ["NETWORK_SWITCH", "compose_machines", "compose_nodes", "node_prefix"]
 
 # The one vertex every NIC of a composed topology is cabled to.
 NETWORK_SWITCH = "netswitch"
@@ -63,31 +64,52 @@ def compose_nodes(machine: Topology, nodes: int) -> Topology:
         )
     if nodes == 1:
         return machine
-    _check_nics(machine)
-    per_node = machine.num_ranks
+    description = f"{nodes} x {machine.name} joined by a non-blocking network switch"
+    if machine.description:
+        description += f"; each: {machine.description}"
+    return compose_machines([machine] * nodes, f"{machine.name}x{nodes}", description)
+
+
+def compose_machines(machines: Sequence[Topology], name: str, description: str, source: str | None = None) -> Topology:
+    """Return ``machines`` (one-node topologies, in rank order) joined by one network switch.
+
+    Machine k's vertices are named ``n{k}.<name>`` and its GPUs get ranks ``k * G + local rank``,
+    with G the GPUs per machine, which must be the same for every machine. Each NIC is cabled to
+    ``netswitch`` as ``compose_nodes`` describes, with its own network figures, so machines may
+    differ in everything else (GPU model, links, NIC count and speed).
+
+    Raises
+    ------
+    TopologyError
+        If a machine has no NIC or a NIC lacks its network figures, or the machines differ in
+        GPU count (named after ``source``, default ``name``).
+    """
+    origin = source or name
+    counts = [machine.num_ranks for machine in machines]
+    for node, count in enumerate(counts):
+        if count != counts[0]:
+            raise TopologyError(
+                origin,
+                f"nodes[{node}]",
+                f"node {node} ({machines[node].name}) has {count} GPUs, node 0 ({machines[0].name}) {counts[0]}",
+                "the same GPU count on every node",
+            )
     vertices: list[Vertex] = []
     links: list[Link] = []
-    for node in range(nodes):
+    for node, machine in enumerate(machines):
+        _check_nics(machine)
         prefix = node_prefix(node)
         for vertex in machine.vertices:
-            rank = None if vertex.rank is None else node * per_node + vertex.rank
+            rank = None if vertex.rank is None else node * counts[0] + vertex.rank
             vertices.append(replace(vertex, name=prefix + vertex.name, node=node, rank=rank))
         links.extend(replace(link, src=prefix + link.src, dst=prefix + link.dst) for link in machine.links)
     vertices.append(Vertex(name=NETWORK_SWITCH, kind=VertexKind.NET_SWITCH))
     for nic in (v for v in vertices if v.kind is VertexKind.NIC):
         links.append(Link(nic.name, NETWORK_SWITCH, nic.net_kind, nic.net_alpha_us, nic.net_bandwidth_GBps))
         links.append(Link(NETWORK_SWITCH, nic.name, nic.net_kind, 0.0, nic.net_bandwidth_GBps))
-    description = f"{nodes} x {machine.name} joined by a non-blocking network switch"
-    if machine.description:
-        description += f"; each: {machine.description}"
+    sources = tuple(dict.fromkeys(text for machine in machines for text in machine.sources))
     return make_topology(
-        f"{machine.name}x{nodes}",
-        vertices,
-        links,
-        nodes=nodes,
-        description=description,
-        sources=machine.sources,
-        source=machine.name,
+        name, vertices, links, nodes=len(machines), description=description, sources=sources, source=origin
     )
 
 

@@ -1,0 +1,57 @@
+"""The options every command that takes a topology shares: a machine, copies of it, or a cluster."""
+
+from __future__ import annotations
+
+import argparse
+
+from taccl_py.topology.cluster import load_cluster
+from taccl_py.topology.model import Topology
+
+__all__ = ["add_topology_options", "topology_from_args"]
+
+TOPOLOGY_HELP = "a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import"
+CLUSTER_HELP = (
+    "machines in rank order instead of --topology/--nodes: MACHINE[:COUNT],... (e.g. dgx-a100:2,dgx-h100:2) "
+    "or a taccl-cluster/1 file"
+)
+
+
+def add_topology_options(parser: argparse.ArgumentParser, *, positional: bool = False, nodes_default: int | None = 1):
+    """Add the topology (``TOPO`` or ``--topology/-t``), ``--nodes``, ``--cluster``, ``--nic-down``, ``--nic-speed``."""
+    if positional:
+        parser.add_argument("topology", metavar="TOPO", nargs="?", help=TOPOLOGY_HELP + " (or give --cluster)")
+    else:
+        parser.add_argument("--topology", "-t", metavar="TOPO", help=TOPOLOGY_HELP)
+    default_text = "1" if nodes_default == 1 else "the sketch's nnodes, else 1"
+    nodes_help = f"join this many copies of the machine (default {default_text})"
+    parser.add_argument("--nodes", type=int, default=nodes_default, help=nodes_help)
+    parser.add_argument("--cluster", metavar="SPEC", help=CLUSTER_HELP)
+    parser.add_argument(
+        "--nic-down",
+        metavar="NODE:NIC",
+        action="append",
+        default=[],
+        help="a NIC that is down, e.g. 1:nic3 (node index, NIC name; repeatable)",
+    )
+    parser.add_argument(
+        "--nic-speed",
+        metavar="NODE:NIC:GBPS",
+        action="append",
+        default=[],
+        help="a NIC's network speed in GB/s per direction, e.g. 0:nic0:12.5 (repeatable)",
+    )
+
+
+def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> Topology:
+    """Return the topology the options name; ``nodes`` overrides ``args.nodes`` (e.g. from a sketch)."""
+    from taccl_py.errors import ArgumentError
+
+    count = nodes if nodes is not None else (args.nodes if args.nodes is not None else 1)
+    if args.cluster is not None and (args.topology is not None or args.nodes not in (None, 1)):
+        given = "--topology" if args.topology is not None else "--nodes"
+        raise ArgumentError(args.cluster, "--cluster", f"given with {given}", "either --cluster or --topology/--nodes")
+    if args.cluster is None and args.topology is None:
+        raise ArgumentError(None, "--topology", "no topology given", "--topology TOPO (with --nodes) or --cluster SPEC")
+    return load_cluster(
+        args.cluster, topology=args.topology, nodes=count, nics_down=args.nic_down, nic_speeds=args.nic_speed
+    )

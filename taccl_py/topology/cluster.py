@@ -1,0 +1,364 @@
+"""Clusters: machines of different kinds in rank order, with NICs down or at another speed.
+
+A cluster is described by a ``taccl-cluster/1`` JSON file (docs/topology-format.md) or by the
+command line's shorthand (``--cluster dgx-a100:2,dgx-h100:2``, ``--nic-down 1:nic3``,
+``--nic-speed 0:nic0:12.5``); ``cluster_topology`` turns either into an ordinary ``Topology``
+that everything downstream takes. A NIC that is down is left out of the node, with its links, so
+no route, bound or schedule can use it; a NIC's speed override changes its network port
+(both directions), not its PCIe link.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from taccl_py._io import read_text
+from taccl_py.errors import ArgumentError, TopologyError
+from taccl_py.topology.compose import compose_machines
+from taccl_py.topology.model import Topology, VertexKind, make_topology
+
+__all__ = [
+    "CLUSTER_SCHEMA",
+    "Cluster",
+    "ClusterNode",
+    "cluster_topology",
+    "load_cluster",
+    "parse_cluster",
+    "parse_cluster_spec",
+    "parse_nic_down",
+    "parse_nic_speed",
+    "read_cluster",
+    "with_overrides",
+]
+
+CLUSTER_SCHEMA = "taccl-cluster/1"
+_TOP_FIELDS = ("schema", "name", "description", "nodes", "network")
+_NODE_FIELDS = ("machine", "count", "nics_down", "nic_speed_GBps")
+_NETWORK_FIELDS = ("alpha_us",)
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """One machine of a cluster: a built-in name or a topology file, and what differs on it.
+
+    ``nic_speeds`` holds (NIC name, GB/s per direction) pairs for the NICs' network ports.
+    """
+
+    machine: str
+    nics_down: tuple[str, ...] = ()
+    nic_speeds: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Machines in rank order (node k holds ranks k*G .. k*G+G-1) and the network between them.
+
+    ``network_alpha_us`` replaces every NIC's own network latency (µs) when given.
+    """
+
+    nodes: tuple[ClusterNode, ...]
+    name: str | None = None
+    description: str = ""
+    network_alpha_us: float | None = None
+    source: str = "<cluster>"
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def parse_cluster(text: str, source: str = "<string>", base: Path | None = None) -> Cluster:
+    """Return the cluster of a ``taccl-cluster/1`` document; machine paths are relative to ``base``."""
+    try:
+        document = json.loads(text)
+    except ValueError as err:
+        raise TopologyError(source, None, f"not JSON ({err})", "a taccl-cluster/1 JSON object") from None
+    if not isinstance(document, dict):
+        raise TopologyError(source, None, f"a JSON {type(document).__name__}", "a taccl-cluster/1 JSON object")
+    _check_fields(document, _TOP_FIELDS, source, "")
+    if document.get("schema") != CLUSTER_SCHEMA:
+        raise TopologyError(source, "schema", f"{document.get('schema')!r}", repr(CLUSTER_SCHEMA))
+    entries = document.get("nodes")
+    if not isinstance(entries, list) or not entries:
+        raise TopologyError(source, "nodes", f"{entries!r}", "a non-empty list of node objects")
+    nodes: list[ClusterNode] = []
+    for index, entry in enumerate(entries):
+        node, count = _parse_node(entry, source, f"nodes[{index}]", base)
+        nodes.extend([node] * count)
+    network = document.get("network", {})
+    if not isinstance(network, dict):
+        raise TopologyError(source, "network", f"{network!r}", "an object")
+    _check_fields(network, _NETWORK_FIELDS, source, "network.")
+    alpha = network.get("alpha_us")
+    if alpha is not None:
+        alpha = _number(alpha, source, "network.alpha_us", positive=False)
+    name = document.get("name")
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TopologyError(source, "name", f"{name!r}", "a non-empty string")
+    description = document.get("description", "")
+    if not isinstance(description, str):
+        raise TopologyError(source, "description", f"{description!r}", "a string")
+    return Cluster(tuple(nodes), name=name, description=description, network_alpha_us=alpha, source=source)
+
+
+def read_cluster(path: str | Path) -> Cluster:
+    """Return the cluster in the ``taccl-cluster/1`` file at ``path``."""
+    path = Path(path)
+    return parse_cluster(read_text(path, TopologyError), str(path), base=path.parent)
+
+
+def _check_fields(obj: dict, allowed: tuple[str, ...], source: str, where: str) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise TopologyError(source, f"{where}{key}", "unknown field", "one of " + ", ".join(allowed))
+
+
+def _number(value: Any, source: str, field: str, positive: bool) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= 0 if positive else value < 0):
+        raise TopologyError(source, field, f"{value!r}", "a number > 0" if positive else "a number >= 0")
+    return float(value)
+
+
+def _parse_node(entry: Any, source: str, where: str, base: Path | None) -> tuple[ClusterNode, int]:
+    if not isinstance(entry, dict):
+        raise TopologyError(source, where, f"{entry!r}", "a node object with a 'machine'")
+    _check_fields(entry, _NODE_FIELDS, source, where + ".")
+    machine = entry.get("machine")
+    if not isinstance(machine, str) or not machine:
+        raise TopologyError(source, f"{where}.machine", f"{machine!r}", "a built-in machine name or a topology file")
+    if base is not None and not _is_builtin(machine) and not Path(machine).is_absolute():
+        machine = str(base / machine)
+    count = entry.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise TopologyError(source, f"{where}.count", f"{count!r}", "an integer >= 1")
+    down = entry.get("nics_down", [])
+    if not isinstance(down, list) or not all(isinstance(nic, str) for nic in down):
+        raise TopologyError(source, f"{where}.nics_down", f"{down!r}", "a list of NIC names")
+    speeds = entry.get("nic_speed_GBps", {})
+    if not isinstance(speeds, dict):
+        raise TopologyError(source, f"{where}.nic_speed_GBps", f"{speeds!r}", "an object of NIC name: GB/s")
+    pairs = tuple(
+        (nic, _number(value, source, f"{where}.nic_speed_GBps.{nic}", positive=True)) for nic, value in speeds.items()
+    )
+    return ClusterNode(machine, tuple(down), pairs), count
+
+
+def _is_builtin(machine: str) -> bool:
+    from taccl_py.topology.builtins import builtin_topology_name
+
+    return builtin_topology_name(machine) is not None
+
+
+# -- the command line's shorthand ------------------------------------------------------------------
+
+
+def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
+    """Return the cluster of ``MACHINE[:COUNT],...`` (rank order), or of the cluster file ``text`` names.
+
+    >>> [node.machine for node in parse_cluster_spec("dgx-a100:2,dgx-h100").nodes]
+    ['dgx-a100', 'dgx-a100', 'dgx-h100']
+    """
+    if Path(text).is_file() and not _is_builtin(text):
+        return read_cluster(text)
+    nodes: list[ClusterNode] = []
+    for part in text.split(","):
+        machine, _, count_text = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "1")
+        if not machine:
+            raise ArgumentError(text, option, f"empty machine in {part!r}", "MACHINE[:COUNT],... or a cluster file")
+        try:
+            count = int(count_text)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ArgumentError(text, option, f"count {count_text!r} of {machine}", "an integer >= 1")
+        nodes.extend([ClusterNode(machine)] * count)
+    return Cluster(tuple(nodes), source=option)
+
+
+def parse_nic_down(text: str, option: str = "--nic-down") -> tuple[int, str]:
+    """Return (node, NIC name) of ``NODE:NIC``, e.g. ``1:nic3``."""
+    node, _, nic = text.partition(":")
+    return _node_index(node, text, option, "NODE:NIC"), _nic_name(nic, text, option, "NODE:NIC")
+
+
+def parse_nic_speed(text: str, option: str = "--nic-speed") -> tuple[int, str, float]:
+    """Return (node, NIC name, GB/s) of ``NODE:NIC:GBPS``, e.g. ``0:nic0:12.5``."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ArgumentError(text, option, f"{text!r}", "NODE:NIC:GBPS, e.g. 0:nic0:12.5")
+    try:
+        speed = float(parts[2])
+    except ValueError:
+        speed = float("nan")
+    if not (math.isfinite(speed) and speed > 0):
+        raise ArgumentError(text, option, f"speed {parts[2]!r}", "GB/s per direction > 0")
+    form = "NODE:NIC:GBPS"
+    return _node_index(parts[0], text, option, form), _nic_name(parts[1], text, option, form), speed
+
+
+def _node_index(text: str, whole: str, option: str, form: str) -> int:
+    if not text.isdigit():
+        raise ArgumentError(whole, option, f"node {text!r}", f"{form} with NODE a node index >= 0")
+    return int(text)
+
+
+def _nic_name(text: str, whole: str, option: str, form: str) -> str:
+    if not text:
+        raise ArgumentError(whole, option, "no NIC name", f"{form}, e.g. 1:nic3")
+    return text
+
+
+def with_overrides(
+    cluster: Cluster, nics_down: Iterable[tuple[int, str]] = (), nic_speeds: Iterable[tuple[int, str, float]] = ()
+) -> Cluster:
+    """Return ``cluster`` with more NICs down and NIC speeds set, by node index."""
+    nodes = list(cluster.nodes)
+    for option, node, change in [("--nic-down", n, ("down", nic)) for n, nic in nics_down] + [
+        ("--nic-speed", n, ("speed", (nic, speed))) for n, nic, speed in nic_speeds
+    ]:
+        if not 0 <= node < len(nodes):
+            raise ArgumentError(
+                option, None, f"node {node} out of range (the cluster has {len(nodes)})", f"0..{len(nodes) - 1}"
+            )
+        kind, value = change
+        if kind == "down":
+            nodes[node] = replace(nodes[node], nics_down=nodes[node].nics_down + (value,))
+        else:
+            nodes[node] = replace(nodes[node], nic_speeds=nodes[node].nic_speeds + (value,))
+    return replace(cluster, nodes=tuple(nodes))
+
+
+# -- building the topology -------------------------------------------------------------------------
+
+
+def cluster_topology(cluster: Cluster) -> Topology:
+    """Return the topology of ``cluster``: its machines, changed as it says, joined by one network switch.
+
+    A cluster of N unchanged copies of one machine gives exactly ``load_topology(machine, N)``.
+
+    Raises
+    ------
+    TopologyError
+        If a machine is unknown, a NIC named does not exist, every NIC of a node is down (the node
+        cannot communicate) or the machines differ in GPU count.
+    """
+    from taccl_py.topology.builtins import load_topology
+
+    first = cluster.nodes[0]
+    if all(node == first for node in cluster.nodes) and not (first.nics_down or first.nic_speeds):
+        if cluster.name is None and not cluster.description and cluster.network_alpha_us is None:
+            return load_topology(first.machine, nodes=len(cluster.nodes))
+    loaded: dict[str, Topology] = {}
+    machines = []
+    for index, node in enumerate(cluster.nodes):
+        if node.machine not in loaded:
+            loaded[node.machine] = load_topology(node.machine)
+        machines.append(_changed_machine(loaded[node.machine], node, index, cluster, len(cluster.nodes)))
+    if len(machines) == 1:
+        return machines[0]
+    if cluster.network_alpha_us is not None:
+        machines = [_with_network_alpha(machine, cluster.network_alpha_us) for machine in machines]
+    name = cluster.name or _cluster_name(cluster, [loaded[node.machine] for node in cluster.nodes])
+    return compose_machines(machines, name, _description(cluster, machines), source=cluster.source)
+
+
+def load_cluster(
+    cluster: str | None = None,
+    *,
+    topology: str | None = None,
+    nodes: int = 1,
+    nics_down: Sequence[str] = (),
+    nic_speeds: Sequence[str] = (),
+) -> Topology:
+    """Return the topology the command line's cluster options describe.
+
+    ``cluster`` is the ``--cluster`` text (shorthand or a file); otherwise ``topology`` and
+    ``nodes`` give N copies of one machine. ``nics_down`` and ``nic_speeds`` are the
+    ``--nic-down`` / ``--nic-speed`` texts.
+    """
+    if cluster is not None:
+        described = parse_cluster_spec(cluster)
+    elif topology is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ArgumentError(None, "--nodes", f"{nodes!r} nodes", "an integer >= 1")
+        described = Cluster((ClusterNode(topology),) * nodes, source=topology)
+    else:
+        raise ArgumentError(None, "--topology", "no topology and no cluster", "--topology NAME or --cluster SPEC")
+    described = with_overrides(
+        described, [parse_nic_down(text) for text in nics_down], [parse_nic_speed(text) for text in nic_speeds]
+    )
+    return cluster_topology(described)
+
+
+def _changed_machine(machine: Topology, node: ClusterNode, index: int, cluster: Cluster, count: int) -> Topology:
+    if not node.nics_down and not node.nic_speeds:
+        return machine
+    source, where = cluster.source, f"nodes[{index}]"
+    names = [nic.name for nic in machine.nics()]
+    for field, nic in [("nics_down", n) for n in node.nics_down] + [("nic_speed_GBps", n) for n, _ in node.nic_speeds]:
+        if nic not in names:
+            raise TopologyError(
+                source, f"{where}.{field}", f"no NIC {nic!r} on {machine.name}", "one of " + ", ".join(names)
+            )
+    down = set(node.nics_down)
+    if count > 1 and down >= set(names):
+        raise TopologyError(
+            source,
+            where,
+            f"node {index} ({machine.name}) cannot communicate: every NIC is down",
+            "at least one NIC up on every node",
+        )
+    speeds = dict(node.nic_speeds)
+    vertices = [
+        replace(v, net_bandwidth_GBps=speeds.get(v.name, v.net_bandwidth_GBps)) if v.kind is VertexKind.NIC else v
+        for v in machine.vertices
+        if v.name not in down
+    ]
+    links = [link for link in machine.links if link.src not in down and link.dst not in down]
+    return make_topology(
+        machine.name, vertices, links, description=machine.description, sources=machine.sources, source=source
+    )
+
+
+def _with_network_alpha(machine: Topology, alpha_us: float) -> Topology:
+    vertices = [replace(v, net_alpha_us=alpha_us) if v.kind is VertexKind.NIC else v for v in machine.vertices]
+    return make_topology(
+        machine.name, vertices, machine.links, description=machine.description, sources=machine.sources
+    )
+
+
+def _changes(node: ClusterNode) -> list[str]:
+    return [f"{nic} down" for nic in node.nics_down] + [f"{nic} at {speed:g} GB/s" for nic, speed in node.nic_speeds]
+
+
+def _cluster_name(cluster: Cluster, machines: Sequence[Topology]) -> str:
+    """Return ``dgx-a100x2+dgx-h100x2``, with ``-n1nic3down`` / ``-n0nic0at12.5G`` for each change."""
+    runs: list[list] = []
+    for machine in machines:
+        if runs and runs[-1][0] == machine.name:
+            runs[-1][1] += 1
+        else:
+            runs.append([machine.name, 1])
+    name = "+".join(f"{machine}x{count}" for machine, count in runs)
+    for index, node in enumerate(cluster.nodes):
+        name += "".join(f"-n{index}{nic}down" for nic in node.nics_down)
+        name += "".join(f"-n{index}{nic}at{speed:g}G" for nic, speed in node.nic_speeds)
+    return name
+
+
+def _description(cluster: Cluster, machines: Sequence[Topology]) -> str:
+    if cluster.description:
+        return cluster.description
+    parts = []
+    for index, (node, machine) in enumerate(zip(cluster.nodes, machines)):
+        changes = _changes(node)
+        parts.append(f"n{index} {machine.name}" + (f" ({', '.join(changes)})" if changes else ""))
+    text = "; ".join(parts)
+    if cluster.network_alpha_us is not None:
+        text += f"; network alpha {cluster.network_alpha_us:g} us"
+    return f"{len(machines)} machines joined by a non-blocking network switch: {text}"
