@@ -1,0 +1,201 @@
+"""Benchmark synthesis on heterogeneous and degraded clusters (issue 15) against baselines and the bound.
+
+For each cluster and collective the synthesizer runs once over all sizes (``--jobs`` workers);
+per size the table gives the chosen algorithm's simulated time, its fraction of the cut bound and
+its speed-up over the best baseline built for the same cluster in the same run. For a degraded
+cluster (a NIC down, a NIC slower) it also simulates, on the degraded cluster, the algorithm a
+user of the healthy cluster already has (the shipped library's band for that size) and reports
+how much re-synthesis buys (``resynth gain``: that algorithm's time over ours).
+
+    python scripts/bench_cluster.py                                   # the three target clusters
+    python scripts/bench_cluster.py --clusters slownic --collectives allgather --sizes 16MB --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchmarks_md import (  # noqa: E402
+    COLLECTIVES,
+    DATA_DIR,
+    csv_pointer,
+    csv_records,
+    markdown_table,
+    update_benchmarks_section,
+    write_csv,
+)
+
+from taccl_py.ir.collectives import Collective  # noqa: E402
+from taccl_py.ir.library import read_library, shipped_library_paths  # noqa: E402
+from taccl_py.simulate import simulate  # noqa: E402
+from taccl_py.synth import synthesize  # noqa: E402
+from taccl_py.topology.cluster import load_cluster  # noqa: E402
+from taccl_py.topology.model import Topology  # noqa: E402
+from taccl_py.units import format_size, parse_sizes  # noqa: E402
+
+
+@dataclass(frozen=True)
+class ClusterCase:
+    """A benchmarked cluster: the ``load_cluster`` options, and the healthy machine it degrades (if any)."""
+
+    key: str
+    label: str
+    options: dict
+    healthy: tuple[str, int] | None
+
+
+CASES = (
+    ClusterCase("mixed", "dgx-a100 x2 + dgx-h100 x2", {"cluster": "dgx-a100:2,dgx-h100:2"}, None),
+    ClusterCase(
+        "nicdown",
+        "dgx-a100 x4, n1.nic3 down",
+        {"topology": "dgx-a100", "nodes": 4, "nics_down": ["1:nic3"]},
+        ("dgx-a100", 4),
+    ),
+    ClusterCase(
+        "slownic",
+        "ndv2 x2, n1.nic0 at half speed",
+        {"topology": "ndv2", "nodes": 2, "nic_speeds": ["1:nic0:4.76"]},
+        ("ndv2", 2),
+    ),
+)
+DEFAULT_SIZES = "1MB,4MB,16MB,64MB,256MB,1GB"
+#: Sizes from which the issue's target of 0.9 of the bound applies (bytes).
+TARGET_FROM_BYTES = 16_000_000
+TARGET_FRACTION = 0.9
+CSV_PATH = DATA_DIR / "cluster_per_size.csv"
+CSV_HEADER = (
+    "cluster",
+    "collective",
+    "size",
+    "size_bytes",
+    "chosen",
+    "ours_us",
+    "of_bound",
+    "synth_us",
+    "baseline",
+    "baseline_us",
+    "vs_baseline",
+    "healthy_alg_us",
+    "resynth_gain",
+    "synth_wall_s",
+)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _cell(value: object) -> str:
+    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def healthy_times(machine: tuple[str, int], collective: Collective, topology: Topology, sizes) -> list[float | None]:
+    """Return, per size, the healthy cluster's shipped algorithm simulated on ``topology`` (µs; None: native band)."""
+    name, nodes = machine
+    paths = [p for p in shipped_library_paths(name, nodes) if p.name.startswith(collective.value + ".")]
+    if not paths:
+        return [None] * len(sizes)
+    library = read_library(paths[0])
+    times = []
+    for size in sizes:
+        algorithm = library.select(size)
+        times.append(None if algorithm is None else simulate(algorithm, topology, size).time_us)
+    return times
+
+
+def bench_case(case: ClusterCase, collective: Collective, sizes: tuple[int, ...], jobs: int) -> list[tuple]:
+    """Return the CSV rows of one cluster and collective: synthesize, compare, and time the healthy algorithm."""
+    topology = load_cluster(**case.options)
+    start = time.perf_counter()
+    result = synthesize(topology, collective, sizes=sizes, jobs=jobs, progress=None)
+    wall_s = time.perf_counter() - start
+    healthy = healthy_times(case.healthy, collective, topology, sizes) if case.healthy else [None] * len(sizes)
+    rows = []
+    for choice, healthy_us in zip(result.choices, healthy):
+        ours = choice.chosen_result
+        baseline_us = choice.baseline.time_us if choice.baseline else None
+        rows.append(
+            (
+                case.key,
+                collective.value,
+                format_size(choice.size_bytes),
+                choice.size_bytes,
+                choice.baseline_name if choice.baseline_chosen else "synthesized",
+                ours.time_us,
+                ours.fraction_of_bound,
+                choice.synthesized.time_us if choice.synthesized else None,
+                choice.baseline_name,
+                baseline_us,
+                None if baseline_us is None else baseline_us / ours.time_us,
+                healthy_us,
+                None if healthy_us is None else healthy_us / ours.time_us,
+                round(wall_s, 1),
+            )
+        )
+    return rows
+
+
+def summary_rows(records: list[dict]) -> list[tuple]:
+    """Return one row per cluster and collective: worst fraction of bound from 16 MB, speed-ups, wall time."""
+    rows = []
+    for case in CASES:
+        for collective in COLLECTIVES:
+            mine = [r for r in records if r["cluster"] == case.key and r["collective"] == collective]
+            if not mine:
+                continue
+            large = [r["of_bound"] for r in mine if r["size_bytes"] >= TARGET_FROM_BYTES]
+            versus = [r["vs_baseline"] for r in mine if r["vs_baseline"] is not None]
+            gains = [r["resynth_gain"] for r in mine if r["resynth_gain"] is not None]
+            rows.append(
+                (
+                    case.label,
+                    collective,
+                    f"{min(large):.3f}" if large else "-",
+                    "yes" if large and min(large) >= TARGET_FRACTION else "no",
+                    f"{min(versus):.3f}x-{max(versus):.2f}x" if versus else "-",
+                    f"{min(gains):.2f}x-{max(gains):.2f}x" if gains else "-",
+                    f"{mine[0]['synth_wall_s']:.0f}",
+                )
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clusters", default=",".join(case.key for case in CASES), help="comma-separated keys")
+    parser.add_argument("--collectives", default=",".join(COLLECTIVES))
+    parser.add_argument("--sizes", default=DEFAULT_SIZES)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md and the CSV")
+    args = parser.parse_args(argv)
+    sizes = tuple(parse_sizes(args.sizes))
+    wanted = args.clusters.split(",")
+    rows = []
+    for case in (c for c in CASES if c.key in wanted):
+        for name in args.collectives.split(","):
+            _log(f"== {case.label} {name} {args.sizes}")
+            case_rows = bench_case(case, Collective(name), sizes, args.jobs)
+            for row in case_rows:
+                _log("   " + " | ".join(_cell(value) for value in row))
+            rows.extend(case_rows)
+    records = csv_records(CSV_HEADER, rows) if args.no_write else write_csv(CSV_PATH, CSV_HEADER, rows)
+    headers = ("cluster", "collective", "min of bound >=16MB", ">= 0.9", "vs best baseline", "resynth gain", "synth s")
+    body = markdown_table(headers, summary_rows(records))
+    if not args.no_write:
+        body += "\n\n" + csv_pointer(CSV_PATH, len(records), "Per size")
+    print(body)
+    if not args.no_write:
+        command = "python scripts/bench_cluster.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        update_benchmarks_section("cluster", "Heterogeneous and degraded clusters (simulated)", command, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
