@@ -45,6 +45,7 @@ __all__ = [
     "SHIPPED_PACKAGE",
     "AlgorithmLibrary",
     "Provenance",
+    "builtin_cluster_fingerprint",
     "SizeBand",
     "cluster_record",
     "generate_library",
@@ -312,11 +313,11 @@ def library_cluster_fingerprint(library: AlgorithmLibrary) -> str | None:
     """
     if library.cluster is not None:
         return library.cluster.fingerprint
-    return _builtin_fingerprint(library.topology, library.nodes)
+    return builtin_cluster_fingerprint(library.topology, library.nodes)
 
 
-def _builtin_fingerprint(topology: str, nodes: int) -> str | None:
-    """Return the fingerprint of built-in ``topology`` at ``nodes`` nodes, None for a name that is no built-in."""
+def builtin_cluster_fingerprint(topology: str, nodes: int) -> str | None:
+    """Return the fingerprint of built-in ``topology`` at ``nodes`` nodes; None for a name that is no built-in."""
     from taccl_py.topology.builtins import builtin_topology_name, load_topology
     from taccl_py.topology.fingerprint import cluster_fingerprint
 
