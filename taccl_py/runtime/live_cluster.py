@@ -288,9 +288,9 @@ def refine_cluster(
         refined, changes = _refine_node(node, machines[node.machine], ports)
         nodes.append(refined)
         if changes:
-            notes.append(
-                f"node {index} (ranks {index * gpus_per_node}-{(index + 1) * gpus_per_node - 1}): " + ", ".join(changes)
-            )
+            first, last = index * gpus_per_node, (index + 1) * gpus_per_node - 1
+            ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+            notes.append(f"node {index} ({ranks}): " + ", ".join(changes))
     return replace(cluster, nodes=tuple(nodes)), tuple(notes)
 
 
