@@ -49,7 +49,8 @@ from helpers import ring_algorithm
 from mp_utils import Case, assert_no_mismatches, compare, random_input, run_ranks, torch_collective
 
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
-NIC_BUS_IDS = {"nic0": "0000:11:00.0", "nic1": "0000:12:00.0"}
+# A PCI domain no real machine uses, so that a real sysfs never matches the toy NICs.
+NIC_BUS_IDS = {"nic0": "00f1:11:00.0", "nic1": "00f1:12:00.0"}
 DUO = {
     "schema": "taccl-topology/1",
     "name": "duo",
@@ -117,7 +118,7 @@ def fake_sysfs(root: Path, states: dict[str, tuple[str, str]]) -> Path:
     """Lay out sysfs RDMA ports under ``root``: NIC name -> (state file, rate file); return ``root``."""
     for index, (nic, (state, rate)) in enumerate(states.items()):
         bus = NIC_BUS_IDS[nic]
-        device = root / "sys/devices" / f"pci0000:{bus[5:7]}" / f"0000:{bus[5:7]}:00.0" / bus
+        device = root / "sys/devices" / f"pci{bus[:7]}" / f"{bus[:7]}:00.0" / bus
         port = device / "infiniband" / f"mlx5_{index}" / "ports" / "1"
         port.mkdir(parents=True)
         for name, value in (("state", state), ("rate", rate), ("link_layer", "InfiniBand")):
@@ -225,7 +226,7 @@ def test_sysfs_ports_refine_the_declared_cluster(tmp_path: Path, duo: str) -> No
     up = observe_nics(fake_sysfs(tmp_path / "up", {"nic0": UP, "nic1": UP}))
     down = observe_nics(fake_sysfs(tmp_path / "down", {"nic0": UP, "nic1": DOWN}))
     half = observe_nics(fake_sysfs(tmp_path / "half", {"nic0": HALF, "nic1": UP}))
-    assert down == (NicPort("0000:11:00.0", "ACTIVE", 100.0), NicPort("0000:12:00.0", "DOWN", 10.0))
+    assert down == (NicPort("00f1:11:00.0", "ACTIVE", 100.0), NicPort("00f1:12:00.0", "DOWN", 10.0))
 
     def fingerprint(**overrides: Any) -> str:
         return cluster_fingerprint(load_cluster(f"{duo}:2", **overrides))
@@ -433,3 +434,28 @@ def environment_worker(
 def test_from_env_and_the_backend_read_the_cluster_from_the_environment(solo: str, setup: Any) -> None:
     libraries, roots = setup
     assert_no_mismatches(run_ranks(environment_worker, 2, solo, libraries, roots, backend=None))
+
+
+@pytest.mark.multiprocess
+def test_bench_runs_native_where_the_library_was_made_for_another_cluster(
+    solo: str, setup: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from taccl_py.cli import main
+
+    libraries, _ = setup
+    argv = ["bench", "--library", libraries["healthy"], "--collective", "allreduce", "--nproc", "2"]
+    argv += ["--sizes", "8KB", "--iters", "1", "--warmup", "0", "--json", "--cluster", f"{solo}:2"]
+    assert main([*argv, "--nic-down", "1:nic1"]) == 0
+    assert [row["algorithm"] for row in json.loads(capsys.readouterr().out)] == ["torch"]
+
+
+def test_bench_refuses_a_cluster_of_another_size(tmp_path: Path, solo: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from taccl_py.cli import main
+    from taccl_py.ir.algorithm_json import write_algorithm
+
+    ring = tmp_path / "ring.json"
+    write_algorithm(ring_algorithm(Collective.ALLREDUCE, 2, inplace=True), str(ring))
+    assert main(["bench", "--algorithm", str(ring), "--nproc", "2", "--cluster", f"{solo}:3"]) == 2
+    assert "--cluster: 3 GPUs; expected one GPU per rank (2)" in capsys.readouterr().err
+    assert main(["bench", "--algorithm", str(ring), "--nproc", "2", "--nic-down", "1:nic1"]) == 2
+    assert "--nic-down: given without --cluster" in capsys.readouterr().err

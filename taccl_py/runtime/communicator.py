@@ -304,7 +304,7 @@ class Communicator:
             atexit.register(_destroy_default_group)
         if "cluster" not in kwargs:
             kwargs["cluster"] = declared_from_env(os.environ)
-            kwargs.setdefault("sysfs_root", sysfs_root_from_env(os.environ))
+        kwargs.setdefault("sysfs_root", sysfs_root_from_env(os.environ))
         return cls(None, library, timeout_s=timeout_s, **kwargs)
 
     # -- selection --------------------------------------------------------------------------------
