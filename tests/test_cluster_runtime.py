@@ -221,6 +221,22 @@ def test_match_cluster_keeps_what_was_made_for_the_live_cluster(tmp_path: Path, 
     assert len(match_cluster(collect_algorithms(tagged, 4), cluster_fingerprint(healthy)).candidates) == 1
 
 
+def test_shipped_libraries_match_the_healthy_builtin_cluster_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from taccl_py.ir import library as library_module
+
+    (tmp_path / "ndv2" / "n2").mkdir(parents=True)
+    band = SizeBand(0, None, ring_algorithm(Collective.ALLGATHER, 16), "x.json")
+    write_library(AlgorithmLibrary("ndv2", 2, Collective.ALLGATHER, 16, (band,)), tmp_path / "ndv2/n2/ag.library.json")
+    monkeypatch.setattr(library_module, "shipped_library_dir", lambda: tmp_path)
+    shipped = collect_algorithms("ndv2", 16)
+    assert len(match_cluster(shipped, live_cluster(declare_cluster("ndv2:2"), None).fingerprint).candidates) == 1
+    half = live_cluster(declare_cluster("ndv2:2", nic_speed="1:nic0:4.76"), None)
+    assert half.name == "ndv2x2-n1nic0at4.76G"
+    assert match_cluster(shipped, half.fingerprint).candidates == ()
+
+
 def test_sysfs_ports_refine_the_declared_cluster(tmp_path: Path, duo: str) -> None:
     declared = declare_cluster(f"{duo}:2")
     up = observe_nics(fake_sysfs(tmp_path / "up", {"nic0": UP, "nic1": UP}))

@@ -65,8 +65,6 @@ class MadeFor:
     def describe(self) -> str:
         """Return what it was made for, in words: ``ndv2 n2 (fingerprint F)``."""
         where = f"{self.topology} n{self.nodes}" if self.topology is not None else "an algorithm"
-        if self.record is not None and self.record.description:
-            where += f" [{self.record.description}]"
         return f"{where} (fingerprint {self.fingerprint() or 'unknown'})"
 
 
