@@ -145,8 +145,10 @@ def declare_cluster(
     comma-separated string). A Topology is taken as it is and takes no overrides.
     """
     downs, speeds = _override_texts(nic_down, "nic_down"), _override_texts(nic_speed, "nic_speed")
-    if isinstance(cluster, DeclaredCluster) and not (downs or speeds):
-        return cluster
+    if isinstance(cluster, DeclaredCluster):
+        if not (downs or speeds):
+            return cluster
+        cluster = cluster.cluster if cluster.cluster is not None else cluster.topology
     if isinstance(cluster, Topology):
         if downs or speeds:
             raise ArgumentError(
