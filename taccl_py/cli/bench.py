@@ -54,6 +54,9 @@ def _spec(args: argparse.Namespace):
             f"{args.iters}/{args.warmup}",
             "at least 1 timed iteration and 0 or more warm-up ones",
         )
+    if args.cluster is None and (args.nic_down or args.nic_speed):
+        option = "--nic-down" if args.nic_down else "--nic-speed"
+        raise ArgumentError(None, option, "given without --cluster", "--cluster SPEC too")
     library = (args.algorithm,) if args.algorithm else tuple(args.library)
     collectives = tuple(Collective(c).value for c in args.collective) if args.collective else None
     return BenchSpec(
@@ -66,6 +69,9 @@ def _spec(args: argparse.Namespace):
         args.timeout_s,
         progress_to_stderr() if args.progress else None,
         args.calibration,
+        args.cluster,
+        tuple(args.nic_down),
+        tuple(args.nic_speed),
     )
 
 
@@ -74,6 +80,14 @@ def _check_inputs(spec, world_size: int) -> None:
     from taccl_py.runtime.selection import collect_algorithms
 
     collect_algorithms(list(spec.library), world_size)
+    if spec.cluster is not None:
+        from taccl_py.runtime.live_cluster import declare_cluster
+
+        topology = declare_cluster(spec.cluster, spec.nic_down, spec.nic_speed, origin="--cluster").topology
+        if topology.num_ranks != world_size:
+            raise ArgumentError(
+                spec.cluster, "--cluster", f"{topology.num_ranks} GPUs", f"one GPU per rank ({world_size})"
+            )
     if spec.calibration is not None and os.path.exists(spec.calibration):
         from taccl_py.runtime.calibration import read_calibration
 
@@ -189,6 +203,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FOLDER",
         help="with --calibration and --library files: write each library there with 'native' bands where the "
         "group's own collective measured faster (the runtime then runs it there without a calibration)",
+    )
+    bench.add_argument(
+        "--cluster",
+        metavar="SPEC",
+        help="the live cluster, MACHINE[:COUNT],... or a taccl-cluster/1 file (default: TACCL_CLUSTER): only "
+        "algorithms made for it run, elsewhere the group's own collective (with one warning per collective)",
+    )
+    bench.add_argument(
+        "--nic-down", metavar="NODE:NIC", action="append", default=[], help="with --cluster: a NIC down, e.g. 1:nic3"
+    )
+    bench.add_argument(
+        "--nic-speed",
+        metavar="NODE:NIC:GBPS",
+        action="append",
+        default=[],
+        help="with --cluster: a NIC's speed in GB/s per direction, e.g. 0:nic0:12.5",
     )
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")

@@ -6,6 +6,7 @@ as taccl JSON files (plain, or compressed as ``.json.xz`` or ``.json.gz``)::
 
     {"schema": "taccl-library/1", "topology": "ndv2", "nodes": 2, "collective": "allgather",
      "num_ranks": 16,
+     "cluster": {"fingerprint": "3f0c...", "nodes": ["a1b2...", "a1b2..."], "description": "..."},
      "provenance": {"taccl_py": "0.1.0", "solver": "highs", "solver_options": {...}, ...},
      "bands": [{"min_bytes": 0, "max_bytes": 1048576, "algorithm": "allgather-0.json.xz",
                 "simulated_time_us": 41.2}, ...]}
@@ -14,6 +15,10 @@ as taccl JSON files (plain, or compressed as ``.json.xz`` or ``.json.gz``)::
 runtime runs its backend's own collective (gloo's, NCCL's), as one calibrated on the live group
 chooses where that is faster; MSCCL export writes no XML for it, so MSCCL falls back to NCCL there
 too. MSCCL XML is not stored: ``taccl export-msccl`` derives it.
+The optional ``cluster`` object names the cluster the library was made for: its fingerprint
+(``taccl_py.topology.fingerprint.cluster_fingerprint``), every node's signature in rank order and
+its description. A library without one (every shipped library) was made for the built-in topology
+it names, at its node count; ``library_cluster_fingerprint`` works that out when asked.
 Shipped libraries live in ``algorithms/<topology>/n<nodes>/<collective>.library.json`` of the
 source tree and inside the wheel as package data (``shipped_library_dir``).
 """
@@ -34,13 +39,17 @@ from taccl_py.ir.algorithm_json import read_algorithm
 from taccl_py.ir.collectives import Collective
 
 __all__ = [
+    "ClusterRecord",
     "LIBRARY_SCHEMA",
     "NATIVE_ALGORITHM",
     "SHIPPED_PACKAGE",
     "AlgorithmLibrary",
     "Provenance",
+    "builtin_cluster_fingerprint",
     "SizeBand",
+    "cluster_record",
     "generate_library",
+    "library_cluster_fingerprint",
     "parse_library",
     "read_library",
     "shipped_library_dir",
@@ -104,8 +113,20 @@ class SizeBand:
 
 
 @dataclass(frozen=True)
+class ClusterRecord:
+    """The cluster a library was made for: its fingerprint, its nodes' signatures (rank order), its description."""
+
+    fingerprint: str
+    nodes: tuple[str, ...]
+    description: str = ""
+
+
+@dataclass(frozen=True)
 class AlgorithmLibrary:
-    """Algorithms for one topology, node count and collective, by size band."""
+    """Algorithms for one topology, node count and collective, by size band.
+
+    ``cluster`` None: made for the built-in topology ``topology`` at ``nodes`` nodes (as far as known).
+    """
 
     topology: str
     nodes: int
@@ -113,6 +134,7 @@ class AlgorithmLibrary:
     num_ranks: int
     bands: tuple[SizeBand, ...]
     provenance: Provenance | None = None
+    cluster: ClusterRecord | None = None
 
     def select(self, size_bytes: int) -> Algorithm | None:
         """Return the algorithm of the band covering ``size_bytes``; None: no band, or a native one."""
@@ -162,6 +184,23 @@ def _provenance_from_json(obj: Any, source: str) -> Provenance | None:
     )
 
 
+def _cluster_from_json(obj: Any, source: str) -> ClusterRecord | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise FormatError(source, "cluster", f"{obj!r}", "an object with fingerprint, nodes and description")
+    nodes = _typed(obj, "nodes", (list,), source, "cluster", "a list of node signatures")
+    if not nodes or not all(isinstance(node, str) and node for node in nodes):
+        raise FormatError(source, "cluster.nodes", f"{nodes!r}", "a non-empty list of node signatures")
+    fingerprint = _typed(obj, "fingerprint", (str,), source, "cluster", "a cluster fingerprint")
+    if not fingerprint:
+        raise FormatError(source, "cluster.fingerprint", "empty", "a cluster fingerprint")
+    description = obj.get("description", "")
+    if not isinstance(description, str):
+        raise FormatError(source, "cluster.description", f"{description!r}", "a string")
+    return ClusterRecord(fingerprint, tuple(nodes), description)
+
+
 def _band_from_json(obj: Any, source: str, where: str, base_dir: Path | Traversable) -> SizeBand:
     if not isinstance(obj, dict):
         raise FormatError(source, where, f"{obj!r}", "a band object with min_bytes, max_bytes and algorithm")
@@ -199,6 +238,7 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
         raise FormatError(source, "schema", "not a taccl library file", repr(LIBRARY_SCHEMA))
     provenance = _provenance_from_json(obj.get("provenance"), source)
+    cluster = _cluster_from_json(obj.get("cluster"), source)
     name = _typed(obj, "collective", (str,), source, "", "a collective name")
     try:
         collective = Collective(name)
@@ -206,13 +246,17 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
         allowed = ", ".join(repr(member.value) for member in Collective)
         raise FormatError(source, "collective", f"unknown value {name!r}", f"one of {allowed}") from None
     bands = _typed(obj, "bands", (list,), source, "", "a list of band objects")
+    nodes = _count(obj, "nodes", source, "", 1)
+    if cluster is not None and len(cluster.nodes) != nodes:
+        raise FormatError(source, "cluster.nodes", f"{len(cluster.nodes)} signatures", f"one per node ({nodes})")
     return AlgorithmLibrary(
         _typed(obj, "topology", (str,), source, "", "a topology name"),
-        _count(obj, "nodes", source, "", 1),
+        nodes,
         collective,
         _count(obj, "num_ranks", source, "", 1),
         tuple(_band_from_json(band, source, f"bands[{i}]", base_dir) for i, band in enumerate(bands)),
         provenance,
+        cluster,
     )
 
 
@@ -233,6 +277,12 @@ def generate_library(library: AlgorithmLibrary) -> str:
         "collective": library.collective.value,
         "num_ranks": library.num_ranks,
     }
+    if library.cluster is not None:
+        obj["cluster"] = {
+            "fingerprint": library.cluster.fingerprint,
+            "nodes": list(library.cluster.nodes),
+            "description": library.cluster.description,
+        }
     if library.provenance is not None:
         obj["provenance"] = _provenance_to_json(library.provenance)
     obj["bands"] = [
@@ -245,6 +295,35 @@ def generate_library(library: AlgorithmLibrary) -> str:
         for band in library.bands
     ]
     return json.dumps(obj, indent=2) + "\n"
+
+
+def cluster_record(topology: Any) -> ClusterRecord:
+    """Return the record of the cluster ``topology`` (a ``taccl_py.topology.model.Topology``) describes."""
+    from taccl_py.topology.fingerprint import cluster_fingerprint, node_signatures
+
+    return ClusterRecord(cluster_fingerprint(topology), node_signatures(topology), topology.description)
+
+
+def library_cluster_fingerprint(library: AlgorithmLibrary) -> str | None:
+    """Return the fingerprint of the cluster ``library`` was made for; None when that is not known.
+
+    A library without a ``cluster`` record gets the fingerprint of the built-in topology it names
+    at its node count (computed here, never written back); None where ``topology`` names no
+    built-in machine.
+    """
+    if library.cluster is not None:
+        return library.cluster.fingerprint
+    return builtin_cluster_fingerprint(library.topology, library.nodes)
+
+
+def builtin_cluster_fingerprint(topology: str, nodes: int) -> str | None:
+    """Return the fingerprint of built-in ``topology`` at ``nodes`` nodes; None for a name that is no built-in."""
+    from taccl_py.topology.builtins import builtin_topology_name, load_topology
+    from taccl_py.topology.fingerprint import cluster_fingerprint
+
+    if builtin_topology_name(topology) is None:
+        return None
+    return cluster_fingerprint(load_topology(topology, nodes))
 
 
 def shipped_library_dir() -> Traversable:

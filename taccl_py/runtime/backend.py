@@ -29,6 +29,13 @@ Calibration: ``group.calibrate(path)`` (every rank, once the group exists) times
 collective against the inner backend's own on the live group and from then on routes a size only
 where ours measured faster by the calibration's margin; the other sizes go straight to the inner
 backend, with no worker thread (see :mod:`taccl_py.runtime.calibration`).
+
+Cluster: given the live cluster (``register_backend(cluster=...)``, or TACCL_CLUSTER, TACCL_NIC_DOWN,
+TACCL_NIC_SPEED, TACCL_SYSFS_ROOT and TACCL_NIC_PROBE in each process's environment; see
+:mod:`taccl_py.runtime.live_cluster`), the group routes only through algorithms made for it; the
+ranks exchange what sysfs shows of their NICs through the group's store while the group is made.
+A collective whose libraries were all made for other clusters runs on the inner backend, with one
+warning per collective.
 """
 
 from __future__ import annotations
@@ -50,8 +57,15 @@ from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, mak
 from taccl_py.runtime.calibration import Calibration
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
+from taccl_py.runtime.live_cluster import (
+    LiveCluster,
+    declared_from_env,
+    mismatch_warning,
+    resolve_live_cluster,
+    sysfs_root_from_env,
+)
 from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
-from taccl_py.runtime.selection import collect_algorithms
+from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, match_cluster
 
 __all__ = ["BACKEND_NAME", "TacclProcessGroup", "register_backend"]
 
@@ -123,6 +137,8 @@ class TacclProcessGroup(dist.ProcessGroup):
         The group's timeout; also the Communicator's longest wait for one message.
     library, topology, nodes
         Where the algorithms come from, as for :class:`Communicator`.
+    cluster, nic_down, nic_speed, sysfs_root
+        The live cluster, as for :class:`Communicator` (None: no cluster check).
     """
 
     def __init__(
@@ -135,11 +151,28 @@ class TacclProcessGroup(dist.ProcessGroup):
         library: Any = None,
         topology: str | None = None,
         nodes: int | None = None,
+        cluster: Any = None,
+        nic_down: Any = (),
+        nic_speed: Any = (),
+        sysfs_root: str | os.PathLike | None = "/",
     ) -> None:
         super().__init__(rank, world_size)
-        self._spec = (library, topology, nodes)
         self._timeout_s = float(timeout.total_seconds())
-        self._has_algorithms = _check_library(library, topology, nodes, world_size)
+        self._cluster: LiveCluster | None = None
+        self._warned: set[Collective] = set()
+        subgroup = False
+        if cluster is not None:
+            exchange = partial(_exchange_on_store, store, rank, world_size)
+            try:
+                self._cluster = resolve_live_cluster(cluster, nic_down, nic_speed, sysfs_root, world_size, exchange)
+            except ArgumentError as error:
+                if error.field != "world_size":
+                    raise
+                logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
+                subgroup = True
+        self._spec = (library, topology, nodes, self._cluster)
+        self._choices = None if subgroup else _group_choices(library, topology, nodes, world_size, self._cluster)
+        self._has_algorithms = self._choices is not None and bool(self._choices.candidates)
         self._links: dict[str, BackendTransport] = {}
         self._communicators: dict[str, Communicator] = {}
         self.routed: Counter = Counter()
@@ -179,6 +212,8 @@ class TacclProcessGroup(dist.ProcessGroup):
         """
         link = self._links.get(tensors[0].device.type)
         if link is None or size_bytes == 0 or self._worker.in_worker_thread():
+            if link is None and size_bytes:
+                self._warn_other_cluster(collective, size_bytes)
             return None
         if any(
             t.layout != torch.strided
@@ -189,15 +224,34 @@ class TacclProcessGroup(dist.ProcessGroup):
         ):
             return None
         communicator = self._communicator_on(link)
-        return communicator if communicator.algorithm_for(collective, size_bytes) is not None else None
+        if communicator.algorithm_for(collective, size_bytes) is None:
+            self._warn_other_cluster(collective, size_bytes)
+            return None
+        return communicator
+
+    def _warn_other_cluster(self, collective: Collective, size_bytes: int) -> None:
+        """Warn once per collective when the libraries had an algorithm for this call, but for another cluster."""
+        if self._cluster is None or self._choices is None or collective in self._warned:
+            return
+        rejected = self._choices.rejected_for(collective, size_bytes)
+        if rejected:
+            self._warned.add(collective)
+            made_for = [candidate.made_for.describe() for candidate in rejected]
+            logger.warning("%s", mismatch_warning(collective.value, size_bytes, self._cluster, made_for))
 
     def _communicator_on(self, link: BackendTransport) -> Communicator:
         """Return the group's Communicator for ``link``'s device, made on first use."""
         communicator = self._communicators.get(link.device.type)
         if communicator is None:
-            library, topology, nodes = self._spec
+            library, topology, nodes, cluster = self._spec
             communicator = Communicator(
-                self, library, topology=topology, nodes=nodes, transport=link, timeout_s=self._timeout_s
+                self,
+                library,
+                topology=topology,
+                nodes=nodes,
+                transport=link,
+                timeout_s=self._timeout_s,
+                cluster=cluster,
             )
             self._communicators[link.device.type] = communicator
         return communicator
@@ -440,10 +494,12 @@ def _reduce_scatter_list(
     return [output]
 
 
-def _check_library(library: Any, topology: str | None, nodes: int | None, world_size: int) -> bool:
-    """Return whether the spec holds algorithms for ``world_size`` ranks; raise for an unreadable spec.
+def _group_choices(
+    library: Any, topology: str | None, nodes: int | None, world_size: int, cluster: LiveCluster | None
+) -> AlgorithmChoices | None:
+    """Return the algorithms for ``world_size`` ranks made for ``cluster`` (None: any); raise for an unreadable spec.
 
-    A group of another size (a sub-group) runs everything on the inner backend, and says so once.
+    None for a group of another size (a sub-group): it runs everything on the inner backend, and says so once.
     """
     try:
         choices = collect_algorithms(library, world_size, topology=topology, nodes=nodes)
@@ -451,18 +507,37 @@ def _check_library(library: Any, topology: str | None, nodes: int | None, world_
         if error.field not in ("num_ranks", "world_size"):
             raise
         logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
-        return False
-    return bool(choices.candidates)
+        return None
+    return choices if cluster is None else match_cluster(choices, cluster.fingerprint)
+
+
+def _exchange_on_store(store: Any, rank: int, world_size: int, text: str) -> list[str]:
+    """Return every rank's ``text`` in rank order, passed through the group's store (no collective needed)."""
+    store.set(f"taccl/nic-ports/{rank}", text)
+    return [store.get(f"taccl/nic-ports/{other}").decode() for other in range(world_size)]
 
 
 def _create_group(
-    settings: tuple[Any, str | None, int | None], store: Any, rank: int, world_size: int, timeout: datetime.timedelta
+    settings: dict[str, Any], store: Any, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> TacclProcessGroup:
-    library, topology, nodes = settings
-    return TacclProcessGroup(store, rank, world_size, timeout, library=library, topology=topology, nodes=nodes)
+    options = dict(settings)
+    if options["cluster"] is None:  # read in the rank's own process, at group creation
+        options["cluster"] = declared_from_env(os.environ)
+        if options["sysfs_root"] == "/":
+            options["sysfs_root"] = sysfs_root_from_env(os.environ)
+    return TacclProcessGroup(store, rank, world_size, timeout, **options)
 
 
-def register_backend(library: Any = None, *, topology: str | None = None, nodes: int | None = None) -> None:
+def register_backend(
+    library: Any = None,
+    *,
+    topology: str | None = None,
+    nodes: int | None = None,
+    cluster: Any = None,
+    nic_down: Any = (),
+    nic_speed: Any = (),
+    sysfs_root: str | os.PathLike | None = "/",
+) -> None:
     """Register the ``taccl`` backend with torch.distributed, running algorithms from ``library``.
 
     Call it in every process before ``init_process_group("taccl")``; calling it again replaces the
@@ -478,11 +553,15 @@ def register_backend(library: Any = None, *, topology: str | None = None, nodes:
         A built-in topology whose shipped algorithms come after ``library``'s.
     nodes : int, optional
         The node count for a topology name.
+    cluster, nic_down, nic_speed, sysfs_root : optional
+        The live cluster, as for :class:`Communicator`; ``cluster`` None takes TACCL_CLUSTER (and
+        TACCL_NIC_DOWN, TACCL_NIC_SPEED, TACCL_SYSFS_ROOT, TACCL_NIC_PROBE) from each process's
+        environment when the group is made, and without it checks no cluster.
 
     Raises
     ------
     ArgumentError
-        (From ``init_process_group``.) ``library`` names nothing readable.
+        (From ``init_process_group``.) ``library`` names nothing readable, or the cluster is malformed.
 
     Examples
     --------
@@ -490,6 +569,15 @@ def register_backend(library: Any = None, *, topology: str | None = None, nodes:
     >>> "taccl" in torch.distributed.Backend.backend_list
     True
     """
-    creator = partial(_create_group, (library, topology, nodes))
+    settings = {
+        "library": library,
+        "topology": topology,
+        "nodes": nodes,
+        "cluster": cluster,
+        "nic_down": nic_down,
+        "nic_speed": nic_speed,
+        "sysfs_root": sysfs_root,
+    }
+    creator = partial(_create_group, settings)
     # torch keeps one creator per name: registering again replaces it for groups made afterwards.
     dist.Backend.register_backend(BACKEND_NAME, creator, devices=list(_DEVICES))

@@ -52,6 +52,9 @@ class BenchSpec:
     timeout_s: float = 60.0
     progress: Callable[[str], None] | None = None  # hears each size on rank 0; module-level so it pickles
     calibration: str | None = None  # a calibration file for the Communicator (read, or measured and written)
+    cluster: str | None = None  # the live cluster (shorthand or file); None: TACCL_CLUSTER, else no check
+    nic_down: tuple[str, ...] = ()  # NODE:NIC texts on top of ``cluster``
+    nic_speed: tuple[str, ...] = ()  # NODE:NIC:GBPS texts on top of ``cluster``
 
 
 def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> list[BenchRow]:
@@ -61,7 +64,8 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) ->
     ``progress`` (default ``spec.progress``) hears about each size on rank 0.
     """
     progress = progress if progress is not None else spec.progress
-    comm = Communicator.from_env(list(spec.library), timeout_s=spec.timeout_s)
+    declared = {"cluster": spec.cluster, "nic_down": spec.nic_down, "nic_speed": spec.nic_speed}
+    comm = Communicator.from_env(list(spec.library), timeout_s=spec.timeout_s, **(declared if spec.cluster else {}))
     if spec.calibration is not None:  # measured at the sizes benched, when not cached yet
         comm.load_or_calibrate(spec.calibration, spec.sizes, iters=spec.iters, warmup=spec.warmup)
     if spec.collectives is not None:

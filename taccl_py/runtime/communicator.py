@@ -5,7 +5,9 @@ collective, world size and message size from its library, compiles an :class:`Ex
 (algorithm, dtype, element count) and replays it over the transport; when no algorithm fits it
 runs torch.distributed's own collective on the same group and says so in one log line. With a
 calibration (``calibration=``, :meth:`Communicator.calibrate`) it also runs the own collective
-("native") wherever that measured faster on this group.
+("native") wherever that measured faster on this group. Given the live cluster (``cluster=``, or
+TACCL_CLUSTER for ``from_env``; see :mod:`taccl_py.runtime.live_cluster`) it runs only algorithms
+made for that cluster, and the own collective, with one warning per collective, where none was.
 """
 
 from __future__ import annotations
@@ -42,7 +44,20 @@ from taccl_py.runtime.calibration import (
 )
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.graphs import graph_support
-from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collect_algorithms, collective_size_bytes
+from taccl_py.runtime.live_cluster import (
+    LiveCluster,
+    declared_from_env,
+    mismatch_warning,
+    resolve_live_cluster,
+    sysfs_root_from_env,
+)
+from taccl_py.runtime.selection import (
+    AlgorithmChoices,
+    Candidate,
+    collect_algorithms,
+    collective_size_bytes,
+    match_cluster,
+)
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
 __all__ = ["Communicator", "MAX_CACHED_EXECUTORS", "DEFAULT_TIMEOUT_S", "default_backend"]
@@ -128,6 +143,18 @@ class Communicator:
         after (see :mod:`taccl_py.runtime.graphs`); every rank must pass the same value. Where
         graphs cannot be used (CPU, the CuPy transport, an NCCL before 2.9.6) the Communicator
         says why in one warning and runs every call eagerly.
+    cluster : Topology, Cluster, str or PathLike, optional
+        The live cluster: a cluster shorthand (``"dgx-a100:2,dgx-h100:2"``), a ``taccl-cluster/1``
+        file, a ``taccl_py.topology.cluster.Cluster`` or a Topology (taken as it is). Only
+        algorithms made for it run (a library's ``cluster`` record, or the built-in topology it
+        names; an algorithm's ``cluster_fingerprint`` metadata); where none was, the group's own
+        collective runs, with one warning per collective. None: no check, every algorithm may run.
+    nic_down, nic_speed : str or sequence of str
+        NICs down (``"1:nic3"``) and NIC speeds (``"1:nic0:4.76"``, GB/s) on top of ``cluster``.
+    sysfs_root : str, PathLike or None
+        Where each rank reads its node's NIC ports to refine ``cluster`` (a port not ACTIVE: its
+        NIC is down; its rate: the NIC's speed); ranks exchange what they read, so construction is
+        collective then. None reads nothing.
 
     Raises
     ------
@@ -157,6 +184,7 @@ class Communicator:
         "choices",
         "calibration",
         "cuda_graphs",
+        "cluster",
         "_executors",
         "_dataflows",
         "_logged",
@@ -174,6 +202,10 @@ class Communicator:
         verify: bool = True,
         calibration: Any = None,
         cuda_graphs: bool = False,
+        cluster: Any = None,
+        nic_down: Any = (),
+        nic_speed: Any = (),
+        sysfs_root: str | os.PathLike | None = "/",
     ) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise TransportError(
@@ -185,6 +217,19 @@ class Communicator:
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
         self.choices: AlgorithmChoices = collect_algorithms(library, self.world_size, topology=topology, nodes=nodes)
+        self.cluster: LiveCluster | None = None
+        if cluster is not None:
+            self.cluster = resolve_live_cluster(
+                cluster, nic_down, nic_speed, sysfs_root, self.world_size, self._exchange_texts
+            )
+            self.choices = match_cluster(self.choices, self.cluster.fingerprint)
+            if self.choices.rejected:
+                logger.info(
+                    "%d of %d algorithm bands were made for another cluster than %s; they will not run",
+                    len(self.choices.rejected),
+                    len(self.choices.rejected) + len(self.choices.candidates),
+                    self.cluster.describe(),
+                )
         if verify:
             from taccl_py.verify import check_algorithm
 
@@ -218,6 +263,14 @@ class Communicator:
         elif calibration is not None:
             self.load_or_calibrate(calibration)
 
+    def _exchange_texts(self, text: str) -> list[str]:
+        """Return every rank's ``text``, in rank order (all ranks call it alike)."""
+        if self.world_size == 1:
+            return [text]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, text, group=self.group)
+        return [str(item) for item in gathered]
+
     def __getstate__(self) -> None:
         raise TypeError("a Communicator holds a process group and cannot be pickled; build one in each process")
 
@@ -231,6 +284,8 @@ class Communicator:
         ``backend`` defaults to :func:`default_backend`'s choice. Other keywords go to the constructor.
         A group initialised here is destroyed at interpreter exit: a gloo group left to the exit
         aborts the process now and then (torch 2.13: SIGABRT in about half of 4-rank torchrun runs).
+        Without a ``cluster`` keyword the live cluster comes from TACCL_CLUSTER, TACCL_NIC_DOWN,
+        TACCL_NIC_SPEED, TACCL_SYSFS_ROOT and TACCL_NIC_PROBE (see :mod:`taccl_py.runtime.live_cluster`).
         """
         if not dist.is_initialized():
             missing = [name for name in _ENV_VARS if name not in os.environ]
@@ -247,6 +302,9 @@ class Communicator:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
             atexit.register(_destroy_default_group)
+        if "cluster" not in kwargs:
+            kwargs["cluster"] = declared_from_env(os.environ)
+        kwargs.setdefault("sysfs_root", sysfs_root_from_env(os.environ))
         return cls(None, library, timeout_s=timeout_s, **kwargs)
 
     # -- selection --------------------------------------------------------------------------------
@@ -437,6 +495,13 @@ class Communicator:
         executor.run(output, input, self.transport, op, self.timeout_s, cuda_graph=self.cuda_graphs)
 
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
+        rejected = self.choices.rejected_for(collective, size_bytes)
+        if rejected and self.cluster is not None:
+            if ("cluster", collective) not in self._logged:  # one line per collective, not one per call
+                self._logged.add(("cluster", collective))
+                made_for = [candidate.made_for.describe() for candidate in rejected]
+                logger.warning("%s", mismatch_warning(collective.value, size_bytes, self.cluster, made_for))
+            return
         if collective not in self._logged:  # one line per collective, not one per call
             self._logged.add(collective)
             logger.warning(  # a warning: shown by default, as the README promises

@@ -3,6 +3,10 @@
 A spec is an Algorithm, an AlgorithmLibrary, a path (a ``*.library.json`` from ``taccl synthesize
 --sizes``, one algorithm ``.json``/``.xml``, or a folder of libraries), the name of a built-in
 topology (its shipped libraries), or a sequence of these. Pure Python: no torch here.
+
+Every candidate knows the cluster it was made for (``MadeFor``): a library's ``cluster`` record, or
+else the built-in topology and node count it names; an algorithm's ``cluster_fingerprint``
+metadata, or else nothing. ``match_cluster`` keeps the candidates made for the live cluster.
 """
 
 from __future__ import annotations
@@ -19,14 +23,49 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import (
     NATIVE_ALGORITHM,
     AlgorithmLibrary,
+    ClusterRecord,
+    builtin_cluster_fingerprint,
     read_library,
     shipped_library_paths,
     shipped_node_counts,
 )
 
-__all__ = ["Candidate", "AlgorithmChoices", "collect_algorithms", "collective_size_bytes"]
+__all__ = [
+    "CLUSTER_METADATA_KEY",
+    "AlgorithmChoices",
+    "Candidate",
+    "MadeFor",
+    "collect_algorithms",
+    "collective_size_bytes",
+    "match_cluster",
+]
+
+#: The algorithm metadata key that names the fingerprint of the cluster an algorithm file was made for.
+CLUSTER_METADATA_KEY = "cluster_fingerprint"
 
 _SOURCE = "Communicator"
+
+
+@dataclass(frozen=True)
+class MadeFor:
+    """The cluster a candidate was made for: its record, or a built-in topology and node count, or nothing known."""
+
+    record: ClusterRecord | None = None
+    topology: str | None = None
+    nodes: int | None = None
+
+    def fingerprint(self) -> str | None:
+        """Return the cluster fingerprint (None: not known, so no live cluster matches it)."""
+        if self.record is not None:
+            return self.record.fingerprint
+        if self.topology is None or self.nodes is None:
+            return None
+        return builtin_cluster_fingerprint(self.topology, self.nodes)
+
+    def describe(self) -> str:
+        """Return what it was made for, in words: ``ndv2 n2 (fingerprint F)``."""
+        where = f"{self.topology} n{self.nodes}" if self.topology is not None else "an algorithm"
+        return f"{where} (fingerprint {self.fingerprint() or 'unknown'})"
 
 
 @dataclass(frozen=True)
@@ -42,12 +81,21 @@ class Candidate:
     origin: str
     collective: Collective
     num_ranks: int
+    made_for: MadeFor = MadeFor()
 
     @classmethod
     def of(cls, algorithm: Algorithm, origin: str) -> Candidate:
         """Return the candidate of one algorithm over the size range it was saved with."""
+        fingerprint = algorithm.meta(CLUSTER_METADATA_KEY)
+        made_for = MadeFor(ClusterRecord(fingerprint, ())) if fingerprint else MadeFor()
         return cls(
-            algorithm, algorithm.min_bytes, algorithm.max_bytes, origin, algorithm.collective, algorithm.num_ranks
+            algorithm,
+            algorithm.min_bytes,
+            algorithm.max_bytes,
+            origin,
+            algorithm.collective,
+            algorithm.num_ranks,
+            made_for,
         )
 
     @property
@@ -62,10 +110,11 @@ class Candidate:
 
 @dataclass(frozen=True)
 class AlgorithmChoices:
-    """The candidates for one world size, in priority order."""
+    """The candidates for one world size, in priority order; ``rejected``: those made for another cluster."""
 
     world_size: int
     candidates: tuple[Candidate, ...]
+    rejected: tuple[Candidate, ...] = ()
 
     @property
     def collectives(self) -> frozenset[Collective]:
@@ -78,6 +127,25 @@ class AlgorithmChoices:
             if candidate.collective is collective and candidate.covers(size_bytes):
                 return candidate
         return None
+
+    def rejected_for(self, collective: Collective, size_bytes: int) -> tuple[Candidate, ...]:
+        """Return the rejected candidates that would have covered ``size_bytes`` of ``collective``."""
+        return tuple(c for c in self.rejected if c.collective is collective and c.covers(size_bytes))
+
+
+def match_cluster(choices: AlgorithmChoices, fingerprint: str | None) -> AlgorithmChoices:
+    """Return ``choices`` keeping the candidates made for the cluster ``fingerprint``; the others go to ``rejected``.
+
+    A ``fingerprint`` of None (no usable live cluster) rejects every candidate.
+    """
+    known: dict[MadeFor, str | None] = {}  # one built-in topology load per library kind, not per band
+    kept, rejected = [], list(choices.rejected)
+    for candidate in choices.candidates:
+        if candidate.made_for not in known:
+            known[candidate.made_for] = candidate.made_for.fingerprint()
+        made = known[candidate.made_for]
+        (kept if fingerprint is not None and made == fingerprint else rejected).append(candidate)
+    return AlgorithmChoices(choices.world_size, tuple(kept), tuple(rejected))
 
 
 def collective_size_bytes(collective: Collective, input_bytes: int, output_bytes: int) -> int:
@@ -92,6 +160,7 @@ def collective_size_bytes(collective: Collective, input_bytes: int, output_bytes
 
 
 def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
+    made_for = MadeFor(library.cluster, library.topology, library.nodes)
     return [
         Candidate(
             band.algorithm,
@@ -100,6 +169,7 @@ def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
             f"{origin} ({band.algorithm_file})",
             library.collective,
             library.num_ranks if band.algorithm is None else band.algorithm.num_ranks,
+            made_for,
         )
         for band in library.bands
     ]

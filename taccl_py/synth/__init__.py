@@ -24,7 +24,7 @@ from taccl_py import __version__
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import AlgorithmLibrary, Provenance
+from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
 from taccl_py.synth.compose import (
@@ -452,7 +452,14 @@ def _synthesize_impl(
             budget_bound=None if budget_bound is None else budget_bound.value,
         )
         library = build_library(
-            topology.name, topology.nodes, collective, topology.num_ranks, choices, collective.value, provenance
+            topology.name,
+            topology.nodes,
+            collective,
+            topology.num_ranks,
+            choices,
+            collective.value,
+            provenance,
+            cluster=cluster_record(topology),
         )
     return SynthesisResult(
         best_at_top,

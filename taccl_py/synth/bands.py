@@ -18,7 +18,7 @@ from taccl_py._io import write_text_atomic
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import AlgorithmLibrary, Provenance, SizeBand, generate_library
+from taccl_py.ir.library import AlgorithmLibrary, ClusterRecord, Provenance, SizeBand, generate_library
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.candidates import geometric_middle
 
@@ -93,8 +93,13 @@ def build_library(
     choices: Sequence[SizeChoice],
     stem: str,
     provenance: Provenance | None = None,
+    cluster: ClusterRecord | None = None,
 ) -> AlgorithmLibrary:
-    """Return the library whose bands cover all sizes, one band per run of equal winners."""
+    """Return the library whose bands cover all sizes, one band per run of equal winners.
+
+    ``cluster`` (``taccl_py.ir.library.cluster_record`` of the topology) lets the runtime check
+    that the live cluster is the one the library was made for.
+    """
     runs: list[list[SizeChoice]] = []
     for choice in choices:
         if runs and runs[-1][-1].chosen == choice.chosen:
@@ -108,7 +113,7 @@ def build_library(
         algorithm = replace(run[0].chosen, name=f"{stem}-{index}", min_bytes=low, max_bytes=high)
         algorithm = algorithm.with_metadata(source_algorithm=run[0].chosen.name, band=str(index))
         bands.append(SizeBand(low, high, algorithm, f"{stem}-{index}.json", run[0].chosen_result.time_us))
-    return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands), provenance)
+    return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands), provenance, cluster)
 
 
 def band_file_stem(path: str | Path) -> str:
