@@ -40,6 +40,9 @@ CLUSTER_SCHEMA = "taccl-cluster/1"
 _TOP_FIELDS = ("schema", "name", "description", "nodes", "network")
 _NODE_FIELDS = ("machine", "count", "nics_down", "nic_speed_GBps")
 _NETWORK_FIELDS = ("alpha_us",)
+# More machines than any bound, schedule or simulation here handles; a larger count in a file is a
+# fault, refused before the node list is built.
+MAX_CLUSTER_NODES = 1024
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ def parse_cluster(text: str, source: str = "<string>", base: Path | None = None)
     nodes: list[ClusterNode] = []
     for index, entry in enumerate(entries):
         node, count = _parse_node(entry, source, f"nodes[{index}]", base)
+        if len(nodes) + count > MAX_CLUSTER_NODES:
+            raise TopologyError(
+                source, f"nodes[{index}].count", f"{len(nodes) + count} machines", f"at most {MAX_CLUSTER_NODES}"
+            )
         nodes.extend([node] * count)
     network = document.get("network", {})
     if not isinstance(network, dict):
@@ -176,6 +183,8 @@ def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
             count = 0
         if count < 1:
             raise ArgumentError(text, option, f"count {count_text!r} of {machine}", "an integer >= 1")
+        if len(nodes) + count > MAX_CLUSTER_NODES:
+            raise ArgumentError(text, option, f"{len(nodes) + count} machines", f"at most {MAX_CLUSTER_NODES}")
         nodes.extend([ClusterNode(machine)] * count)
     return Cluster(tuple(nodes), source=option)
 
@@ -259,11 +268,16 @@ def cluster_topology(cluster: Cluster) -> Topology:
         if node.machine not in loaded:
             loaded[node.machine] = load_topology(node.machine)
         machines.append(_changed_machine(loaded[node.machine], node, index, cluster, len(cluster.nodes)))
+    name = cluster.name or _cluster_name(cluster, [loaded[node.machine] for node in cluster.nodes])
     if len(machines) == 1:
-        return machines[0]
+        # one machine has no network to join; it keeps its own name unless the cluster changed it
+        only = machines[0]
+        if name == only.name and not cluster.description:
+            return only
+        description = cluster.description or only.description
+        return make_topology(name, only.vertices, only.links, description=description, sources=only.sources)
     if cluster.network_alpha_us is not None:
         machines = [_with_network_alpha(machine, cluster.network_alpha_us) for machine in machines]
-    name = cluster.name or _cluster_name(cluster, [loaded[node.machine] for node in cluster.nodes])
     return compose_machines(machines, name, _description(cluster, machines), source=cluster.source)
 
 
@@ -289,10 +303,51 @@ def load_cluster(
         described = Cluster((ClusterNode(topology),) * nodes, source=topology)
     else:
         raise ArgumentError(None, "--topology", "no topology and no cluster", "--topology NAME or --cluster SPEC")
-    described = with_overrides(
-        described, [parse_nic_down(text) for text in nics_down], [parse_nic_speed(text) for text in nic_speeds]
-    )
+    down = [parse_nic_down(text) for text in nics_down]
+    speeds = [parse_nic_speed(text) for text in nic_speeds]
+    described = with_overrides(described, down, speeds)
+    _check_overrides(described, down, speeds)
     return cluster_topology(described)
+
+
+def _check_overrides(
+    cluster: Cluster, nics_down: Sequence[tuple[int, str]], nic_speeds: Sequence[tuple[int, str, float]]
+) -> None:
+    """Raise ``ArgumentError`` naming the option for a NIC the node lacks or a node left without NICs.
+
+    ``with_overrides`` has already checked the node indices; the cluster file's own faults are
+    ``cluster_topology``'s to report.
+    """
+    from taccl_py.topology.builtins import load_topology
+
+    loaded: dict[str, Topology] = {}
+
+    def machine(node: int) -> Topology:
+        name = cluster.nodes[node].machine
+        if name not in loaded:
+            loaded[name] = load_topology(name)
+        return loaded[name]
+
+    for option, node, nic in [("--nic-down", n, nic) for n, nic in nics_down] + [
+        ("--nic-speed", n, nic) for n, nic, _ in nic_speeds
+    ]:
+        names = [v.name for v in machine(node).nics()]
+        if nic not in names:
+            raise ArgumentError(
+                f"{node}:{nic}",
+                option,
+                f"no NIC {nic!r} on node {node} ({machine(node).name})",
+                "one of " + ", ".join(names),
+            )
+    for node in sorted({n for n, _ in nics_down}):
+        names = {v.name for v in machine(node).nics()}
+        if len(cluster.nodes) > 1 and set(cluster.nodes[node].nics_down) >= names:
+            raise ArgumentError(
+                None,
+                "--nic-down",
+                f"node {node} ({machine(node).name}) cannot communicate: every NIC is down",
+                "at least one NIC up on every node",
+            )
 
 
 def _changed_machine(machine: Topology, node: ClusterNode, index: int, cluster: Cluster, count: int) -> Topology:
@@ -337,14 +392,17 @@ def _changes(node: ClusterNode) -> list[str]:
 
 
 def _cluster_name(cluster: Cluster, machines: Sequence[Topology]) -> str:
-    """Return ``dgx-a100x2+dgx-h100x2``, with ``-n1nic3down`` / ``-n0nic0at12.5G`` for each change."""
+    """Return ``dgx-a100x2+dgx-h100x2``, with ``-n1nic3down`` / ``-n0nic0at12.5G`` for each change.
+
+    One machine keeps its own name (``dgx-a100-n0nic3down``).
+    """
     runs: list[list] = []
     for machine in machines:
         if runs and runs[-1][0] == machine.name:
             runs[-1][1] += 1
         else:
             runs.append([machine.name, 1])
-    name = "+".join(f"{machine}x{count}" for machine, count in runs)
+    name = "+".join(f"{machine}x{count}" if len(machines) > 1 else machine for machine, count in runs)
     for index, node in enumerate(cluster.nodes):
         name += "".join(f"-n{index}{nic}down" for nic in node.nics_down)
         name += "".join(f"-n{index}{nic}at{speed:g}G" for nic, speed in node.nic_speeds)
