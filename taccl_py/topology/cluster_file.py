@@ -127,8 +127,18 @@ def _parse_node(entry: Any, source: str, where: str, base: Path | None) -> tuple
     machine = entry.get("machine")
     if not isinstance(machine, str) or not machine:
         raise TopologyError(source, f"{where}.machine", f"{machine!r}", "a built-in machine name or a topology file")
-    if base is not None and not is_builtin_machine(machine) and not Path(machine).is_absolute():
-        machine = str(base / machine)
+    if not is_builtin_machine(machine):
+        path = base / machine if base is not None and not Path(machine).is_absolute() else Path(machine)
+        if not path.is_file():
+            from taccl_py.topology.builtins import builtin_topology_names
+
+            raise TopologyError(
+                source,
+                f"{where}.machine",
+                f"no such built-in machine or file {str(path)!r}",
+                "one of " + ", ".join(builtin_topology_names()) + " or a topology file (relative to the cluster file)",
+            )
+        machine = str(path)
     count = entry.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise TopologyError(source, f"{where}.count", f"{count!r}", "an integer >= 1")
