@@ -263,7 +263,8 @@ def test_commands_that_take_a_topology_take_a_cluster(tmp_path, capsys):
     ]
     assert main(args) == 0, capsys.readouterr().err
     assert output.exists()
-    capsys.readouterr()
+    assert main(["place", "--cluster", "dgx1:2", "--nic-down", "1:nic0", "--nic-down", "1:nic1", "--stages", "16"]) == 0
+    assert "rank list: 1,3,2,6,7,5,4,0,12," in capsys.readouterr().out  # node 1 is entered next to nic2 (GPU 4)
     assert main(["topo", "draw", "--cluster", "ndv2:2", "--nic-down", "0:nic0", "-o", str(tmp_path / "x.svg")]) == 2
     assert "node 0 (ndv2) cannot communicate" in one_error_line(capsys)
 
