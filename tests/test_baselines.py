@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+import torch
+from test_executor import expected, make_inputs, run_threads
 from test_simulate import full_mesh, two_nodes_one_nic
 
 from taccl_py.baselines import (
@@ -15,12 +17,14 @@ from taccl_py.baselines import (
     ring_orders,
     tree_parents,
 )
-from taccl_py.baselines._orders import nic_orders, node_ranks
-from taccl_py.baselines.tree import MAX_TREE_CHUNKS, default_tree_chunks
+from taccl_py.baselines._orders import nic_orders, nic_ranks, node_ranks, rail_nics
+from taccl_py.baselines.hierarchical import local_rings, machines_local_rings
+from taccl_py.baselines.tree import MAX_TREE_CHUNKS, default_tree_channels, default_tree_chunks
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import simulate
 from taccl_py.topology import builtin_topology_names, load_topology
-from taccl_py.topology.model import Vertex, VertexKind, make_topology
+from taccl_py.topology.cluster import load_cluster
+from taccl_py.topology.model import LinkKind, Vertex, VertexKind, make_topology, route
 
 from helpers import assert_valid_algorithm
 
@@ -242,3 +246,149 @@ def test_ring_steps_per_threadblock_is_a_floor_of_the_exported_ring(collective, 
     most = max(tb.count("<step ") for tb in generate_msccl_xml(algorithm).split("<tb ")[1:])
     floor = ring_steps_per_threadblock(collective, 8, chunks)
     assert floor <= most <= floor + chunks  # AllReduce adds one step per piece
+
+
+# -- clusters: machines of different kinds, NICs down or slower ----------------------------------------
+
+A100_NIC_DOWN = {"topology": "dgx-a100", "nodes": 4, "nics_down": ["1:nic3"]}
+H100_NIC_DOWN = {"topology": "dgx-h100", "nodes": 2, "nics_down": ["1:nic3"]}
+TARGET_CLUSTERS = {
+    "mixed": {"cluster": "dgx-a100:2,dgx-h100:2"},
+    "a100-nic-down": A100_NIC_DOWN,
+    "ndv2-half-nic": {"topology": "ndv2", "nodes": 2, "nic_speeds": ["1:nic0:4.76"]},
+}
+
+
+def _crossings(topology, pairs):
+    """Return the (src, dst) rank pairs of ``pairs`` in different machines, with their routes."""
+    return [(a, b, route(topology, a, b)) for a, b in pairs if topology.node_of(a) != topology.node_of(b)]
+
+
+def _ring_hops(rings):
+    return [(a, b) for ring in rings for a, b in zip(ring, ring[1:] + ring[:1])]
+
+
+def test_rails_leave_out_a_nic_down_on_any_machine():
+    rails = rail_nics(load_cluster(**A100_NIC_DOWN))
+    assert [len(node) for node in rails] == [7] * 4
+    assert all(f"n{node}.nic3" not in names for node, names in enumerate(rails))
+    assert rails[2] == tuple(f"n2.nic{i}" for i in (0, 1, 2, 4, 5, 6, 7))
+    mixed = rail_nics(load_cluster("dgx-a100:1,ndv2:1"))  # the NDv2 has one NIC: one rail
+    assert mixed == (("n0.nic0",), ("n1.nic0",))
+
+
+@pytest.mark.parametrize("spec", [H100_NIC_DOWN, A100_NIC_DOWN], ids=["h100-nic-down", "a100-nic-down"])
+def test_rings_and_trees_cross_machines_only_next_to_working_nics(spec):
+    topology = load_cluster(**spec)
+    endpoints = [nic_ranks(topology, node) for node in range(topology.nodes)]
+    if spec is H100_NIC_DOWN:
+        assert 11 not in endpoints[1]  # n1.gpu3 lost its only close NIC
+    rings = ring_orders(topology)
+    assert len(rings) == 7
+    tree_edges = [
+        (child, parent)
+        for channel in range(default_tree_channels(topology))
+        for child, parent in tree_parents(topology, channel).items()
+        if parent is not None
+    ]
+    assert default_tree_channels(topology) == 14
+    for hops in (_ring_hops(rings), tree_edges + [(p, c) for c, p in tree_edges]):
+        crossings = _crossings(topology, hops)
+        assert crossings
+        for a, b, path in crossings:
+            assert a in endpoints[topology.node_of(a)] and b in endpoints[topology.node_of(b)]
+            assert LinkKind.HOST not in {link.kind for link in path.links}  # no detour to another GPU's NIC
+    # every working NIC that carries a ring carries one, each way
+    leaving = [
+        link.src
+        for _, _, path in _crossings(topology, _ring_hops(rings))
+        for link in path.links
+        if link.dst == "netswitch"
+    ]
+    entering = [
+        link.dst
+        for _, _, path in _crossings(topology, _ring_hops(rings))
+        for link in path.links
+        if link.src == "netswitch"
+    ]
+    assert len(set(leaving)) == len(leaving) and len(set(entering)) == len(entering)
+
+
+def test_hierarchical_rings_follow_each_machine_kinds_links():
+    topology = load_cluster("dgx-a100:1,ndv2:1")
+    rings = machines_local_rings(topology)
+    ndv2 = load_topology("ndv2")
+    assert rings[1] == local_rings(ndv2) and rings[0] != rings[1]
+    for ring in rings[1]:  # NVLink all the way round inside the NDv2 (machine 0's A100 order would not be)
+        assert all(ndv2.link(f"gpu{a}", f"gpu{b}") is not None for a, b in zip(ring, ring[1:] + ring[:1]))
+    algorithm = build_baseline("hierarchical", topology, "allreduce")
+    assert_valid_algorithm(algorithm)
+    assert "n1: " in algorithm.meta("local_rings")
+    inputs = make_inputs(algorithm, 3, torch.float32, seed=5)
+    kept = [tensor.clone() for tensor in inputs]
+    for got, want in zip(run_threads(algorithm, inputs, 3), expected(algorithm, kept, "sum")):
+        assert torch.equal(got, want)
+
+
+# AllReduce runs a reduce-scatter and an allgather lap; hierarchical ReduceScatter shares its builder with AllGather
+CLUSTER_CASES = [
+    ("ring", "allreduce"),
+    ("tree", "allreduce"),
+    ("hierarchical", "allreduce"),
+    ("hierarchical", "reducescatter"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(TARGET_CLUSTERS))
+@pytest.mark.parametrize(("kind", "collective"), CLUSTER_CASES)
+def test_baselines_verify_and_simulate_on_target_clusters(name, kind, collective):
+    topology = load_cluster(**TARGET_CLUSTERS[name])
+    algorithm = build_baseline(kind, topology, collective, 2 if kind == "tree" else 1, channels=1)
+    assert_valid_algorithm(algorithm)
+    result = simulate(algorithm, topology, 16 << 20)
+    assert result.bound_time_us <= result.time_us * (1 + 1e-9)  # never faster than the cut bound
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TARGET_CLUSTERS))
+def test_default_baselines_verify_on_target_clusters(name):
+    topology = load_cluster(**TARGET_CLUSTERS[name])
+    for collective in COLLECTIVES:
+        for algorithm in all_baselines(topology, collective, size_bytes=64 << 20):
+            assert_valid_algorithm(algorithm)
+            assert simulate(algorithm, topology, 64 << 20).fraction_of_bound > 0.2
+
+
+def test_trees_baseline_on_a_small_mixed_cluster_with_a_nic_down():
+    topology = load_cluster("dgx-a100:1,ndv2:1", nics_down=["0:nic0"])
+    algorithm = build_baseline("trees", topology, "allreduce")
+    assert_valid_algorithm(algorithm)
+    assert simulate(algorithm, topology, 16 << 20).fraction_of_bound > 0.5
+
+
+def test_ring_built_for_the_nic_down_cluster_beats_the_healthy_ring_on_it():
+    degraded = load_cluster(**A100_NIC_DOWN)
+    built_here = build_baseline("ring", degraded, "allgather")
+    healthy = build_baseline("ring", load_topology("dgx-a100", nodes=4), "allgather")
+    assert built_here.num_channels == 7 and healthy.num_channels == 8
+    size = 256 << 20
+    here, there = simulate(built_here, degraded, size), simulate(healthy, degraded, size)
+    # the healthy rings push two channels through n1.nic2 each way; seven rails keep one per NIC
+    assert there.time_us > 1.5 * here.time_us
+    assert here.fraction_of_bound > 0.7
+
+
+@pytest.mark.parametrize(("kind", "collective"), [("ring", "allgather"), ("tree", "allreduce")])
+def test_nic_down_baselines_export_to_msccl_and_read_back_verified(kind, collective):
+    from taccl_py.msccl import generate_msccl_xml, parse_msccl_xml
+
+    topology = load_cluster(**A100_NIC_DOWN)
+    algorithm = build_baseline(kind, topology, collective, channels=2)
+    text = generate_msccl_xml(algorithm)
+    imported = parse_msccl_xml(text)
+    assert_valid_algorithm(imported)
+    assert imported.num_ranks == 32 and generate_msccl_xml(imported) == text
+    # the simulator times the imported algorithm as it timed the built one
+    assert simulate(imported, topology, 16 << 20).time_us == pytest.approx(
+        simulate(algorithm, topology, 16 << 20).time_us
+    )

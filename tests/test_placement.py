@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from taccl_py.baselines._orders import nic_ranks
 from taccl_py.cli import main
 from taccl_py.errors import ArgumentError
 from taccl_py.placement import (
@@ -18,6 +19,7 @@ from taccl_py.placement import (
     stage_cost_matrix_us,
 )
 from taccl_py.topology import load_topology, route
+from taccl_py.topology.cluster import load_cluster
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
 MB = 1_000_000
@@ -204,3 +206,39 @@ def test_chain_tables_return_paths_with_the_tabled_cost() -> None:
                 path = table.paths(first, last, length)
                 assert (path[0], path[-1], len(set(path))) == (first, last, length)
                 assert path_cost(costs, path) == pytest.approx(value)
+
+
+# -- clusters ---------------------------------------------------------------------------------------------
+
+
+def _crossing_hops(topology, result):
+    return [hop for hop in result.hops if topology.node_of(hop.src_rank) != topology.node_of(hop.dst_rank)]
+
+
+@pytest.mark.parametrize(
+    ("machine", "down"), [("dgx1", ["1:nic0", "1:nic1"]), ("dgx-h100", ["1:nic0"])], ids=["dgx1", "dgx-h100"]
+)
+def test_stage_boundaries_sit_next_to_the_nics_that_work(machine, down):
+    topology = load_cluster(topology=machine, nodes=2, nics_down=down)
+    result = place_pipeline(topology, topology.num_ranks)
+    (hop,) = _crossing_hops(topology, result)
+    for rank in (hop.src_rank, hop.dst_rank):
+        assert rank in nic_ranks(topology, topology.node_of(rank))
+    assert hop.link_kinds == ("pcie", "pcie", "ib", "ib", "pcie", "pcie")  # GPU, its NIC, the network, a NIC, GPU
+    # the other NICs are as fast as the lost ones: the placement loses nothing against the healthy pair
+    healthy = place_pipeline(load_topology(machine, nodes=2), topology.num_ranks)
+    assert result.time_us == pytest.approx(healthy.time_us, rel=1e-9)
+    assert result.time_us == pytest.approx(pipeline_time_us(topology, result.stage_ranks), rel=1e-9)
+
+
+def test_placement_on_a_mixed_cluster_uses_each_machines_links():
+    topology = load_cluster("dgx-a100:1,ndv2:1")
+    result = place_pipeline(topology, 16)
+    assert sorted(result.stage_ranks) == list(range(16))
+    assert result.time_us < result.naive_time_us
+    assert result.cuda_visible_devices().keys() == {0, 1}
+    # inside the NDv2 every boundary rides NVLink; the A100's ride its NVSwitch
+    ndv2_hops = [hop for hop in result.hops if topology.node_of(hop.src_rank) == topology.node_of(hop.dst_rank) == 1]
+    assert len(ndv2_hops) == 7 and all(hop.link_kinds == ("nvlink",) for hop in ndv2_hops)
+    (crossing,) = _crossing_hops(topology, result)
+    assert crossing.dst_rank in nic_ranks(topology, 1)

@@ -14,9 +14,11 @@ from collections.abc import Callable, Sequence
 
 import networkx as nx
 
+from taccl_py.topology.builtins import nic_affinity
+from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, SWITCHING_KINDS, Topology, VertexKind, route
 
-__all__ = ["node_ranks", "best_path", "disjoint_cycles", "nic_orders"]
+__all__ = ["node_ranks", "best_path", "disjoint_cycles", "nic_orders", "nic_rank_orders", "rail_nics", "nic_ranks"]
 
 # Depth-first expansions tried per bandwidth threshold before giving up on it: enough for an
 # exhaustive search over 8 GPUs (7! orders) and for the dense graphs of larger nodes.
@@ -177,3 +179,45 @@ def nic_orders(topology: Topology, node: int) -> tuple[tuple[int, ...], ...]:
         cost = {r: lengths.get(topology.gpu(r).name, float("inf")) for r in ranks}
         orders.append(tuple(sorted(ranks, key=lambda r: (cost[r], r))))
     return tuple(orders)
+
+
+def nic_rank_orders(topology: Topology, node: int) -> dict[str, tuple[int, ...]]:
+    """Return ``nic_orders`` of machine ``node`` keyed by NIC vertex name (empty without NICs)."""
+    names = [nic.name for nic in topology.nics(node)]
+    return dict(zip(names, nic_orders(topology, node))) if names else {}
+
+
+def nic_ranks(topology: Topology, node: int) -> frozenset[int]:
+    """Return the ranks of machine ``node`` next to a NIC that is up (``nic_affinity``'s nearest GPUs).
+
+    A GPU outside this set reaches the network only over a host or PCIe detour to another GPU's
+    NIC (its own NIC is down, or it never had one close), so rings and trees do not cross
+    machines there.
+    """
+    affinity = nic_affinity(topology)
+    return frozenset(rank for nic in topology.nics(node) for rank in affinity[nic.name])
+
+
+def rail_nics(topology: Topology) -> tuple[tuple[str, ...], ...]:
+    """Return per machine the NICs (vertex names) that channel c of a cross-machine ring or tree uses.
+
+    Every machine gives as many rails as the machine with the fewest NICs up has, so each NIC
+    carries at most one channel per direction. NICs up on every machine come first, in machine
+    0's order, so a channel keeps one NIC index (one rail) wherever it can and a NIC that is
+    down on one machine is left out on every machine; each machine's other NICs fill up in
+    file order.
+    """
+    names = [[_local_name(topology, nic.name, node) for nic in topology.nics(node)] for node in range(topology.nodes)]
+    width = min(len(local) for local in names)
+    common = [name for name in names[0] if all(name in local for local in names)]
+    rails = []
+    for node, local in enumerate(names):
+        chosen = common + [name for name in local if name not in common]
+        prefix = node_prefix(node) if topology.nodes > 1 else ""
+        rails.append(tuple(prefix + name for name in chosen[:width]))
+    return tuple(rails)
+
+
+def _local_name(topology: Topology, name: str, node: int) -> str:
+    prefix = node_prefix(node)
+    return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name

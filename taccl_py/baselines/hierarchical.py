@@ -7,9 +7,10 @@
   machine (each GPU forwards what it gathered from the other machines).
 * ReduceScatter: the reverse, reduce-scatter inside every machine, then across machines.
 
-Inside a machine channel c follows the c-th of ``machine_rings`` (NVLink cycles on
-NDv2/DGX-1, both directions, the double-NVLink one twice); a rank's data is split over the channels and each
-channel's share into ``chunks`` pieces. With one machine this is the ring algorithm.
+Inside a machine channel c follows the c-th of that machine's ``machine_rings`` (NVLink cycles on
+NDv2/DGX-1, both directions, the double-NVLink one twice; machines of another kind get their own
+rings); a rank's data is split over the channels and each channel's share into ``chunks``
+pieces. With one machine this is the ring algorithm.
 """
 
 from __future__ import annotations
@@ -23,42 +24,59 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.topology.fingerprint import node_signatures
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
-__all__ = ["local_rings", "hierarchical_algorithm"]
+__all__ = ["local_rings", "machines_local_rings", "hierarchical_algorithm"]
 
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 Items = list[Transfer | LocalCopy]
 
 
-def local_rings(topology: Topology, channels: int | None = None) -> tuple[tuple[int, ...], ...]:
-    """Return one ring of local indices per channel, the same in every machine.
+def local_rings(topology: Topology, channels: int | None = None, node: int = 0) -> tuple[tuple[int, ...], ...]:
+    """Return one ring of local indices per channel inside machine ``node``.
 
-    The rings are ``machine_rings`` (machine 0's link-disjoint cycles, both ways, weighted by
+    The rings are ``machine_rings`` (the machine's link-disjoint cycles, both ways, weighted by
     speed); ``channels`` defaults to their number and reuses them cyclically.
     """
-    local = {rank: i for i, rank in enumerate(node_ranks(topology, 0))}
-    candidates = [tuple(local[r] for r in ring) for ring in machine_rings(topology)]
+    local = {rank: i for i, rank in enumerate(node_ranks(topology, node))}
+    candidates = [tuple(local[r] for r in ring) for ring in machine_rings(topology, node)]
     count = len(candidates) if channels is None else channels
     if not 1 <= count <= MAX_CHANNELS:
         raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_CHANNELS}")
     return tuple(candidates[k % len(candidates)] for k in range(count))
 
 
-class _Grid:
-    """Ranks as (machine, local index) with the per-channel local rings."""
+def machines_local_rings(topology: Topology, channels: int | None = None) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Return ``local_rings`` of every machine, all with the same channel count.
 
-    def __init__(self, topology: Topology, rings: tuple[tuple[int, ...], ...]) -> None:
+    Machines of one kind (equal ``node_signature``) share their rings; machines of different
+    kinds each get their own, and ``channels`` defaults to the most rings any machine has.
+    """
+    signatures = node_signatures(topology) if topology.nodes > 1 else ("",)
+    by_kind: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for node, signature in enumerate(signatures):
+        if signature not in by_kind:
+            by_kind[signature] = local_rings(topology, channels, node)
+    count = max(len(rings) for rings in by_kind.values())
+    return tuple(tuple(by_kind[s][k % len(by_kind[s])] for k in range(count)) for s in signatures)
+
+
+class _Grid:
+    """Ranks as (machine, local index) with every machine's per-channel local rings."""
+
+    def __init__(self, topology: Topology, rings: tuple[tuple[tuple[int, ...], ...], ...]) -> None:
         self.nodes = topology.nodes
         self.local = topology.gpus_per_node
         self.rings = rings
+        self.channels = len(rings[0])
 
     def rank(self, node: int, local: int) -> int:
         return node * self.local + local
 
     def node_ring(self, node: int, channel: int) -> list[int]:
-        return [self.rank(node, local) for local in self.rings[channel]]
+        return [self.rank(node, local) for local in self.rings[node][channel]]
 
     def cross_ring(self, local: int) -> list[int]:
         return [self.rank(node, local) for node in range(self.nodes)]
@@ -68,9 +86,9 @@ def _intra(grid: _Grid, owned_by_local, buffer: Buffer, reduce: bool) -> Items:
     """Run a ring step inside every machine on every channel; ``owned_by_local(node, local, channel)``."""
     make = ring_reducescatter_items if reduce else ring_allgather_items
     items: Items = []
-    for channel, ring in enumerate(grid.rings):
+    for channel in range(grid.channels):
         for node in range(grid.nodes):
-            owned = [owned_by_local(node, local, channel) for local in ring]
+            owned = [owned_by_local(node, local, channel) for local in grid.rings[node][channel]]
             items += make(grid.node_ring(node, channel), owned, buffer, channel)
     return items
 
@@ -83,13 +101,13 @@ def _cross(grid: _Grid, owned_by_node, buffer: Buffer, reduce: bool) -> Items:
     items: Items = []
     for local in range(grid.local):
         owned = [owned_by_node(node, local) for node in range(grid.nodes)]
-        items += make(grid.cross_ring(local), owned, buffer, len(grid.rings))
+        items += make(grid.cross_ring(local), owned, buffer, grid.channels)
     return items
 
 
 def _allreduce_items(grid: _Grid, chunks: int) -> tuple[int, Items]:
     """Chunk (local l, channel c, piece p, machine m) sits at ((l*K + c)*P + p)*nodes + m."""
-    k, n = len(grid.rings), grid.nodes
+    k, n = grid.channels, grid.nodes
     total = grid.local * k * chunks * n
 
     def block(local: int, channel: int) -> list[Piece]:  # local l's pieces on channel c, all machines
@@ -108,7 +126,7 @@ def _allreduce_items(grid: _Grid, chunks: int) -> tuple[int, Items]:
 
 def _gather_items(grid: _Grid, chunks: int, reduce: bool) -> tuple[int, Items]:
     """AllGather (reduce False) or ReduceScatter (True); rank r's chunks are r*U .. r*U+U-1, U = K*P."""
-    units = len(grid.rings) * chunks
+    units = grid.channels * chunks
     ranks = grid.nodes * grid.local
 
     def own(node: int, local: int) -> list[Piece]:
@@ -139,7 +157,7 @@ def hierarchical_algorithm(
     Parameters
     ----------
     topology : Topology
-        The machine(s); every machine has the same local rings (``local_rings``).
+        The machine(s); each machine kind has its own local rings (``machines_local_rings``).
     collective : Collective
         allgather, reducescatter or allreduce.
     channels : int, optional
@@ -165,10 +183,10 @@ def hierarchical_algorithm(
     pieces = 1 if chunks is None else chunks
     if pieces < 1:
         raise ArgumentError(topology.name, "chunks", f"{pieces} chunks", "at least 1 chunk per channel")
-    rings = local_rings(topology, channels)
-    if len(rings) + 1 > MAX_CHANNELS and topology.nodes > 1:
+    rings = machines_local_rings(topology, channels)
+    if len(rings[0]) + 1 > MAX_CHANNELS and topology.nodes > 1:
         raise ArgumentError(
-            topology.name, "channels", f"{len(rings)} channels", f"1..{MAX_CHANNELS - 1} (one more crosses machines)"
+            topology.name, "channels", f"{len(rings[0])} channels", f"1..{MAX_CHANNELS - 1} (one more crosses machines)"
         )
     grid = _Grid(topology, rings)
     if collective is Collective.ALLREDUCE:
@@ -183,6 +201,14 @@ def hierarchical_algorithm(
         ("topology", topology.name),
         ("channels", str(channels)),
         ("chunks", str(pieces)),
-        ("local_rings", "; ".join(" ".join(map(str, ring)) for ring in rings)),
+        ("local_rings", _rings_text(rings)),
     )
     return check_algorithm(replace(algorithm, name=f"hierarchical-{channels}ch-{pieces}p", metadata=metadata))
+
+
+def _rings_text(rings: tuple[tuple[tuple[int, ...], ...], ...]) -> str:
+    """Return ``"0 1 2; 0 2 1"``, or per machine ``"n0: ...| n1: ..."`` when the machines' rings differ."""
+    texts = ["; ".join(" ".join(map(str, ring)) for ring in node_rings) for node_rings in rings]
+    if all(text == texts[0] for text in texts):
+        return texts[0]
+    return " | ".join(f"n{node}: {text}" for node, text in enumerate(texts))

@@ -10,16 +10,18 @@ Ring orders follow what NCCL builds on the machine:
   single-NVLink one), each run in both directions (the two directions of a link are separate
   resources). A cycle whose bottleneck is k times the slowest chosen one gets k channels per
   direction, so every channel carries about the same time's worth of data.
-* Several machines: channel c crosses between machines through NIC ``c mod nics``: in every
-  machine the ring enters at a GPU next to that NIC and leaves at another GPU next to the same
-  NIC, with a Hamiltonian path over the fastest pairs in between, so the hop between machines
-  stays on one NIC index (one rail) and different channels use different NICs. With one NIC a
-  second channel runs the same ring in the opposite direction.
+* Several machines: channel c crosses between machines through rail c (``rail_nics``: one
+  working NIC per machine, as many rails as the machine with the fewest working NICs has, the
+  same NIC index on every machine where it is up): in every machine the ring leaves at the GPU
+  nearest that NIC and enters at another GPU next to a working NIC, with a Hamiltonian path
+  over the fastest pairs in between, so different channels use different NICs and no hop
+  between machines starts or ends at a GPU whose NIC is down. With one rail a second channel
+  runs the same ring in the opposite direction.
 """
 
 from __future__ import annotations
 
-from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
+from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_rank_orders, nic_ranks, node_ranks, rail_nics
 from taccl_py.baselines._plans import ring_allgather_items, ring_reducescatter_items
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
@@ -36,13 +38,13 @@ MAX_WEIGHT = 4  # at most this many channels per cycle direction when link speed
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 
 
-def machine_rings(topology: Topology) -> tuple[tuple[int, ...], ...]:
-    """Return the rings over machine 0's ranks: its link-disjoint cycles, both ways, weighted.
+def machine_rings(topology: Topology, node: int = 0) -> tuple[tuple[int, ...], ...]:
+    """Return the rings over machine ``node``'s ranks: its link-disjoint cycles, both ways, weighted.
 
     A cycle whose bottleneck is k times the slowest chosen one appears k times per direction
     (at most ``MAX_WEIGHT``); the first copies of every ring come first.
     """
-    ranks = node_ranks(topology, 0)
+    ranks = node_ranks(topology, node)
     if len(ranks) < 3:
         return (ranks,)
     cycles = disjoint_cycles(topology, ranks)
@@ -57,24 +59,35 @@ def machine_rings(topology: Topology) -> tuple[tuple[int, ...], ...]:
 
 
 def _multi_node_rings(topology: Topology) -> list[tuple[int, ...]]:
-    orders = [nic_orders(topology, node) for node in range(topology.nodes)]
+    rails = rail_nics(topology)
+    orders = [nic_rank_orders(topology, node) for node in range(topology.nodes)]
+    endpoints = [nic_ranks(topology, node) for node in range(topology.nodes)]
     rings: list[tuple[int, ...]] = []
     entries: list[set[int]] = [set() for _ in range(topology.nodes)]
-    for nic in range(len(orders[0])):
+    for rail in range(len(rails[0])):
         ring: list[int] = []
         for node in range(topology.nodes):
-            near = orders[node][nic]
+            near = orders[node][rails[node][rail]]
             exit_rank = near[0]
-            # the nearest other GPU no earlier channel enters by: with one NIC per GPU this
-            # spreads the entries (and the NICs their inbound routes use) over all GPUs
-            others = [r for r in near[1:] if r not in entries[node]] or list(near[1:]) or [exit_rank]
-            entry_rank = others[0]
+            entry_rank = _entry_rank(near, entries[node], endpoints[node])
             entries[node].add(entry_rank)
             ring += best_path(topology, node_ranks(topology, node), entry_rank, exit_rank)[0]
         rings.append(tuple(ring))
     if len(rings) == 1:
         rings.append((rings[0][0],) + tuple(reversed(rings[0][1:])))
     return rings
+
+
+def _entry_rank(near: tuple[int, ...], taken: set[int], endpoints: frozenset[int]) -> int:
+    """Return the GPU a ring enters a machine by, given its exit ``near[0]`` (nearest the rail's NIC).
+
+    The nearest other GPU next to a working NIC that no earlier channel enters by: with one NIC
+    per GPU this spreads the entries (and the NICs their inbound routes use) over all GPUs, and
+    a GPU whose NIC is down is never an entry (its route would detour over the host).
+    """
+    usable = [rank for rank in near[1:] if rank in endpoints]
+    fresh = [rank for rank in usable if rank not in taken]
+    return (fresh or usable or list(near[1:]) or [near[0]])[0]
 
 
 def ring_steps_per_threadblock(collective: Collective | str, num_ranks: int, chunks: int) -> int:

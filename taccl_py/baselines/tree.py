@@ -7,8 +7,9 @@ each other so the climb of one overlaps the descent of the previous one (a pipel
 * Several machines: the trees span the machines; inside each machine the GPUs form a chain
   (a Hamiltonian path over the fastest pairs) headed by the GPU next to the channel's NIC,
   and the head talks to the heads of the parent and child machines. Channel k runs tree
-  ``k mod 2`` through NIC ``(k // 2) mod nics``, so the default ``2 * nics`` channels use
-  every NIC.
+  ``k mod 2`` through rail ``(k // 2) mod rails`` (``rail_nics``: one working NIC per
+  machine), so the default ``2 * rails`` channels use every rail and no head sits behind a
+  NIC that is down.
 * One machine: when every GPU pair is equally fast (a switch, a uniform mesh) the trees span
   the GPUs directly, in the order of the fastest ring; otherwise (NVLink meshes, PCIe trees),
   as NCCL does inside a machine, each tree is a chain along the fastest Hamiltonian cycle, the
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_orders, node_ranks
+from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_rank_orders, node_ranks, rail_nics
 from taccl_py.baselines._plans import binary_tree_parents, complement_tree_parents, tree_allreduce_items
 from taccl_py.baselines.ring import MAX_CHANNELS
 from taccl_py.errors import ArgumentError
@@ -60,7 +61,7 @@ def tree_parents(topology: Topology, channel: int) -> dict[int, int | None]:
     """Return the rank tree (rank -> parent rank, None at the root) of ``channel``.
 
     Even channels use the first binary tree, odd ones its complement; across machines channel
-    k's chains are headed by the GPUs next to NIC ``(k // 2) mod nics``.
+    k's chains are headed by the GPUs nearest rail ``(k // 2) mod rails``'s NIC.
 
     >>> from taccl_py.topology import load_topology
     >>> tree_parents(load_topology("ndv2", nodes=2), 0)[8]
@@ -78,9 +79,9 @@ def tree_parents(topology: Topology, channel: int) -> dict[int, int | None]:
         return {rank: previous for previous, rank in zip([None] + order, order)}
     parents: dict[int, int | None] = {}
     heads = []
+    rails = rail_nics(topology)
     for node in range(topology.nodes):
-        orders = nic_orders(topology, node)
-        head = orders[(channel // 2) % len(orders)][0]
+        head = nic_rank_orders(topology, node)[rails[node][(channel // 2) % len(rails[node])]][0]
         chain = best_path(topology, node_ranks(topology, node), head)[0]
         parents.update({rank: previous for previous, rank in zip(chain, chain[1:])})
         heads.append(head)
@@ -125,8 +126,8 @@ def default_tree_chunks(topology: Topology, size_bytes: int, channels: int) -> i
 
 
 def default_tree_channels(topology: Topology) -> int:
-    """Return the default number of trees: 2 on one machine, 2 per NIC across machines (<= 32)."""
-    return 2 if topology.nodes == 1 else min(MAX_CHANNELS, 2 * max(1, len(topology.nics(0))))
+    """Return the default number of trees: 2 on one machine, 2 per rail (``rail_nics``) across machines (<= 32)."""
+    return 2 if topology.nodes == 1 else min(MAX_CHANNELS, 2 * max(1, len(rail_nics(topology)[0])))
 
 
 def tree_algorithm(

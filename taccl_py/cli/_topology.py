@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from taccl_py.topology.cluster import load_cluster
+from taccl_py.topology.cluster import Cluster, cluster_topology, describe_cluster
 from taccl_py.topology.model import Topology
 
-__all__ = ["add_topology_options", "topology_from_args"]
+__all__ = ["add_topology_options", "cluster_from_args", "topology_from_args"]
 
 TOPOLOGY_HELP = "a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import"
 CLUSTER_HELP = (
@@ -42,8 +42,8 @@ def add_topology_options(parser: argparse.ArgumentParser, *, positional: bool = 
     )
 
 
-def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> Topology:
-    """Return the topology the options name; ``nodes`` overrides ``args.nodes`` (e.g. from a sketch)."""
+def cluster_from_args(args: argparse.Namespace, nodes: int | None = None) -> Cluster:
+    """Return the cluster the options describe; ``nodes`` overrides ``args.nodes`` (e.g. from a sketch)."""
     from taccl_py.errors import ArgumentError
 
     count = nodes if nodes is not None else (args.nodes if args.nodes is not None else 1)
@@ -52,6 +52,11 @@ def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> To
         raise ArgumentError(args.cluster, "--cluster", f"given with {given}", "either --cluster or --topology/--nodes")
     if args.cluster is None and args.topology is None:
         raise ArgumentError(None, "--topology", "no topology given", "--topology TOPO (with --nodes) or --cluster SPEC")
-    return load_cluster(
+    return describe_cluster(
         args.cluster, topology=args.topology, nodes=count, nics_down=args.nic_down, nic_speeds=args.nic_speed
     )
+
+
+def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> Topology:
+    """Return the topology the options name; ``nodes`` overrides ``args.nodes`` (e.g. from a sketch)."""
+    return cluster_topology(cluster_from_args(args, nodes))

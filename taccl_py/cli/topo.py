@@ -8,10 +8,12 @@ from collections.abc import Sequence
 
 from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
-from taccl_py.cli._topology import add_topology_options, topology_from_args
+from taccl_py.cli._topology import add_topology_options, cluster_from_args, topology_from_args
 from taccl_py.ir.collectives import Collective
 from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
+from taccl_py.topology.cluster import NodeStatus, cluster_topology, node_statuses
+from taccl_py.topology.fingerprint import cluster_fingerprint
 from taccl_py.topology.model import Topology
 from taccl_py.topology.schema import write_topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
@@ -117,7 +119,9 @@ def _bound_record(bound: LowerBound) -> dict[str, object]:
 
 def _run_show(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes, "--sizes")
-    topology = topology_from_args(args)
+    cluster = cluster_from_args(args)
+    topology = cluster_topology(cluster)
+    machines = node_statuses(topology, cluster)
     bounds = [bound for collective in _BOUND_COLLECTIVES for bound in lower_bounds(topology, collective, sizes)]
     affinity = nic_affinity(topology)
     nics = [
@@ -139,20 +143,55 @@ def _run_show(args: argparse.Namespace) -> int:
             "nodes": topology.nodes,
             "gpus": topology.num_ranks,
             "gpus_per_node": topology.gpus_per_node,
+            "fingerprint": cluster_fingerprint(topology),
+            "machines": [_machine_record(status) for status in machines],
             "nics": nics,
             "link_classes": _link_classes(topology),
             "lower_bounds": [_bound_record(bound) for bound in bounds],
         }
         print(json.dumps(document, indent=2))
         return 0
-    _print_show(topology, nics, bounds)
+    _print_show(topology, machines, nics, bounds)
     return 0
 
 
-def _print_show(topology: Topology, nics: Sequence[dict], bounds: Sequence[LowerBound]) -> None:
+def _machine_record(status: NodeStatus) -> dict[str, object]:
+    return {
+        "node": status.node,
+        "machine": status.machine,
+        "ranks": list(status.ranks),
+        "nics_up": [{"name": name, "net_bandwidth_GBps": speed} for name, speed in status.nics_up],
+        "nics_down": list(status.nics_down),
+    }
+
+
+def _nics_by_speed(nics: Sequence[tuple[str, float | None]]) -> str:
+    """Return ``nic0,nic1 @25; nic2 @12.5``: the NICs grouped by network speed (GB/s), first seen first."""
+    groups: dict[float | None, list[str]] = {}
+    for name, speed in nics:
+        groups.setdefault(speed, []).append(name)
+    return "; ".join(",".join(names) + f" @{_number(speed)}" for speed, names in groups.items()) or "-"
+
+
+def _print_show(
+    topology: Topology, machines: Sequence[NodeStatus], nics: Sequence[dict], bounds: Sequence[LowerBound]
+) -> None:
     print(f"{topology.name}: {topology.description}")
     print(f"GPUs: {topology.num_ranks} ({topology.nodes} node(s) x {topology.gpus_per_node}), NICs: {len(nics)}")
     print()
+    if topology.nodes > 1 or any(status.nics_down for status in machines):
+        machine_rows = [
+            (
+                status.node,
+                status.machine,
+                _ranks(status.ranks),
+                _nics_by_speed(status.nics_up),
+                ",".join(status.nics_down) or "-",
+            )
+            for status in machines
+        ]
+        print(_left_last(format_table(("node", "machine", "GPUs", "NICs up @GB/s", "NICs down"), machine_rows)))
+        print()
     nic_rows = [
         (
             nic["name"],

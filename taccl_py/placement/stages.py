@@ -11,7 +11,10 @@ The family of placements searched: one GPU per stage, each node hosting one cont
 block of stages (possibly empty), nodes visited in index order. This is how pipeline
 launchers lay stages out (consecutive stages per machine, so only block boundaries cross
 the network); for identical nodes joined by one network switch (``compose_nodes``) the
-order of the nodes does not change the cost, so the result is exact over every node order.
+order of the nodes does not change the cost, so the result is exact over every node order. In a
+cluster of different machines, or with NICs down or slower on some, the nodes keep their rank
+order (the launcher's) and the result is exact within it; a GPU whose NIC is down reaches the
+network only over a longer PCIe/host route, so block boundaries land on GPUs next to working NICs.
 
 Method: ``"exact"`` (the default up to ``EXACT_MAX_GPUS_PER_NODE`` GPUs per node) runs a
 Held-Karp dynamic programme over subsets of each node's GPUs, giving the cheapest simple

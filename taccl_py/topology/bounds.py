@@ -267,12 +267,23 @@ def _cut_bound(topology: Topology, links: tuple[Link, ...], reverse: bool) -> Cu
 
 
 def _describe(topology: Topology, inside_gpus: tuple, links: tuple[Link, ...], capacity: float, reverse: bool) -> str:
-    """Return e.g. ``NIC cut: node 0 (8 GPUs): 9.524 GB/s leaving over 1 ib link``."""
+    """Return e.g. ``NIC cut: node 0 (8 GPUs): 9.524 GB/s leaving over 1 ib link``.
+
+    A set of whole nodes that misses exactly one node is named by that node, with the direction
+    turned (``node 1 (8 GPUs): 168 GB/s entering over 7 pcie links``): the same links, read from
+    the node whose NICs or PCIe bind.
+    """
     outside = [v for v in topology.gpus if v not in inside_gpus]
     nodes = sorted({v.node for v in inside_gpus})
+    outside_nodes = sorted({v.node for v in outside})
     crossing = "entering" if reverse else "leaving"
     network = all(link.kind in _NETWORK_KINDS for link in links)
-    if topology.nodes > 1 and len(inside_gpus) == len(nodes) * topology.gpus_per_node:
+    whole_nodes = len(inside_gpus) == len(nodes) * topology.gpus_per_node
+    if topology.nodes > 1 and whole_nodes and len(nodes) > 1 and len(outside_nodes) == 1:
+        label = "NIC cut" if network else "node cut"
+        what = f"node {outside_nodes[0]} ({len(outside)} GPUs)"
+        crossing = "leaving" if reverse else "entering"
+    elif topology.nodes > 1 and whole_nodes:
         label = "NIC cut" if network else "node cut"
         what = (
             f"node {nodes[0]}" if len(nodes) == 1 else "nodes " + ",".join(map(str, nodes))

@@ -10,24 +10,33 @@ no route, bound or schedule can use it; a NIC's speed override changes its netwo
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from taccl_py._io import read_text
 from taccl_py.errors import ArgumentError, TopologyError
-from taccl_py.topology.compose import compose_machines
+from taccl_py.topology.cluster_file import (
+    CLUSTER_SCHEMA,
+    MAX_CLUSTER_NODES,
+    Cluster,
+    ClusterNode,
+    is_builtin_machine,
+    parse_cluster,
+    read_cluster,
+)
+from taccl_py.topology.compose import compose_machines, node_prefix
 from taccl_py.topology.model import Topology, VertexKind, make_topology
 
 __all__ = [
     "CLUSTER_SCHEMA",
     "Cluster",
     "ClusterNode",
+    "NodeStatus",
     "cluster_topology",
+    "describe_cluster",
     "load_cluster",
+    "node_statuses",
     "parse_cluster",
     "parse_cluster_spec",
     "parse_nic_down",
@@ -35,124 +44,6 @@ __all__ = [
     "read_cluster",
     "with_overrides",
 ]
-
-CLUSTER_SCHEMA = "taccl-cluster/1"
-_TOP_FIELDS = ("schema", "name", "description", "nodes", "network")
-_NODE_FIELDS = ("machine", "count", "nics_down", "nic_speed_GBps")
-_NETWORK_FIELDS = ("alpha_us",)
-
-
-@dataclass(frozen=True)
-class ClusterNode:
-    """One machine of a cluster: a built-in name or a topology file, and what differs on it.
-
-    ``nic_speeds`` holds (NIC name, GB/s per direction) pairs for the NICs' network ports.
-    """
-
-    machine: str
-    nics_down: tuple[str, ...] = ()
-    nic_speeds: tuple[tuple[str, float], ...] = ()
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Machines in rank order (node k holds ranks k*G .. k*G+G-1) and the network between them.
-
-    ``network_alpha_us`` replaces every NIC's own network latency (µs) when given.
-    """
-
-    nodes: tuple[ClusterNode, ...]
-    name: str | None = None
-    description: str = ""
-    network_alpha_us: float | None = None
-    source: str = "<cluster>"
-
-
-# -- reading ---------------------------------------------------------------------------------------
-
-
-def parse_cluster(text: str, source: str = "<string>", base: Path | None = None) -> Cluster:
-    """Return the cluster of a ``taccl-cluster/1`` document; machine paths are relative to ``base``."""
-    try:
-        document = json.loads(text)
-    except ValueError as err:
-        raise TopologyError(source, None, f"not JSON ({err})", "a taccl-cluster/1 JSON object") from None
-    if not isinstance(document, dict):
-        raise TopologyError(source, None, f"a JSON {type(document).__name__}", "a taccl-cluster/1 JSON object")
-    _check_fields(document, _TOP_FIELDS, source, "")
-    if document.get("schema") != CLUSTER_SCHEMA:
-        raise TopologyError(source, "schema", f"{document.get('schema')!r}", repr(CLUSTER_SCHEMA))
-    entries = document.get("nodes")
-    if not isinstance(entries, list) or not entries:
-        raise TopologyError(source, "nodes", f"{entries!r}", "a non-empty list of node objects")
-    nodes: list[ClusterNode] = []
-    for index, entry in enumerate(entries):
-        node, count = _parse_node(entry, source, f"nodes[{index}]", base)
-        nodes.extend([node] * count)
-    network = document.get("network", {})
-    if not isinstance(network, dict):
-        raise TopologyError(source, "network", f"{network!r}", "an object")
-    _check_fields(network, _NETWORK_FIELDS, source, "network.")
-    alpha = network.get("alpha_us")
-    if alpha is not None:
-        alpha = _number(alpha, source, "network.alpha_us", positive=False)
-    name = document.get("name")
-    if name is not None and (not isinstance(name, str) or not name):
-        raise TopologyError(source, "name", f"{name!r}", "a non-empty string")
-    description = document.get("description", "")
-    if not isinstance(description, str):
-        raise TopologyError(source, "description", f"{description!r}", "a string")
-    return Cluster(tuple(nodes), name=name, description=description, network_alpha_us=alpha, source=source)
-
-
-def read_cluster(path: str | Path) -> Cluster:
-    """Return the cluster in the ``taccl-cluster/1`` file at ``path``."""
-    path = Path(path)
-    return parse_cluster(read_text(path, TopologyError), str(path), base=path.parent)
-
-
-def _check_fields(obj: dict, allowed: tuple[str, ...], source: str, where: str) -> None:
-    for key in obj:
-        if key not in allowed:
-            raise TopologyError(source, f"{where}{key}", "unknown field", "one of " + ", ".join(allowed))
-
-
-def _number(value: Any, source: str, field: str, positive: bool) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= 0 if positive else value < 0):
-        raise TopologyError(source, field, f"{value!r}", "a number > 0" if positive else "a number >= 0")
-    return float(value)
-
-
-def _parse_node(entry: Any, source: str, where: str, base: Path | None) -> tuple[ClusterNode, int]:
-    if not isinstance(entry, dict):
-        raise TopologyError(source, where, f"{entry!r}", "a node object with a 'machine'")
-    _check_fields(entry, _NODE_FIELDS, source, where + ".")
-    machine = entry.get("machine")
-    if not isinstance(machine, str) or not machine:
-        raise TopologyError(source, f"{where}.machine", f"{machine!r}", "a built-in machine name or a topology file")
-    if base is not None and not _is_builtin(machine) and not Path(machine).is_absolute():
-        machine = str(base / machine)
-    count = entry.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise TopologyError(source, f"{where}.count", f"{count!r}", "an integer >= 1")
-    down = entry.get("nics_down", [])
-    if not isinstance(down, list) or not all(isinstance(nic, str) for nic in down):
-        raise TopologyError(source, f"{where}.nics_down", f"{down!r}", "a list of NIC names")
-    speeds = entry.get("nic_speed_GBps", {})
-    if not isinstance(speeds, dict):
-        raise TopologyError(source, f"{where}.nic_speed_GBps", f"{speeds!r}", "an object of NIC name: GB/s")
-    pairs = tuple(
-        (nic, _number(value, source, f"{where}.nic_speed_GBps.{nic}", positive=True)) for nic, value in speeds.items()
-    )
-    return ClusterNode(machine, tuple(down), pairs), count
-
-
-def _is_builtin(machine: str) -> bool:
-    from taccl_py.topology.builtins import builtin_topology_name
-
-    return builtin_topology_name(machine) is not None
-
 
 # -- the command line's shorthand ------------------------------------------------------------------
 
@@ -163,7 +54,7 @@ def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
     >>> [node.machine for node in parse_cluster_spec("dgx-a100:2,dgx-h100").nodes]
     ['dgx-a100', 'dgx-a100', 'dgx-h100']
     """
-    if Path(text).is_file() and not _is_builtin(text):
+    if Path(text).is_file() and not is_builtin_machine(text):
         return read_cluster(text)
     nodes: list[ClusterNode] = []
     for part in text.split(","):
@@ -176,6 +67,8 @@ def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
             count = 0
         if count < 1:
             raise ArgumentError(text, option, f"count {count_text!r} of {machine}", "an integer >= 1")
+        if len(nodes) + count > MAX_CLUSTER_NODES:
+            raise ArgumentError(text, option, f"{len(nodes) + count} machines", f"at most {MAX_CLUSTER_NODES}")
         nodes.extend([ClusterNode(machine)] * count)
     return Cluster(tuple(nodes), source=option)
 
@@ -259,12 +152,45 @@ def cluster_topology(cluster: Cluster) -> Topology:
         if node.machine not in loaded:
             loaded[node.machine] = load_topology(node.machine)
         machines.append(_changed_machine(loaded[node.machine], node, index, cluster, len(cluster.nodes)))
+    name = cluster.name or _cluster_name(cluster, [loaded[node.machine] for node in cluster.nodes])
     if len(machines) == 1:
-        return machines[0]
+        # one machine has no network to join; it keeps its own name unless the cluster changed it
+        only = machines[0]
+        if name == only.name and not cluster.description:
+            return only
+        description = cluster.description or only.description
+        return make_topology(name, only.vertices, only.links, description=description, sources=only.sources)
     if cluster.network_alpha_us is not None:
         machines = [_with_network_alpha(machine, cluster.network_alpha_us) for machine in machines]
-    name = cluster.name or _cluster_name(cluster, [loaded[node.machine] for node in cluster.nodes])
     return compose_machines(machines, name, _description(cluster, machines), source=cluster.source)
+
+
+def describe_cluster(
+    cluster: str | None = None,
+    *,
+    topology: str | None = None,
+    nodes: int = 1,
+    nics_down: Sequence[str] = (),
+    nic_speeds: Sequence[str] = (),
+) -> Cluster:
+    """Return the cluster the command line's options describe (``load_cluster``'s arguments), checked.
+
+    Raises ``ArgumentError`` naming the option for a malformed value, a node index out of range,
+    a NIC the node lacks or a node left with every NIC down.
+    """
+    if cluster is not None:
+        described = parse_cluster_spec(cluster)
+    elif topology is not None:
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise ArgumentError(None, "--nodes", f"{nodes!r} nodes", "an integer >= 1")
+        described = Cluster((ClusterNode(topology),) * nodes, source=topology)
+    else:
+        raise ArgumentError(None, "--topology", "no topology and no cluster", "--topology NAME or --cluster SPEC")
+    down = [parse_nic_down(text) for text in nics_down]
+    speeds = [parse_nic_speed(text) for text in nic_speeds]
+    described = with_overrides(described, down, speeds)
+    _check_overrides(described, down, speeds)
+    return described
 
 
 def load_cluster(
@@ -281,18 +207,48 @@ def load_cluster(
     ``nodes`` give N copies of one machine. ``nics_down`` and ``nic_speeds`` are the
     ``--nic-down`` / ``--nic-speed`` texts.
     """
-    if cluster is not None:
-        described = parse_cluster_spec(cluster)
-    elif topology is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise ArgumentError(None, "--nodes", f"{nodes!r} nodes", "an integer >= 1")
-        described = Cluster((ClusterNode(topology),) * nodes, source=topology)
-    else:
-        raise ArgumentError(None, "--topology", "no topology and no cluster", "--topology NAME or --cluster SPEC")
-    described = with_overrides(
-        described, [parse_nic_down(text) for text in nics_down], [parse_nic_speed(text) for text in nic_speeds]
-    )
+    described = describe_cluster(cluster, topology=topology, nodes=nodes, nics_down=nics_down, nic_speeds=nic_speeds)
     return cluster_topology(described)
+
+
+def _check_overrides(
+    cluster: Cluster, nics_down: Sequence[tuple[int, str]], nic_speeds: Sequence[tuple[int, str, float]]
+) -> None:
+    """Raise ``ArgumentError`` naming the option for a NIC the node lacks or a node left without NICs.
+
+    ``with_overrides`` has already checked the node indices; the cluster file's own faults are
+    ``cluster_topology``'s to report.
+    """
+    from taccl_py.topology.builtins import load_topology
+
+    loaded: dict[str, Topology] = {}
+
+    def machine(node: int) -> Topology:
+        name = cluster.nodes[node].machine
+        if name not in loaded:
+            loaded[name] = load_topology(name)
+        return loaded[name]
+
+    for option, node, nic in [("--nic-down", n, nic) for n, nic in nics_down] + [
+        ("--nic-speed", n, nic) for n, nic, _ in nic_speeds
+    ]:
+        names = [v.name for v in machine(node).nics()]
+        if nic not in names:
+            raise ArgumentError(
+                f"{node}:{nic}",
+                option,
+                f"no NIC {nic!r} on node {node} ({machine(node).name})",
+                "one of " + ", ".join(names),
+            )
+    for node in sorted({n for n, _ in nics_down}):
+        names = {v.name for v in machine(node).nics()}
+        if len(cluster.nodes) > 1 and set(cluster.nodes[node].nics_down) >= names:
+            raise ArgumentError(
+                None,
+                "--nic-down",
+                f"node {node} ({machine(node).name}) cannot communicate: every NIC is down",
+                "at least one NIC up on every node",
+            )
 
 
 def _changed_machine(machine: Topology, node: ClusterNode, index: int, cluster: Cluster, count: int) -> Topology:
@@ -337,14 +293,17 @@ def _changes(node: ClusterNode) -> list[str]:
 
 
 def _cluster_name(cluster: Cluster, machines: Sequence[Topology]) -> str:
-    """Return ``dgx-a100x2+dgx-h100x2``, with ``-n1nic3down`` / ``-n0nic0at12.5G`` for each change."""
+    """Return ``dgx-a100x2+dgx-h100x2``, with ``-n1nic3down`` / ``-n0nic0at12.5G`` for each change.
+
+    One machine keeps its own name (``dgx-a100-n0nic3down``).
+    """
     runs: list[list] = []
     for machine in machines:
         if runs and runs[-1][0] == machine.name:
             runs[-1][1] += 1
         else:
             runs.append([machine.name, 1])
-    name = "+".join(f"{machine}x{count}" for machine, count in runs)
+    name = "+".join(f"{machine}x{count}" if len(machines) > 1 else machine for machine, count in runs)
     for index, node in enumerate(cluster.nodes):
         name += "".join(f"-n{index}{nic}down" for nic in node.nics_down)
         name += "".join(f"-n{index}{nic}at{speed:g}G" for nic, speed in node.nic_speeds)
@@ -362,3 +321,50 @@ def _description(cluster: Cluster, machines: Sequence[Topology]) -> str:
     if cluster.network_alpha_us is not None:
         text += f"; network alpha {cluster.network_alpha_us:g} us"
     return f"{len(machines)} machines joined by a non-blocking network switch: {text}"
+
+
+# -- what each node has ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One machine of a topology as ``taccl topo show`` lists it.
+
+    ``nics_up`` holds (NIC name relative to the node, network GB/s per direction) in file order;
+    ``nics_down`` the NICs the cluster took out.
+    """
+
+    node: int
+    machine: str
+    ranks: tuple[int, ...]
+    nics_up: tuple[tuple[str, float | None], ...]
+    nics_down: tuple[str, ...]
+
+
+def node_statuses(topology: Topology, cluster: Cluster | None = None) -> tuple[NodeStatus, ...]:
+    """Return every node's machine kind, ranks and NICs up (with speeds) and down.
+
+    ``cluster`` is the description ``topology`` was built from; without it (or when its node
+    count differs, e.g. a topology file that already spans machines) every node is named after
+    the topology and no NIC is known to be down.
+    """
+    from taccl_py.topology.builtins import load_topology
+
+    matches = cluster is not None and len(cluster.nodes) == topology.nodes
+    names: dict[str, str] = {}
+    statuses = []
+    for node in range(topology.nodes):
+        prefix = node_prefix(node) if topology.nodes > 1 else ""
+        machine, down = topology.name, ()
+        if matches:
+            entry = cluster.nodes[node]
+            if entry.machine not in names:
+                names[entry.machine] = load_topology(entry.machine).name
+            machine, down = names[entry.machine], entry.nics_down
+        up = tuple(
+            (nic.name[len(prefix) :] if nic.name.startswith(prefix) else nic.name, nic.net_bandwidth_GBps)
+            for nic in topology.nics(node)
+        )
+        ranks = tuple(gpu.rank for gpu in topology.gpus if gpu.node == node)
+        statuses.append(NodeStatus(node, machine, ranks, up, tuple(dict.fromkeys(down))))
+    return tuple(statuses)
