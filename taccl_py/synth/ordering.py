@@ -203,10 +203,19 @@ def _trees(routing: Routing, piece_bytes: float) -> tuple[list[dict[int, list[in
     the chunk: ties break the same way in every image, so symmetric routes get symmetric orders
     (at any moment every machine sends to the machine the same offset away, and no NIC or
     switch port receives from two senders at once).
+
+    Where no rotation moves each machine onto the next (machines that differ: a NIC down,
+    another kind), ties no longer break alike on every machine, and paths of unequal length
+    would send every machine's chunks to the same machine first while others idle. Sends
+    across machines then go by machine offset from the chunk's root first (its own machine's
+    sends to the next machine, then the one after), the order the rotation gives otherwise.
     """
     graph = routing.graph
     sym = chunk_symmetry(graph, routing.chunkup)
     inverse = [tuple(sorted(range(len(p)), key=p.__getitem__)) for p in graph.group]
+    gpn = graph.gpus_per_node
+    nodes = graph.num_ranks // gpn
+    by_offset = nodes > 1 and (gpn, graph.num_ranks) not in graph.rotations
     children: list[dict[int, list[int]]] = []
     priority: list[dict[int, tuple]] = []
     for c, tree in enumerate(routing.trees):
@@ -221,7 +230,11 @@ def _trees(routing: Routing, piece_bytes: float) -> tuple[list[dict[int, list[in
         for l in tree:
             link = graph.links[l]
             canonical = graph.index.get((inv[link.src], inv[link.dst]), l)
-            keys[l] = (-(link.time_us(piece_bytes) + below.get(link.dst, 0.0)), rep, canonical)
+            key = (-(link.time_us(piece_bytes) + below.get(link.dst, 0.0)), rep, canonical)
+            if by_offset and link.internode:
+                home = routing.root(c) // gpn
+                key = ((link.src // gpn - home) % nodes, (link.dst // gpn - home) % nodes, *key)
+            keys[l] = key
         priority.append(keys)
     return children, priority
 
