@@ -156,13 +156,38 @@ def _pairs_between(send: tuple[RelayGroup, ...], receive: tuple[RelayGroup, ...]
 
 
 def _groups_by_node(topology: Topology) -> tuple[tuple[RelayGroup, ...], ...]:
-    """Return every machine's relay groups, found once per distinct machine (identical ones share)."""
+    """Return every machine's relay groups, found once per distinct machine (identical ones share).
+
+    Where some machines lack a NIC the others have (one down) and leaving that NIC out on every
+    machine costs the weakest machine nothing (its NIC bandwidth bounds every machine's
+    exchange), the groups keep only the NICs every machine has: the machines' relays are alike
+    again, and so is their symmetry.
+    """
     signatures = node_signatures(topology)
     found: dict[str, tuple[RelayGroup, ...]] = {}
     for node, signature in enumerate(signatures):
         if signature not in found:
             found[signature] = relay_groups(topology, node)
-    return tuple(found[signature] for signature in signatures)
+    groups = tuple(found[signature] for signature in signatures)
+    common = set.intersection(*({group.nic for group in node_groups} for node_groups in groups))
+    if all(len(node_groups) == len(common) for node_groups in groups) or not common:
+        return groups
+    railed = tuple(tuple(group for group in node_groups if group.nic in common) for node_groups in groups)
+    if _weakest_nic_GBps(topology, railed) < _weakest_nic_GBps(topology, groups) * (1 - 1e-9):
+        return groups
+    return railed
+
+
+def _weakest_nic_GBps(topology: Topology, groups: tuple[tuple[RelayGroup, ...], ...]) -> float:
+    """Return the least total network bandwidth (GB/s) of a machine's relay NICs."""
+    return min(
+        sum(topology.vertex(_nic_name(topology, node, group.nic)).net_bandwidth_GBps or 0.0 for group in node_groups)
+        for node, node_groups in enumerate(groups)
+    )
+
+
+def _nic_name(topology: Topology, node: int, nic: str) -> str:
+    return node_prefix(node) + nic if topology.nodes > 1 else nic
 
 
 def _pair_patterns(topology: Topology, groups: tuple[tuple[RelayGroup, ...], ...]) -> dict[tuple[int, int], Pairs]:
@@ -280,15 +305,59 @@ def _network_maps(topology: Topology, shift: int) -> bool:
     return True
 
 
+def _route_cost(topology: Topology, src: int, dst: int) -> tuple | None:
+    """Return a route's α and each of its links' bandwidth in path order (None: no route)."""
+    try:
+        r = route(topology, src, dst)
+    except TopologyError:
+        return None
+    return (round(r.alpha_us, 9), tuple(round(link.bandwidth_GBps, 9) for link in r.links))
+
+
+def _machines_match(topology: Topology, node: int, other: int) -> bool:
+    """Return True when every GPU-to-GPU route inside ``node`` costs what its image inside ``other`` does."""
+    gpn = topology.gpus_per_node
+    return all(
+        _route_cost(topology, node * gpn + a, node * gpn + b) == _route_cost(topology, other * gpn + a, other * gpn + b)
+        for a in range(gpn)
+        for b in range(gpn)
+        if a != b
+    )
+
+
+def _relays_match(topology: Topology, patterns: dict[tuple[int, int], Pairs], k: int) -> bool:
+    """Return True when moving every machine k places on maps every relay route onto one of equal cost."""
+    gpn, nodes = topology.gpus_per_node, topology.nodes
+    for (a, b), pattern in patterns.items():
+        c, d = (a + k) % nodes, (b + k) % nodes
+        if patterns[(c, d)] != pattern:
+            return False
+        for s, r in pattern:
+            if _route_cost(topology, a * gpn + s, b * gpn + r) != _route_cost(topology, c * gpn + s, d * gpn + r):
+                return False
+    return True
+
+
 def _node_rotation(topology: Topology, patterns: dict[tuple[int, int], Pairs]) -> int | None:
-    """Return the smallest k such that machine i and i + k are alike for every i (and so is the network), or None."""
+    """Return the smallest k such that machine i maps onto machine i + k for every i, or None.
+
+    Machines map when their signatures are equal and so is the network, or, for machines that
+    differ only in what the relays leave unused (a NIC down that every machine's relays skip),
+    when every route inside a machine and every relay route costs what its image does.
+    """
     nodes = topology.nodes
     signatures = node_signatures(topology)
     for k in range(1, nodes):
-        if nodes % k or any(signatures[i] != signatures[(i + k) % nodes] for i in range(nodes)):
+        if nodes % k:
             continue
         moved = all(patterns[(a, b)] == patterns[((a + k) % nodes, (b + k) % nodes)] for a, b in patterns)
-        if moved and _network_maps(topology, k):
+        if not moved:
+            continue
+        if all(signatures[i] == signatures[(i + k) % nodes] for i in range(nodes)) and _network_maps(topology, k):
+            return k
+        if all(_machines_match(topology, i, (i + k) % nodes) for i in range(nodes)) and _relays_match(
+            topology, patterns, k
+        ):
             return k
     return None
 
