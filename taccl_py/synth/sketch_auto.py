@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from taccl_py.errors import TopologyError
-from taccl_py.topology.compose import node_prefix
+from taccl_py.topology.compose import NETWORK_SWITCH, node_prefix
 from taccl_py.topology.fingerprint import node_signatures
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Topology, VertexKind, route
 
@@ -191,13 +191,31 @@ def _nic_name(topology: Topology, node: int, nic: str) -> str:
 
 
 def _pair_patterns(topology: Topology, groups: tuple[tuple[RelayGroup, ...], ...]) -> dict[tuple[int, int], Pairs]:
-    """Return the relay pairs of every ordered machine pair, from every machine's relay groups."""
-    return {
-        (a, b): _pairs_between(groups[a], groups[b])
-        for a in range(topology.nodes)
-        for b in range(topology.nodes)
-        if a != b
-    }
+    """Return the relay pairs of every ordered machine pair, from every machine's relay groups.
+
+    A pair whose route leaves or enters through another NIC than its GPUs' own is dropped (a
+    slow NIC makes the route detour over PCIe to a faster one, which would then carry the
+    relays of two NICs), unless that leaves the machine pair no relay at all.
+    """
+    nic_of = [{gpu: group.nic for group in node_groups for gpu in group.gpus} for node_groups in groups]
+    gpn = topology.gpus_per_node
+    patterns = {}
+    for a in range(topology.nodes):
+        for b in range(topology.nodes):
+            if a == b:
+                continue
+            pairs = _pairs_between(groups[a], groups[b])
+            direct = tuple(
+                (s, r)
+                for s, r in pairs
+                if {
+                    (_nic_name(topology, a, nic_of[a][s]), NETWORK_SWITCH),
+                    (NETWORK_SWITCH, _nic_name(topology, b, nic_of[b][r])),
+                }
+                <= set(route(topology, a * gpn + s, b * gpn + r).resources)
+            )
+            patterns[(a, b)] = direct or pairs
+    return patterns
 
 
 def cluster_relays(topology: Topology) -> tuple[Pairs, tuple[tuple[int, int, Pairs], ...]]:
@@ -252,10 +270,17 @@ def _rotates_machine(topology: Topology, node: int, offset: int, groups: tuple[R
     return all(frozenset((g + offset) % gpn for g in group) in sets for group in sets)
 
 
-def _rotates_pairs(patterns: dict[tuple[int, int], Pairs], offset: int, gpn: int) -> bool:
+def _rotates_pairs(topology: Topology, patterns: dict[tuple[int, int], Pairs], offset: int) -> bool:
+    """Return True when rotating every machine's GPUs by ``offset`` maps each relay route onto one of equal cost."""
+    gpn = topology.gpus_per_node
     for pattern in set(patterns.values()):
         if {((s + offset) % gpn, (r + offset) % gpn) for s, r in pattern} != set(pattern):
             return False
+    for (a, b), pattern in patterns.items():
+        for s, r in pattern:
+            image = (a * gpn + (s + offset) % gpn, b * gpn + (r + offset) % gpn)
+            if _route_cost(topology, a * gpn + s, b * gpn + r) != _route_cost(topology, *image):
+                return False
     return True
 
 
@@ -270,7 +295,7 @@ def _machine_rotation(
         if gpn % offset:
             continue
         if all(_rotates_machine(topology, node, offset, groups[node]) for node in distinct) and _rotates_pairs(
-            patterns, offset, gpn
+            topology, patterns, offset
         ):
             return offset
     return None
