@@ -1,4 +1,4 @@
-"""Hierarchical routes: one machine's design moved onto every machine and joined by one network hop per machine."""
+"""Hierarchical routes: each kind of machine's design moved onto its machines, joined by one network hop per machine."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.synth.compose import Chunking, synthesize_chunking
-from taccl_py.synth.hierarchy import HIERARCHICAL_STATUS, hierarchical_routing, local_graph
+from taccl_py.synth.hierarchy import HIERARCHICAL_STATUS, hierarchical_routing, local_graph, machine_classes
 from taccl_py.synth.logical import build_logical_graph
 from taccl_py.synth.routing import routing_objective_us
 from taccl_py.synth.sketch import auto_sketch
@@ -40,11 +40,21 @@ def test_the_local_graph_is_machine_zero_alone():
     assert local_graph(_graph("dgx1", 1)) is None
 
 
-def test_machines_that_differ_share_no_design():
+def test_machines_that_differ_get_designs_of_their_own():
     graph = _graph("dgx1", 2)
+    assert machine_classes(graph) == (0, 0)
     inside_second = next(l for l, link in enumerate(graph.links) if not link.internode and link.src >= 8)
+    missing = graph.links[inside_second]
     links = graph.links[:inside_second] + graph.links[inside_second + 1 :]
-    assert local_graph(replace(graph, links=links, rotations=())) is None
+    differing = replace(graph, links=links, rotations=())
+    assert machine_classes(differing) == (0, 1)
+    second = local_graph(differing, 1)
+    pairs = {(link.src, link.dst) for link in second.links}
+    assert (missing.src - 8, missing.dst - 8) not in pairs and len(pairs) == len(local_graph(differing, 0).links) - 1
+    routing = _route(differing)
+    assert routing.status == HIERARCHICAL_STATUS
+    for chunk, tree in enumerate(routing.trees):
+        assert_arborescence(differing, routing.root(chunk), tree)
 
 
 @pytest.mark.parametrize(("name", "nodes", "chunkup"), [("dgx1", 2, 1), ("dgx2", 2, 1), ("ndv2", 4, 2)])

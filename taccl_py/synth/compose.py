@@ -26,7 +26,7 @@ from taccl_py.msccl import generate_msccl_xml
 from taccl_py.synth.hierarchy import hierarchical_routing
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
-from taccl_py.synth.ordering import order_sends
+from taccl_py.synth.ordering import lacks_machine_rotation, order_sends
 from taccl_py.synth.progress import heartbeat, no_progress, prefixed
 from taccl_py.synth.routing import route_candidates
 from taccl_py.synth.scheduling import Schedule, schedule_sends
@@ -165,6 +165,12 @@ def _schedule_phase(
     routings += tuple(r for r in starts if all(r.trees != other.trees for other in routings))
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
     orderings = [order_sends(routing, chunking.pieces, piece_bytes, progress=progress) for routing in routings]
+    if lacks_machine_rotation(graph):
+        # Machines that differ: no one priority rule orders every routing well; keep the faster.
+        orderings += [
+            order_sends(routing, chunking.pieces, piece_bytes, progress=progress, busiest_first=True)
+            for routing in routings
+        ]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]
     ranked = sorted(range(len(quick)), key=lambda i: (quick[i].makespan_us, i))
     # A library band takes only what the MSCCL runtimes load, so a routing whose phase breaks their

@@ -5,9 +5,9 @@ the links'), its bottleneck bandwidth, and the physical links it holds (``resour
 own bandwidths), so that transfers sharing a NIC, a PCIe link or an NVSwitch port are charged to
 the same resource. Which pairs become logical links is the sketch's business
 (``taccl_py.synth.sketch``): inside a machine direct links and switch routes; across machines only
-between the relay GPUs the sketch (or NIC affinity) names, and only for chunks that start in the
-sending machine (forwarding a chunk through a third machine never lowers any NIC's load in an
-AllGather over a non-blocking network).
+between the relay GPUs the sketch (or each machine's NIC affinity) names for that machine pair,
+and only for chunks that start in the sending machine (forwarding a chunk through a third
+machine never lowers any NIC's load in an AllGather over a non-blocking network of equal NICs).
 
 The sketch's rotations become a permutation group on ranks (``LogicalGraph.group``); it must map
 logical links onto logical links of the same cost, which ``build_logical_graph`` checks.
@@ -26,7 +26,7 @@ from taccl_py.synth.sketch_model import IntranodeStrategy, Sketch, SwitchPolicy,
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["LogicalLink", "LogicalGraph", "build_logical_graph", "symmetry_group"]
+__all__ = ["LogicalLink", "LogicalGraph", "build_logical_graph", "symmetry_fault", "symmetry_group"]
 
 # Routes within this fraction of a GPU's best intra-node bandwidth join the automatic logical
 # topology: a PCIe hop at 12 GB/s beside 43 GB/s NVLinks would only add latency and contention.
@@ -198,11 +198,13 @@ def _intranode_pairs(topology: Topology, sketch: Sketch, node: int) -> list[tupl
 def _internode_links(topology: Topology, sketch: Sketch) -> list[LogicalLink]:
     gpn, links = topology.gpus_per_node, []
     relay = dict(sketch.relay_roots) if sketch.relay_roots is not None else None
+    # Machines that differ (a NIC down, another kind) get their own relays per machine pair.
+    pair_conn = {(src, dst): pairs for src, dst, pairs in sketch.node_relays}
     for a in range(topology.nodes):
         for b in range(topology.nodes):
             if a == b:
                 continue
-            for sender, receiver in sketch.internode_conn or ():
+            for sender, receiver in pair_conn.get((a, b), sketch.internode_conn or ()):
                 roots = _node_roots(a * gpn, gpn)
                 if relay is not None and sender in relay:
                     roots = frozenset(a * gpn + g for g in relay[sender])
@@ -218,7 +220,7 @@ def _same_cost(x: LogicalLink, y: LogicalLink) -> bool:
     )
 
 
-def _symmetry_fault(graph: LogicalGraph) -> str | None:
+def symmetry_fault(graph: LogicalGraph) -> str | None:
     """Return why the rotations do not map the graph onto itself, or None when they do."""
     for offset, group in graph.rotations:
         perm = [rotate_rank(r, offset, group) for r in range(graph.num_ranks)]
@@ -282,7 +284,7 @@ def build_logical_graph(topology: Topology, sketch: Sketch) -> LogicalGraph:
     graph = LogicalGraph(
         topology.name, topology.num_ranks, topology.gpus_per_node, tuple(links), tuple(sketch.symmetry or ())
     )
-    fault = _symmetry_fault(graph)
+    fault = symmetry_fault(graph)
     if fault is not None:
         if explicit_symmetry:
             raise SketchError(

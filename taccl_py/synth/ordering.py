@@ -29,7 +29,16 @@ from taccl_py.synth.progress import ProgressTicker
 from taccl_py.synth.routing import Routing, chunk_symmetry
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["Send", "Ordering", "order_sends", "remaining_path_us", "occupy_resources", "is_slow_link", "send_lane"]
+__all__ = [
+    "Send",
+    "Ordering",
+    "order_sends",
+    "remaining_path_us",
+    "occupy_resources",
+    "is_slow_link",
+    "lacks_machine_rotation",
+    "send_lane",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +80,11 @@ class Ordering:
     def makespan_us(self) -> float:
         """Return when the last piece arrives (µs)."""
         return max((s.end_us for s in self.sends), default=0.0)
+
+
+def lacks_machine_rotation(graph: LogicalGraph) -> bool:
+    """Return True for a graph of several machines whose rotations do not move each machine onto the next."""
+    return graph.num_ranks > graph.gpus_per_node and (graph.gpus_per_node, graph.num_ranks) not in graph.rotations
 
 
 def is_slow_link(link: LogicalLink, piece_bytes: float) -> bool:
@@ -139,6 +153,20 @@ class _Queue:
         *rest, ready = heapq.heappop(self.ready)
         return (ready, *rest)
 
+    def pop_busiest(self, start: float, work_left: Callable[[int], float]) -> _Item:
+        """Return the ready send whose link's busiest resource has the most work left (``work_left``, µs).
+
+        Ties go by priority; a linear scan, as the work left changes with every send placed.
+        """
+        while self.future and self.future[0][0] <= start + _EPS_US:
+            ready, *rest = heapq.heappop(self.future)
+            heapq.heappush(self.ready, (*rest, ready))
+        best = min(range(len(self.ready)), key=lambda i: (-work_left(self.ready[i][3]), self.ready[i]))
+        self.ready[best], self.ready[-1] = self.ready[-1], self.ready[best]
+        *rest, ready = self.ready.pop()
+        heapq.heapify(self.ready)
+        return (ready, *rest)
+
     def pop_same_link(self, link: int, limit: int) -> list[_Item]:
         """Return up to ``limit`` more ready sends of ``link``, by priority (they join a batch)."""
         taken, kept = [], []
@@ -203,10 +231,19 @@ def _trees(routing: Routing, piece_bytes: float) -> tuple[list[dict[int, list[in
     the chunk: ties break the same way in every image, so symmetric routes get symmetric orders
     (at any moment every machine sends to the machine the same offset away, and no NIC or
     switch port receives from two senders at once).
+
+    Where no rotation moves each machine onto the next (machines that differ: a NIC down,
+    another kind), ties no longer break alike on every machine, and paths of unequal length
+    would send every machine's chunks to the same machine first while others idle. Sends
+    across machines then go by machine offset from the chunk's root first (its own machine's
+    sends to the next machine, then the one after), the order the rotation gives otherwise.
     """
     graph = routing.graph
     sym = chunk_symmetry(graph, routing.chunkup)
     inverse = [tuple(sorted(range(len(p)), key=p.__getitem__)) for p in graph.group]
+    gpn = graph.gpus_per_node
+    nodes = graph.num_ranks // gpn
+    by_offset = lacks_machine_rotation(graph)
     children: list[dict[int, list[int]]] = []
     priority: list[dict[int, tuple]] = []
     for c, tree in enumerate(routing.trees):
@@ -221,9 +258,18 @@ def _trees(routing: Routing, piece_bytes: float) -> tuple[list[dict[int, list[in
         for l in tree:
             link = graph.links[l]
             canonical = graph.index.get((inv[link.src], inv[link.dst]), l)
-            keys[l] = (-(link.time_us(piece_bytes) + below.get(link.dst, 0.0)), rep, canonical)
+            key = (-(link.time_us(piece_bytes) + below.get(link.dst, 0.0)), rep, canonical)
+            if by_offset and link.internode:
+                home = routing.root(c) // gpn
+                key = ((link.src // gpn - home) % nodes, (link.dst // gpn - home) % nodes, *key)
+            keys[l] = key
         priority.append(keys)
     return children, priority
+
+
+def _add_work(work: dict[Resource, float], link: LogicalLink, size_bytes: float) -> None:
+    for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
+        work[res] = work.get(res, 0.0) + size_bytes / (bw * BYTES_PER_US_PER_GBPS)
 
 
 def _relist(heap: list[tuple[float, tuple]], listed: dict[tuple, float], lane: tuple, queue: _Queue) -> None:
@@ -236,11 +282,19 @@ def _relist(heap: list[tuple[float, tuple]], listed: dict[tuple, float], lane: t
 
 
 def order_sends(
-    routing: Routing, pieces: int, piece_bytes: float, *, progress: Callable[[str], None] | None = None
+    routing: Routing,
+    pieces: int,
+    piece_bytes: float,
+    *,
+    progress: Callable[[str], None] | None = None,
+    busiest_first: bool = False,
 ) -> Ordering:
     """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
 
     ``progress`` gets a line every few seconds with the sends placed so far (``ProgressTicker``).
+    ``busiest_first``: a queue toward other machines takes, among its ready pieces, the one whose
+    route holds the resource with the most work left (priority breaks ties): on machines that
+    differ, the NICs with the most to receive are then served first rather than by path length.
 
     Notes
     -----
@@ -253,6 +307,15 @@ def order_sends(
         link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links
     ]
     state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [])
+    work_left: dict[Resource, float] = {}
+    if busiest_first:
+        for tree in routing.trees:
+            for l in tree:
+                _add_work(work_left, graph.links[l], pieces * piece_bytes)
+
+    def busiest(l: int) -> float:
+        return max(work_left[res] for res in graph.links[l].resources)
+
     for c in range(len(routing.trees)):
         for l in children[c].get(routing.root(c), []):
             for j in range(pieces):
@@ -276,10 +339,13 @@ def order_sends(
         if earliest > key + _EPS_US:
             _relist(heap, listed, lane, queue)
             continue
-        first = queue.pop(earliest)
+        hop = busiest_first and lane[0] == "hop"
+        first = queue.pop_busiest(earliest, busiest) if hop else queue.pop(earliest)
         batch = [first]
         if latency_bound[first[4]]:
             batch += queue.pop_same_link(first[4], MAX_BATCH - 1)
+        if busiest_first:
+            _add_work(work_left, graph.links[first[4]], -len(batch) * piece_bytes)
         base = len(state.sends)
         for offset, send in enumerate(_commit(state, graph, lane, batch, piece_bytes)):
             for nxt in children[send.chunk].get(graph.links[send.link].dst, []):

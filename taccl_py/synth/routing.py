@@ -64,6 +64,11 @@ MAX_ALTERNATIVE_ROUTINGS = 2
 # Status of a greedy routing ordered beside the MILP's, so that plain "heuristic" keeps one
 # meaning: the MILP found nothing better than its greedy start within its budget.
 ALTERNATIVE_STATUS = "greedy alternative"
+# Routing MILPs of clusters with no rotation left (machines that differ) beyond this many columns
+# are not solved: on dgx-a100 x4 with a NIC down (32 GPUs, ~8,000 columns per chunk) the root LP
+# alone took 7 s a solve and never beat its start (the hierarchical or packed routes). A work
+# budget of zero, so the same every run; the 16 GPUs of NDv2 x2 (~1,100 columns) are still solved.
+MAX_ASYMMETRIC_COLUMNS = 4_000
 # Weight of one distinct switch connection in the objective under uc-min / uc-max, relative to
 # the horizon: small enough never to trade against time, large enough to break ties.
 _POLICY_WEIGHT = 1e-4
@@ -454,6 +459,11 @@ def route_chunks(
     if graph.num_ranks < 2:
         return incumbent
     sym = chunk_symmetry(graph, chunkup)
+    if len(graph.group) == 1 and graph.num_ranks > graph.gpus_per_node:
+        columns = sum(1 for rep in sym.reps for link in graph.links if link.allows(rep // chunkup))
+        if columns > MAX_ASYMMETRIC_COLUMNS:
+            logger.info("routing MILP: %d columns, no symmetry: not solved; keeping its start", columns)
+            return replace(incumbent, solve_status=SolveStatus.TOO_LARGE.value)
     horizon = incumbent.objective_us * (1 + 1e-6) + 1e-6
     model = _build_model(graph, sym, chunkup, chunk_bytes, piece_bytes, horizon)
     values = _start_values(model, graph, sym, incumbent, chunkup, piece_bytes)

@@ -11,6 +11,9 @@ A sketch says which GPU-to-GPU transfers the synthesizer may use and how to cut 
   (``None``: automatic, from NIC affinity: the GPUs nearest each NIC relay through it to the GPUs
   nearest the same NIC elsewhere). ``relay_roots`` restricts what a sender relays: the local GPUs
   whose chunks it may send across (TACCL's ``gpus_to_sender_rev_map``).
+* ``node_relays``: per ordered machine pair (src, dst), the (sender, receiver) pairs that replace
+  ``internode_conn`` between those two machines; filled automatically on clusters whose
+  machines differ (a NIC down, another kind of machine), where one pattern cannot fit every pair.
 * ``symmetry``: rotations ``(offset, group)``: rank r maps to ``group * (r // group) +
   (r + offset) % group``; the routes of a chunk's images are the images of its route. ``None``
   means: find them from the topology (``find_symmetry``).
@@ -32,13 +35,14 @@ from typing import Any
 
 from taccl_py._io import read_text, write_text_atomic
 from taccl_py.errors import SketchError
-from taccl_py.synth.sketch_auto import find_symmetry, nic_relays
+from taccl_py.synth.sketch_auto import cluster_relays, find_symmetry
 from taccl_py.synth.sketch_fields import (
     check_keys,
     connections_field,
     int_field,
     intranode_field,
     json_object,
+    node_relays_field,
     relay_roots_field,
     symmetry_field,
 )
@@ -59,7 +63,17 @@ __all__ = [
 
 SKETCH_SCHEMA = "taccl-sketch/1"
 # The keys of a taccl-sketch/1 object, as generate_sketch writes them; any other is refused.
-SKETCH_KEYS = ("schema", "name", "nodes", "intranode", "internode_conn", "relay_roots", "symmetry", "chunkup")
+SKETCH_KEYS = (
+    "schema",
+    "name",
+    "nodes",
+    "intranode",
+    "internode_conn",
+    "relay_roots",
+    "node_relays",
+    "symmetry",
+    "chunkup",
+)
 
 
 def parse_sketch(text: str, source: str = "<string>") -> Sketch:
@@ -84,6 +98,7 @@ def parse_sketch(text: str, source: str = "<string>") -> Sketch:
         switch_policies=policies,
         internode_conn=KEYWORD_PAIRS[conn] if isinstance(conn, str) else conn,
         relay_roots=relay_roots_field(obj.get("relay_roots"), source, "relay_roots"),
+        node_relays=node_relays_field(obj.get("node_relays", []), source, "node_relays"),
         symmetry=None if symmetry_raw == "auto" else symmetry_field(symmetry_raw, source, "symmetry"),
         chunkup=None if chunkup is None else int_field(chunkup, source, "chunkup", 1),
         source=source,
@@ -106,15 +121,23 @@ def generate_sketch(sketch: Sketch) -> str:
     if sketch.internode_conn is None:
         obj["internode_conn"] = "auto"
     else:
-        conn: dict[str, list[int]] = {}
-        for sender, receiver in sketch.internode_conn:
-            conn.setdefault(str(sender), []).append(receiver)
-        obj["internode_conn"] = conn
+        obj["internode_conn"] = _connection_object(sketch.internode_conn)
     if sketch.relay_roots is not None:
         obj["relay_roots"] = {str(sender): list(roots) for sender, roots in sketch.relay_roots}
+    if sketch.node_relays:
+        obj["node_relays"] = [
+            {"from": src, "to": dst, "conn": _connection_object(pairs)} for src, dst, pairs in sketch.node_relays
+        ]
     obj["symmetry"] = "auto" if sketch.symmetry is None else [list(pair) for pair in sketch.symmetry]
     obj["chunkup"] = sketch.chunkup
     return json.dumps(obj, indent=2) + "\n"
+
+
+def _connection_object(pairs: tuple[tuple[int, int], ...]) -> dict[str, list[int]]:
+    conn: dict[str, list[int]] = {}
+    for sender, receiver in pairs:
+        conn.setdefault(str(sender), []).append(receiver)
+    return conn
 
 
 def write_sketch(sketch: Sketch, path: str) -> None:
@@ -152,15 +175,26 @@ def check_sketch(sketch: Sketch, topology: Topology) -> Sketch:
         )
     for index, group in enumerate(sketch.switches):
         _check_local(group, gpn, source, f"intranode_sketch.switches[{index}]")
-    conn = sketch.internode_conn
+    conn, node_relays = sketch.internode_conn, sketch.node_relays
     if conn == FULLY_CONNECTED:
         conn = tuple((a, b) for a in range(gpn) for b in range(gpn))
     elif conn == DIRECT_MAP:
         conn = tuple((a, a) for a in range(gpn))
     elif conn is None and topology.nodes > 1:
-        conn = nic_relays(topology)
+        conn, found = cluster_relays(topology)
+        node_relays = node_relays or found
     for sender, receiver in conn or ():
         _check_local((sender, receiver), gpn, source, "internode_sketch.internode_conn")
+    for index, (src, dst, pairs) in enumerate(node_relays):
+        if src == dst or max(src, dst) >= topology.nodes:
+            raise SketchError(
+                source,
+                f"node_relays[{index}]",
+                f"machine pair ({src}, {dst}) for a topology of {topology.nodes} machines",
+                f"two different machines 0..{topology.nodes - 1}",
+            )
+        for sender, receiver in pairs:
+            _check_local((sender, receiver), gpn, source, f"node_relays[{index}].conn")
     for sender, roots in sketch.relay_roots or ():
         _check_local((sender,) + roots, gpn, source, "internode_sketch.gpus_to_sender_rev_map")
     symmetry = sketch.symmetry
@@ -174,7 +208,13 @@ def check_sketch(sketch: Sketch, topology: Topology) -> Sketch:
             )
     if symmetry is None:
         symmetry = find_symmetry(topology)
-    return replace(sketch, nodes=topology.nodes, internode_conn=conn if topology.nodes > 1 else (), symmetry=symmetry)
+    return replace(
+        sketch,
+        nodes=topology.nodes,
+        internode_conn=conn if topology.nodes > 1 else (),
+        node_relays=node_relays if topology.nodes > 1 else (),
+        symmetry=symmetry,
+    )
 
 
 # -- the automatic sketch -------------------------------------------------------------------------

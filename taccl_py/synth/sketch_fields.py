@@ -20,6 +20,7 @@ __all__ = [
     "int_list",
     "intranode_field",
     "json_object",
+    "node_relays_field",
     "relay_roots_field",
     "symmetry_field",
 ]
@@ -140,3 +141,24 @@ def relay_roots_field(value: Any, source: str, field: str) -> tuple[tuple[int, t
     return tuple(
         sorted((int_key(k, source, f"{field}.{k}"), int_list(v, source, f"{field}.{k}")) for k, v in value.items())
     )
+
+
+def node_relays_field(value: Any, source: str, field: str) -> tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...]:
+    """Return (src machine, dst machine, (sender, receiver) pairs) per entry of a ``node_relays`` list."""
+    if not isinstance(value, list):
+        raise SketchError(source, field, f"{value!r} is not a list", "a list of {from, to, conn} objects")
+    out = []
+    for index, entry in enumerate(value):
+        where = f"{field}[{index}]"
+        if not isinstance(entry, dict):
+            raise SketchError(source, where, f"{entry!r}", "an object with 'from', 'to' and 'conn'")
+        check_keys(entry, ("from", "to", "conn"), source, where)
+        for key in ("from", "to", "conn"):
+            if key not in entry:
+                raise SketchError(source, f"{where}.{key}", "missing", "'from', 'to' and 'conn' on every entry")
+        pairs = connections_field(entry["conn"], source, f"{where}.conn")
+        if isinstance(pairs, str):
+            raise SketchError(source, f"{where}.conn", repr(pairs), "a dict sender -> [receivers]")
+        src = int_field(entry["from"], source, f"{where}.from")
+        out.append((src, int_field(entry["to"], source, f"{where}.to"), pairs))
+    return tuple(out)

@@ -54,6 +54,7 @@ class Sketch:
     switch_policies: tuple[SwitchPolicy, ...] = ()
     internode_conn: tuple[tuple[int, int], ...] | None = None
     relay_roots: tuple[tuple[int, tuple[int, ...]], ...] | None = None
+    node_relays: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...] = ()
     symmetry: tuple[tuple[int, int], ...] | None = None
     chunkup: int | None = None
     source: str = "<auto>"
