@@ -14,7 +14,7 @@ from typing import Any
 
 from taccl_py.errors import ArgumentError, FormatError, InputError
 
-__all__ = ["XZ_PRESET", "decode_json", "read_text", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["XZ_PRESET", "decode_json", "is_readable_file", "read_text", "write_bytes_atomic", "write_text_atomic"]
 
 # xz level for compressed schedules: 64-rank schedules are megabytes of repetitive JSON, which level 9
 # packs to less than half of gzip's size; decompressing stays in the tens of milliseconds.
@@ -39,6 +39,14 @@ def read_text(path: str | Path | Traversable, error: type[InputError] = FormatEr
     except (OSError, UnicodeDecodeError, EOFError, gzip.BadGzipFile, lzma.LZMAError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise error(str(path), None, f"cannot read: {reason}", "a readable UTF-8 text file") from None
+
+
+def is_readable_file(path: Path) -> bool:
+    """Return True when ``path`` names a file; False also for a name the file system refuses (too long)."""
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system, say: not a file we can read
+        return False
 
 
 def decode_json(text: str, source: str, error: type[InputError], expected: str) -> Any:

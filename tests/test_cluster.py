@@ -115,7 +115,7 @@ def _document(**changes) -> str:
     ("text", "field", "message"),
     [
         ("[1]", None, "a JSON list"),
-        ("{", None, "not JSON"),
+        ("{", "line 1", "invalid JSON"),
         (_document(schema="taccl-topology/1"), "schema", "'taccl-topology/1'; expected 'taccl-cluster/1'"),
         (_document(nodes=[]), "nodes", "expected a non-empty list"),
         (_document(extra=1), "extra", "unknown field; expected one of schema, name"),

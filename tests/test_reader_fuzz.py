@@ -30,6 +30,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library
 from taccl_py.synth.bands import write_library
 from taccl_py.synth.sketch import generate_sketch, read_sketch
+from taccl_py.topology.cluster import cluster_topology, read_cluster
 from taccl_py.topology.importers import parse_nccl_topology_xml, parse_nvidia_smi_topo, parse_taccl_profile
 from taccl_py.topology.schema import read_topology
 from taccl_py.verify import verify_algorithm
@@ -228,7 +229,7 @@ def _read_and_verify(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def made_inputs(tmp_path_factory) -> Path:
-    """Return a folder of valid inputs made by our writers: an algorithm, a library, our sketch."""
+    """Return a folder of valid inputs: an algorithm, a library and our sketch (by our writers), a cluster file."""
     folder = tmp_path_factory.mktemp("made")
     (folder / "ring.json").write_text(generate_algorithm_json(ring_algorithm(Collective.ALLREDUCE, 3)))
     library = AlgorithmLibrary(
@@ -245,6 +246,16 @@ def made_inputs(tmp_path_factory) -> Path:
     (folder / "ours.sketch.json").write_text(
         generate_sketch(read_sketch(str(FIXTURES / "taccl_sketch/sk1-ndv2-n2.json")))
     )
+    cluster = {
+        "schema": "taccl-cluster/1",
+        "name": "slow-pair",
+        "nodes": [
+            {"machine": "ndv2"},
+            {"machine": "ndv2", "count": 1, "nics_down": [], "nic_speed_GBps": {"nic0": 4.76}},
+        ],
+        "network": {"alpha_us": 1.0},
+    }
+    (folder / "pair.cluster.json").write_text(json.dumps(cluster, indent=2))
     return folder
 
 
@@ -259,6 +270,7 @@ READERS: dict[str, tuple[list[Path | str], tuple[Callable, ...], Callable[[Path]
     "msccl-xml": (sorted((FIXTURES / "msccl").glob("*/*.xml")), _XML_OPS, _read_and_verify),
     "algorithm-json": (["ring.json"], _JSON_OPS, _read_and_verify),
     "library-json": (["ag.library.json"], _JSON_OPS, read_library),
+    "cluster-json": (["pair.cluster.json"], _JSON_OPS, lambda p: cluster_topology(read_cluster(p))),
 }
 
 

@@ -9,7 +9,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
 
-from taccl_py._io import read_text
+from taccl_py._io import is_readable_file, read_text
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology.compose import compose_nodes
 from taccl_py.topology.model import Topology, VertexKind
@@ -112,7 +112,7 @@ def _load_machine(name_or_path: str) -> Topology:
         path = builtin_topology_dir() / f"{key}.json"
         return parse_topology(read_text(path, TopologyError), source=str(path))
     path = Path(name_or_path)
-    if not path.is_file():
+    if not is_readable_file(path):
         raise ArgumentError(
             name_or_path,
             None,

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from taccl_py._io import is_readable_file
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology.cluster_file import (
     CLUSTER_SCHEMA,
@@ -54,7 +55,7 @@ def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
     >>> [node.machine for node in parse_cluster_spec("dgx-a100:2,dgx-h100").nodes]
     ['dgx-a100', 'dgx-a100', 'dgx-h100']
     """
-    if Path(text).is_file() and not is_builtin_machine(text):
+    if is_readable_file(Path(text)) and not is_builtin_machine(text):
         return read_cluster(text)
     nodes: list[ClusterNode] = []
     for part in text.split(","):

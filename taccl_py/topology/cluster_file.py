@@ -6,13 +6,12 @@ into a ``Topology`` and reads the command line's shorthand.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taccl_py._io import read_text
+from taccl_py._io import decode_json, is_readable_file, read_text
 from taccl_py.errors import TopologyError
 
 __all__ = [
@@ -65,10 +64,7 @@ class Cluster:
 
 def parse_cluster(text: str, source: str = "<string>", base: Path | None = None) -> Cluster:
     """Return the cluster of a ``taccl-cluster/1`` document; machine paths are relative to ``base``."""
-    try:
-        document = json.loads(text)
-    except ValueError as err:
-        raise TopologyError(source, None, f"not JSON ({err})", "a taccl-cluster/1 JSON object") from None
+    document = decode_json(text, source, TopologyError, "a taccl-cluster/1 JSON object")
     if not isinstance(document, dict):
         raise TopologyError(source, None, f"a JSON {type(document).__name__}", "a taccl-cluster/1 JSON object")
     _check_fields(document, _TOP_FIELDS, source, "")
@@ -129,7 +125,7 @@ def _parse_node(entry: Any, source: str, where: str, base: Path | None) -> tuple
         raise TopologyError(source, f"{where}.machine", f"{machine!r}", "a built-in machine name or a topology file")
     if not is_builtin_machine(machine):
         path = base / machine if base is not None and not Path(machine).is_absolute() else Path(machine)
-        if not path.is_file():
+        if not is_readable_file(path):
             from taccl_py.topology.builtins import builtin_topology_names
 
             raise TopologyError(
