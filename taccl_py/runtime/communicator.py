@@ -8,6 +8,10 @@ calibration (``calibration=``, :meth:`Communicator.calibrate`) it also runs the 
 ("native") wherever that measured faster on this group. Given the live cluster (``cluster=``, or
 TACCL_CLUSTER for ``from_env``; see :mod:`taccl_py.runtime.live_cluster`) it runs only algorithms
 made for that cluster, and the own collective, with one warning per collective, where none was.
+
+This module builds the Communicator (group, transport, CUDA graphs), compiles and caches its
+executors and runs its collectives; how it chooses what each call runs (band, cluster check,
+calibration) is its base :class:`~taccl_py.runtime.communicator_choice.AlgorithmChoice`.
 """
 
 from __future__ import annotations
@@ -17,47 +21,23 @@ import datetime
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from taccl_py.errors import ArgumentError, FormatError, TransportError
+from taccl_py.errors import ArgumentError, TransportError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow, build_dataflow
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
-from taccl_py.runtime.calibration import (
-    DEFAULT_CALIBRATION_ITERS,
-    DEFAULT_CALIBRATION_SIZES,
-    DEFAULT_MARGIN,
-    Calibration,
-    CalibrationKey,
-    library_fingerprint,
-    measure_points,
-    read_calibration,
-    write_calibration,
-)
+from taccl_py.runtime.communicator_choice import _SOURCE, AlgorithmChoice
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
 from taccl_py.runtime.graphs import graph_support
-from taccl_py.runtime.live_cluster import (
-    LiveCluster,
-    declared_from_env,
-    mismatch_warning,
-    resolve_live_cluster,
-    sysfs_root_from_env,
-)
-from taccl_py.runtime.selection import (
-    AlgorithmChoices,
-    Candidate,
-    collect_algorithms,
-    collective_size_bytes,
-    match_cluster,
-)
+from taccl_py.runtime.live_cluster import declared_from_env, sysfs_root_from_env
+from taccl_py.runtime.selection import collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
 __all__ = ["Communicator", "MAX_CACHED_EXECUTORS", "DEFAULT_TIMEOUT_S", "default_backend"]
@@ -67,7 +47,6 @@ logger = logging.getLogger(__name__)
 #: Compiled executors kept per Communicator (least recently used dropped first): enough for
 #: every gradient bucket size of a large DDP model.
 MAX_CACHED_EXECUTORS = 64
-_SOURCE = "Communicator"
 _TORCH_OPS = MappingProxyType({"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"})
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -113,7 +92,7 @@ def _make_transport(transport: Any, group: Any) -> Transport:
     raise ArgumentError(_SOURCE, "transport", f"{transport!r}", "None, 'torch', 'cupy' or a Transport")
 
 
-class Communicator:
+class Communicator(AlgorithmChoice):
     """Collectives on a torch.distributed group, run with taccl_py algorithms where one fits.
 
     Parameters
@@ -181,13 +160,9 @@ class Communicator:
         "world_size",
         "transport",
         "timeout_s",
-        "choices",
-        "calibration",
         "cuda_graphs",
-        "cluster",
         "_executors",
         "_dataflows",
-        "_logged",
     )
 
     def __init__(
@@ -216,20 +191,7 @@ class Communicator:
         self.group = process_group
         self.rank = dist.get_rank(process_group)
         self.world_size = dist.get_world_size(process_group)
-        self.choices: AlgorithmChoices = collect_algorithms(library, self.world_size, topology=topology, nodes=nodes)
-        self.cluster: LiveCluster | None = None
-        if cluster is not None:
-            self.cluster = resolve_live_cluster(
-                cluster, nic_down, nic_speed, sysfs_root, self.world_size, self._exchange_texts
-            )
-            self.choices = match_cluster(self.choices, self.cluster.fingerprint)
-            if self.choices.rejected:
-                logger.info(
-                    "%d of %d algorithm bands were made for another cluster than %s; they will not run",
-                    len(self.choices.rejected),
-                    len(self.choices.rejected) + len(self.choices.candidates),
-                    self.cluster.describe(),
-                )
+        self._collect_choices(library, topology, nodes, cluster, nic_down, nic_speed, sysfs_root)
         if verify:
             from taccl_py.verify import check_algorithm
 
@@ -252,24 +214,7 @@ class Communicator:
             self.cuda_graphs = unsupported is None
         self._executors: OrderedDict[tuple, Executor] = OrderedDict()
         self._dataflows: dict[int, Dataflow] = {}
-        self._logged: set[tuple] = set()
-        self.calibration: Calibration | None = None
-        if isinstance(calibration, Calibration):
-            if calibration.key != self.calibration_key():
-                raise ArgumentError(
-                    _SOURCE, "calibration", f"measured on {calibration.key}", f"one of {self.calibration_key()}"
-                )
-            self.calibration = calibration
-        elif calibration is not None:
-            self.load_or_calibrate(calibration)
-
-    def _exchange_texts(self, text: str) -> list[str]:
-        """Return every rank's ``text``, in rank order (all ranks call it alike)."""
-        if self.world_size == 1:
-            return [text]
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, text, group=self.group)
-        return [str(item) for item in gathered]
+        self._use_calibration(calibration)
 
     def __getstate__(self) -> None:
         raise TypeError("a Communicator holds a process group and cannot be pickled; build one in each process")
@@ -306,96 +251,6 @@ class Communicator:
             kwargs["cluster"] = declared_from_env(os.environ)
         kwargs.setdefault("sysfs_root", sysfs_root_from_env(os.environ))
         return cls(None, library, timeout_s=timeout_s, **kwargs)
-
-    # -- selection --------------------------------------------------------------------------------
-
-    def algorithm_for(self, collective: Collective | str, size_bytes: int) -> Algorithm | None:
-        """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's).
-
-        None where no band covers the size, where the band is a library's "native" one, and where
-        the calibration measured torch's collective faster.
-        """
-        return self._choose(Collective(collective), int(size_bytes))[1]
-
-    def _choose(self, collective: Collective, size_bytes: int) -> tuple[Candidate | None, Algorithm | None]:
-        """Return the band covering the size (None: none) and the algorithm to run (None: torch's)."""
-        candidate = self.choices.select(collective, size_bytes)
-        if candidate is None or candidate.algorithm is None:
-            return candidate, None
-        if self.calibration is not None and self.calibration.native_faster(
-            collective, size_bytes, candidate.algorithm.name
-        ):
-            return candidate, None
-        return candidate, candidate.algorithm
-
-    # -- calibration ------------------------------------------------------------------------------
-
-    def calibration_key(self) -> CalibrationKey:
-        """Return what this Communicator's measured times depend on (see ``taccl_py.runtime.calibration``)."""
-        bands = [(c.collective.value, c.min_bytes, c.max_bytes, c.name) for c in self.choices.candidates]
-        device = torch.device(self.transport.device).type
-        return CalibrationKey(self.world_size, self.transport.name, device, library_fingerprint(bands))
-
-    def calibrate(
-        self,
-        sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES,
-        *,
-        collectives: Sequence[Collective | str] | None = None,
-        iters: int = DEFAULT_CALIBRATION_ITERS,
-        warmup: int = 1,
-        margin: float = DEFAULT_MARGIN,
-        path: str | os.PathLike | None = None,
-    ) -> Calibration:
-        """Time the library's algorithm against the group's own collective at ``sizes`` (bytes); use the result.
-
-        Every rank must call this with the same arguments; all get the same calibration (times are
-        the slowest rank's, medians over ``iters`` float32 calls each). ``collectives`` defaults to
-        those the library has algorithms for. An algorithm keeps a size only where it measured
-        faster than native by more than ``margin`` (a fraction). Rank 0 writes the result to
-        ``path`` when given.
-        """
-        if not 0.0 <= margin < 1.0:
-            raise ArgumentError(_SOURCE, "margin", f"{margin!r}", "a fraction in [0, 1)")
-        if collectives is None:
-            collectives = [c for c in Collective if c in self.choices.collectives]
-        self.calibration = None  # time the library's algorithms, not an earlier calibration's choice
-        points = measure_points(self, [Collective(c) for c in collectives], sizes, iters, warmup)
-        self.calibration = Calibration(self.calibration_key(), "float32", iters, points, margin=margin)
-        if path is not None and self.rank == 0:
-            write_calibration(self.calibration, path)
-        logger.info("calibrated %d ranks on %s: %s", self.world_size, self.transport.name, self.calibration.summary())
-        return self.calibration
-
-    def load_or_calibrate(
-        self, path: str | os.PathLike, sizes: Sequence[int] = DEFAULT_CALIBRATION_SIZES, **options: Any
-    ) -> Calibration:
-        """Use the calibration cached in ``path`` when it fits this group, else :meth:`calibrate` and write it there.
-
-        Every rank must call this alike. Rank 0 reads the file and hands it to every rank, so all
-        ranks choose alike even without a shared file system. ``sizes`` and ``options`` go to
-        :meth:`calibrate` when measuring; a ``margin`` among them also applies to a cached file.
-        """
-        path = Path(path)
-        found: list[Any] = [None]
-        if self.rank == 0 and path.exists():
-            try:
-                cached = read_calibration(path)
-            except FormatError as error:  # every rank raises it, instead of waiting for rank 0
-                found[0] = error
-            else:
-                found[0] = cached if cached.key == self.calibration_key() else None
-                if found[0] is None:
-                    logger.info("%s was measured on another group or library (%s); measuring again", path, cached.key)
-        if self.world_size > 1:
-            source = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-            dist.broadcast_object_list(found, src=source, group=self.group)
-        if isinstance(found[0], FormatError):
-            raise found[0]
-        if found[0] is None:
-            return self.calibrate(sizes, path=path, **options)
-        self.calibration = found[0] if "margin" not in options else replace(found[0], margin=options["margin"])
-        logger.info("calibration from %s: %s", path, self.calibration.summary())
-        return self.calibration
 
     def _executor(self, algorithm: Algorithm, dtype: Any, numel: int, device: Any) -> Executor:
         key = (id(algorithm), dtype, numel, str(device))
@@ -493,24 +348,6 @@ class Communicator:
             return
         executor = self._executor(algorithm, input.dtype, numel, input.device)
         executor.run(output, input, self.transport, op, self.timeout_s, cuda_graph=self.cuda_graphs)
-
-    def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
-        rejected = self.choices.rejected_for(collective, size_bytes)
-        if rejected and self.cluster is not None:
-            if ("cluster", collective) not in self._logged:  # one line per collective, not one per call
-                self._logged.add(("cluster", collective))
-                made_for = [candidate.made_for.describe() for candidate in rejected]
-                logger.warning("%s", mismatch_warning(collective.value, size_bytes, self.cluster, made_for))
-            return
-        if collective not in self._logged:  # one line per collective, not one per call
-            self._logged.add(collective)
-            logger.warning(  # a warning: shown by default, as the README promises
-                "no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own (logged once per "
-                "collective)",
-                collective.value,
-                size_bytes,
-                self.world_size,
-            )
 
     def _torch_collective(self, collective: Collective, output: Any, input: Any, op: str) -> None:
         """Run torch.distributed's own collective on the group (avg as sum then divide, like the executor)."""

@@ -1,0 +1,276 @@
+"""TacclProcessGroup: the ``taccl`` backend's process group, and which of its calls a Communicator runs.
+
+The group makes an inner gloo/NCCL backend per device for the calls it does not route, a second
+backend of the same kind per device (a :class:`~taccl_py.runtime.backend_transport.BackendTransport`)
+for the Communicator's messages, and the worker thread its routed collectives queue on; it
+resolves the live cluster and decides per call whether a Communicator runs it, calibrates, and
+orders ``barrier`` after the routed calls. Its collective methods, the ones torch calls, are in
+:mod:`taccl_py.runtime.backend_collectives`; the backend's registration and its notes on routing,
+threads, calibration and the cluster are in :mod:`taccl_py.runtime.backend`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections import Counter
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from taccl_py.errors import ArgumentError, TacclError
+from taccl_py.ir.collectives import Collective
+from taccl_py.runtime.backend_collectives import CollectiveEntryPoints
+from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
+from taccl_py.runtime.calibration import Calibration
+from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.executor import SUPPORTED_DTYPES
+from taccl_py.runtime.live_cluster import LiveCluster, mismatch_warning, resolve_live_cluster
+from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
+from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, match_cluster
+
+__all__ = ["BACKEND_NAME", "TacclProcessGroup"]
+
+# The group's log lines keep the backend's logger name, the one users listen to.
+logger = logging.getLogger("taccl_py.runtime.backend")
+
+#: The name ``init_process_group`` takes.
+BACKEND_NAME = "taccl"
+
+
+def _device_kinds() -> dict[str, tuple[str, torch.device]]:
+    """Return device type -> (inner backend kind, the device routed tensors must be on)."""
+    kinds = {"cpu": ("gloo", torch.device("cpu"))}
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        # the device the process chose (torch.cuda.set_device) before creating the group
+        kinds["cuda"] = ("nccl", torch.device("cuda", torch.cuda.current_device()))
+    return kinds
+
+
+class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
+    """A process group whose all-reduce, all-gather and reduce-scatter run taccl_py algorithms.
+
+    Made by the backend creator that :func:`~taccl_py.runtime.backend.register_backend` installs;
+    see the notes of :mod:`taccl_py.runtime.backend` for what is routed and how. ``routed`` counts
+    the calls per collective that ran an algorithm and ``delegated`` the calls of those collectives
+    that went to the inner backend.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        The group's store (prefixed per group by torch).
+    rank, world_size : int
+        This process's rank in the group and the group's size.
+    timeout : datetime.timedelta
+        The group's timeout; also the Communicator's longest wait for one message.
+    library, topology, nodes
+        Where the algorithms come from, as for :class:`Communicator`.
+    cluster, nic_down, nic_speed, sysfs_root
+        The live cluster, as for :class:`Communicator` (None: no cluster check).
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        rank: int,
+        world_size: int,
+        timeout: datetime.timedelta,
+        *,
+        library: Any = None,
+        topology: str | None = None,
+        nodes: int | None = None,
+        cluster: Any = None,
+        nic_down: Any = (),
+        nic_speed: Any = (),
+        sysfs_root: str | os.PathLike | None = "/",
+    ) -> None:
+        super().__init__(rank, world_size)
+        self._timeout_s = float(timeout.total_seconds())
+        self._cluster: LiveCluster | None = None
+        self._warned: set[Collective] = set()
+        subgroup = False
+        if cluster is not None:
+            exchange = partial(_exchange_on_store, store, rank, world_size)
+            try:
+                self._cluster = resolve_live_cluster(cluster, nic_down, nic_speed, sysfs_root, world_size, exchange)
+            except ArgumentError as error:
+                if error.field != "world_size":
+                    raise
+                logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
+                subgroup = True
+        self._spec = (library, topology, nodes, self._cluster)
+        self._choices = None if subgroup else _group_choices(library, topology, nodes, world_size, self._cluster)
+        self._has_algorithms = self._choices is not None and bool(self._choices.candidates)
+        self._links: dict[str, BackendTransport] = {}
+        self._communicators: dict[str, Communicator] = {}
+        self.routed: Counter = Counter()
+        self.delegated: Counter = Counter()
+        default_type = None
+        for device_type, (kind, device) in _device_kinds().items():
+            inner_type, inner = make_backend(
+                kind, dist.PrefixStore(f"{device_type}/inner/", store), rank, world_size, timeout
+            )
+            self._register_backend(torch.device(device_type), inner_type, inner)
+            default_type = default_type or inner_type
+            if self._has_algorithms:
+                _, link = make_backend(
+                    kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout
+                )
+                self._links[device_type] = BackendTransport(link, device)
+                if kind == "nccl":  # every rank makes the group together: the one moment all take part
+                    self._links[device_type].warm_up()
+        self._set_default_backend(default_type)
+        self._worker = OrderedWorker(f"taccl-pg-rank{rank}")
+
+    def getBackendName(self) -> str:  # noqa: N802 - the name torch calls
+        """Return ``"taccl"``."""
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"TacclProcessGroup(rank={self.rank()}, world_size={self.size()})"
+
+    # -- routing ----------------------------------------------------------------------------------
+
+    def _communicator(
+        self, collective: Collective, tensors: tuple[torch.Tensor, ...], size_bytes: int
+    ) -> Communicator | None:
+        """Return the Communicator that runs this call, or None when the inner backend should.
+
+        ``size_bytes`` is the call's nccl-tests size (all-gather: output, reduce-scatter: input).
+        """
+        link = self._links.get(tensors[0].device.type)
+        if link is None or size_bytes == 0 or self._worker.in_worker_thread():
+            if link is None and size_bytes:
+                self._warn_other_cluster(collective, size_bytes)
+            return None
+        if any(
+            t.layout != torch.strided
+            or t.dtype not in SUPPORTED_DTYPES
+            or not t.is_contiguous()
+            or t.device != link.device
+            for t in tensors
+        ):
+            return None
+        communicator = self._communicator_on(link)
+        if communicator.algorithm_for(collective, size_bytes) is None:
+            self._warn_other_cluster(collective, size_bytes)
+            return None
+        return communicator
+
+    def _warn_other_cluster(self, collective: Collective, size_bytes: int) -> None:
+        """Warn once per collective when the libraries had an algorithm for this call, but for another cluster."""
+        if self._cluster is None or self._choices is None or collective in self._warned:
+            return
+        rejected = self._choices.rejected_for(collective, size_bytes)
+        if rejected:
+            self._warned.add(collective)
+            made_for = [candidate.made_for.describe() for candidate in rejected]
+            logger.warning("%s", mismatch_warning(collective.value, size_bytes, self._cluster, made_for))
+
+    def _communicator_on(self, link: BackendTransport) -> Communicator:
+        """Return the group's Communicator for ``link``'s device, made on first use."""
+        communicator = self._communicators.get(link.device.type)
+        if communicator is None:
+            library, topology, nodes, cluster = self._spec
+            communicator = Communicator(
+                self,
+                library,
+                topology=topology,
+                nodes=nodes,
+                transport=link,
+                timeout_s=self._timeout_s,
+                cluster=cluster,
+            )
+            self._communicators[link.device.type] = communicator
+        return communicator
+
+    def calibrate(
+        self, path: str | os.PathLike | None = None, *, device: str | None = None, **options: Any
+    ) -> Calibration | None:
+        """Time the routed collectives against the inner backend's on this group; route only where ours won.
+
+        Every rank calls it alike once the group exists (``dist.group.WORLD.calibrate(...)``), with
+        no collective of the group in flight. ``path`` caches the result as
+        :meth:`Communicator.load_or_calibrate` does; ``options`` (sizes, collectives, iters, warmup,
+        margin) go to :meth:`Communicator.calibrate`. ``device`` ("cpu" or "cuda") picks the link
+        to calibrate: by default the GPU's where the group has one. Returns None, measuring
+        nothing, when the group routes nothing (no algorithms for its world size).
+        """
+        kind = device or ("cuda" if "cuda" in self._links else "cpu")
+        link = self._links.get(kind)
+        if link is None:
+            if self._has_algorithms:
+                raise ArgumentError(BACKEND_NAME, "device", repr(kind), " | ".join(self._links))
+            return None
+        communicator = self._communicator_on(link)
+        # On the worker thread the native side's dist.* calls on this group reach the inner backend
+        # (see _communicator); errors come back as values so a bad file does not stop the worker.
+        measured = self._worker.submit(partial(_calibrate_or_error, communicator, path, options)).wait()
+        if isinstance(measured, BaseException):
+            raise measured
+        return measured
+
+    def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]], tensor: torch.Tensor) -> Any:
+        """Queue ``job`` on the worker, on the caller's CUDA stream where ``tensor`` is on a GPU; return its Work."""
+        self.routed[collective.value] += 1
+        stream = caller_stream(tensor)
+        return FutureWork(self._worker.submit_on(job, stream), stream)
+
+    def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
+        self.delegated[collective.value] += 1
+        return getattr(self._get_backend(tensor.device), method)(*args)
+
+    # -- ordering and lifetime --------------------------------------------------------------------
+
+    def barrier(self, opts: Any = None) -> Any:
+        """Wait for the routed collectives queued so far, then run the inner backend's barrier."""
+        if not self._worker.in_worker_thread():  # on it (calibrating), everything before has run
+            self._worker.flush().wait()
+        opts = dist.BarrierOptions() if opts is None else opts
+        return self._get_backend(torch.device("cpu")).barrier(opts)  # gloo: no device to choose
+
+    def shutdown(self) -> None:
+        """Stop the worker, close the routed collectives' links and shut the inner backends down."""
+        self._worker.close()
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        dist.ProcessGroup.shutdown(self)
+
+
+def _calibrate_or_error(
+    communicator: Communicator, path: str | os.PathLike | None, options: dict[str, Any]
+) -> Calibration | Exception:
+    try:
+        if path is None:
+            return communicator.calibrate(**options)
+        return communicator.load_or_calibrate(path, **options)
+    except TacclError as error:
+        return error
+
+
+def _group_choices(
+    library: Any, topology: str | None, nodes: int | None, world_size: int, cluster: LiveCluster | None
+) -> AlgorithmChoices | None:
+    """Return the algorithms for ``world_size`` ranks made for ``cluster`` (None: any); raise for an unreadable spec.
+
+    None for a group of another size (a sub-group): it runs everything on the inner backend, and says so once.
+    """
+    try:
+        choices = collect_algorithms(library, world_size, topology=topology, nodes=nodes)
+    except ArgumentError as error:
+        if error.field not in ("num_ranks", "world_size"):
+            raise
+        logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
+        return None
+    return choices if cluster is None else match_cluster(choices, cluster.fingerprint)
+
+
+def _exchange_on_store(store: Any, rank: int, world_size: int, text: str) -> list[str]:
+    """Return every rank's ``text`` in rank order, passed through the group's store (no collective needed)."""
+    store.set(f"taccl/nic-ports/{rank}", text)
+    return [store.get(f"taccl/nic-ports/{other}").decode() for other in range(world_size)]
