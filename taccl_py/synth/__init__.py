@@ -267,11 +267,20 @@ def _baselines_job(
     options: SolverOptions,
     progress: Callable[[str], None] | None,
 ) -> list:
-    """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees)."""
+    """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
+
+    On a degraded or mixed cluster the healthy machines' shipped algorithms count as baselines:
+    they are what its users already run.
+    """
     from taccl_py.baselines import best_baselines
+    from taccl_py.baselines.shipped import shipped_alternatives
 
     prepare_highs_threads(options.threads)
-    return list(best_baselines(topology, collective, sizes, progress=progress))
+    best = list(best_baselines(topology, collective, sizes, progress=progress))
+    for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes)):
+        if shipped is not None and (best[index] is None or shipped[1].time_us < best[index][1].time_us):
+            best[index] = shipped
+    return best
 
 
 def _run_candidates(

@@ -15,7 +15,7 @@ import json
 from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import Topology
 
-__all__ = ["cluster_fingerprint", "node_signature", "node_signatures"]
+__all__ = ["cluster_fingerprint", "machine_kind", "node_signature", "node_signatures"]
 
 _NODE_DIGITS = 12
 _CLUSTER_DIGITS = 16
@@ -40,8 +40,9 @@ def _local_name(topology: Topology, name: str, node: int) -> str:
     return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name
 
 
-def _node_structure(topology: Topology, node: int) -> list:
-    members = {v.name for v in topology.vertices if v.node == node and v.kind.value != "net_switch"}
+def _node_structure(topology: Topology, node: int, nics: bool = True) -> list:
+    skipped = ("net_switch",) if nics else ("net_switch", "nic")
+    members = {v.name for v in topology.vertices if v.node == node and v.kind.value not in skipped}
     vertices = _canonical(
         [
             _local_name(topology, v.name, node),
@@ -78,6 +79,17 @@ def node_signature(topology: Topology, node: int) -> str:
     True
     """
     return _digest(_node_structure(topology, node), _NODE_DIGITS)
+
+
+def machine_kind(topology: Topology, node: int) -> str:
+    """Return a hex digest of machine ``node`` without its NICs: equal for a machine and its copies with NICs down.
+
+    >>> from taccl_py.topology.cluster import load_cluster
+    >>> t = load_cluster(topology="dgx-a100", nodes=2, nics_down=["1:nic3"])
+    >>> machine_kind(t, 0) == machine_kind(t, 1), node_signature(t, 0) == node_signature(t, 1)
+    (True, False)
+    """
+    return _digest(_node_structure(topology, node, nics=False), _NODE_DIGITS)
 
 
 def node_signatures(topology: Topology) -> tuple[str, ...]:
