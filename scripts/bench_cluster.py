@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         body += "\n\n" + csv_pointer(CSV_PATH, len(records), "Per size")
     print(body)
     if not args.no_write:
-        command = "python scripts/bench_cluster.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = " ".join(["python scripts/bench_cluster.py", *(argv if argv is not None else sys.argv[1:])])
         update_benchmarks_section("cluster", "Heterogeneous and degraded clusters (simulated)", command, body)
     return 0
 
