@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import networkx as nx
 
 from taccl_py.topology.builtins import nic_affinity
-from taccl_py.topology.compose import node_prefix
+from taccl_py.topology.compose import local_name, node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, SWITCHING_KINDS, Topology, VertexKind, route
 
 __all__ = ["node_ranks", "best_path", "disjoint_cycles", "nic_orders", "nic_rank_orders", "rail_nics", "nic_ranks"]
@@ -207,7 +207,7 @@ def rail_nics(topology: Topology) -> tuple[tuple[str, ...], ...]:
     down on one machine is left out on every machine; each machine's other NICs fill up in
     file order.
     """
-    names = [[_local_name(topology, nic.name, node) for nic in topology.nics(node)] for node in range(topology.nodes)]
+    names = [[local_name(topology, nic.name, node) for nic in topology.nics(node)] for node in range(topology.nodes)]
     width = min(len(local) for local in names)
     common = [name for name in names[0] if all(name in local for local in names)]
     rails = []
@@ -216,8 +216,3 @@ def rail_nics(topology: Topology) -> tuple[tuple[str, ...], ...]:
         prefix = node_prefix(node) if topology.nodes > 1 else ""
         rails.append(tuple(prefix + name for name in chosen[:width]))
     return tuple(rails)
-
-
-def _local_name(topology: Topology, name: str, node: int) -> str:
-    prefix = node_prefix(node)
-    return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from taccl_py.errors import TopologyError
-from taccl_py.topology.compose import NETWORK_SWITCH, node_prefix
+from taccl_py.topology.compose import NETWORK_SWITCH, local_name, node_prefix
 from taccl_py.topology.fingerprint import node_signatures
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Topology, VertexKind, route
 
@@ -87,11 +87,6 @@ def _nic_costs_us(topology: Topology, node: int) -> dict[tuple[int, str], float]
     return costs
 
 
-def _local_name(topology: Topology, name: str, node: int) -> str:
-    prefix = node_prefix(node)
-    return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name
-
-
 def _shares_first_hop(topology: Topology, node: int, local: int, nic: str) -> bool:
     """Return True when GPU ``local``'s way to ``nic`` starts on the link its best GPU route uses.
 
@@ -128,7 +123,7 @@ def relay_groups(topology: Topology, node: int = 0) -> tuple[RelayGroup, ...]:
         own = [g for g in nearest if all(costs.get((g, m.name), float("inf")) >= best * (1 - 1e-6) for m in nics)]
         gpus = tuple(sorted(own or nearest))
         shares = _shares_first_hop(topology, node, gpus[0], nic.name)
-        groups.append(RelayGroup(_local_name(topology, nic.name, node), gpus, shares))
+        groups.append(RelayGroup(local_name(topology, nic.name, node), gpus, shares))
     return tuple(groups)
 
 

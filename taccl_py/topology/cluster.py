@@ -26,7 +26,7 @@ from taccl_py.topology.cluster_file import (
     parse_cluster,
     read_cluster,
 )
-from taccl_py.topology.compose import compose_machines, node_prefix
+from taccl_py.topology.compose import compose_machines, local_name
 from taccl_py.topology.model import Topology, VertexKind, make_topology
 
 __all__ = [
@@ -112,18 +112,20 @@ def with_overrides(
 ) -> Cluster:
     """Return ``cluster`` with more NICs down and NIC speeds set, by node index."""
     nodes = list(cluster.nodes)
-    for option, node, change in [("--nic-down", n, ("down", nic)) for n, nic in nics_down] + [
-        ("--nic-speed", n, ("speed", (nic, speed))) for n, nic, speed in nic_speeds
-    ]:
+
+    def checked(node: int, option: str) -> int:
         if not 0 <= node < len(nodes):
             raise ArgumentError(
                 option, None, f"node {node} out of range (the cluster has {len(nodes)})", f"0..{len(nodes) - 1}"
             )
-        kind, value = change
-        if kind == "down":
-            nodes[node] = replace(nodes[node], nics_down=nodes[node].nics_down + (value,))
-        else:
-            nodes[node] = replace(nodes[node], nic_speeds=nodes[node].nic_speeds + (value,))
+        return node
+
+    for node, nic in nics_down:
+        node = checked(node, "--nic-down")
+        nodes[node] = replace(nodes[node], nics_down=nodes[node].nics_down + (nic,))
+    for node, nic, speed in nic_speeds:
+        node = checked(node, "--nic-speed")
+        nodes[node] = replace(nodes[node], nic_speeds=nodes[node].nic_speeds + ((nic, speed),))
     return replace(cluster, nodes=tuple(nodes))
 
 
@@ -233,43 +235,46 @@ def _check_overrides(
     for option, node, nic in [("--nic-down", n, nic) for n, nic in nics_down] + [
         ("--nic-speed", n, nic) for n, nic, _ in nic_speeds
     ]:
-        names = [v.name for v in machine(node).nics()]
-        if nic not in names:
-            raise ArgumentError(
-                f"{node}:{nic}",
-                option,
-                f"no NIC {nic!r} on node {node} ({machine(node).name})",
-                "one of " + ", ".join(names),
-            )
+        fault = _unknown_nic(machine(node), [nic])
+        if fault is not None:
+            raise ArgumentError(f"{node}:{nic}", option, f"{fault[0]} on node {node} ({machine(node).name})", fault[1])
     for node in sorted({n for n, _ in nics_down}):
-        names = {v.name for v in machine(node).nics()}
-        if len(cluster.nodes) > 1 and set(cluster.nodes[node].nics_down) >= names:
-            raise ArgumentError(
-                None,
-                "--nic-down",
-                f"node {node} ({machine(node).name}) cannot communicate: every NIC is down",
-                "at least one NIC up on every node",
-            )
+        fault = _cannot_communicate(machine(node), node, cluster.nodes[node].nics_down, len(cluster.nodes))
+        if fault is not None:
+            raise ArgumentError(None, "--nic-down", *fault)
+
+
+def _unknown_nic(machine: Topology, nics: Iterable[str]) -> tuple[str, str] | None:
+    """Return (fault, expected) for the first of ``nics`` the machine lacks; None when it has them all."""
+    names = [nic.name for nic in machine.nics()]
+    for nic in nics:
+        if nic not in names:
+            return f"no NIC {nic!r}", "one of " + ", ".join(names)
+    return None
+
+
+def _cannot_communicate(machine: Topology, node: int, down: Iterable[str], nodes: int) -> tuple[str, str] | None:
+    """Return (fault, expected) when ``down`` takes every NIC of machine ``node`` out of a cluster of ``nodes``."""
+    if nodes > 1 and set(down) >= {nic.name for nic in machine.nics()}:
+        return (
+            f"node {node} ({machine.name}) cannot communicate: every NIC is down",
+            "at least one NIC up on every node",
+        )
+    return None
 
 
 def _changed_machine(machine: Topology, node: ClusterNode, index: int, cluster: Cluster, count: int) -> Topology:
     if not node.nics_down and not node.nic_speeds:
         return machine
     source, where = cluster.source, f"nodes[{index}]"
-    names = [nic.name for nic in machine.nics()]
-    for field, nic in [("nics_down", n) for n in node.nics_down] + [("nic_speed_GBps", n) for n, _ in node.nic_speeds]:
-        if nic not in names:
-            raise TopologyError(
-                source, f"{where}.{field}", f"no NIC {nic!r} on {machine.name}", "one of " + ", ".join(names)
-            )
+    for field, nics in (("nics_down", node.nics_down), ("nic_speed_GBps", [nic for nic, _ in node.nic_speeds])):
+        fault = _unknown_nic(machine, nics)
+        if fault is not None:
+            raise TopologyError(source, f"{where}.{field}", f"{fault[0]} on {machine.name}", fault[1])
+    fault = _cannot_communicate(machine, index, node.nics_down, count)
+    if fault is not None:
+        raise TopologyError(source, where, *fault)
     down = set(node.nics_down)
-    if count > 1 and down >= set(names):
-        raise TopologyError(
-            source,
-            where,
-            f"node {index} ({machine.name}) cannot communicate: every NIC is down",
-            "at least one NIC up on every node",
-        )
     speeds = dict(node.nic_speeds)
     vertices = [
         replace(v, net_bandwidth_GBps=speeds.get(v.name, v.net_bandwidth_GBps)) if v.kind is VertexKind.NIC else v
@@ -355,17 +360,13 @@ def node_statuses(topology: Topology, cluster: Cluster | None = None) -> tuple[N
     names: dict[str, str] = {}
     statuses = []
     for node in range(topology.nodes):
-        prefix = node_prefix(node) if topology.nodes > 1 else ""
         machine, down = topology.name, ()
         if matches:
             entry = cluster.nodes[node]
             if entry.machine not in names:
                 names[entry.machine] = load_topology(entry.machine).name
             machine, down = names[entry.machine], entry.nics_down
-        up = tuple(
-            (nic.name[len(prefix) :] if nic.name.startswith(prefix) else nic.name, nic.net_bandwidth_GBps)
-            for nic in topology.nics(node)
-        )
+        up = tuple((local_name(topology, nic.name, node), nic.net_bandwidth_GBps) for nic in topology.nics(node))
         ranks = tuple(gpu.rank for gpu in topology.gpus if gpu.node == node)
         statuses.append(NodeStatus(node, machine, ranks, up, tuple(dict.fromkeys(down))))
     return tuple(statuses)

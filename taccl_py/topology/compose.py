@@ -8,7 +8,7 @@ from dataclasses import replace
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology.model import Link, Topology, Vertex, VertexKind, make_topology
 
-__all__ = ["NETWORK_SWITCH", "compose_machines", "compose_nodes", "node_prefix"]
+__all__ = ["NETWORK_SWITCH", "compose_machines", "compose_nodes", "local_name", "node_prefix"]
 
 # The one vertex every NIC of a composed topology is cabled to.
 NETWORK_SWITCH = "netswitch"
@@ -17,6 +17,15 @@ NETWORK_SWITCH = "netswitch"
 def node_prefix(node: int) -> str:
     """Return the prefix of machine ``node``'s vertex names in a composed topology (``"n1."``)."""
     return f"n{node}."
+
+
+def local_name(topology: Topology, name: str, node: int) -> str:
+    """Return vertex ``name`` of machine ``node`` as the machine's own file names it (``"n1.nic3"`` -> ``"nic3"``).
+
+    A one-machine topology's names carry no prefix and come back as they are.
+    """
+    prefix = node_prefix(node)
+    return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name
 
 
 def compose_nodes(machine: Topology, nodes: int) -> Topology:

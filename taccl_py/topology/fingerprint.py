@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from taccl_py.topology.compose import node_prefix
+from taccl_py.topology.compose import local_name
 from taccl_py.topology.model import Topology
 
 __all__ = ["cluster_fingerprint", "machine_kind", "node_signature", "node_signatures"]
@@ -35,17 +35,12 @@ def _figure(value: float | None) -> float | None:
     return None if value is None else round(float(value), 9)
 
 
-def _local_name(topology: Topology, name: str, node: int) -> str:
-    prefix = node_prefix(node)
-    return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name
-
-
 def _node_structure(topology: Topology, node: int, nics: bool = True) -> list:
     skipped = ("net_switch",) if nics else ("net_switch", "nic")
     members = {v.name for v in topology.vertices if v.node == node and v.kind.value not in skipped}
     vertices = _canonical(
         [
-            _local_name(topology, v.name, node),
+            local_name(topology, v.name, node),
             v.kind.value,
             v.local_index,
             v.net_kind.value if v.net_kind else None,
@@ -57,8 +52,8 @@ def _node_structure(topology: Topology, node: int, nics: bool = True) -> list:
     )
     links = _canonical(
         [
-            _local_name(topology, link.src, node),
-            _local_name(topology, link.dst, node),
+            local_name(topology, link.src, node),
+            local_name(topology, link.dst, node),
             link.kind.value,
             _figure(link.alpha_us),
             _figure(link.bandwidth_GBps),
@@ -108,9 +103,9 @@ def cluster_fingerprint(topology: Topology) -> str:
     between = _canonical(
         [
             node_of.get(link.src),
-            _local_name(topology, link.src, node_of.get(link.src, -1)),
+            local_name(topology, link.src, node_of.get(link.src, -1)),
             node_of.get(link.dst),
-            _local_name(topology, link.dst, node_of.get(link.dst, -1)),
+            local_name(topology, link.dst, node_of.get(link.dst, -1)),
             link.kind.value,
             _figure(link.alpha_us),
             _figure(link.bandwidth_GBps),
