@@ -29,7 +29,7 @@ from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, mak
 from taccl_py.runtime.calibration import Calibration
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
-from taccl_py.runtime.live_cluster import LiveCluster, mismatch_warning, resolve_live_cluster
+from taccl_py.runtime.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
 from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, match_cluster
 
@@ -91,7 +91,7 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         super().__init__(rank, world_size)
         self._timeout_s = float(timeout.total_seconds())
         self._cluster: LiveCluster | None = None
-        self._warned: set[Collective] = set()
+        self._warned: set[tuple] = set()
         subgroup = False
         if cluster is not None:
             exchange = partial(_exchange_on_store, store, rank, world_size)
@@ -163,13 +163,8 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
 
     def _warn_other_cluster(self, collective: Collective, size_bytes: int) -> None:
         """Warn once per collective when the libraries had an algorithm for this call, but for another cluster."""
-        if self._cluster is None or self._choices is None or collective in self._warned:
-            return
-        rejected = self._choices.rejected_for(collective, size_bytes)
-        if rejected:
-            self._warned.add(collective)
-            made_for = [candidate.made_for.describe() for candidate in rejected]
-            logger.warning("%s", mismatch_warning(collective.value, size_bytes, self._cluster, made_for))
+        if self._cluster is not None and self._choices is not None:
+            warn_other_cluster(logger, self._choices, self._cluster, collective, size_bytes, self._warned)
 
     def _communicator_on(self, link: BackendTransport) -> Communicator:
         """Return the group's Communicator for ``link``'s device, made on first use."""

@@ -35,7 +35,7 @@ from taccl_py.runtime.calibration import (
     read_calibration,
     write_calibration,
 )
-from taccl_py.runtime.live_cluster import LiveCluster, mismatch_warning, resolve_live_cluster
+from taccl_py.runtime.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
 from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collect_algorithms, match_cluster
 
 __all__ = ["AlgorithmChoice"]
@@ -198,13 +198,9 @@ class AlgorithmChoice:
         return self.calibration
 
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
-        rejected = self.choices.rejected_for(collective, size_bytes)
-        if rejected and self.cluster is not None:
-            if ("cluster", collective) not in self._logged:  # one line per collective, not one per call
-                self._logged.add(("cluster", collective))
-                made_for = [candidate.made_for.describe() for candidate in rejected]
-                logger.warning("%s", mismatch_warning(collective.value, size_bytes, self.cluster, made_for))
-            return
+        if self.cluster is not None:
+            if warn_other_cluster(logger, self.choices, self.cluster, collective, size_bytes, self._logged):
+                return
         if collective not in self._logged:  # one line per collective, not one per call
             self._logged.add(collective)
             logger.warning(  # a warning: shown by default, as the README promises

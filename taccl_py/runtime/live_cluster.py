@@ -61,6 +61,7 @@ __all__ = [
     "declared_from_env",
     "live_cluster",
     "mismatch_warning",
+    "warn_other_cluster",
     "nominal_rate_gbps",
     "observe_nics",
     "ports_from_json",
@@ -375,3 +376,21 @@ def mismatch_warning(collective: str, size_bytes: int, live: LiveCluster, made_f
         f"{live.source}; the libraries were made for {', '.join(sorted(set(made_for)))}; using the backend's own "
         f"{collective} (logged once per collective)"
     )
+
+
+def warn_other_cluster(
+    log: logging.Logger, choices: Any, live: LiveCluster, collective: Any, size_bytes: int, warned: set
+) -> bool:
+    """Return True when ``choices`` rejected algorithms for this call as made for another cluster than ``live``.
+
+    The first such call of each collective logs ``mismatch_warning`` on ``log``; ``warned`` holds
+    the collectives already warned of (the caller's, so the warning is once per communicator).
+    """
+    rejected = choices.rejected_for(collective, size_bytes)
+    if not rejected:
+        return False
+    if ("cluster", collective) not in warned:
+        warned.add(("cluster", collective))
+        made_for = [candidate.made_for.describe() for candidate in rejected]
+        log.warning("%s", mismatch_warning(collective.value, size_bytes, live, made_for))
+    return True
