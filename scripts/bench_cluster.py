@@ -31,38 +31,36 @@ from benchmarks_md import (  # noqa: E402
     write_csv,
 )
 
+from taccl_py.baselines.shipped import shipped_alternatives  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
-from taccl_py.ir.library import read_library, shipped_library_paths  # noqa: E402
-from taccl_py.simulate import simulate  # noqa: E402
 from taccl_py.synth import synthesize  # noqa: E402
 from taccl_py.topology.cluster import load_cluster  # noqa: E402
-from taccl_py.topology.model import Topology  # noqa: E402
 from taccl_py.units import format_size, parse_sizes  # noqa: E402
 
 
 @dataclass(frozen=True)
 class ClusterCase:
-    """A benchmarked cluster: the ``load_cluster`` options, and the healthy machine it degrades (if any)."""
+    """A benchmarked cluster: the ``load_cluster`` options, and whether it degrades one healthy machine kind."""
 
     key: str
     label: str
     options: dict
-    healthy: tuple[str, int] | None
+    degraded: bool
 
 
 CASES = (
-    ClusterCase("mixed", "dgx-a100 x2 + dgx-h100 x2", {"cluster": "dgx-a100:2,dgx-h100:2"}, None),
+    ClusterCase("mixed", "dgx-a100 x2 + dgx-h100 x2", {"cluster": "dgx-a100:2,dgx-h100:2"}, False),
     ClusterCase(
         "nicdown",
         "dgx-a100 x4, n1.nic3 down",
         {"topology": "dgx-a100", "nodes": 4, "nics_down": ["1:nic3"]},
-        ("dgx-a100", 4),
+        True,
     ),
     ClusterCase(
         "slownic",
         "ndv2 x2, n1.nic0 at half speed",
         {"topology": "ndv2", "nodes": 2, "nic_speeds": ["1:nic0:4.76"]},
-        ("ndv2", 2),
+        True,
     ),
 )
 DEFAULT_SIZES = "1MB,4MB,16MB,64MB,256MB,1GB"
@@ -96,27 +94,15 @@ def _cell(value: object) -> str:
     return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def healthy_times(machine: tuple[str, int], collective: Collective, topology: Topology, sizes) -> list[float | None]:
-    """Return, per size, the healthy cluster's shipped algorithm simulated on ``topology`` (µs; None: native band)."""
-    name, nodes = machine
-    paths = [p for p in shipped_library_paths(name, nodes) if p.name.startswith(collective.value + ".")]
-    if not paths:
-        return [None] * len(sizes)
-    library = read_library(paths[0])
-    times = []
-    for size in sizes:
-        algorithm = library.select(size)
-        times.append(None if algorithm is None else simulate(algorithm, topology, size).time_us)
-    return times
-
-
 def bench_case(case: ClusterCase, collective: Collective, sizes: tuple[int, ...], jobs: int) -> list[tuple]:
     """Return the CSV rows of one cluster and collective: synthesize, compare, and time the healthy algorithm."""
     topology = load_cluster(**case.options)
     start = time.perf_counter()
     result = synthesize(topology, collective, sizes=sizes, jobs=jobs, progress=None)
     wall_s = time.perf_counter() - start
-    healthy = healthy_times(case.healthy, collective, topology, sizes) if case.healthy else [None] * len(sizes)
+    # The healthy cluster's shipped band for each size, run on the degraded one (what its users have).
+    shipped = shipped_alternatives(topology, collective, sizes) if case.degraded else (None,) * len(sizes)
+    healthy = [None if found is None else found[1].time_us for found in shipped]
     rows = []
     for choice, healthy_us in zip(result.choices, healthy):
         ours = choice.chosen_result
