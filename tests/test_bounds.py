@@ -183,7 +183,6 @@ def test_one_gpu_needs_no_time():
 @pytest.mark.parametrize(
     ("collective", "size", "message"),
     [
-        ("alltoall", GB, "collective: no cut bound for alltoall"),
         ("broadcast", GB, "collective: unknown collective 'broadcast'"),
         ("allgather", 0, "size_bytes: size 0; expected an integer number of bytes >= 1"),
     ],

@@ -181,11 +181,14 @@ def test_simulate_sizes_matches_single_runs_and_plans_are_reusable():
         assert simulate_plan(plan, size).time_us == pytest.approx(result.time_us)
 
 
-def test_alltoall_has_no_bound():
+def test_alltoall_is_measured_against_its_egress_cut():
     result = simulate(ring_algorithm(Collective.ALLTOALL, 3), full_mesh(3), 3_000_000)
     assert result.time_us == pytest.approx(ALPHA_US + 1_000_000 / BYTES_PER_US)  # one chunk per pair, all at once
-    assert math.isnan(result.fraction_of_bound)
-    assert simulation_result_to_dict(result)["fraction_of_bound"] is None
+    # each GPU sends 2 MB over its 2 links: the egress cut alone, or the α floor
+    assert result.bound_time_us == pytest.approx(max(1_000_000 / BYTES_PER_US, ALPHA_US))
+    assert simulation_result_to_dict(result)["fraction_of_bound"] == pytest.approx(
+        result.bound_time_us / result.time_us
+    )
 
 
 def test_wrong_rank_count_is_an_argument_error():

@@ -1,5 +1,6 @@
 """Baseline algorithms to compare against: NCCL-like rings, double binary trees, hierarchical rings and
-spanning-tree packing (the bandwidth-optimal published method).
+spanning-tree packing (the bandwidth-optimal published method); for AlltoAll, direct and two-level
+hierarchical exchanges.
 
 Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved
 it implements its collective. ``best_baseline`` simulates the applicable ones at a size and
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
+from taccl_py.baselines.alltoall import direct_alltoall_algorithm, hierarchical_alltoall_algorithm
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size, phase_packings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
@@ -38,6 +40,8 @@ __all__ = [
     "hierarchical_algorithm",
     "local_rings",
     "packed_trees_algorithm",
+    "direct_alltoall_algorithm",
+    "hierarchical_alltoall_algorithm",
 ]
 
 
@@ -48,6 +52,7 @@ class BaselineKind(str, Enum):
     TREE = "tree"
     HIERARCHICAL = "hierarchical"
     TREES = "trees"
+    DIRECT = "direct"
 
 
 def _kind(kind: BaselineKind | str) -> BaselineKind:
@@ -55,7 +60,7 @@ def _kind(kind: BaselineKind | str) -> BaselineKind:
         return BaselineKind(kind)
     except ValueError:
         raise ArgumentError(
-            None, "baseline", f"unknown baseline {kind!r}", "ring, tree, hierarchical or trees"
+            None, "baseline", f"unknown baseline {kind!r}", "ring, tree, hierarchical, trees or direct"
         ) from None
 
 
@@ -64,7 +69,7 @@ def _collective(collective: Collective | str) -> Collective:
         return Collective(collective)
     except ValueError:
         raise ArgumentError(
-            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce"
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter, allreduce or alltoall"
         ) from None
 
 
@@ -72,9 +77,12 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
     """Return the baselines worth comparing for ``collective`` on ``topology``.
 
     Double binary trees only reduce (allreduce); hierarchical equals the ring on one machine,
-    so it is listed only across machines; packed trees apply everywhere.
+    so it is listed only across machines; packed trees apply everywhere. AlltoAll has its
+    own two: direct, and hierarchical across machines.
     """
     collective = _collective(collective)
+    if collective is Collective.ALLTOALL:
+        return (BaselineKind.DIRECT,) + ((BaselineKind.HIERARCHICAL,) if topology.nodes > 1 else ())
     kinds = [BaselineKind.RING]
     if collective is Collective.ALLREDUCE:
         kinds.append(BaselineKind.TREE)
@@ -82,6 +90,10 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
         kinds.append(BaselineKind.HIERARCHICAL)
     kinds.append(BaselineKind.TREES)
     return tuple(kinds)
+
+
+# The kinds that build alltoall; every kind but direct builds the other collectives.
+_ALLTOALL_KINDS = frozenset({BaselineKind.DIRECT, BaselineKind.HIERARCHICAL})
 
 
 def build_baseline(
@@ -99,11 +111,12 @@ def build_baseline(
     Parameters
     ----------
     kind : BaselineKind or str
-        ``ring``, ``tree`` (allreduce only), ``hierarchical`` or ``trees`` (packed spanning trees).
+        ``ring``, ``tree`` (allreduce only), ``hierarchical`` or ``trees`` (packed spanning trees);
+        for alltoall ``direct`` or ``hierarchical`` (two or more machines).
     topology : Topology
         The machine(s) the orders are built for.
     collective : Collective or str
-        allgather, reducescatter or allreduce.
+        allgather, reducescatter, allreduce or alltoall.
     chunks : int, optional
         Pieces per channel (pipeline depth). Default: 1 for rings and hierarchical (their links
         are busy on every step, so more pieces only add latency in the α-β model); for trees
@@ -118,8 +131,8 @@ def build_baseline(
     Raises
     ------
     ArgumentError
-        For an unknown kind or collective, a tree for anything but allreduce, alltoall, or
-        counts out of range.
+        For an unknown kind or collective, a tree for anything but allreduce, a kind that does
+        not apply to alltoall (or direct to anything else), or counts out of range.
 
     Examples
     --------
@@ -128,6 +141,18 @@ def build_baseline(
     'ring-2ch-1p'
     """
     kind, collective = _kind(kind), _collective(collective)
+    alltoall = collective is Collective.ALLTOALL
+    if (alltoall and kind not in _ALLTOALL_KINDS) or (not alltoall and kind is BaselineKind.DIRECT):
+        raise ArgumentError(
+            topology.name,
+            "baseline",
+            f"no {kind.value} baseline for {collective.value}",
+            "direct or hierarchical for alltoall" if alltoall else "ring, tree, hierarchical or trees",
+        )
+    if alltoall:
+        if kind is BaselineKind.DIRECT:
+            return direct_alltoall_algorithm(topology)
+        return hierarchical_alltoall_algorithm(topology)
     if kind is BaselineKind.RING:
         return ring_algorithm(topology, collective, channels=channels, chunks=chunks)
     if kind is BaselineKind.TREE:
@@ -192,17 +217,14 @@ def best_baselines(
     """Return, per size, the baseline with the smallest simulated time and its result.
 
     Rings and hierarchical algorithms are built once; trees and packed trees once per pipeline
-    depth the sizes call for. Ties go to the earlier of ring, tree, hierarchical, trees. ``progress`` receives one
+    depth the sizes call for. Ties go to the earlier of ring, tree, hierarchical, trees (alltoall:
+    direct, hierarchical). ``progress`` receives one
     line per baseline built.
     """
     collective = _collective(collective)
     sizes = tuple(sizes_bytes)
     if not sizes:
         return ()
-    if collective is Collective.ALLTOALL:
-        raise ArgumentError(
-            topology.name, "collective", "no baselines for alltoall", "allgather, reducescatter or allreduce"
-        )
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     best: dict[int, tuple[Algorithm, SimulationResult]] = {}
     for kind in applicable_kinds(topology, collective):

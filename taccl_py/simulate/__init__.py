@@ -45,8 +45,6 @@ def _check_size(name: str, size_bytes: object) -> int:
 
 
 def _bounds_us(topology: Topology, collective: Collective, sizes: tuple[int, ...]) -> tuple[float, ...]:
-    if collective is Collective.ALLTOALL:  # no cut bound is defined for alltoall
-        return tuple(math.nan for _ in sizes)
     return tuple(bound.time_us for bound in lower_bounds(topology, collective, sizes))
 
 
@@ -138,8 +136,7 @@ def simulate(
     record_timeline : bool
         Also return one ``TimelineRecord`` per transfer and link it uses.
     bound_time_us : float, optional
-        The lower bound (µs) to compare with; computed with ``lower_bound`` when omitted
-        (NaN for alltoall, which has no cut bound).
+        The lower bound (µs) to compare with; computed with ``lower_bound`` when omitted.
 
     Returns
     -------

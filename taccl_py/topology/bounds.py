@@ -14,6 +14,7 @@ GPU at rate x, each GPU v has a minimum cut >= x N. Starting from x = the best o
 candidate sets (one GPU's ingress or egress, one node), Dinkelbach's iteration lowers x to the
 ratio of the most violated minimum cut until no GPU has one; the last set is the binding cut.
 When the machines of a composed topology are alike, only machine 0's GPUs need a max-flow.
+AlltoAll has its own cut (``alltoall_bound``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from networkx.algorithms.flow import build_residual_network, preflow_push
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
+from taccl_py.topology.alltoall_bound import alltoall_cut
 from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Link, LinkKind, Topology, VertexKind, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -330,7 +332,7 @@ def lower_bounds(
 ) -> tuple[LowerBound, ...]:
     """Return ``lower_bound`` at each size, computing the cuts and the floor once.
 
-    Raises ``ArgumentError`` for alltoall, an unknown collective or a size below 1 byte.
+    Raises ``ArgumentError`` for an unknown collective or a size below 1 byte.
     """
     collective = _collective(collective)
     sizes = tuple(sizes_bytes)
@@ -339,6 +341,8 @@ def lower_bounds(
             raise ArgumentError(topology.name, "size_bytes", f"size {size!r}", "an integer number of bytes >= 1")
     links = _route_links(topology)
     floor = _latency_floor_us(topology, links)
+    if collective is Collective.ALLTOALL:
+        return _alltoall_bounds(topology, links, sizes, floor)
     cuts = []
     if collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
         cuts.append(_cut_bound(topology, links, reverse=True))
@@ -370,16 +374,37 @@ def lower_bounds(
     return tuple(bounds)
 
 
+def _alltoall_bounds(
+    topology: Topology, links: tuple[Link, ...], sizes: tuple[int, ...], floor: float
+) -> tuple[LowerBound, ...]:
+    """Return the AlltoAll bound at each size (``alltoall_bound``): its cut or the latency floor."""
+    cut = alltoall_cut(topology, links)
+    bounds = []
+    for size in sizes:
+        bandwidth = cut.time_us(size, topology.num_ranks)
+        bounds.append(
+            LowerBound(
+                Collective.ALLTOALL,
+                size,
+                max(bandwidth, floor),
+                bandwidth,
+                floor,
+                cut.cut,
+                cut.cut_gpus,
+                cut.capacity_GBps,
+                cut.description,
+            )
+        )
+    return tuple(bounds)
+
+
 def _collective(collective: Collective | str) -> Collective:
     try:
-        collective = Collective(collective)
+        return Collective(collective)
     except ValueError:
         raise ArgumentError(
-            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce"
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter, allreduce or alltoall"
         ) from None
-    if collective is Collective.ALLTOALL:
-        raise ArgumentError(None, "collective", "no cut bound for alltoall", "allgather, reducescatter or allreduce")
-    return collective
 
 
 def lower_bound(topology: Topology, collective: Collective | str, size_bytes: int) -> LowerBound:
@@ -390,10 +415,10 @@ def lower_bound(topology: Topology, collective: Collective | str, size_bytes: in
     topology : Topology
         The machine(s); links no GPU-to-GPU route holds carry nothing.
     collective : Collective or str
-        allgather, reducescatter or allreduce.
+        allgather, reducescatter, allreduce or alltoall.
     size_bytes : int
         The nccl-tests size M: AllGather's total output, ReduceScatter's total input,
-        AllReduce's buffer.
+        AllReduce's buffer; AlltoAll's buffer on one rank.
 
     Returns
     -------
@@ -404,7 +429,7 @@ def lower_bound(topology: Topology, collective: Collective | str, size_bytes: in
     Raises
     ------
     ArgumentError
-        For alltoall, an unknown collective or a size below 1 byte.
+        For an unknown collective or a size below 1 byte.
     TopologyError
         When some GPU cannot reach another.
 

@@ -1,0 +1,121 @@
+"""The AlltoAll cut bound: per-GPU egress/ingress and whole-machine (bisection) cuts.
+
+In an AlltoAll of M bytes per rank over N ranks, each rank sends M/N bytes to every other
+rank. A vertex set S holding k GPUs must therefore send k (N - k) M / N bytes over the links
+leaving S, and receive as much over the links entering it:
+
+    T_A2A >= (M / N) * k (N - k) / capacity(S)       (either direction)
+
+Unlike AllGather's, this ratio is not a ratio of linear functions of S, so no max-flow finds
+the best S. The bound takes the best of the sets that bind on real machines: one GPU
+(its egress or ingress), one machine, and the union of the j machines with the least
+capacity for j = 1 .. machines - 1 (the bisection on a non-blocking network). Each set's
+capacity is the minimum cut between its GPUs and the other GPUs over the links some route
+holds (``bounds._route_links``), so a NIC's PCIe link binds where it is slower than the NIC.
+A union's capacity is the sum of its machines' cuts, which is at least its own minimum cut:
+the bound stays valid and is exact when the network is non-blocking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+from networkx.algorithms.flow import preflow_push
+
+from taccl_py.topology.fingerprint import node_signature
+from taccl_py.topology.model import Link, Topology
+from taccl_py.units import BYTES_PER_US_PER_GBPS
+
+__all__ = ["AlltoallCut", "alltoall_cut"]
+
+_SOURCE, _SINK = ("alltoall source",), ("alltoall sink",)  # keys no vertex name (a str) can equal
+
+
+@dataclass(frozen=True)
+class AlltoallCut:
+    """A set of ``cut_gpus`` GPUs and the capacity (GB/s, one direction) between it and the rest."""
+
+    cut: tuple[str, ...]
+    cut_gpus: int
+    capacity_GBps: float
+    description: str
+
+    def time_us(self, size_bytes: float, num_ranks: int) -> float:
+        """Return (size / N) * k (N - k) / capacity in µs, with k the GPUs in the set."""
+        if not self.cut_gpus or self.cut_gpus >= num_ranks:
+            return 0.0
+        crossing = size_bytes / num_ranks * self.cut_gpus * (num_ranks - self.cut_gpus)
+        return float(crossing / (self.capacity_GBps * BYTES_PER_US_PER_GBPS))
+
+
+def _graph(links: Iterable[Link]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for link in links:
+        graph.add_edge(link.src, link.dst, capacity=link.bandwidth_GBps)
+    return graph
+
+
+def _min_cut_GBps(graph: nx.DiGraph, inside: Iterable[str], outside: Iterable[str]) -> float:
+    """Return the least capacity (GB/s) of links that separate ``inside`` from ``outside``."""
+    network = graph.copy()
+    # edges without a capacity are infinite to networkx's max-flow
+    network.add_edges_from((_SOURCE, name) for name in inside)
+    network.add_edges_from((name, _SINK) for name in outside)
+    return float(nx.maximum_flow_value(network, _SOURCE, _SINK, flow_func=preflow_push))
+
+
+def _representatives(topology: Topology) -> list[int]:
+    """Return the first machine of each kind and state (``node_signature``)."""
+    seen: dict[str, int] = {}
+    for node in range(topology.nodes):
+        seen.setdefault(node_signature(topology, node), node)
+    return sorted(seen.values())
+
+
+def alltoall_cut(topology: Topology, links: tuple[Link, ...]) -> AlltoallCut:
+    """Return the candidate set with the largest k (N - k) / capacity over ``links``, both directions.
+
+    ``links`` are the links some GPU-to-GPU route holds. Identical machines are cut once.
+    """
+    names = [gpu.name for gpu in topology.gpus]
+    if len(names) < 2:
+        return AlltoallCut((), 0, 0.0, "one GPU: nothing to move")
+    graphs = {"leaving": _graph(links), "entering": _graph(links).reverse(copy=True)}
+    candidates: list[AlltoallCut] = []
+    kinds = _representatives(topology)
+    for direction, graph in graphs.items():
+        for gpu in topology.gpus:
+            if gpu.node in kinds:
+                others = [name for name in names if name != gpu.name]
+                capacity = _min_cut_GBps(graph, [gpu.name], others)
+                label = "per-GPU egress cut" if direction == "leaving" else "per-GPU ingress cut"
+                candidates.append(AlltoallCut((gpu.name,), 1, capacity, f"{label}: {gpu.name} alone: {capacity:.4g} GB/s"))
+        if topology.nodes > 1:
+            candidates += _machine_cuts(topology, graph, names, kinds, direction)
+    return max(candidates, key=lambda c: c.time_us(1.0, len(names)))
+
+
+def _machine_cuts(
+    topology: Topology, graph: nx.DiGraph, names: list[str], kinds: list[int], direction: str
+) -> list[AlltoallCut]:
+    """Return the cuts around the j machines with the least capacity, for j = 1 .. machines - 1."""
+    members = {node: [g.name for g in topology.gpus if g.node == node] for node in range(topology.nodes)}
+    by_kind = {
+        node_signature(topology, node): _min_cut_GBps(
+            graph, members[node], [name for name in names if name not in set(members[node])]
+        )
+        for node in kinds
+    }
+    capacity = {node: by_kind[node_signature(topology, node)] for node in range(topology.nodes)}
+    weakest = sorted(range(topology.nodes), key=lambda node: (capacity[node], node))
+    cuts = []
+    for count in range(1, topology.nodes):
+        chosen = sorted(weakest[:count])
+        inside = tuple(name for node in chosen for name in members[node])
+        total = sum(capacity[node] for node in chosen)
+        what = f"node {chosen[0]}" if count == 1 else "nodes " + ",".join(map(str, chosen))
+        description = f"node cut: {what} ({len(inside)} GPUs): {total:.4g} GB/s {direction}"
+        cuts.append(AlltoallCut(inside, len(inside), total, description))
+    return cuts
