@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from enum import Enum
 
-from taccl_py.baselines.alltoall import direct_alltoall_algorithm, hierarchical_alltoall_algorithm
+from taccl_py.baselines.alltoall import (
+    direct_alltoall_algorithm,
+    hierarchical_alltoall_algorithm,
+    hierarchical_alltoall_pieces_by_size,
+)
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size, phase_packings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
@@ -151,8 +155,11 @@ def build_baseline(
         )
     if alltoall:
         if kind is BaselineKind.DIRECT:
+            if chunks not in (None, 1) or channels is not None:
+                fault = "direct alltoall with chunks or channels"
+                raise ArgumentError(topology.name, "baseline", fault, "neither (one message per pair)")
             return direct_alltoall_algorithm(topology)
-        return hierarchical_alltoall_algorithm(topology)
+        return hierarchical_alltoall_algorithm(topology, 1 if chunks is None else chunks)
     if kind is BaselineKind.RING:
         return ring_algorithm(topology, collective, channels=channels, chunks=chunks)
     if kind is BaselineKind.TREE:
@@ -187,11 +194,14 @@ def size_groups(
     """Return the channels (None: the default) and the sizes grouped by the pipeline depth ``kind`` uses for them.
 
     Rings and hierarchical algorithms use one depth for every size; trees and packed trees tune it
-    (packed trees from ``packings``, ``phase_packings`` of the topology, packed here when None).
+    (packed trees from ``packings``, ``phase_packings`` of the topology, packed here when None), and
+    so does the hierarchical alltoall (its pieces per parcel).
     """
     kind, collective = _kind(kind), _collective(collective)
     if kind is BaselineKind.TREES:
         return packing_pieces_by_size(topology, collective, sizes, packings)
+    if kind is BaselineKind.HIERARCHICAL and collective is Collective.ALLTOALL:
+        return None, dict(hierarchical_alltoall_pieces_by_size(topology, sizes))
     if kind is not BaselineKind.TREE:
         return None, {None: list(sizes)}
     channels = default_tree_channels(topology)

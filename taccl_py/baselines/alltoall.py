@@ -18,6 +18,7 @@ one chunk and ``chunks_per_loop`` is the rank count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from taccl_py.baselines._orders import node_ranks, rail_nics
@@ -25,11 +26,17 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.simulate import prepare_simulation, simulate_plan
 from taccl_py.topology.builtins import nic_affinity
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
-__all__ = ["direct_alltoall_algorithm", "hierarchical_alltoall_algorithm", "alltoall_relays"]
+__all__ = [
+    "direct_alltoall_algorithm",
+    "hierarchical_alltoall_algorithm",
+    "hierarchical_alltoall_pieces_by_size",
+    "alltoall_relays",
+]
 
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 
@@ -115,35 +122,57 @@ class _Scratch:
 
 
 def _parcel_items(
-    topology: Topology, source_node: int, destination: int, relays: tuple[int, int], scratch: _Scratch
+    topology: Topology, source_node: int, destination: int, relays: tuple[int, int], pieces: int, scratch: _Scratch
 ) -> list[Item]:
     """Return the items that carry machine ``source_node``'s G blocks for ``destination`` across.
 
-    The blocks are gathered in source order on the sender relay, so they arrive as the
-    contiguous run of ``destination``'s output that holds that machine's ranks.
+    The blocks are gathered on the sender relay, its own first, and cross in ``pieces`` runs, each
+    sent as the contiguous parts of ``destination``'s output that hold those ranks' blocks, so a
+    run crosses the network while the next one is still gathered.
     """
     sender, receiver = relays
     sources = node_ranks(topology, source_node)
-    count = len(sources)
-    gathered = scratch.take(sender, count)
+    gathered = scratch.take(sender, len(sources))
+    # the sender's own block first: the network starts before anything is gathered
+    first = sources.index(sender)
+    order = [(first + k) % len(sources) for k in range(len(sources))]
     items: list[Item] = []
-    for position, source in enumerate(sources):
-        slot = (I, destination)
-        if source == sender:
-            items.append(LocalCopy(sender, slot, (S, gathered + position)))
-        else:
-            items.append(Transfer(source, sender, slot, (S, gathered + position)))
-    first_output = (O, sources[0])
-    if receiver == destination:
-        items.append(Transfer(sender, receiver, (S, gathered), first_output, count=count))
-        return items
-    landed = scratch.take(receiver, count)
-    items.append(Transfer(sender, receiver, (S, gathered), (S, landed), count=count))
-    items.append(Transfer(receiver, destination, (S, landed), first_output, count=count))
+    for start, stop in _runs(len(sources), pieces):
+        for position in order[start:stop]:
+            slot = (I, destination)
+            if sources[position] == sender:
+                items.append(LocalCopy(sender, slot, (S, gathered + position)))
+            else:
+                items.append(Transfer(sources[position], sender, slot, (S, gathered + position)))
+        for low, high in _contiguous(sorted(order[start:stop])):
+            count, output = high - low, (O, sources[low])
+            if receiver == destination:
+                items.append(Transfer(sender, receiver, (S, gathered + low), output, count=count))
+                continue
+            landed = scratch.take(receiver, count)
+            items.append(Transfer(sender, receiver, (S, gathered + low), (S, landed), count=count))
+            items.append(Transfer(receiver, destination, (S, landed), output, count=count))
     return items
 
 
-def hierarchical_alltoall_algorithm(topology: Topology) -> Algorithm:
+def _contiguous(positions: list[int]) -> list[tuple[int, int]]:
+    """Return the (start, stop) runs of consecutive values in sorted ``positions``."""
+    runs: list[tuple[int, int]] = []
+    for position in positions:
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
+def _runs(length: int, pieces: int) -> list[tuple[int, int]]:
+    """Return ``pieces`` consecutive (start, stop) runs covering 0..length, sizes differing by at most one."""
+    bounds = [length * k // pieces for k in range(pieces + 1)]
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def hierarchical_alltoall_algorithm(topology: Topology, pieces: int = 1) -> Algorithm:
     """Return the verified two-level AlltoAll: gather at a NIC's GPU, cross once per rail, hand on.
 
     Parameters
@@ -151,11 +180,15 @@ def hierarchical_alltoall_algorithm(topology: Topology) -> Algorithm:
     topology : Topology
         Two or more machines (composed topologies, clusters); relays come from
         ``alltoall_relays``.
+    pieces : int
+        Network messages per parcel of G blocks (1..G): more let gathering, crossing and handing
+        on overlap, each paying the network's α.
 
     Raises
     ------
     ArgumentError
-        On one machine (the direct baseline is the hierarchical one there).
+        On one machine (the direct baseline is the hierarchical one there), or for ``pieces``
+        outside 1..G.
 
     Notes
     -----
@@ -168,6 +201,10 @@ def hierarchical_alltoall_algorithm(topology: Topology) -> Algorithm:
         raise ArgumentError(
             topology.name, "nodes", "1 machine", "2 or more machines (on one machine use the direct baseline)"
         )
+    if not 1 <= pieces <= topology.gpus_per_node:
+        raise ArgumentError(
+            topology.name, "chunks", f"{pieces} pieces", f"1..{topology.gpus_per_node} messages per parcel of blocks"
+        )
     ranks = topology.num_ranks
     relays = alltoall_relays(topology)
     scratch = _Scratch()
@@ -176,7 +213,8 @@ def hierarchical_alltoall_algorithm(topology: Topology) -> Algorithm:
         for source_node in range(topology.nodes):
             target = (source_node + offset) % topology.nodes
             for destination in node_ranks(topology, target):
-                items += _parcel_items(topology, source_node, destination, relays[source_node, destination], scratch)
+                relay = relays[source_node, destination]
+                items += _parcel_items(topology, source_node, destination, relay, pieces, scratch)
     for node in range(topology.nodes):
         members = node_ranks(topology, node)
         for offset in range(1, len(members)):
@@ -186,5 +224,28 @@ def hierarchical_alltoall_algorithm(topology: Topology) -> Algorithm:
             ]
     algorithm = lower_plan("hierarchical-a2a", Collective.ALLTOALL, ranks, ranks, items)
     rails = len(rail_nics(topology)[0])
-    metadata = (("baseline", "hierarchical"), ("topology", topology.name), ("rails", str(rails)))
-    return check_algorithm(replace(algorithm, name=f"hierarchical-{rails}rail", metadata=metadata))
+    metadata = (
+        ("baseline", "hierarchical"),
+        ("topology", topology.name),
+        ("rails", str(rails)),
+        ("chunks", str(pieces)),
+    )
+    return check_algorithm(replace(algorithm, name=f"hierarchical-{rails}rail-{pieces}p", metadata=metadata))
+
+
+def hierarchical_alltoall_pieces_by_size(topology: Topology, sizes: Sequence[int]) -> dict[int, list[int]]:
+    """Return the sizes grouped by the pieces per parcel (1, 2, 4, ... G) that simulate fastest there.
+
+    Few pieces pay the network's α least; G pieces let gathering overlap the crossing. Ties go
+    to fewer pieces.
+    """
+    counts = sorted({min(2**k, topology.gpus_per_node) for k in range(topology.gpus_per_node.bit_length() + 1)})
+    times = {}
+    for pieces in counts:
+        plan = prepare_simulation(hierarchical_alltoall_algorithm(topology, pieces), topology)
+        times[pieces] = [simulate_plan(plan, size, bound_time_us=0.0).time_us for size in sizes]
+    groups: dict[int, list[int]] = {}
+    for index, size in enumerate(sizes):
+        best = min(counts, key=lambda pieces: (times[pieces][index], pieces))
+        groups.setdefault(best, []).append(size)
+    return groups

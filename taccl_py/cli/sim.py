@@ -74,7 +74,7 @@ def _simulate(args: argparse.Namespace) -> int:
         )
     results = list(simulate_sizes(algorithm, topology, sizes))
     baselines: list[tuple[str, float] | None] = [None] * len(results)
-    if not args.no_baselines and algorithm.collective is not Collective.ALLTOALL:
+    if not args.no_baselines:
         found = best_baselines(topology, algorithm.collective, sizes, progress=_PROGRESS)
         baselines = [(base.name, result.time_us) for base, result in found]
     if args.plot is not None:
@@ -155,24 +155,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     base = subparsers.add_parser(
         "baseline",
-        help="write an NCCL-like ring, double binary tree, hierarchical or packed-trees algorithm",
+        help="write an NCCL-like ring, double binary tree, hierarchical, packed-trees or direct algorithm",
         description="Build the baseline for the topology, verify it and write it (.json or MSCCL-IR .xml).",
     )
     base.add_argument(
         "kind",
         choices=[k.value for k in BaselineKind],
-        help="ring, tree (allreduce only), hierarchical or trees (spanning-tree packing)",
+        help="ring, tree (allreduce only), hierarchical or trees (spanning-tree packing); "
+        "for alltoall direct or hierarchical",
     )
     add_topology_options(base)
-    base.add_argument(
-        "--collective", "-c", required=True, choices=["allgather", "reducescatter", "allreduce"], help="the collective"
-    )
+    base.add_argument("--collective", "-c", required=True, choices=[c.value for c in Collective], help="the collective")
     base.add_argument(
         "--channels",
         type=int,
         help="rings or trees in parallel, or trees per rank for packed trees (default: as the topology suggests)",
     )
-    base.add_argument("--chunks", type=int, help="pieces per channel, the pipeline depth (default: 1; trees 4)")
+    base.add_argument(
+        "--chunks",
+        type=int,
+        help="pieces per channel, the pipeline depth (default: 1; trees 4); hierarchical alltoall: messages per "
+        "parcel of one machine's blocks",
+    )
     base.add_argument(
         "--size", help=f"packed trees: the size their pipeline depth is tuned for (e.g. 64MB; {SIZE_SUFFIXES_HELP})"
     )
