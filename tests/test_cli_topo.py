@@ -53,9 +53,10 @@ def test_show_json(capsys):
     assert (document["name"], document["gpus"], document["nodes"]) == ("ndv2x2", 16, 2)
     assert [nic["nearest_gpus"] for nic in document["nics"]] == [[0, 1, 2, 3], [8, 9, 10, 11]]
     bounds = {b["collective"]: b for b in document["lower_bounds"]}
-    assert set(bounds) == {"allgather", "reducescatter", "allreduce"}
+    assert set(bounds) == {"allgather", "reducescatter", "allreduce", "alltoall"}
     assert bounds["allgather"]["time_us"] == pytest.approx(52_500, rel=1e-6)
     assert bounds["allreduce"]["time_us"] == pytest.approx(105_000, rel=1e-6)
+    assert bounds["alltoall"]["time_us"] == pytest.approx(420_000, rel=1e-6)  # 8 x 8 blocks of 1GB / 16 per node
     assert sum(c["directed_links"] for c in document["link_classes"]) == len(load_topology("ndv2", nodes=2).links)
 
 

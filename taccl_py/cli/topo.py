@@ -21,7 +21,7 @@ from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
 __all__ = ["register"]
 
 _DEFAULT_SIZES = "1MB,64MB,1GB"
-_BOUND_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+_BOUND_COLLECTIVES = tuple(Collective)
 _DESCRIPTION_CHARS = 90  # `topo list` trims longer descriptions
 
 

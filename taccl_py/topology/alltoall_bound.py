@@ -18,6 +18,7 @@ the bound stays valid and is exact when the network is non-blocking.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -25,12 +26,13 @@ import networkx as nx
 from networkx.algorithms.flow import preflow_push
 
 from taccl_py.topology.fingerprint import node_signature
-from taccl_py.topology.model import Link, Topology
+from taccl_py.topology.model import Link, LinkKind, Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["AlltoallCut", "alltoall_cut"]
 
 _SOURCE, _SINK = ("alltoall source",), ("alltoall sink",)  # keys no vertex name (a str) can equal
+_NETWORK_KINDS = frozenset({LinkKind.IB.value, LinkKind.ETHERNET.value})
 
 
 @dataclass(frozen=True)
@@ -53,17 +55,25 @@ class AlltoallCut:
 def _graph(links: Iterable[Link]) -> nx.DiGraph:
     graph = nx.DiGraph()
     for link in links:
-        graph.add_edge(link.src, link.dst, capacity=link.bandwidth_GBps)
+        graph.add_edge(link.src, link.dst, capacity=link.bandwidth_GBps, kind=link.kind.value)
     return graph
 
 
-def _min_cut_GBps(graph: nx.DiGraph, inside: Iterable[str], outside: Iterable[str]) -> float:
-    """Return the least capacity (GB/s) of links that separate ``inside`` from ``outside``."""
+def _min_cut(graph: nx.DiGraph, inside: Iterable[str], outside: Iterable[str]) -> tuple[float, Counter[str]]:
+    """Return the least capacity (GB/s) of links that separate ``inside`` from ``outside``, and their kinds."""
     network = graph.copy()
     # edges without a capacity are infinite to networkx's max-flow
     network.add_edges_from((_SOURCE, name) for name in inside)
     network.add_edges_from((name, _SINK) for name in outside)
-    return float(nx.maximum_flow_value(network, _SOURCE, _SINK, flow_func=preflow_push))
+    capacity, (near, far) = nx.minimum_cut(network, _SOURCE, _SINK, flow_func=preflow_push)
+    kinds = Counter(graph.edges[u, w]["kind"] for u in near if u in graph for w in graph.successors(u) if w in far)
+    return float(capacity), kinds
+
+
+def _over(kinds: Counter[str]) -> str:
+    """Return ``over 1 ib link`` / ``over 8 pcie links`` for the crossing links' kinds."""
+    links = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+    return f"over {links} link{'s' if sum(kinds.values()) > 1 else ''}"
 
 
 def _representatives(topology: Topology) -> list[int]:
@@ -84,39 +94,39 @@ def alltoall_cut(topology: Topology, links: tuple[Link, ...]) -> AlltoallCut:
         return AlltoallCut((), 0, 0.0, "one GPU: nothing to move")
     graphs = {"leaving": _graph(links), "entering": _graph(links).reverse(copy=True)}
     candidates: list[AlltoallCut] = []
-    kinds = _representatives(topology)
+    representatives = _representatives(topology)
     for direction, graph in graphs.items():
         for gpu in topology.gpus:
-            if gpu.node in kinds:
+            if gpu.node in representatives:
                 others = [name for name in names if name != gpu.name]
-                capacity = _min_cut_GBps(graph, [gpu.name], others)
+                capacity, kinds = _min_cut(graph, [gpu.name], others)
                 label = "per-GPU egress cut" if direction == "leaving" else "per-GPU ingress cut"
-                description = f"{label}: {gpu.name} alone: {capacity:.4g} GB/s"
+                description = f"{label}: {gpu.name} alone: {capacity:.4g} GB/s {direction} {_over(kinds)}"
                 candidates.append(AlltoallCut((gpu.name,), 1, capacity, description))
         if topology.nodes > 1:
-            candidates += _machine_cuts(topology, graph, names, kinds, direction)
+            candidates += _machine_cuts(topology, graph, names, representatives, direction)
     return max(candidates, key=lambda c: c.time_us(1.0, len(names)))
 
 
 def _machine_cuts(
-    topology: Topology, graph: nx.DiGraph, names: list[str], kinds: list[int], direction: str
+    topology: Topology, graph: nx.DiGraph, names: list[str], representatives: list[int], direction: str
 ) -> list[AlltoallCut]:
     """Return the cuts around the j machines with the least capacity, for j = 1 .. machines - 1."""
     members = {node: [g.name for g in topology.gpus if g.node == node] for node in range(topology.nodes)}
-    by_kind = {
-        node_signature(topology, node): _min_cut_GBps(
-            graph, members[node], [name for name in names if name not in set(members[node])]
-        )
-        for node in kinds
+    by_signature = {
+        node_signature(topology, node): _min_cut(graph, members[node], [n for n in names if n not in members[node]])
+        for node in representatives
     }
-    capacity = {node: by_kind[node_signature(topology, node)] for node in range(topology.nodes)}
-    weakest = sorted(range(topology.nodes), key=lambda node: (capacity[node], node))
+    cut = {node: by_signature[node_signature(topology, node)] for node in range(topology.nodes)}
+    weakest = sorted(range(topology.nodes), key=lambda node: (cut[node][0], node))
     cuts = []
     for count in range(1, topology.nodes):
         chosen = sorted(weakest[:count])
         inside = tuple(name for node in chosen for name in members[node])
-        total = sum(capacity[node] for node in chosen)
+        total = sum(cut[node][0] for node in chosen)
+        kinds = sum((cut[node][1] for node in chosen), Counter())
+        label = "NIC cut" if set(kinds) <= _NETWORK_KINDS else "node cut"
         what = f"node {chosen[0]}" if count == 1 else "nodes " + ",".join(map(str, chosen))
-        description = f"node cut: {what} ({len(inside)} GPUs): {total:.4g} GB/s {direction}"
+        description = f"{label}: {what} ({len(inside)} GPUs): {total:.4g} GB/s {direction} {_over(kinds)}"
         cuts.append(AlltoallCut(inside, len(inside), total, description))
     return cuts
