@@ -12,32 +12,20 @@ import torch.distributed as dist
 
 from taccl_py.baselines import direct_alltoall_algorithm
 from taccl_py.errors import ArgumentError
-from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.calibration import CalibrationPoint
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.topology import load_topology
 
-from helpers import ring_algorithm
+from helpers import chunked_alltoall_algorithm, ring_algorithm
 from mp_utils import assert_no_mismatches, run_ranks
 
 A2A = Collective.ALLTOALL
-I, O = Buffer.INPUT, Buffer.OUTPUT
 #: Where the test library switches from one chunk per block to two (bytes, nccl-tests size).
 BAND_EDGE_BYTES = 4096
 #: Dtypes gloo's all_to_all_single moves (it copies bytes; every dtype the executor runs).
 DTYPES = ("float32", "float64", "int64", "int32", "bfloat16", "float16")
-
-
-def two_chunk_alltoall(n: int) -> Algorithm:
-    """Return a direct alltoall whose blocks travel as two chunks each (block sizes that are odd do not divide)."""
-    items: list[Transfer | LocalCopy] = [LocalCopy(r, (I, 2 * r + j), (O, 2 * r + j)) for r in range(n) for j in (0, 1)]
-    items += [
-        Transfer(r, q, (I, 2 * q + j), (O, 2 * r + j)) for r in range(n) for q in range(n) if q != r for j in (0, 1)
-    ]
-    return lower_plan(f"direct2-alltoall-{n}", A2A, n, 2 * n, items)
 
 
 def alltoall_library(n: int) -> AlgorithmLibrary:
@@ -45,7 +33,7 @@ def alltoall_library(n: int) -> AlgorithmLibrary:
     one = direct_alltoall_algorithm(load_topology("dgx-a100")) if n == 8 else ring_algorithm(A2A, n)
     bands = (
         SizeBand(0, BAND_EDGE_BYTES, one, "one.json"),
-        SizeBand(BAND_EDGE_BYTES, None, two_chunk_alltoall(n), "two.json"),
+        SizeBand(BAND_EDGE_BYTES, None, chunked_alltoall_algorithm(n, 2), "two.json"),
     )
     return AlgorithmLibrary("test", 1, A2A, n, bands)
 
