@@ -142,8 +142,8 @@ class Communicator(AlgorithmChoice):
     All collectives are synchronous and take contiguous tensors of one dtype (float32, float16,
     bfloat16, float64, int32, int64) on the transport's device; ``op`` is "sum", "avg", "max" or
     "min" (or a ``torch.distributed.ReduceOp``); all_to_all runs an algorithm on equal blocks and
-    the group's own ``all_to_all_single`` on uneven splits. avg divides the sum by the world size (integers:
-    truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
+    the group's own ``all_to_all_single`` on uneven splits. avg divides the sum by the world size
+    (integers: truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
     The Communicator must be the only user of its group while a call runs.
     """
 
