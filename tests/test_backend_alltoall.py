@@ -1,4 +1,4 @@
-"""The ``taccl`` backend's all_to_all_single: routed through the library's alltoall, equal to gloo's.
+"""The ``taccl`` backend's all_to_all_single and all_to_all: routed through the library's alltoall, equal to gloo's.
 
 One launch of 4 ranks re-initialises torch.distributed with ``init_process_group("taccl")`` on a
 library holding only an alltoall algorithm and runs every scenario against a plain gloo group of
@@ -70,6 +70,26 @@ def _equal_split_cases(rank: int, gloo: Any) -> list[str]:
     return problems
 
 
+def _list_and_functional_cases(rank: int, gloo: Any) -> list[str]:
+    """The list form (``dist.all_to_all``) and the functional ``all_to_all_single`` against gloo's."""
+    import torch.distributed._functional_collectives as funcol
+
+    problems = []
+    inputs = [_data(rank, (3, 5), torch.int64, 30 + peer) for peer in range(WORLD_SIZE)]
+    ours = [torch.zeros(3, 5, dtype=torch.int64) for _ in range(WORLD_SIZE)]
+    reference = [torch.zeros(3, 5, dtype=torch.int64) for _ in range(WORLD_SIZE)]
+    dist.all_to_all(ours, inputs)
+    dist.all_to_all(reference, inputs, group=gloo)
+    if not all(torch.equal(a, b) for a, b in zip(ours, reference, strict=True)):
+        problems.append("all_to_all (list) int64")
+    data = _data(rank, (WORLD_SIZE * 40,), torch.float32, 40)
+    ours_single = funcol.wait_tensor(funcol.all_to_all_single(data, None, None, dist.group.WORLD))
+    reference_single = funcol.wait_tensor(funcol.all_to_all_single(data, None, None, gloo))
+    if not torch.equal(ours_single, reference_single):
+        problems.append("functional all_to_all_single float32")
+    return problems
+
+
 def _uneven_split_cases(rank: int, gloo: Any) -> list[str]:
     """Uneven splits run on the inner backend (twice: one log line) and equal gloo's."""
     sends = [(rank + peer) % 3 + 1 for peer in range(WORLD_SIZE)]
@@ -92,6 +112,9 @@ def _alltoall_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]
     gloo = dist.new_group(backend="gloo")
     results: dict[str, Any] = {"problems": _equal_split_cases(rank, gloo)}
     results["equal_counts"] = (dict(pg.routed), dict(pg.delegated))
+    before = (Counter(pg.routed), Counter(pg.delegated))
+    results["problems"] += _list_and_functional_cases(rank, gloo)
+    results["list_counts"] = (dict(pg.routed - before[0]), dict(pg.delegated - before[1]))
     before = (Counter(pg.routed), Counter(pg.delegated))
     results["problems"] += _uneven_split_cases(rank, gloo)
     results["uneven_counts"] = (dict(pg.routed - before[0]), dict(pg.delegated - before[1]))
@@ -116,6 +139,14 @@ def test_all_to_all_single_is_routed_and_equals_gloo(alltoall_results: list[dict
         routed, delegated = result["equal_counts"]
         assert routed == {"alltoall": len(EQUAL_CASES) + 1}, f"rank {rank}: routed {routed}"
         assert delegated == {}, f"rank {rank}: delegated {delegated}"
+
+
+@pytest.mark.multiprocess
+def test_the_list_form_and_the_functional_collective_are_routed(alltoall_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(alltoall_results):
+        assert result["problems"] == [], f"rank {rank}: {result['problems']}"
+        routed, delegated = result["list_counts"]
+        assert routed == {"alltoall": 2} and delegated == {}, f"rank {rank}: routed {routed}, delegated {delegated}"
 
 
 @pytest.mark.multiprocess

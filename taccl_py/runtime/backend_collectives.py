@@ -3,11 +3,12 @@
 :class:`CollectiveEntryPoints` is the part of
 :class:`~taccl_py.runtime.backend_group.TacclProcessGroup` that torch calls: ``allreduce``,
 ``allgather`` / ``all_gather_single``, ``reduce_scatter`` / ``reduce_scatter_single`` (and their
-coalesced forms) and ``all_to_all_single`` (equal splits) check whether the call can run on a
-Communicator and queue it as a job on the group's worker; everything else, and whatever cannot
-be routed, runs on the inner gloo/NCCL backend. Every entry point torch has is a Python method
-here (see :mod:`taccl_py.runtime.backend` for why). The group itself (inner backends, links,
-the routing decision, ordering) is in :mod:`taccl_py.runtime.backend_group`.
+coalesced forms), ``alltoall`` and ``alltoall_base`` / ``all_to_all_single`` (equal blocks) check
+whether the call can run on a Communicator and queue it as a job on the group's worker;
+everything else, and whatever cannot be routed, runs on the inner gloo/NCCL backend. Every entry
+point torch has is a Python method here (see :mod:`taccl_py.runtime.backend` for why). The group
+itself (inner backends, links, the routing decision, ordering) is in
+:mod:`taccl_py.runtime.backend_group`.
 """
 
 from __future__ import annotations
@@ -166,6 +167,30 @@ class CollectiveEntryPoints:
 
     all_to_all_single = alltoall_base
 
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """Send ``input_tensors[j]`` to rank j, into its ``output_tensors[rank]``; return the Work.
+
+        Routed when every tensor has the same size, dtype and device (equal blocks); else the inner backend's.
+        """
+        opts = dist.AllToAllOptions() if opts is None else opts
+        first = _first_tensor((input_tensors, output_tensors))
+        routable = (
+            first is not None
+            and len(input_tensors) == len(output_tensors) == self.size()
+            and all(_same_kind(t, first) for t in (*input_tensors, *output_tensors))
+        )
+        communicator = (
+            self._communicator(Collective.ALLTOALL, (*input_tensors, *output_tensors), _nbytes(first) * self.size())
+            if routable
+            else None
+        )
+        if communicator is None:
+            tensor = first if first is not None else torch.empty(0)
+            return self._delegate(Collective.ALLTOALL, "alltoall", tensor, output_tensors, input_tensors, opts)
+        return self._submit(
+            Collective.ALLTOALL, partial(_all_to_all_list, communicator, output_tensors, input_tensors), first
+        )
+
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -196,7 +221,6 @@ class CollectiveEntryPoints:
     send = _on_inner_backend("send")
     recv = _on_inner_backend("recv")
     recv_anysource = _on_inner_backend("recv_anysource")
-    alltoall = _on_inner_backend("alltoall")
     allreduce_coalesced = _on_inner_backend("allreduce_coalesced")
     allgather_coalesced = _on_inner_backend("allgather_coalesced")
 
@@ -268,6 +292,17 @@ def _equal_blocks(tensor: torch.Tensor, splits: list[int], world_size: int) -> b
 def _all_to_all(communicator: Communicator, output: torch.Tensor, input: torch.Tensor) -> list[torch.Tensor]:
     communicator.all_to_all(output, input)
     return [output]
+
+
+def _all_to_all_list(
+    communicator: Communicator, outputs: list[torch.Tensor], inputs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    flat = torch.cat([t.reshape(-1) for t in inputs])
+    received = torch.empty_like(flat)
+    communicator.all_to_all(received, flat)
+    for block, out in zip(received.chunk(len(outputs)), outputs):
+        out.copy_(block.view_as(out))
+    return list(outputs)
 
 
 def _all_gather(communicator: Communicator, output: torch.Tensor, input: torch.Tensor) -> list[torch.Tensor]:
