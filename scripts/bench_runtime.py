@@ -1,4 +1,4 @@
-"""Time the runtime over gloo against gloo's own all_gather/all_reduce, and the executor's own cost.
+"""Time the runtime over gloo against gloo's own all_gather/all_reduce/all_to_all_single, and the executor's own cost.
 
 Starts N local gloo ranks (loopback) for each N in --ranks and, per collective and size, times
 our ring, every other candidate (a ring cut into two chunks per rank, a direct all-pairs
@@ -10,8 +10,14 @@ own unless the ring measured more than 5% faster), timed again after the calibra
 executor's own cost per round is measured over a transport that moves nothing. Writes the
 ``runtime`` section of BENCHMARKS.md unless --no-write.
 
+alltoall has no ring: its first candidate is the direct schedule (every rank sends each peer its
+block, peers by offset), the others the direct schedule with two chunks per block and (unless
+--no-shipped) the baselines of the built-in machines; "chosen" calibrates the direct schedule
+against gloo's all_to_all_single. Its rows go to the ``runtime-alltoall`` section.
+
     python scripts/bench_runtime.py                          # 4 and 8 ranks, 64KB-64MB (minutes)
     python scripts/bench_runtime.py --ranks 4 --sizes 1MB,4MB --iters 5 --no-write
+    python scripts/bench_runtime.py --collectives alltoall --no-shipped
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from taccl_py.runtime.bench import BenchRow, bench_sizes, executor_overhead_us, 
 from taccl_py.runtime.launch import run_local  # noqa: E402
 from taccl_py.units import format_size, parse_sizes  # noqa: E402
 
-COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL)
+DEFAULT_COLLECTIVES = ",".join(c.value for c in COLLECTIVES)
 CALIBRATED = "calibrated"  # results key of the calibrated Communicator's rows
 I, O = Buffer.INPUT, Buffer.OUTPUT
 
@@ -42,9 +49,22 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def direct_algorithm(collective: Collective, n: int) -> Algorithm:
-    """Return the all-pairs schedule: every rank sends each block straight to the rank that needs it."""
+def direct_algorithm(collective: Collective, n: int, chunks_per_block: int = 1) -> Algorithm:
+    """Return the all-pairs schedule: every rank sends each block straight to the rank that needs it.
+
+    ``chunks_per_block`` (alltoall only) cuts each block into that many chunks.
+    """
     items: list[Transfer | LocalCopy] = []
+    if collective is Collective.ALLTOALL:  # peers by offset, as the direct baseline: no rank is everyone's first
+        k = chunks_per_block
+        items += [LocalCopy(r, (I, r * k + j), (O, r * k + j)) for r in range(n) for j in range(k)]
+        for offset in range(1, n):
+            items += [
+                Transfer(r, (r + offset) % n, (I, (r + offset) % n * k + j), (O, r * k + j))
+                for r in range(n)
+                for j in range(k)
+            ]
+        return lower_plan(f"direct-alltoall-{n}x{k}", collective, n, n * k, items)
     if collective is Collective.ALLGATHER:
         items += [LocalCopy(r, (I, 0), (O, r)) for r in range(n)]
         items += [Transfer(r, q, (I, 0), (O, r)) for r in range(n) for q in range(n) if q != r]
@@ -63,8 +83,12 @@ def candidates(collective: Collective, n: int, shipped: bool = True) -> list[Alg
     """Return our algorithms for ``collective`` on ``n`` ranks; the first is the ring.
 
     Without ``shipped``: only the rings and the direct schedule, not the libraries and baselines of the machines.
+    alltoall has no ring: its first is the direct schedule, then the same with two chunks per block.
     """
-    found = [ring_algorithm(collective, n), ring_algorithm(collective, n, 2), direct_algorithm(collective, n)]
+    if collective is Collective.ALLTOALL:
+        found = [direct_algorithm(collective, n), direct_algorithm(collective, n, 2)]
+    else:
+        found = [ring_algorithm(collective, n), ring_algorithm(collective, n, 2), direct_algorithm(collective, n)]
     if not shipped:
         return found
     for path in sorted(shipped_library_dir().glob("*/n*/*.library.json")):
@@ -91,27 +115,35 @@ def label(algorithm: Algorithm) -> str:
     return f"{algorithm.name}@{where}" if where else algorithm.name
 
 
-def bench_worker(rank: int, world: int, sizes: tuple[int, ...], iters: int, shipped: bool) -> dict:
+def bench_worker(
+    rank: int, world: int, sizes: tuple[int, ...], iters: int, shipped: bool, collectives: tuple[Collective, ...]
+) -> dict:
     """One rank: time every candidate against torch at every size; return rows per (collective, label)."""
     from taccl_py.runtime.communicator import Communicator
 
     results: dict = {}
-    for collective in COLLECTIVES:
-        for algorithm in candidates(collective, world, shipped):
+    for collective in collectives:
+        found = candidates(collective, world, shipped)
+        for algorithm in found:
             comm = Communicator(None, algorithm, timeout_s=120)
             rows = bench_sizes(comm, collective, sizes, iters=iters, warmup=1, progress=_log if rank == 0 else None)
             results[(collective.value, label(algorithm))] = rows
-        comm = Communicator(None, ring_algorithm(collective, world), timeout_s=120)
+        comm = Communicator(None, found[0], timeout_s=120)  # the ring (alltoall: the direct schedule)
         comm.calibrate(sizes, collectives=[collective], iters=iters, warmup=1)
         results[(CALIBRATED, collective.value)] = bench_sizes(comm, collective, sizes, iters=iters, warmup=1)
     return results
 
 
-def summarize(world: int, results: dict[tuple[str, str], list[BenchRow]]) -> list[list[str]]:
-    """Return table rows: per collective and size, torch, our ring, our best candidate and the calibrated choice."""
+def summarize(
+    world: int, results: dict[tuple[str, str], list[BenchRow]], collectives: tuple[Collective, ...]
+) -> list[list[str]]:
+    """Return table rows: per collective and size, torch, our first candidate (the ring; alltoall: direct), our
+    best candidate and the calibrated choice."""
     table = []
-    for collective in COLLECTIVES:
+    for collective in collectives:
         keys = [key for key in results if key[0] == collective.value]
+        if not keys:
+            continue
         chosen_rows = results[(CALIBRATED, collective.value)]
         ring_key = keys[0]
         for index, ring_row in enumerate(results[ring_key]):
@@ -182,13 +214,36 @@ def write_section(args: argparse.Namespace, load: str, main_table: str, overhead
         "the Python replay loop, its bookkeeping and the torch calls, without any communication.\n\n"
         f"```\n{overhead}\n```\n"
     )
-    command = (
+    update_benchmarks_section("runtime", "Runtime: our collectives over gloo against gloo's own", _command(args), body)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """Return the command line that reproduces this run."""
+    return (
         "python scripts/bench_runtime.py"
         + (f" --ranks {args.ranks}" if args.ranks != "4,8" else "")
         + (f" --sizes {args.sizes}" if args.sizes != "64KB-64MB" else "")
+        + (f" --collectives {args.collectives}" if args.collectives != DEFAULT_COLLECTIVES else "")
         + (" --no-shipped" if args.no_shipped else "")
     )
-    update_benchmarks_section("runtime", "Runtime: our collectives over gloo against gloo's own", command, body)
+
+
+def write_alltoall_section(args: argparse.Namespace, load: str, table: str) -> None:
+    """Write the ``runtime-alltoall`` section of BENCHMARKS.md; ``load`` says how busy the machine was."""
+    body = (
+        f"Local gloo ranks on loopback, {os.cpu_count()} CPU cores ({load}: other work on the machine shows up "
+        f"as noise); float32; size = each rank's input (nccl-tests convention); the median over {args.iters} "
+        "iterations of the slowest rank's time, ours (`Communicator.all_to_all`) and gloo's `all_to_all_single` "
+        "timed alternately on the same group (x > 1: we are faster). direct = every rank sends each peer its "
+        "block, peers by offset, all posted at once; best = the fastest of direct and direct with two chunks per "
+        "block"
+        + ("" if args.no_shipped else " and the baselines of the built-in machines with that many GPUs")
+        + ". chosen = what a Communicator on the direct schedule runs after `Communicator.calibrate` on the same "
+        "group (direct, or gloo's own unless direct measured more than 5% faster), timed in a second pass.\n\n"
+        f"```\n{table}\n```\n"
+    )
+    title = "Runtime: all_to_all over gloo against gloo's own all_to_all_single"
+    update_benchmarks_section("runtime-alltoall", title, _command(args), body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="64KB-64MB", help="sizes, nccl-tests convention (default 64KB-64MB)")
     parser.add_argument("--iters", type=int, default=7, help="timed iterations per size (default 7)")
     parser.add_argument(
+        "--collectives", default=DEFAULT_COLLECTIVES, help=f"collectives to time (default {DEFAULT_COLLECTIVES})"
+    )
+    parser.add_argument(
         "--no-shipped",
         action="store_true",
         help="time only the rings and the direct schedule, not the shipped libraries and baselines (faster)",
@@ -204,21 +262,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
+    collectives = tuple(Collective(name) for name in args.collectives.split(","))
     load_at_start = os.getloadavg()[0]
     table: list[list[str]] = []
     for world in (int(text) for text in args.ranks.split(",")):
         _log(f"{world} ranks ...")
-        results = run_local(bench_worker, world, (sizes, args.iters, not args.no_shipped), timeout_s=3600)[0]
-        table += summarize(world, results)
+        options = (sizes, args.iters, not args.no_shipped, collectives)
+        results = run_local(bench_worker, world, options, timeout_s=3600)[0]
+        table += summarize(world, results, collectives)
+    load = f"1-minute load average {load_at_start:.1f} at the start"
     headers = ["ranks", "collective", "size", "gloo_us", "ring_us", "ring_vs_gloo", "best", "best_us", "best_vs_gloo"]
     headers += ["chosen", "chosen_us", "chosen_vs_gloo"]
-    main_table = format_rows(headers, table)
-    overhead = format_rows(["algorithm", "ranks", "us_per_round", "us_per_message"], overhead_rows())
-    print(main_table)
-    print()
-    print(overhead)
-    if not args.no_write:
-        write_section(args, f"1-minute load average {load_at_start:.1f} at the start", main_table, overhead)
+    main_rows = [row for row in table if row[1] != Collective.ALLTOALL.value]
+    alltoall_rows = [row for row in table if row[1] == Collective.ALLTOALL.value]
+    if main_rows:
+        main_table = format_rows(headers, main_rows)
+        overhead = format_rows(["algorithm", "ranks", "us_per_round", "us_per_message"], overhead_rows())
+        print(main_table, overhead, sep="\n\n")
+        if not args.no_write:
+            write_section(args, load, main_table, overhead)
+    if alltoall_rows:
+        alltoall_headers = [h.replace("ring", "direct") for h in headers]
+        alltoall_table = format_rows(alltoall_headers, alltoall_rows)
+        print(alltoall_table)
+        if not args.no_write:
+            write_alltoall_section(args, load, alltoall_table)
     return 0
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "STEPS",
     "BUCKET_CAP_MB",
     "ring_library",
+    "init_taccl_group",
     "make_mlp",
     "train",
     "flat_parameters",
@@ -38,6 +39,22 @@ def ring_library(world_size: int = WORLD_SIZE) -> list[Any]:
     return [
         ring_algorithm(c, world_size) for c in (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER)
     ]
+
+
+def init_taccl_group(rank: int, world_size: int, port: int, library: Any) -> Any:
+    """Replace the launcher's gloo group by a ``taccl`` one on ``library``, on the parent's store; return it."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from taccl_py.runtime.backend import register_backend
+
+    dist.destroy_process_group()
+    register_backend(library)
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+    dist.init_process_group("taccl", store=store, rank=rank, world_size=world_size, timeout=timeout)
+    return dist.group.WORLD
 
 
 def make_mlp(seed: int = 0, *, unused: bool = False, dtype: Any = None) -> Any:

@@ -20,6 +20,7 @@ __all__ = [
     "ring_reducescatter_plan",
     "ring_allreduce_plan",
     "direct_alltoall_plan",
+    "chunked_alltoall_algorithm",
     "ring_algorithm",
     "FIXTURES",
     "msccl_fixture_paths",
@@ -92,12 +93,21 @@ def ring_allreduce_plan(num_ranks: int, inplace: bool = False, channel: int = 0)
     return items
 
 
-def direct_alltoall_plan(num_ranks: int) -> list:
-    """Return an alltoall where every rank sends each block straight to its owner."""
-    n = num_ranks
-    items: list = [LocalCopy(r, (I, r), (O, r)) for r in range(n)]
-    items += [Transfer(r, q, (I, q), (O, r)) for r in range(n) for q in range(n) if q != r]
+def direct_alltoall_plan(num_ranks: int, chunks_per_block: int = 1) -> list:
+    """Return an alltoall where every rank sends each block straight to its owner, as ``chunks_per_block`` chunks."""
+    n, k = num_ranks, chunks_per_block
+    items: list = [LocalCopy(r, (I, r * k + j), (O, r * k + j)) for r in range(n) for j in range(k)]
+    items += [
+        Transfer(r, q, (I, q * k + j), (O, r * k + j)) for r in range(n) for q in range(n) if q != r for j in range(k)
+    ]
     return items
+
+
+def chunked_alltoall_algorithm(num_ranks: int, chunks_per_block: int) -> Algorithm:
+    """Return the direct alltoall with each block cut into ``chunks_per_block`` chunks (odd blocks get padded)."""
+    items = direct_alltoall_plan(num_ranks, chunks_per_block)
+    name = f"direct-alltoall-{num_ranks}x{chunks_per_block}"
+    return lower_plan(name, Collective.ALLTOALL, num_ranks, num_ranks * chunks_per_block, items)
 
 
 def ring_algorithm(collective: Collective, num_ranks: int, *, inplace: bool = False) -> Algorithm:

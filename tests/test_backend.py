@@ -17,7 +17,7 @@ import pytest
 
 from taccl_py.errors import ArgumentError
 
-from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, make_mlp, max_difference, ring_library, train
+from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, init_taccl_group, make_mlp, max_difference, ring_library, train
 from mp_utils import run_ranks
 
 torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
@@ -33,15 +33,8 @@ SHORT_TIMEOUT_S = 2.0
 
 
 def _init_taccl(rank: int, world_size: int, port: int) -> Any:
-    """Replace the launcher's gloo group by a taccl one on the parent's store; return the group."""
-    from taccl_py.runtime.backend import register_backend
-
-    dist.destroy_process_group()
-    register_backend(ring_library(world_size))
-    timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
-    dist.init_process_group("taccl", store=store, rank=rank, world_size=world_size, timeout=timeout)
-    return dist.group.WORLD
+    """Replace the launcher's gloo group by a taccl one on the ring library; return the group."""
+    return init_taccl_group(rank, world_size, port, ring_library(world_size))
 
 
 def _data(rank: int, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
@@ -313,8 +306,8 @@ def test_other_operations_go_to_the_inner_backend(backend_results: list[dict[str
     for rank, result in enumerate(backend_results):
         assert result["delegated_problems"] == [], f"rank {rank}: {result['delegated_problems']}"
         routed, delegated = result["counts_after_delegated"]
-        assert delegated == {"allreduce": 1}, (
-            f"rank {rank}: only the PRODUCT all-reduce is a delegated collective: {delegated}"
+        assert delegated == {"allreduce": 1, "alltoall": 1}, (
+            f"rank {rank}: the PRODUCT all-reduce and the all-to-all (no algorithm) are delegated: {delegated}"
         )
         assert routed == result["counts"][0], f"rank {rank}: {routed}"
 

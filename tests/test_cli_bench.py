@@ -148,6 +148,21 @@ def test_bench_json_rows_fall_back_to_torch_where_the_library_has_nothing(capsys
     assert all(r["ours_time_us"] > 0 and r["torch_time_us"] > 0 for r in rows)
 
 
+@pytest.mark.multiprocess
+def test_bench_times_alltoall_against_all_to_all_single(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "alltoall.json"
+    write_algorithm(ring_algorithm(Collective.ALLTOALL, 2), str(path))
+    argv = ["bench", "--algorithm", str(path), "--nproc", "2", "--sizes", "8KB,64KB", "--iters", "1", "--json"]
+    status = main(argv)
+    rows = json.loads(capsys.readouterr().out)
+    assert status == 0
+    assert [(r["collective"], r["size_bytes"], r["algorithm"]) for r in rows] == [
+        ("alltoall", 8000, "ring_alltoall_2"),
+        ("alltoall", 64000, "ring_alltoall_2"),
+    ]
+    assert all(r["ours_time_us"] > 0 and r["torch_time_us"] > 0 for r in rows)
+
+
 def test_bench_unknown_library(capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["bench", "--library", "no-such-machine", "--nproc", "2"])
     assert_one_error_line(capsys, status, "no-such-machine: library: neither a file nor a built-in topology")

@@ -172,7 +172,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench.add_argument(
         "--collective",
         action="append",
-        choices=[c.value for c in Collective if c.reduces or c is Collective.ALLGATHER],
+        choices=[c.value for c in Collective],
         help="collective to time (repeatable; default: those the library has)",
     )
     bench.add_argument(

@@ -1,8 +1,8 @@
 """The runtime: run Algorithms on tensors over torch.distributed, CuPy NCCL or in-process threads.
 
 :class:`Executor` replays one rank's part of an algorithm over a :class:`Transport`;
-:class:`Communicator` chooses algorithms from a library and offers all_gather, reduce_scatter and
-all_reduce on a torch.distributed process group. Importing this package imports torch.
+:class:`Communicator` chooses algorithms from a library and offers all_gather, reduce_scatter,
+all_reduce and all_to_all on a torch.distributed process group. Importing this package imports torch.
 """
 
 from __future__ import annotations

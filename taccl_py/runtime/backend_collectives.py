@@ -2,11 +2,12 @@
 
 :class:`CollectiveEntryPoints` is the part of
 :class:`~taccl_py.runtime.backend_group.TacclProcessGroup` that torch calls: ``allreduce``,
-``allgather`` / ``all_gather_single`` and ``reduce_scatter`` / ``reduce_scatter_single`` (and their
-coalesced forms) check whether the call can run on a Communicator and queue it as a job on the
-group's worker; everything else, and whatever cannot be routed, runs on the inner gloo/NCCL
-backend. Every entry point torch has is a Python method here (see :mod:`taccl_py.runtime.backend`
-for why). The group itself (inner backends, links, the routing decision, ordering) is in
+``allgather`` / ``all_gather_single``, ``reduce_scatter`` / ``reduce_scatter_single`` (and their
+coalesced forms), ``alltoall`` and ``alltoall_base`` / ``all_to_all_single`` (equal blocks) check
+whether the call can run on a Communicator and queue it as a job on the group's worker;
+everything else, and whatever cannot be routed, runs on the inner gloo/NCCL backend. Every entry
+point torch has is a Python method here (see :mod:`taccl_py.runtime.backend` for why). The group
+itself (inner backends, links, the routing decision, ordering) is in
 :mod:`taccl_py.runtime.backend_group`.
 """
 
@@ -69,13 +70,15 @@ class CollectiveEntryPoints:
     A base of :class:`~taccl_py.runtime.backend_group.TacclProcessGroup` (before
     ``dist.ProcessGroup``, so that its methods are the ones torch finds), which provides
     ``_communicator`` (the Communicator that runs a call, or None), ``_submit`` (queue a routed
-    job), ``_delegate`` (run on the inner backend, counted), ``_get_backend`` and ``size``.
+    job), ``_delegate`` (run on the inner backend, counted), ``_log_uneven_splits``, ``_get_backend``
+    and ``size``.
     """
 
     _communicator: Callable[..., Communicator | None]
     _submit: Callable[..., Any]
     _delegate: Callable[..., Any]
     _get_backend: Callable[..., Any]
+    _log_uneven_splits: Callable[[torch.Tensor], None]
     size: Callable[[], int]
 
     # -- routed collectives -----------------------------------------------------------------------
@@ -131,6 +134,63 @@ class CollectiveEntryPoints:
 
     _reduce_scatter_base = reduce_scatter_single
 
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Any:
+        """Send block j of ``input`` to rank j, into block ``rank`` of its ``output``; return the Work.
+
+        Equal blocks (no split sizes, or all equal) run the library's alltoall; uneven splits, and
+        tensors whose first dimension does not split into equal blocks, run on the inner backend.
+        """
+        opts = dist.AllToAllOptions() if opts is None else opts
+        even = _even(output_split_sizes) and _even(input_split_sizes)
+        # what does not fit goes to the inner backend, to fail there as it would on gloo/NCCL
+        routable = (
+            even
+            and _same_kind(output, input)
+            and _equal_blocks(output, output_split_sizes, self.size())
+            and _equal_blocks(input, input_split_sizes, self.size())
+        )
+        communicator = self._communicator(Collective.ALLTOALL, (output, input), _nbytes(input)) if routable else None
+        if communicator is None:
+            if not even:
+                self._log_uneven_splits(input)
+            return self._delegate(
+                Collective.ALLTOALL, "alltoall_base", input, output, input, output_split_sizes, input_split_sizes, opts
+            )
+        return self._submit(Collective.ALLTOALL, partial(_all_to_all, communicator, output, input), output)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        """Send ``input_tensors[j]`` to rank j, into its ``output_tensors[rank]``; return the Work.
+
+        Routed when every tensor has the same size, dtype and device (equal blocks); else the inner backend's.
+        """
+        opts = dist.AllToAllOptions() if opts is None else opts
+        first = _first_tensor((input_tensors, output_tensors))
+        routable = (
+            first is not None
+            and len(input_tensors) == len(output_tensors) == self.size()
+            and all(_same_kind(t, first) for t in (*input_tensors, *output_tensors))
+        )
+        communicator = (
+            self._communicator(Collective.ALLTOALL, (*input_tensors, *output_tensors), _nbytes(first) * self.size())
+            if routable
+            else None
+        )
+        if communicator is None:
+            tensor = first if first is not None else torch.empty(0)
+            return self._delegate(Collective.ALLTOALL, "alltoall", tensor, output_tensors, input_tensors, opts)
+        return self._submit(
+            Collective.ALLTOALL, partial(_all_to_all_list, communicator, output_tensors, input_tensors), first
+        )
+
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
@@ -161,9 +221,6 @@ class CollectiveEntryPoints:
     send = _on_inner_backend("send")
     recv = _on_inner_backend("recv")
     recv_anysource = _on_inner_backend("recv_anysource")
-    alltoall = _on_inner_backend("alltoall")
-    alltoall_base = _on_inner_backend("alltoall_base")
-    all_to_all_single = _on_inner_backend("alltoall_base")
     allreduce_coalesced = _on_inner_backend("allreduce_coalesced")
     allgather_coalesced = _on_inner_backend("allgather_coalesced")
 
@@ -220,6 +277,32 @@ def _same_kind(tensor: torch.Tensor, like: torch.Tensor) -> bool:
 def _all_reduce(communicator: Communicator, tensor: torch.Tensor, op: str) -> list[torch.Tensor]:
     communicator.all_reduce(tensor, op)
     return [tensor]
+
+
+def _even(splits: list[int]) -> bool:
+    return len(set(splits)) <= 1
+
+
+def _equal_blocks(tensor: torch.Tensor, splits: list[int], world_size: int) -> bool:
+    """Return True when ``tensor``'s first dimension splits into ``world_size`` equal blocks as ``splits`` say."""
+    rows = tensor.shape[0] if tensor.dim() else 0
+    return rows % world_size == 0 and rows > 0 and (not splits or sum(splits) == rows)
+
+
+def _all_to_all(communicator: Communicator, output: torch.Tensor, input: torch.Tensor) -> list[torch.Tensor]:
+    communicator.all_to_all(output, input)
+    return [output]
+
+
+def _all_to_all_list(
+    communicator: Communicator, outputs: list[torch.Tensor], inputs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    flat = torch.cat([t.reshape(-1) for t in inputs])
+    received = torch.empty_like(flat)
+    communicator.all_to_all(received, flat)
+    for block, out in zip(received.chunk(len(outputs)), outputs):
+        out.copy_(block.view_as(out))
+    return list(outputs)
 
 
 def _all_gather(communicator: Communicator, output: torch.Tensor, input: torch.Tensor) -> list[torch.Tensor]:

@@ -52,7 +52,7 @@ def _device_kinds() -> dict[str, tuple[str, torch.device]]:
 
 
 class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
-    """A process group whose all-reduce, all-gather and reduce-scatter run taccl_py algorithms.
+    """A process group whose all-reduce, all-gather, reduce-scatter and all-to-all run taccl_py algorithms.
 
     Made by the backend creator that :func:`~taccl_py.runtime.backend.register_backend` installs;
     see the notes of :mod:`taccl_py.runtime.backend` for what is routed and how. ``routed`` counts
@@ -165,6 +165,20 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         """Warn once per collective when the libraries had an algorithm for this call, but for another cluster."""
         if self._cluster is not None and self._choices is not None:
             warn_other_cluster(logger, self._choices, self._cluster, collective, size_bytes, self._warned)
+
+    def _log_uneven_splits(self, tensor: torch.Tensor) -> None:
+        """Say once, where the group could route all_to_all_single, that uneven splits run on the inner backend."""
+        key = (Collective.ALLTOALL, "uneven splits")
+        routes = self._choices is not None and Collective.ALLTOALL in self._choices.collectives
+        if key in self._warned or not routes or tensor.device.type not in self._links:
+            return
+        self._warned.add(key)
+        logger.warning(
+            "all_to_all_single with uneven splits on %d ranks: taccl algorithms move equal blocks; running the "
+            "inner %s backend's own (logged once)",
+            self.size(),
+            "NCCL" if tensor.device.type == "cuda" else "gloo",
+        )
 
     def _communicator_on(self, link: BackendTransport) -> Communicator:
         """Return the group's Communicator for ``link``'s device, made on first use."""

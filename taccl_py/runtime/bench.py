@@ -35,7 +35,8 @@ __all__ = [
 ]
 
 #: Collectives ``taccl bench`` times.
-BENCH_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+BENCH_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL)
+_RING_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 _I, _O = Buffer.INPUT, Buffer.OUTPUT
 
 
@@ -121,7 +122,7 @@ def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int 
                 items += [Transfer(r, (r + 1) % n, (buffer, block * k + j), (buffer, block * k + j)) for j in range(k)]
     if collective is Collective.REDUCESCATTER:
         items += [LocalCopy(r, (_I, r * k + j), (_O, j)) for r in range(n) for j in range(k)]
-    if collective not in BENCH_COLLECTIVES:
+    if collective not in _RING_COLLECTIVES:
         raise ArgumentError(None, "collective", f"{collective.value}", "allgather, reducescatter or allreduce")
     inplace = collective is Collective.ALLREDUCE
     return lower_plan(f"ring-{collective.value}-{n}x{k}", collective, n, n * k, items, inplace=inplace)

@@ -1,4 +1,4 @@
-"""taccl_py.Communicator: all_gather, reduce_scatter and all_reduce with synthesized algorithms.
+"""taccl_py.Communicator: all_gather, reduce_scatter, all_reduce and all_to_all with synthesized algorithms.
 
 Built on an initialised torch.distributed process group. For each call it picks an algorithm by
 collective, world size and message size from its library, compiles an :class:`Executor` once per
@@ -21,7 +21,7 @@ import datetime
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -33,8 +33,9 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow, build_dataflow
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
+from taccl_py.runtime.communicator_checks import check_split_sizes, check_tensors, even_splits, op_name
 from taccl_py.runtime.communicator_choice import _SOURCE, AlgorithmChoice
-from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
+from taccl_py.runtime.executor import Executor
 from taccl_py.runtime.graphs import graph_support
 from taccl_py.runtime.live_cluster import declared_from_env, sysfs_root_from_env
 from taccl_py.runtime.selection import collective_size_bytes
@@ -49,15 +50,6 @@ logger = logging.getLogger(__name__)
 MAX_CACHED_EXECUTORS = 64
 _TORCH_OPS = MappingProxyType({"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"})
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def _op_name(op: Any) -> str:
-    """Return the op as one of REDUCE_OPS; accept torch.distributed.ReduceOp members too."""
-    name = op if isinstance(op, str) else str(getattr(op, "name", op)).rsplit(".", 1)[-1]
-    name = name.lower()
-    if name not in REDUCE_OPS:
-        raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
-    return name
 
 
 def default_backend(environ: Mapping[str, str], cuda_devices: int) -> str:
@@ -149,8 +141,9 @@ class Communicator(AlgorithmChoice):
     -----
     All collectives are synchronous and take contiguous tensors of one dtype (float32, float16,
     bfloat16, float64, int32, int64) on the transport's device; ``op`` is "sum", "avg", "max" or
-    "min" (or a ``torch.distributed.ReduceOp``). avg divides the sum by the world size (integers:
-    truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
+    "min" (or a ``torch.distributed.ReduceOp``); all_to_all runs an algorithm on equal blocks and
+    the group's own ``all_to_all_single`` on uneven splits. avg divides the sum by the world size
+    (integers: truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
     The Communicator must be the only user of its group while a call runs.
     """
 
@@ -281,31 +274,7 @@ class Communicator(AlgorithmChoice):
 
     def _check(self, what: str, output: Any, input: Any, ratio: tuple[int, int]) -> None:
         """Raise ArgumentError unless the tensors fit: numel(output) * ratio[0] == numel(input) * ratio[1]."""
-        for role, tensor in (("output", output), ("input", input)):
-            if not isinstance(tensor, torch.Tensor):
-                raise ArgumentError(
-                    _SOURCE, f"{what}.{role}", f"{type(tensor).__name__} is not a tensor", "a torch.Tensor"
-                )
-            if tensor.dtype not in SUPPORTED_DTYPES:
-                raise ArgumentError(
-                    _SOURCE,
-                    f"{what}.{role}",
-                    f"dtype {tensor.dtype} is not supported",
-                    ", ".join(str(d) for d in SUPPORTED_DTYPES),
-                )
-            if not tensor.is_contiguous():
-                raise ArgumentError(
-                    _SOURCE, f"{what}.{role}", "tensor is not contiguous", "a contiguous tensor (call .contiguous())"
-                )
-            if tensor.device != self.transport.device:
-                raise ArgumentError(
-                    _SOURCE,
-                    f"{what}.{role}",
-                    f"tensor on {tensor.device}",
-                    f"a tensor on {self.transport.device} for the {self.transport.name} transport",
-                )
-        if output.dtype != input.dtype:
-            raise ArgumentError(_SOURCE, what, f"output is {output.dtype} but input is {input.dtype}", "one dtype")
+        check_tensors(what, output, input, self.transport.device, self.transport.name)
         if output.numel() * ratio[0] != input.numel() * ratio[1]:
             want = input.numel() * ratio[1] // ratio[0]
             raise ArgumentError(
@@ -324,15 +293,55 @@ class Communicator(AlgorithmChoice):
 
     def reduce_scatter(self, output: Any, input: Any, op: Any = "sum") -> None:
         """Reduce ``input`` over ranks and keep block ``rank`` in ``output`` (world_size times fewer elements)."""
-        name = _op_name(op)
+        name = op_name(op)
         self._check("reduce_scatter", output, input, (self.world_size, 1))
         self._run(Collective.REDUCESCATTER, output, input, name, output.numel())
 
     def all_reduce(self, tensor: Any, op: Any = "sum") -> None:
         """Reduce ``tensor`` over ranks in place."""
-        name = _op_name(op)
+        name = op_name(op)
         self._check("all_reduce", tensor, tensor, (1, 1))
         self._run(Collective.ALLREDUCE, tensor, tensor, name, tensor.numel())
+
+    def all_to_all(
+        self,
+        output: Any,
+        input: Any,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+    ) -> None:
+        """Send block j of ``input`` to rank j, where it lands in block ``rank`` of ``output``.
+
+        Parameters
+        ----------
+        output, input : torch.Tensor
+            Contiguous tensors of one dtype, cut along their first dimension into one block per rank.
+        output_split_sizes, input_split_sizes : sequence of int, optional
+            Rows of the first dimension per rank, as for ``torch.distributed.all_to_all_single``
+            (None: equal blocks). Splits that are not all equal run the group's own
+            ``all_to_all_single``, with one log line: the algorithms move equal blocks.
+
+        Raises
+        ------
+        ArgumentError
+            A tensor is not a contiguous tensor of a supported dtype on the transport's device, the
+            dtypes differ, the split sizes are not one per rank or do not add up to the first
+            dimension, or (equal blocks) the tensors differ in size or their first dimension does
+            not split into world_size blocks.
+
+        Notes
+        -----
+        Every rank must pass equal splits, or every rank uneven ones: a rank cannot tell another's.
+        """
+        check_tensors("all_to_all", output, input, self.transport.device, self.transport.name)
+        check_split_sizes("all_to_all", "input", input_split_sizes, input, self.world_size)
+        check_split_sizes("all_to_all", "output", output_split_sizes, output, self.world_size)
+        if not (even_splits(output_split_sizes) and even_splits(input_split_sizes)):
+            self._log_uneven_splits(output_split_sizes, input_split_sizes)
+            dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=self.group)
+            return
+        self._check("all_to_all", output, input, (1, 1))
+        self._run(Collective.ALLTOALL, output, input, "sum", input.numel() // self.world_size)
 
     def _run(self, collective: Collective, output: Any, input: Any, op: str, numel: int) -> None:
         if numel == 0:
@@ -358,6 +367,8 @@ class Communicator(AlgorithmChoice):
         elif collective is Collective.REDUCESCATTER:
             scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
             scatter(output, input, op=reduce_op, group=self.group)
+        elif collective is Collective.ALLTOALL:
+            dist.all_to_all_single(output, input, group=self.group)
         else:
             dist.all_reduce(output, op=reduce_op, group=self.group)
         if op == "avg":

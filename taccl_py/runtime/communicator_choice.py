@@ -210,3 +210,15 @@ class AlgorithmChoice:
                 size_bytes,
                 self.world_size,
             )
+
+    def _log_uneven_splits(self, output_splits: Sequence[int] | None, input_splits: Sequence[int] | None) -> None:
+        key = (Collective.ALLTOALL, "uneven splits")
+        if key not in self._logged:  # one line, not one per call: uneven all-to-alls repeat every step
+            self._logged.add(key)
+            logger.warning(
+                "all_to_all with uneven splits (input %s, output %s) on %d ranks: taccl algorithms move equal "
+                "blocks; using torch.distributed's own all_to_all_single (logged once)",
+                "equal" if input_splits is None else list(input_splits),
+                "equal" if output_splits is None else list(output_splits),
+                self.world_size,
+            )

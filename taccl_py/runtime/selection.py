@@ -149,7 +149,7 @@ def match_cluster(choices: AlgorithmChoices, fingerprint: str | None) -> Algorit
 
 
 def collective_size_bytes(collective: Collective, input_bytes: int, output_bytes: int) -> int:
-    """Return the nccl-tests size of a call: allgather output, reducescatter input, allreduce buffer.
+    """Return the nccl-tests size of a call: allgather output, reducescatter input, allreduce buffer, alltoall input.
 
     >>> collective_size_bytes(Collective.ALLGATHER, 100, 400)
     400

@@ -52,7 +52,10 @@ class BenchRow:
 
 
 def _tensors(collective: Collective, size_bytes: int, world_size: int, dtype: Any, device: Any) -> tuple[Any, Any]:
-    """Return (output, input) for a call of nccl-tests size ``size_bytes`` (rounded down to whole shards)."""
+    """Return (output, input) for a call of nccl-tests size ``size_bytes`` (rounded down to whole shards).
+
+    An alltoall's shard is one peer's block: its input and output hold one per rank.
+    """
     element = torch.empty((), dtype=dtype).element_size()
     shard = max(1, size_bytes // element // (1 if collective is Collective.ALLREDUCE else world_size))
     generator = torch.Generator().manual_seed(world_size)
@@ -64,6 +67,10 @@ def _tensors(collective: Collective, size_bytes: int, world_size: int, dtype: An
         return torch.empty(shard, dtype=dtype, device=device), torch.randn(shard * world_size, generator=generator).to(
             dtype
         ).to(device)
+    if collective is Collective.ALLTOALL:
+        return torch.empty(shard * world_size, dtype=dtype, device=device), torch.randn(
+            shard * world_size, generator=generator
+        ).to(dtype).to(device)
     tensor = torch.randn(shard, generator=generator).to(dtype).to(device)
     return tensor, tensor
 
@@ -141,4 +148,6 @@ def _caller(comm: Any, collective: Collective, output: Any, input: Any, use_torc
         return lambda: comm.all_gather(output, input)
     if collective is Collective.REDUCESCATTER:
         return lambda: comm.reduce_scatter(output, input)
+    if collective is Collective.ALLTOALL:
+        return lambda: comm.all_to_all(output, input)
     return lambda: comm.all_reduce(output)

@@ -1,0 +1,92 @@
+"""The Communicator's argument checks: tensors, reduction ops and all_to_all split sizes, before any message.
+
+Each check raises :class:`~taccl_py.errors.ArgumentError` naming the call, the argument and the
+fault, so a bad call fails on every rank before the group sends anything and stays in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from taccl_py.errors import ArgumentError
+from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES
+
+__all__ = ["check_split_sizes", "check_tensors", "even_splits", "op_name"]
+
+_SOURCE = "Communicator"
+
+
+def op_name(op: Any) -> str:
+    """Return the op as one of REDUCE_OPS; accept torch.distributed.ReduceOp members too.
+
+    >>> op_name("SUM")
+    'sum'
+    """
+    name = op if isinstance(op, str) else str(getattr(op, "name", op)).rsplit(".", 1)[-1]
+    name = name.lower()
+    if name not in REDUCE_OPS:
+        raise ArgumentError(_SOURCE, "op", f"{op!r}", " | ".join(REDUCE_OPS))
+    return name
+
+
+def check_tensors(what: str, output: Any, input: Any, device: Any, transport: str) -> None:
+    """Raise ArgumentError unless both are contiguous tensors of one supported dtype on ``device``."""
+    for role, tensor in (("output", output), ("input", input)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ArgumentError(_SOURCE, f"{what}.{role}", f"{type(tensor).__name__} is not a tensor", "a torch.Tensor")
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise ArgumentError(
+                _SOURCE,
+                f"{what}.{role}",
+                f"dtype {tensor.dtype} is not supported",
+                ", ".join(str(d) for d in SUPPORTED_DTYPES),
+            )
+        if not tensor.is_contiguous():
+            raise ArgumentError(
+                _SOURCE, f"{what}.{role}", "tensor is not contiguous", "a contiguous tensor (call .contiguous())"
+            )
+        if tensor.device != device:
+            raise ArgumentError(
+                _SOURCE,
+                f"{what}.{role}",
+                f"tensor on {tensor.device}",
+                f"a tensor on {device} for the {transport} transport",
+            )
+    if output.dtype != input.dtype:
+        raise ArgumentError(_SOURCE, what, f"output is {output.dtype} but input is {input.dtype}", "one dtype")
+
+
+def check_split_sizes(what: str, role: str, splits: Sequence[int] | None, tensor: Any, world_size: int) -> None:
+    """Raise ArgumentError unless ``splits`` (None: equal blocks) cut ``tensor``'s first dimension into ``world_size``.
+
+    Split sizes count rows of the first dimension, as in ``torch.distributed.all_to_all_single``.
+    """
+    rows = tensor.shape[0] if tensor.dim() else 1
+    field = f"{what}.{role}_split_sizes"
+    if splits is None or len(splits) == 0:
+        if rows % world_size:
+            raise ArgumentError(
+                _SOURCE,
+                f"{what}.{role}",
+                f"{rows} rows do not split into {world_size} equal blocks",
+                f"a first dimension that is a multiple of {world_size}, or split sizes",
+            )
+        return
+    if len(splits) != world_size or any(int(s) < 0 for s in splits):
+        raise ArgumentError(_SOURCE, field, f"{list(splits)}", f"{world_size} sizes of 0 or more, one per rank")
+    if sum(int(s) for s in splits) != rows:
+        raise ArgumentError(
+            _SOURCE, field, f"{list(splits)} add up to {sum(int(s) for s in splits)}", f"the {rows} rows of the {role}"
+        )
+
+
+def even_splits(splits: Sequence[int] | None) -> bool:
+    """Return True when ``splits`` are absent (equal blocks) or all equal.
+
+    >>> even_splits(None), even_splits([2, 2]), even_splits([1, 3])
+    (True, True, False)
+    """
+    return splits is None or len({int(s) for s in splits}) <= 1

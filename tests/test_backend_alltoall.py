@@ -1,0 +1,157 @@
+"""The ``taccl`` backend's all_to_all_single and all_to_all: routed through the library's alltoall, equal to gloo's.
+
+One launch of 4 ranks re-initialises torch.distributed with ``init_process_group("taccl")`` on a
+library holding only an alltoall algorithm and runs every scenario against a plain gloo group of
+the same ranks; the tests below read the per-rank results.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from ddp_helpers import WORLD_SIZE, init_taccl_group
+from helpers import chunked_alltoall_algorithm
+from mp_utils import run_ranks
+
+torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
+dist = pytest.importorskip("torch.distributed", reason="the taccl backend needs torch.distributed")
+
+#: (dtype, shape) of the equal-split calls: blocks that divide the two-chunk algorithm and blocks that do not.
+EQUAL_CASES = (
+    ("float32", (WORLD_SIZE * 7,)),
+    ("float64", (WORLD_SIZE * 250, 3)),
+    ("int64", (WORLD_SIZE * 5,)),
+    ("int32", (WORLD_SIZE * 64,)),
+    ("bfloat16", (WORLD_SIZE * 33, 2)),
+)
+
+
+def _data(rank: int, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
+    generator = torch.Generator().manual_seed(seed * 131 + rank)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
+    return torch.randint(-1000, 1001, shape, generator=generator).to(dtype)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _equal_split_cases(rank: int, gloo: Any) -> list[str]:
+    """all_to_all_single (sync, async, equal splits given) on the taccl group against gloo's."""
+    problems = []
+    for seed, (dtype_name, shape) in enumerate(EQUAL_CASES):
+        dtype = getattr(torch, dtype_name)
+        data = _data(rank, shape, dtype, seed)
+        ours, reference = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+        if seed % 2:
+            dist.all_to_all_single(ours, data, async_op=True).wait()
+        else:
+            dist.all_to_all_single(ours, data)
+        dist.all_to_all_single(reference, data, group=gloo)
+        if not torch.equal(ours, reference):
+            problems.append(f"all_to_all_single {dtype_name} {shape}")
+    rows = [6] * WORLD_SIZE
+    data = _data(rank, (sum(rows), 4), torch.float32, 9)
+    ours, reference = torch.zeros_like(data), torch.zeros_like(data)
+    dist.all_to_all_single(ours, data, rows, rows)
+    dist.all_to_all_single(reference, data, rows, rows, group=gloo)
+    if not torch.equal(ours, reference):
+        problems.append("all_to_all_single with equal splits given")
+    return problems
+
+
+def _list_and_functional_cases(rank: int, gloo: Any) -> list[str]:
+    """The list form (``dist.all_to_all``) and the functional ``all_to_all_single`` against gloo's."""
+    import torch.distributed._functional_collectives as funcol
+
+    problems = []
+    inputs = [_data(rank, (3, 5), torch.int64, 30 + peer) for peer in range(WORLD_SIZE)]
+    ours = [torch.zeros(3, 5, dtype=torch.int64) for _ in range(WORLD_SIZE)]
+    reference = [torch.zeros(3, 5, dtype=torch.int64) for _ in range(WORLD_SIZE)]
+    dist.all_to_all(ours, inputs)
+    dist.all_to_all(reference, inputs, group=gloo)
+    if not all(torch.equal(a, b) for a, b in zip(ours, reference, strict=True)):
+        problems.append("all_to_all (list) int64")
+    data = _data(rank, (WORLD_SIZE * 40,), torch.float32, 40)
+    ours_single = funcol.wait_tensor(funcol.all_to_all_single(data, None, None, dist.group.WORLD))
+    reference_single = funcol.wait_tensor(funcol.all_to_all_single(data, None, None, gloo))
+    if not torch.equal(ours_single, reference_single):
+        problems.append("functional all_to_all_single float32")
+    return problems
+
+
+def _uneven_split_cases(rank: int, gloo: Any) -> list[str]:
+    """Uneven splits run on the inner backend (twice: one log line) and equal gloo's."""
+    sends = [(rank + peer) % 3 + 1 for peer in range(WORLD_SIZE)]
+    receives = [(peer + rank) % 3 + 1 for peer in range(WORLD_SIZE)]
+    problems = []
+    for seed in (20, 21):
+        data = _data(rank, (sum(sends),), torch.float32, seed)
+        ours, reference = torch.zeros(sum(receives)), torch.zeros(sum(receives))
+        dist.all_to_all_single(ours, data, receives, sends)
+        dist.all_to_all_single(reference, data, receives, sends, group=gloo)
+        if not torch.equal(ours, reference):
+            problems.append(f"all_to_all_single uneven splits, seed {seed}")
+    return problems
+
+
+def _alltoall_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    handler = _Lines()
+    logging.getLogger("taccl_py.runtime.backend").addHandler(handler)
+    pg = init_taccl_group(rank, world_size, port, [chunked_alltoall_algorithm(world_size, 2)])
+    gloo = dist.new_group(backend="gloo")
+    results: dict[str, Any] = {"problems": _equal_split_cases(rank, gloo)}
+    results["equal_counts"] = (dict(pg.routed), dict(pg.delegated))
+    before = (Counter(pg.routed), Counter(pg.delegated))
+    results["problems"] += _list_and_functional_cases(rank, gloo)
+    results["list_counts"] = (dict(pg.routed - before[0]), dict(pg.delegated - before[1]))
+    before = (Counter(pg.routed), Counter(pg.delegated))
+    results["problems"] += _uneven_split_cases(rank, gloo)
+    results["uneven_counts"] = (dict(pg.routed - before[0]), dict(pg.delegated - before[1]))
+    results["log"] = [m for m in handler.messages if "uneven splits" in m]
+    dist.barrier()
+    return results
+
+
+@pytest.fixture(scope="module")
+def alltoall_results() -> list[dict[str, Any]]:
+    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
+    try:
+        return run_ranks(_alltoall_scenarios, WORLD_SIZE, store.port)
+    finally:
+        del store
+
+
+@pytest.mark.multiprocess
+def test_all_to_all_single_is_routed_and_equals_gloo(alltoall_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(alltoall_results):
+        assert result["problems"] == [], f"rank {rank}: {result['problems']}"
+        routed, delegated = result["equal_counts"]
+        assert routed == {"alltoall": len(EQUAL_CASES) + 1}, f"rank {rank}: routed {routed}"
+        assert delegated == {}, f"rank {rank}: delegated {delegated}"
+
+
+@pytest.mark.multiprocess
+def test_the_list_form_and_the_functional_collective_are_routed(alltoall_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(alltoall_results):
+        assert result["problems"] == [], f"rank {rank}: {result['problems']}"
+        routed, delegated = result["list_counts"]
+        assert routed == {"alltoall": 2} and delegated == {}, f"rank {rank}: routed {routed}, delegated {delegated}"
+
+
+@pytest.mark.multiprocess
+def test_uneven_splits_run_on_the_inner_backend_with_one_log_line(alltoall_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(alltoall_results):
+        routed, delegated = result["uneven_counts"]
+        assert routed == {} and delegated == {"alltoall": 2}, f"rank {rank}: routed {routed}, delegated {delegated}"
+        assert len(result["log"]) == 1 and "inner gloo backend's own" in result["log"][0], f"rank {rank}: {result}"
