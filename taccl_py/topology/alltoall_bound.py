@@ -91,7 +91,9 @@ def alltoall_cut(topology: Topology, links: tuple[Link, ...]) -> AlltoallCut:
                 others = [name for name in names if name != gpu.name]
                 capacity = _min_cut_GBps(graph, [gpu.name], others)
                 label = "per-GPU egress cut" if direction == "leaving" else "per-GPU ingress cut"
-                candidates.append(AlltoallCut((gpu.name,), 1, capacity, f"{label}: {gpu.name} alone: {capacity:.4g} GB/s"))
+                candidates.append(
+                    AlltoallCut((gpu.name,), 1, capacity, f"{label}: {gpu.name} alone: {capacity:.4g} GB/s")
+                )
         if topology.nodes > 1:
             candidates += _machine_cuts(topology, graph, names, kinds, direction)
     return max(candidates, key=lambda c: c.time_us(1.0, len(names)))

@@ -1,0 +1,282 @@
+"""AlltoAll routing: the N² block demands over direct and NIC-relay paths, chosen by one LP.
+
+A block from GPU s on machine n to GPU d on another machine m may go
+
+* ``direct``: s → d over the network;
+* ``sender relay``: s → R_s (a GPU of machine n next to the rail d rides) → d;
+* ``both relays``: s → R_s → R_d (a GPU of machine m on the same rail) → d;
+* ``receiver relay``: s → R_d → d,
+
+with the relays ``alltoall_relays`` picks (where a relay is s or d itself the path collapses, and
+paths that collapse to the same ranks are one). Blocks inside a machine go directly.
+
+The LP exploits symmetry as TE-CCL does: one variable per path *class*, keyed by the kinds of
+the two machines and the local indices of s and d, so all machine pairs of the same kinds route
+alike and the column count does not grow with the node count. Each class's fractions sum to 1;
+every link's load (blocks of the class crossing it, summed over its instances) over its bandwidth
+is at most the bottleneck time ``T``; the objective is ``T`` plus the mean latency of the chosen
+paths (α per hop and, at each relay, the block's store-and-forward time).
+Rows that symmetry makes identical are written once. The LP has no integers, so HiGHS solves it
+to optimality and the same input gives the same routing. ``round_routing`` then cuts each block
+into pieces and gives each path a whole number of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import pulp
+
+from taccl_py.baselines._orders import node_ranks
+from taccl_py.baselines.alltoall import alltoall_relays
+from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
+from taccl_py.topology.fingerprint import node_signature
+from taccl_py.topology.model import Topology, route
+from taccl_py.units import BYTES_PER_US_PER_GBPS
+
+__all__ = ["PathKind", "PathClass", "AlltoallRouting", "path_classes", "route_alltoall", "round_routing"]
+
+logger = logging.getLogger(__name__)
+
+# Loads below this many µs are dropped from a row: they are rounding noise, and keeping them
+# would spread coefficients over more than the ~6 orders of magnitude STYLE.md allows.
+_NEGLIGIBLE_US = 1e-9
+
+
+class PathKind(str, Enum):
+    """How a cross-machine block travels; the value names it in labels and metadata."""
+
+    DIRECT = "direct"
+    SENDER_RELAY = "sender-relay"
+    BOTH_RELAYS = "both-relays"
+    RECEIVER_RELAY = "receiver-relay"
+
+
+@dataclass(frozen=True)
+class PathClass:
+    """The blocks from local GPU ``src_local`` on machines of kind ``src_kind`` to ``dst_local`` on ``dst_kind``.
+
+    ``paths`` maps each usable kind to, per instance (source rank, destination rank), the ranks
+    the block visits in order; ``instances`` lists the (source, destination) rank pairs.
+    """
+
+    src_kind: int
+    dst_kind: int
+    src_local: int
+    dst_local: int
+    instances: tuple[tuple[int, int], ...]
+    paths: tuple[tuple[PathKind, tuple[tuple[int, ...], ...]], ...]
+
+    @property
+    def key(self) -> tuple[int, int, int, int]:
+        """Return (source kind, destination kind, source local index, destination local index)."""
+        return (self.src_kind, self.dst_kind, self.src_local, self.dst_local)
+
+    @property
+    def kinds(self) -> tuple[PathKind, ...]:
+        """Return the path kinds this class may use, in ``PathKind`` order."""
+        return tuple(kind for kind, _ in self.paths)
+
+
+@dataclass(frozen=True)
+class AlltoallRouting:
+    """Per path class, the share of each block per path kind (fractions summing to 1), with the LP's outcome.
+
+    ``bottleneck_us`` is the LP's busiest-link time at ``size_bytes``; ``status`` the solve's
+    ``SolveStatus`` value.
+    """
+
+    classes: tuple[PathClass, ...]
+    shares: tuple[tuple[float, ...], ...]
+    size_bytes: int
+    bottleneck_us: float
+    status: str
+
+
+def _collapse(ranks: Sequence[int]) -> tuple[int, ...]:
+    """Return ``ranks`` without consecutive repeats (a relay that is the source or destination itself)."""
+    out: list[int] = []
+    for rank in ranks:
+        if not out or out[-1] != rank:
+            out.append(rank)
+    return tuple(out)
+
+
+def _paths_of(source: int, destination: int, relays: tuple[int, int]) -> dict[PathKind, tuple[int, ...]]:
+    sender, receiver = relays
+    return {
+        PathKind.DIRECT: (source, destination),
+        PathKind.SENDER_RELAY: _collapse((source, sender, destination)),
+        PathKind.BOTH_RELAYS: _collapse((source, sender, receiver, destination)),
+        PathKind.RECEIVER_RELAY: _collapse((source, receiver, destination)),
+    }
+
+
+def path_classes(topology: Topology, *, direct: bool = True) -> tuple[PathClass, ...]:
+    """Return the cross-machine path classes of ``topology`` in a fixed order.
+
+    A kind is kept for a class when no earlier kind takes the same ranks in every instance.
+    With ``direct`` False the direct kind is dropped wherever a relay path differs from it (so
+    cross-machine traffic gathers at the NIC GPUs: fewer peers per GPU, fewer threadblocks).
+    """
+    kinds = {
+        node: index
+        for index, node in enumerate(dict.fromkeys(node_signature(topology, n) for n in range(topology.nodes)))
+    }
+    kind_of = [kinds[node_signature(topology, n)] for n in range(topology.nodes)]
+    members = [node_ranks(topology, n) for n in range(topology.nodes)]
+    relays = alltoall_relays(topology)
+    grouped: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+    for n in range(topology.nodes):
+        for m in range(topology.nodes):
+            if n == m:
+                continue
+            for i, s in enumerate(members[n]):
+                for j, d in enumerate(members[m]):
+                    grouped.setdefault((kind_of[n], kind_of[m], i, j), []).append((s, d))
+    classes = []
+    for key in sorted(grouped):
+        instances = tuple(grouped[key])
+        per_kind = {kind: [] for kind in PathKind}
+        for s, d in instances:
+            n = topology.gpu(s).node
+            for kind, ranks in _paths_of(s, d, relays[n, d]).items():
+                per_kind[kind].append(ranks)
+        seen: set[tuple[tuple[int, ...], ...]] = set()
+        paths = []
+        for kind in PathKind:
+            ranks = tuple(per_kind[kind])
+            if ranks not in seen:
+                seen.add(ranks)
+                paths.append((kind, ranks))
+        if not direct and len(paths) > 1:
+            paths = [entry for entry in paths if entry[0] is not PathKind.DIRECT]
+        classes.append(PathClass(*key, instances, tuple(paths)))
+    return tuple(classes)
+
+
+def _hop_loads(topology: Topology, ranks: tuple[int, ...], loads: dict[tuple[str, str], float], times: float) -> None:
+    """Add ``times`` block crossings to ``loads`` for every link of every hop of ``ranks``."""
+    for a, b in zip(ranks, ranks[1:]):
+        for link in route(topology, a, b).links:
+            loads[link.key] = loads.get(link.key, 0.0) + times
+
+
+def _path_latency_us(topology: Topology, ranks: tuple[int, ...], block_bytes: float) -> float:
+    """Return the α of every hop of ``ranks`` plus one block's store-and-forward time at each relay.
+
+    A relay forwards a block only once it holds all of it, so each hop but the last delays the
+    block by its transfer time over that hop's slowest link.
+    """
+    hops = [route(topology, a, b) for a, b in zip(ranks, ranks[1:])]
+    forward_us = sum(block_bytes / (hop.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for hop in hops[:-1])
+    return sum(hop.alpha_us for hop in hops) + forward_us
+
+
+def _link_us_per_block(topology: Topology, block_bytes: float) -> dict[tuple[str, str], float]:
+    """Return, per link key, the µs one block takes over it at the link's bandwidth."""
+    return {link.key: block_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in topology.links}
+
+
+def _fixed_loads(topology: Topology) -> dict[tuple[str, str], float]:
+    """Return the block crossings per link of the blocks between GPUs of one machine (direct)."""
+    loads: dict[tuple[str, str], float] = {}
+    for node in range(topology.nodes):
+        members = node_ranks(topology, node)
+        for s in members:
+            for d in members:
+                if s != d:
+                    _hop_loads(topology, (s, d), loads, 1.0)
+    return loads
+
+
+def _build_model(
+    topology: Topology, classes: Sequence[PathClass], size_bytes: int
+) -> tuple[pulp.LpProblem, dict[tuple[int, int], pulp.LpVariable], pulp.LpVariable]:
+    """Return the routing LP, its share variables keyed by (class, kind index) and the bottleneck variable."""
+    block_bytes = size_bytes / topology.num_ranks
+    per_block_us = _link_us_per_block(topology, block_bytes)
+    prob = pulp.LpProblem("alltoall_routing", pulp.LpMinimize)
+    keys = [(c, k) for c, path_class in enumerate(classes) for k in range(len(path_class.paths))]
+    share = prob.add_variable_dicts("share", keys, lowBound=0, upBound=1)
+    # The bottleneck cannot exceed all of the traffic over the slowest link: a finite upper bound.
+    horizon = topology.num_ranks**2 * max(per_block_us.values())
+    bottleneck = prob.add_variable("bottleneck_us", lowBound=0, upBound=horizon)
+    alpha_terms = []
+    rows: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
+    for c, path_class in enumerate(classes):
+        prob += pulp.lpSum(share[c, k] for k in range(len(path_class.paths))) == 1, f"whole_{c}"
+        for k, (_, instances) in enumerate(path_class.paths):
+            loads: dict[tuple[str, str], float] = {}
+            for ranks in instances:
+                _hop_loads(topology, ranks, loads, 1.0)
+            for link, crossings in loads.items():
+                rows.setdefault(link, {})[c, k] = crossings * per_block_us[link]
+            latency_us = sum(_path_latency_us(topology, r, block_bytes) for r in instances) / len(instances)
+            alpha_terms.append((share[c, k], latency_us / len(classes)))
+    prob += bottleneck + pulp.LpAffineExpression(alpha_terms)
+    fixed = _fixed_loads(topology)
+    written: set[tuple] = set()
+    for index, link in enumerate(sorted(rows)):
+        terms = tuple(sorted((key, round(us, 9)) for key, us in rows[link].items() if us > _NEGLIGIBLE_US))
+        constant = round(fixed.get(link, 0.0) * per_block_us[link], 9)
+        if (terms, constant) in written:
+            continue  # symmetry: another machine's copy of this link carries the same load
+        written.add((terms, constant))
+        prob += (
+            pulp.LpAffineExpression([(share[key], us) for key, us in terms]) + constant <= bottleneck,
+            f"link_{index}",
+        )
+    return prob, share, bottleneck
+
+
+def route_alltoall(
+    topology: Topology,
+    size_bytes: int,
+    options: SolverOptions | None = None,
+    *,
+    direct: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> AlltoallRouting:
+    """Return the LP routing of the cross-machine AlltoAll blocks of ``size_bytes`` (nccl-tests size) per rank.
+
+    ``direct`` False routes every block that has a relay path through relays (``path_classes``).
+    Without a solution (no highspy and no CBC) every class keeps its first path kind.
+    """
+    options = options if options is not None else SolverOptions()
+    classes = path_classes(topology, direct=direct)
+    if not classes:
+        return AlltoallRouting((), (), size_bytes, 0.0, SolveStatus.OPTIMAL.value)
+    prob, share, bottleneck = _build_model(topology, classes, size_bytes)
+    outcome = solve_model(prob, options, progress=progress)
+    if not outcome.has_solution:
+        logger.warning("alltoall routing LP: %s; every class takes its first path", outcome.status.value)
+        shares = tuple(tuple(1.0 if k == 0 else 0.0 for k in range(len(c.paths))) for c in classes)
+        return AlltoallRouting(classes, shares, size_bytes, float("nan"), outcome.status.value)
+    shares = tuple(
+        tuple(max(0.0, float(share[c, k].value() or 0.0)) for k in range(len(path_class.paths)))
+        for c, path_class in enumerate(classes)
+    )
+    return AlltoallRouting(classes, shares, size_bytes, float(bottleneck.value() or 0.0), outcome.status.value)
+
+
+def round_routing(routing: AlltoallRouting, pieces: int) -> tuple[tuple[int, ...], ...]:
+    """Return, per class, how many of a block's ``pieces`` take each path kind (largest remainders first).
+
+    >>> r = AlltoallRouting((), ((0.5, 0.5), (0.2, 0.8)), 1, 0.0, "optimal")
+    >>> round_routing(r, 2)
+    ((1, 1), (0, 2))
+    """
+    out = []
+    for shares in routing.shares:
+        total = sum(shares) or 1.0
+        exact = [pieces * share / total for share in shares]
+        counts = [int(value) for value in exact]
+        order = sorted(range(len(exact)), key=lambda k: (-(exact[k] - counts[k]), k))
+        for k in order[: pieces - sum(counts)]:
+            counts[k] += 1
+        out.append(tuple(counts))
+    return tuple(out)
