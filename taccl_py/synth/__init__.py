@@ -44,6 +44,7 @@ from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import (
     BudgetBound,
     SolverOptions,
+    budget_of_status,
     describe_solver,
     first_budget_bound,
     prepare_highs_threads,
@@ -531,7 +532,10 @@ def _synthesize_alltoall(
     baselines = _baselines_job(topology, Collective.ALLTOALL, sizes, options, progress)
     everything = [(candidate.algorithm, candidate.results) for candidate in candidates]
     choices, best_at_top = _choose(sizes, banded, everything, baselines)
-    library = _library(topology, Collective.ALLTOALL, sizes, sketch, options, choices, None) if banded else None
+    budget_bound = first_budget_bound(budget_of_status(c.routing_status) for c in candidates)
+    library = None
+    if banded:
+        library = _library(topology, Collective.ALLTOALL, sizes, sketch, options, choices, budget_bound)
     return SynthesisResult(
         best_at_top,
         Collective.ALLTOALL,
@@ -539,8 +543,8 @@ def _synthesize_alltoall(
         sketch,
         choices,
         library,
-        tuple(f"{c.label}@{c.algorithm.name.rsplit('-d', 1)[-1]}:{c.routing_status}" for c in candidates),
-        False,
+        tuple(f"{c.label}@{c.design_bytes}:{c.routing_status}" for c in candidates),
+        budget_bound is BudgetBound.WALL_CLOCK_CAP,
         time.perf_counter() - began,
-        None,
+        budget_bound,
     )

@@ -35,12 +35,17 @@ PIECES = (1, 2)
 
 @dataclass(frozen=True)
 class AlltoallCandidate:
-    """A verified synthesized AlltoAll, its simulated results per size and how it was made."""
+    """A verified synthesized AlltoAll, its simulated results per size and how it was made.
+
+    ``routing_status`` is the routing LP's ``SolveStatus`` value; ``design_bytes`` the size the
+    LP was solved for.
+    """
 
     algorithm: Algorithm
     results: tuple[SimulationResult, ...]
     label: str
     routing_status: str
+    design_bytes: int
 
 
 def _design_bytes(sizes: Sequence[int]) -> int:
@@ -92,7 +97,8 @@ def alltoall_candidates(
     times at most 4 kinds, whatever the node count. Lowering and verification are linear in
     the transfers (N² blocks); simulation dominates at 64 GPUs (about a second per size).
     """
-    made = _lowered(topology, _design_bytes(sizes), options, progress)
+    design = _design_bytes(sizes)
+    made = _lowered(topology, design, options, progress)
     fitting = [entry for entry in made if exportable(entry[0])]
     if not fitting:
         logger.warning("%s: no synthesized AlltoAll fits the MSCCL limits; keeping them all", topology.name)
@@ -101,7 +107,7 @@ def alltoall_candidates(
         if progress is not None:
             progress(f"{label}: verified; simulating")
         results = simulate_at(algorithm, topology, sizes, bounds, progress)
-        found.append(AlltoallCandidate(algorithm, results, label, status))
+        found.append(AlltoallCandidate(algorithm, results, label, status, design))
     return found
 
 
