@@ -9,7 +9,9 @@ fastest of the synthesized algorithms and the baselines (``taccl_py.synth.bands`
 live in ``logical``, ``routing`` (with the routes of ``tree_packing`` and ``hierarchy`` as starts
 and alternatives), ``ordering``, ``scheduling``,
 ``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
-automatically.
+automatically. AlltoAll takes its own path: an LP routes its blocks over direct and NIC-relay
+paths (``alltoall_routing``), ``alltoall_plan`` aggregates and lowers them and ``alltoall``
+keeps the candidates that fit the MSCCL limits.
 """
 
 from __future__ import annotations
@@ -71,8 +73,7 @@ DEFAULT_SIZE_BYTES = 64_000_000  # a typical DDP gradient bucket is 25-100 MB
 # meet; the cap only stops a run on a machine far slower or busier than expected.
 _TIME_LIMITS_S = ((16, 600.0), (32, 1200.0))
 _TIME_LIMIT_LARGE_S = 1800.0
-_SYNTHESIZED = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL)
-_SYNTHESIZED_WORDS = "allgather, reducescatter, allreduce or alltoall"
+_SYNTHESIZED_WORDS = "allgather, reducescatter, allreduce or alltoall"  # every Collective
 SIZES_PER_DESIGN = 2  # neighbouring sizes (of a x4 progression) that share one synthesized design
 
 
@@ -121,8 +122,6 @@ def _check_arguments(
         collective = Collective(collective)
     except ValueError:
         raise ArgumentError(None, "collective", f"unknown collective {collective!r}", _SYNTHESIZED_WORDS) from None
-    if collective not in _SYNTHESIZED:
-        raise ArgumentError(None, "collective", f"{collective.value} is not synthesized", _SYNTHESIZED_WORDS)
     if size_bytes is not None and sizes is not None:
         raise ArgumentError(None, "size", "both a size and a list of sizes", "either --size or --sizes")
     chosen = (
