@@ -28,13 +28,14 @@ def ndv2x2():
 
 def test_model_size_does_not_grow_with_nodes():
     two, four = (path_classes(load_topology("dgx-a100", n)) for n in (2, 4))
-    assert len(two) == len(four) == 8 * 8
+    assert len(two) == len(four) == 8 * 8 + 8 * 7  # across machines, and inside one
     assert [c.kinds for c in two] == [c.kinds for c in four]
 
 
 def test_relay_only_classes_drop_direct_where_a_relay_exists(ndv2x2):
     classes = path_classes(ndv2x2, direct=False)
-    assert all(PathKind.DIRECT not in c.kinds or len(c.kinds) == 1 for c in classes)
+    assert all(PathKind.DIRECT not in c.kinds or len(c.kinds) == 1 for c in classes if not c.same_machine)
+    assert all(c.kinds[0] is PathKind.DIRECT for c in classes if c.same_machine)
 
 
 def test_routing_shares_are_whole_blocks(ndv2x2):
@@ -64,6 +65,15 @@ def test_synthesis_never_slower_than_the_best_baseline(machine):
     assert_valid_algorithm(result.algorithm)
     for band in result.library.bands:
         assert_valid_algorithm(band.algorithm)
+
+
+def test_nvlink_relays_beat_direct_on_one_dgx1():
+    """Inside a hybrid cube-mesh, pairs without an NVLink relay through a GPU linked to both instead of the host."""
+    result = synthesize(load_topology("dgx1"), "alltoall", size_bytes=16 * MB)
+    choice = result.choices[0]
+    assert not choice.baseline_chosen
+    assert choice.synthesized.time_us < choice.baseline.time_us / 2
+    assert_valid_algorithm(result.algorithm)
 
 
 def test_relay_routing_fits_msccl_limits_where_direct_does_not():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.alltoall_plan import alltoall_algorithm
-from taccl_py.synth.alltoall_routing import AlltoallRouting, round_routing, route_alltoall
+from taccl_py.synth.alltoall_routing import AlltoallRouting, PathKind, round_routing, route_alltoall
 from taccl_py.synth.candidates import exportable, simulate_at
 from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology.bounds import LowerBound
@@ -29,8 +29,9 @@ __all__ = ["PIECES", "AlltoallCandidate", "alltoall_candidates"]
 
 logger = logging.getLogger(__name__)
 
-# Pieces per block tried where the LP splits a class over several paths (one piece needs no split).
-PIECES = (1, 2)
+# Pieces per block tried where the LP splits a class over several paths or relays blocks inside
+# a machine (relayed pieces there go one by one, so more pieces pipeline the two hops).
+PIECES = (1, 2, 4)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,15 @@ def _design_bytes(sizes: Sequence[int]) -> int:
 
 
 def _variants(routing: AlltoallRouting) -> list[int]:
-    """Return the piece counts worth lowering ``routing`` with: those whose rounding differs."""
+    """Return the piece counts worth lowering ``routing`` with: every one where a block is relayed inside
+    a machine, else those whose rounding differs."""
+    local_relays = any(
+        share > 0 and kind is PathKind.LOCAL_RELAY
+        for path_class, shares in zip(routing.classes, routing.shares)
+        for kind, share in zip(path_class.kinds, shares)
+    )
+    if local_relays:
+        return list(PIECES)
     out: dict[tuple, int] = {}
     for pieces in PIECES:
         counts = round_routing(routing, pieces)

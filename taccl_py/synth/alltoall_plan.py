@@ -165,6 +165,36 @@ def _gather_items(
     return gathers, _deliver(path, 0, gathered, entries, pieces, scratch)
 
 
+def _local_items(
+    members: Sequence[int], segments: dict[tuple[int, int], list[_Segment]], pieces: int, scratch: _Scratch
+) -> list[Item]:
+    """Return the items of the blocks between the GPUs of one machine.
+
+    Relayed pieces go one by one so the two hops pipeline. The relays' first hops come first
+    (piece by piece), then the direct blocks, then the forwards: a forwarding threadblock sends
+    its own block while the pieces it forwards arrive, instead of waiting for them at its head.
+    """
+    first_hops: list[Item] = []
+    direct: list[Item] = []
+    forwards: list[Item] = []
+    relayed = []
+    for offset in range(1, len(members)):
+        for k, source in enumerate(members):
+            destination = members[(k + offset) % len(members)]
+            for segment in segments[source, destination]:
+                if len(segment.path) == 2:
+                    direct += _send_own(segment, destination, pieces, scratch)
+                else:
+                    relayed += [
+                        (piece, segment, destination) for piece in range(segment.first, segment.first + segment.count)
+                    ]
+    for piece, segment, destination in sorted(relayed, key=lambda entry: entry[0]):
+        first, *rest = _send_own(replace(segment, first=piece, count=1), destination, pieces, scratch)
+        first_hops.append(first)
+        forwards += rest
+    return first_hops + direct + forwards
+
+
 def _machine_pair_items(
     sources: Sequence[int],
     destinations: Sequence[int],
@@ -205,12 +235,7 @@ def alltoall_items(
             target = (node + offset) % topology.nodes
             items += _machine_pair_items(members[node], members[target], segments, pieces, split_own, scratch)
     for node_members in members:
-        for offset in range(1, len(node_members)):
-            for k, source in enumerate(node_members):
-                destination = node_members[(k + offset) % len(node_members)]
-                items.append(
-                    Transfer(source, destination, (I, destination * pieces), (O, source * pieces), count=pieces)
-                )
+        items += _local_items(node_members, segments, pieces, scratch)
     return items
 
 

@@ -8,14 +8,17 @@ A block from GPU s on machine n to GPU d on another machine m may go
 * ``receiver relay``: s → R_d → d,
 
 with the relays ``alltoall_relays`` picks (where a relay is s or d itself the path collapses, and
-paths that collapse to the same ranks are one). Blocks inside a machine go directly.
+paths that collapse to the same ranks are one). A block inside a machine goes directly or, on
+NVLink meshes (DGX-1, NDv2), through a GPU with links of its own to both ends: there the direct
+route of a pair without an NVLink crosses PCIe and the host, several times slower.
 
 The LP exploits symmetry as TE-CCL does: one variable per path *class*, keyed by the kinds of
-the two machines and the local indices of s and d, so all machine pairs of the same kinds route
-alike and the column count does not grow with the node count. Each class's fractions sum to 1;
-every link's load (blocks of the class crossing it, summed over its instances) over its bandwidth
-is at most the bottleneck time ``T``; the objective is ``T`` plus the mean latency of the chosen
-paths (α per hop and, at each relay, the block's store-and-forward time).
+the two machines, the local indices of s and d and whether they share a machine, so all machine
+pairs of the same kinds route alike and the column count does not grow with the node count.
+Each class's fractions sum to 1; every link's load (blocks of the class crossing it, summed over
+its instances) over its bandwidth is at most the bottleneck time ``T``; the objective is ``T``
+plus the mean latency of the chosen paths (α per hop and, at each relay, the block's
+store-and-forward time).
 Rows that symmetry makes identical are written once. The LP has no integers, so HiGHS solves it
 to optimality and the same input gives the same routing. ``round_routing`` then cuts each block
 into pieces and gives each path a whole number of them.
@@ -53,6 +56,7 @@ class PathKind(str, Enum):
     SENDER_RELAY = "sender-relay"
     BOTH_RELAYS = "both-relays"
     RECEIVER_RELAY = "receiver-relay"
+    LOCAL_RELAY = "local-relay"  # inside a machine, through a GPU linked to both ends
 
 
 @dataclass(frozen=True)
@@ -67,13 +71,14 @@ class PathClass:
     dst_kind: int
     src_local: int
     dst_local: int
+    same_machine: bool
     instances: tuple[tuple[int, int], ...]
     paths: tuple[tuple[PathKind, tuple[tuple[int, ...], ...]], ...]
 
     @property
-    def key(self) -> tuple[int, int, int, int]:
-        """Return (source kind, destination kind, source local index, destination local index)."""
-        return (self.src_kind, self.dst_kind, self.src_local, self.dst_local)
+    def key(self) -> tuple[int, int, int, int, bool]:
+        """Return (source kind, destination kind, source local index, destination local index, same machine)."""
+        return (self.src_kind, self.dst_kind, self.src_local, self.dst_local, self.same_machine)
 
     @property
     def kinds(self) -> tuple[PathKind, ...]:
@@ -115,45 +120,79 @@ def _paths_of(source: int, destination: int, relays: tuple[int, int]) -> dict[Pa
     }
 
 
-def path_classes(topology: Topology, *, direct: bool = True) -> tuple[PathClass, ...]:
-    """Return the cross-machine path classes of ``topology`` in a fixed order.
+def _machine_kinds(topology: Topology) -> list[int]:
+    """Return, per machine, the index of its kind (machines of one kind and state share it)."""
+    signatures = [node_signature(topology, n) for n in range(topology.nodes)]
+    index = {signature: k for k, signature in enumerate(dict.fromkeys(signatures))}
+    return [index[signature] for signature in signatures]
 
-    A kind is kept for a class when no earlier kind takes the same ranks in every instance.
-    With ``direct`` False the direct kind is dropped wherever a relay path differs from it (so
-    cross-machine traffic gathers at the NIC GPUs: fewer peers per GPU, fewer threadblocks).
-    """
-    kinds = {
-        node: index
-        for index, node in enumerate(dict.fromkeys(node_signature(topology, n) for n in range(topology.nodes)))
-    }
-    kind_of = [kinds[node_signature(topology, n)] for n in range(topology.nodes)]
+
+def _grouped_instances(topology: Topology) -> dict[tuple[int, int, int, int, bool], list[tuple[int, int]]]:
+    """Return the (source, destination) rank pairs of every class key, in rank order."""
+    kind_of = _machine_kinds(topology)
     members = [node_ranks(topology, n) for n in range(topology.nodes)]
-    relays = alltoall_relays(topology)
-    grouped: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+    grouped: dict[tuple[int, int, int, int, bool], list[tuple[int, int]]] = {}
     for n in range(topology.nodes):
         for m in range(topology.nodes):
-            if n == m:
-                continue
             for i, s in enumerate(members[n]):
                 for j, d in enumerate(members[m]):
-                    grouped.setdefault((kind_of[n], kind_of[m], i, j), []).append((s, d))
+                    if s != d:
+                        grouped.setdefault((kind_of[n], kind_of[m], i, j, n == m), []).append((s, d))
+    return grouped
+
+
+def _one_link(topology: Topology, a: int, b: int) -> bool:
+    """Return True when GPUs ``a`` and ``b`` are joined by a link of their own (an NVLink, not a switch or host)."""
+    return len(route(topology, a, b).links) == 1
+
+
+def _local_paths(topology: Topology, instances: Sequence[tuple[int, int]]) -> list[tuple[PathKind, tuple]]:
+    """Return the direct path and, per GPU k linked directly to both ends in every instance, the path through k."""
+    paths: list[tuple[PathKind, tuple]] = [(PathKind.DIRECT, tuple(instances))]
+    node_of = [node_ranks(topology, topology.gpu(s).node) for s, _ in instances]
+    for k in range(len(node_of[0])):
+        through = tuple((s, members[k], d) for (s, d), members in zip(instances, node_of))
+        if all(r != s and r != d and _one_link(topology, s, r) and _one_link(topology, r, d) for s, r, d in through):
+            paths.append((PathKind.LOCAL_RELAY, through))
+    return paths
+
+
+def _cross_paths(
+    topology: Topology, instances: Sequence[tuple[int, int]], relays: dict[tuple[int, int], tuple[int, int]]
+) -> list[tuple[PathKind, tuple]]:
+    """Return the distinct cross-machine paths of a class, one per kind, in ``PathKind`` order."""
+    per_kind: dict[PathKind, list[tuple[int, ...]]] = {}
+    for s, d in instances:
+        for kind, ranks in _paths_of(s, d, relays[topology.gpu(s).node, d]).items():
+            per_kind.setdefault(kind, []).append(ranks)
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    paths = []
+    for kind, ranks in per_kind.items():
+        if tuple(ranks) not in seen:
+            seen.add(tuple(ranks))
+            paths.append((kind, tuple(ranks)))
+    return paths
+
+
+def path_classes(topology: Topology, *, direct: bool = True) -> tuple[PathClass, ...]:
+    """Return the path classes of ``topology`` in a fixed order.
+
+    Across machines a kind is kept for a class when no earlier kind takes the same ranks in
+    every instance; with ``direct`` False the direct kind is dropped wherever a relay path
+    differs from it (so cross-machine traffic gathers at the NIC GPUs: fewer peers per GPU,
+    fewer threadblocks). Inside a machine a block may go directly or through any GPU that has
+    a link of its own to both ends (NVLink meshes such as DGX-1; none behind a switch).
+    """
+    relays = alltoall_relays(topology) if topology.nodes > 1 else {}
     classes = []
-    for key in sorted(grouped):
-        instances = tuple(grouped[key])
-        per_kind = {kind: [] for kind in PathKind}
-        for s, d in instances:
-            n = topology.gpu(s).node
-            for kind, ranks in _paths_of(s, d, relays[n, d]).items():
-                per_kind[kind].append(ranks)
-        seen: set[tuple[tuple[int, ...], ...]] = set()
-        paths = []
-        for kind in PathKind:
-            ranks = tuple(per_kind[kind])
-            if ranks not in seen:
-                seen.add(ranks)
-                paths.append((kind, ranks))
-        if not direct and len(paths) > 1:
-            paths = [entry for entry in paths if entry[0] is not PathKind.DIRECT]
+    for key, pairs in sorted(_grouped_instances(topology).items()):
+        instances = tuple(pairs)
+        if key[4]:
+            paths = _local_paths(topology, instances)
+        else:
+            paths = _cross_paths(topology, instances, relays)
+            if not direct and len(paths) > 1:
+                paths = [entry for entry in paths if entry[0] is not PathKind.DIRECT]
         classes.append(PathClass(*key, instances, tuple(paths)))
     return tuple(classes)
 
@@ -181,18 +220,6 @@ def _link_us_per_block(topology: Topology, block_bytes: float) -> dict[tuple[str
     return {link.key: block_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in topology.links}
 
 
-def _fixed_loads(topology: Topology) -> dict[tuple[str, str], float]:
-    """Return the block crossings per link of the blocks between GPUs of one machine (direct)."""
-    loads: dict[tuple[str, str], float] = {}
-    for node in range(topology.nodes):
-        members = node_ranks(topology, node)
-        for s in members:
-            for d in members:
-                if s != d:
-                    _hop_loads(topology, (s, d), loads, 1.0)
-    return loads
-
-
 def _build_model(
     topology: Topology, classes: Sequence[PathClass], size_bytes: int
 ) -> tuple[pulp.LpProblem, dict[tuple[int, int], pulp.LpVariable], pulp.LpVariable]:
@@ -218,18 +245,13 @@ def _build_model(
             latency_us = sum(_path_latency_us(topology, r, block_bytes) for r in instances) / len(instances)
             alpha_terms.append((share[c, k], latency_us / len(classes)))
     prob += bottleneck + pulp.LpAffineExpression(alpha_terms)
-    fixed = _fixed_loads(topology)
     written: set[tuple] = set()
     for index, link in enumerate(sorted(rows)):
         terms = tuple(sorted((key, round(us, 9)) for key, us in rows[link].items() if us > _NEGLIGIBLE_US))
-        constant = round(fixed.get(link, 0.0) * per_block_us[link], 9)
-        if (terms, constant) in written:
+        if terms in written:
             continue  # symmetry: another machine's copy of this link carries the same load
-        written.add((terms, constant))
-        prob += (
-            pulp.LpAffineExpression([(share[key], us) for key, us in terms]) + constant <= bottleneck,
-            f"link_{index}",
-        )
+        written.add(terms)
+        prob += pulp.LpAffineExpression([(share[key], us) for key, us in terms]) <= bottleneck, f"link_{index}"
     return prob, share, bottleneck
 
 
