@@ -60,7 +60,7 @@ class _Scratch:
 def _segments_by_pair(
     classes: Sequence[PathClass], counts: Sequence[tuple[int, ...]]
 ) -> dict[tuple[int, int], list[_Segment]]:
-    """Return, per cross-machine (source, destination), its segments in piece order."""
+    """Return, per (source, destination) pair of different GPUs, its segments in piece order."""
     out: dict[tuple[int, int], list[_Segment]] = {}
     for path_class, kind_counts in zip(classes, counts):
         for index, (source, destination) in enumerate(path_class.instances):
@@ -250,7 +250,40 @@ def alltoall_algorithm(
 ) -> Algorithm:
     """Return the verified AlltoAll Algorithm of ``routing`` with ``pieces`` chunks per block.
 
-    Raises ``VerificationError`` if the lowered schedule does not implement AlltoAll (a bug).
+    Parameters
+    ----------
+    topology : Topology
+        The machines ``routing`` was made for.
+    routing : AlltoallRouting
+        Shares per path class (``route_alltoall``), rounded here to whole pieces.
+    pieces : int
+        Chunks per block: ``chunks_per_loop`` is ``pieces`` times the rank count.
+    split_own : bool
+        Send a relay's own pieces on their own ahead of the parcel it gathers (the NIC starts
+        at once) instead of copying them into it (one message, one α fewer).
+    name : str
+        The algorithm's name.
+    metadata : sequence of (str, str)
+        Recorded with the algorithm.
+
+    Returns
+    -------
+    Algorithm
+
+    Raises
+    ------
+    VerificationError
+        If the lowered schedule does not implement AlltoAll (a bug, never an input fault).
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> from taccl_py.synth.alltoall_routing import route_alltoall
+    >>> pair = load_topology("dgx-a100", 2)
+    >>> relayed = route_alltoall(pair, 16_000_000, direct=False)
+    >>> algorithm = alltoall_algorithm(pair, relayed, 1, split_own=True, name="a2a")
+    >>> algorithm.collective.value, algorithm.chunks_per_loop
+    ('alltoall', 16)
     """
     counts = round_routing(routing, pieces)
     items = alltoall_items(topology, routing, counts, pieces, split_own=split_own)

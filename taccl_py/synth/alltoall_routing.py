@@ -263,10 +263,40 @@ def route_alltoall(
     direct: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> AlltoallRouting:
-    """Return the LP routing of the cross-machine AlltoAll blocks of ``size_bytes`` (nccl-tests size) per rank.
+    """Return the LP routing of the AlltoAll blocks for ``size_bytes`` (the nccl-tests size, bytes per rank).
 
-    ``direct`` False routes every block that has a relay path through relays (``path_classes``).
-    Without a solution (no highspy and no CBC) every class keeps its first path kind.
+    Parameters
+    ----------
+    topology : Topology
+        One or more machines; across machines relays come from ``alltoall_relays``.
+    size_bytes : int
+        Each rank's buffer; a block is ``size_bytes / N``. It weighs bandwidth against latency.
+    options : SolverOptions, optional
+        The solver (default HiGHS); the LP has no integers, so no work budget binds.
+    direct : bool
+        False: across machines, every block with a relay path takes relays (``path_classes``),
+        which keeps each GPU's peers, and so its threadblocks, few.
+    progress : callable, optional
+        Gets the solver's lines.
+
+    Returns
+    -------
+    AlltoallRouting
+        Without a solution (no HiGHS and no CBC) every class keeps its first path kind and
+        ``status`` says why.
+
+    Notes
+    -----
+    Columns: one per (class, path kind), at most 4 G² per pair of machine kinds across machines
+    and G² (G - 1) inside one, for G GPUs per machine, whatever the node count; rows: one per
+    link load that symmetry does not repeat.
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> routing = route_alltoall(load_topology("dgx-a100", 2), 16_000_000)
+    >>> routing.status, len(routing.classes)
+    ('optimal', 120)
     """
     options = options if options is not None else SolverOptions()
     classes = path_classes(topology, direct=direct)
