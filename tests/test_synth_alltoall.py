@@ -8,12 +8,14 @@ import pytest
 
 from taccl_py.baselines.alltoall import direct_alltoall_algorithm
 from taccl_py.cli import main
+from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.ir.library import read_library
 from taccl_py.synth import synthesize
 from taccl_py.synth.alltoall_plan import alltoall_algorithm
 from taccl_py.synth.alltoall_routing import PathKind, path_classes, round_routing, route_alltoall
 from taccl_py.synth.candidates import exportable
+from taccl_py.synth.sketch_model import Sketch
 from taccl_py.topology import load_topology
 
 from helpers import assert_valid_algorithm
@@ -88,6 +90,11 @@ def test_relay_routing_fits_msccl_limits_where_direct_does_not():
 def test_same_input_same_bytes(ndv2x2):
     texts = {generate_algorithm_json(synthesize(ndv2x2, "alltoall", size_bytes=MB).algorithm) for _ in range(2)}
     assert len(texts) == 1
+
+
+def test_a_sketch_is_refused_for_alltoall(ndv2x2):
+    with pytest.raises(ArgumentError, match=r"sketch: a sketch with alltoall; expected no sketch"):
+        synthesize(ndv2x2, "alltoall", size_bytes=MB, sketch=Sketch())
 
 
 def test_cli_writes_an_alltoall(tmp_path, capsys):

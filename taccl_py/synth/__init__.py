@@ -116,12 +116,23 @@ class SynthesisResult:
 
 
 def _check_arguments(
-    topology: Topology, collective: Collective | str, size_bytes: int | None, sizes: Sequence[int] | None
+    topology: Topology,
+    collective: Collective | str,
+    size_bytes: int | None,
+    sizes: Sequence[int] | None,
+    sketch: Sketch | None = None,
 ) -> tuple[Collective, tuple[int, ...]]:
     try:
         collective = Collective(collective)
     except ValueError:
         raise ArgumentError(None, "collective", f"unknown collective {collective!r}", _SYNTHESIZED_WORDS) from None
+    if collective is Collective.ALLTOALL and sketch is not None:
+        raise ArgumentError(
+            sketch.source,
+            "sketch",
+            "a sketch with alltoall",
+            "no sketch: AlltoAll routes over the topology's NIC relays",
+        )
     if size_bytes is not None and sizes is not None:
         raise ArgumentError(None, "size", "both a size and a list of sizes", "either --size or --sizes")
     chosen = (
@@ -347,8 +358,8 @@ def synthesize(
         The machine(s); ``load_topology(name, nodes)`` builds one.
     collective : Collective or str
         ``allgather``, ``reducescatter``, ``allreduce`` or ``alltoall`` (routed by an LP over
-        direct and NIC-relay paths, ``taccl_py.synth.alltoall``; sketches and node limits do not
-        apply to it).
+        direct and relay paths, ``taccl_py.synth.alltoall``; it takes no sketch, its LP needs no
+        node limit and it runs in this process whatever ``jobs`` says).
     size_bytes : int, optional
         The nccl-tests size (bytes) to synthesize for; default ``DEFAULT_SIZE_BYTES``. Its
         ``SizeChoice`` names the best baseline as chosen where that is faster than every synthesis.
@@ -383,8 +394,8 @@ def synthesize(
     Raises
     ------
     ArgumentError
-        For an unknown collective or solver, both ``size_bytes`` and ``sizes``, one GPU, or a
-        non-positive cap, node limit or job count.
+        For an unknown collective or solver, both ``size_bytes`` and ``sizes``, one GPU, a
+        sketch with alltoall, or a non-positive cap, node limit or job count.
     SketchError
         When the sketch does not fit the topology (node or GPU count, symmetry).
     InfeasibleError
@@ -405,7 +416,7 @@ def synthesize(
     (16, True)
     """
     began = time.perf_counter()
-    collective, chosen_sizes = _check_arguments(topology, collective, size_bytes, sizes)
+    collective, chosen_sizes = _check_arguments(topology, collective, size_bytes, sizes, sketch)
     options = SolverOptions(
         solver=solver,
         time_limit_s=time_limit_s if time_limit_s is not None else default_time_limit_s(topology.num_ranks),
