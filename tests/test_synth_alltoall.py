@@ -17,6 +17,7 @@ from taccl_py.synth.alltoall_routing import PathKind, path_classes, round_routin
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.sketch_model import Sketch
 from taccl_py.topology import load_topology
+from taccl_py.topology.cluster import load_cluster
 
 from helpers import assert_valid_algorithm
 
@@ -76,6 +77,15 @@ def test_nvlink_relays_beat_direct_on_one_dgx1():
     assert not choice.baseline_chosen
     assert choice.synthesized.time_us < choice.baseline.time_us / 2
     assert_valid_algorithm(result.algorithm)
+
+
+def test_nic_relays_spread_a_machine_with_nics_down_over_the_rest():
+    """A DGX A100 pair with one NIC down on each machine: direct crowds two GPUs onto one NIC; the LP spreads them."""
+    degraded = load_cluster(topology="dgx-a100", nodes=2, nics_down=["0:nic3", "1:nic5"])
+    choice = synthesize(degraded, "alltoall", size_bytes=16 * MB).choices[0]
+    assert not choice.baseline_chosen
+    assert choice.synthesized.fraction_of_bound >= 0.9
+    assert choice.synthesized.time_us < choice.baseline.time_us / 1.3
 
 
 def test_relay_routing_fits_msccl_limits_where_direct_does_not():

@@ -1,12 +1,13 @@
 """AlltoAll synthesis: LP routing over direct and NIC-relay paths, aggregation, lowering, verification.
 
-``alltoall_candidates`` routes the N² blocks twice with the LP of ``alltoall_routing`` (once free
-to send across machines directly, once through the NIC relays only, which keeps a GPU's peers and
-so its threadblocks few enough for MSCCL at 64 GPUs), cuts blocks into 1 or 2 pieces where the LP
-splits a class over paths, lowers each routing with and without ``split_own``
-(``alltoall_plan``), verifies every one, keeps those within the MSCCL limits and simulates
-them at every size. ``synthesize`` then takes,
-per size, the fastest of these and the baselines (``direct``, ``hierarchical``).
+``alltoall_candidates`` routes the N² blocks twice with the LP of ``alltoall_routing`` (once
+free to send across machines directly or through a GPU next to any NIC, once through one rail's
+NIC relays per destination only, which keeps a GPU's peers and so its threadblocks few enough
+for MSCCL at 64 GPUs), cuts blocks into ``PIECES`` where the LP splits a class over paths or
+relays inside a machine, lowers each routing with and without ``split_own`` (``alltoall_plan``),
+verifies every one, keeps those within the MSCCL limits and simulates them at every size.
+``synthesize`` then takes, per size, the fastest of these and the baselines (``direct``,
+``hierarchical``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 # Pieces per block tried where the LP splits a class over several paths or relays blocks inside
 # a machine (relayed pieces there go one by one, so more pieces pipeline the two hops).
-PIECES = (1, 2, 4)
+PIECES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)

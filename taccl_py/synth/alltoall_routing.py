@@ -7,10 +7,12 @@ A block from GPU s on machine n to GPU d on another machine m may go
 * ``both relays``: s → R_s → R_d (a GPU of machine m on the same rail) → d;
 * ``receiver relay``: s → R_d → d,
 
-with the relays ``alltoall_relays`` picks (where a relay is s or d itself the path collapses, and
-paths that collapse to the same ranks are one). A block inside a machine goes directly or, on
-NVLink meshes (DGX-1, NDv2), through a GPU with links of its own to both ends: there the direct
-route of a pair without an NVLink crosses PCIe and the host, several times slower.
+with the relays ``alltoall_relays`` picks (where a relay is s or d itself the path collapses,
+and paths that collapse to the same ranks are one), and through a GPU next to any NIC of either
+machine, so a machine with a NIC down spreads its traffic over the rest. A block inside a
+machine goes directly or, on NVLink meshes (DGX-1, NDv2), through a GPU with links of its own to
+both ends: there the direct route of a pair without an NVLink crosses PCIe and the host, several
+times slower.
 
 The LP exploits symmetry as TE-CCL does: one variable per path *class*, keyed by the kinds of
 the two machines, the local indices of s and d and whether they share a machine, so all machine
@@ -36,6 +38,7 @@ import pulp
 from taccl_py.baselines._orders import node_ranks
 from taccl_py.baselines.alltoall import alltoall_relays
 from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
+from taccl_py.topology.builtins import nic_affinity
 from taccl_py.topology.fingerprint import node_signature
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -157,17 +160,54 @@ def _local_paths(topology: Topology, instances: Sequence[tuple[int, int]]) -> li
     return paths
 
 
+def _near_nics(topology: Topology) -> list[list[tuple[int, ...]]]:
+    """Return, per machine, the GPUs nearest each of its NICs that are up, in the machine's NIC order."""
+    affinity = nic_affinity(topology)
+    return [[affinity[nic.name] for nic in topology.nics(node)] for node in range(topology.nodes)]
+
+
+def _rail_paths(
+    topology: Topology, s: int, d: int, near: list[list[tuple[int, ...]]]
+) -> list[tuple[PathKind, tuple[int, ...]]]:
+    """Return the paths from ``s`` through a GPU next to each NIC of its machine, and into ``d`` through each of d's.
+
+    The GPU next to a NIC is taken in turn by the local index of the far end, so the relaying
+    spreads over the GPUs a NIC has nearest.
+    """
+    src, dst = topology.gpu(s), topology.gpu(d)
+    i, j = node_ranks(topology, src.node).index(s), node_ranks(topology, dst.node).index(d)
+    paths = []
+    for gpus in near[src.node]:
+        if gpus:
+            paths.append((PathKind.SENDER_RELAY, _collapse((s, gpus[j % len(gpus)], d))))
+    for gpus in near[dst.node]:
+        if gpus:
+            paths.append((PathKind.RECEIVER_RELAY, _collapse((s, gpus[i % len(gpus)], d))))
+    return paths
+
+
 def _cross_paths(
-    topology: Topology, instances: Sequence[tuple[int, int]], relays: dict[tuple[int, int], tuple[int, int]]
+    topology: Topology,
+    instances: Sequence[tuple[int, int]],
+    relays: dict[tuple[int, int], tuple[int, int]],
+    near: list[list[tuple[int, ...]]] | None,
 ) -> list[tuple[PathKind, tuple]]:
-    """Return the distinct cross-machine paths of a class, one per kind, in ``PathKind`` order."""
-    per_kind: dict[PathKind, list[tuple[int, ...]]] = {}
-    for s, d in instances:
-        for kind, ranks in _paths_of(s, d, relays[topology.gpu(s).node, d]).items():
-            per_kind.setdefault(kind, []).append(ranks)
+    """Return the distinct cross-machine paths of a class: one per kind, then (with ``near``) one per NIC.
+
+    A path is kept when no earlier one takes the same ranks in every instance.
+    """
+    columns: list[tuple[PathKind, list[tuple[int, ...]]]] = []
+    for number, (s, d) in enumerate(instances):
+        found = list(_paths_of(s, d, relays[topology.gpu(s).node, d]).items())
+        if near is not None:
+            found += _rail_paths(topology, s, d, near)
+        if number == 0:
+            columns = [(kind, []) for kind, _ in found]
+        for (_, ranks), (_, path) in zip(columns, found):
+            ranks.append(path)
     seen: set[tuple[tuple[int, ...], ...]] = set()
     paths = []
-    for kind, ranks in per_kind.items():
+    for kind, ranks in columns:
         if tuple(ranks) not in seen:
             seen.add(tuple(ranks))
             paths.append((kind, tuple(ranks)))
@@ -177,20 +217,25 @@ def _cross_paths(
 def path_classes(topology: Topology, *, direct: bool = True) -> tuple[PathClass, ...]:
     """Return the path classes of ``topology`` in a fixed order.
 
-    Across machines a kind is kept for a class when no earlier kind takes the same ranks in
-    every instance; with ``direct`` False the direct kind is dropped wherever a relay path
-    differs from it (so cross-machine traffic gathers at the NIC GPUs: fewer peers per GPU,
-    fewer threadblocks). Inside a machine a block may go directly or through any GPU that has
-    a link of its own to both ends (NVLink meshes such as DGX-1; none behind a switch).
+    Across machines a path is kept for a class when no earlier one takes the same ranks in
+    every instance. With ``direct`` the paths through a GPU next to each NIC of the source or
+    the destination machine join the four kinds, so the LP can spread a machine's traffic over
+    all its NICs when some are down or missing. With ``direct`` False only the relays
+    ``alltoall_relays`` picks remain and the direct kind is dropped wherever a relay path
+    differs from it (so cross-machine traffic gathers at the NIC GPUs of one rail per
+    destination: few peers per GPU, few threadblocks). Inside a machine a block may go directly
+    or through any GPU that has a link of its own to both ends (NVLink meshes such as DGX-1;
+    none behind a switch).
     """
     relays = alltoall_relays(topology) if topology.nodes > 1 else {}
+    near = _near_nics(topology) if direct and topology.nodes > 1 else None
     classes = []
     for key, pairs in sorted(_grouped_instances(topology).items()):
         instances = tuple(pairs)
         if key[4]:
             paths = _local_paths(topology, instances)
         else:
-            paths = _cross_paths(topology, instances, relays)
+            paths = _cross_paths(topology, instances, relays, near)
             if not direct and len(paths) > 1:
                 paths = [entry for entry in paths if entry[0] is not PathKind.DIRECT]
         classes.append(PathClass(*key, instances, tuple(paths)))
@@ -287,9 +332,10 @@ def route_alltoall(
 
     Notes
     -----
-    Columns: one per (class, path kind), at most 4 G² per pair of machine kinds across machines
-    and G² (G - 1) inside one, for G GPUs per machine, whatever the node count; rows: one per
-    link load that symmetry does not repeat.
+    Columns: one per (class, path), at most (4 + 2 NICs) G² per pair of machine kinds across
+    machines and G² (G - 1) inside one, for G GPUs per machine, whatever the node count (DGX-2:
+    about 4,300 at any node count, solved in about a second); rows: one per link load that
+    symmetry does not repeat.
 
     Examples
     --------
