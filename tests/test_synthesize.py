@@ -97,7 +97,6 @@ def test_default_time_limits_grow_with_gpus():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"collective": "alltoall"}, r"alltoall is not synthesized"),
         ({"collective": "broadcast"}, r"unknown collective 'broadcast'"),
         ({"collective": "allgather", "size_bytes": MB, "sizes": (MB,)}, r"both a size and a list of sizes"),
         ({"collective": "allgather", "size_bytes": 0}, r"positive integers"),

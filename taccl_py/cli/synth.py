@@ -23,7 +23,7 @@ from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_si
 
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
-_COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+_COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
 _HEADERS = ("size", "chosen", "time (us)", "of bound", "synthesized (us)", "best baseline", "baseline (us)", "speedup")
 
 

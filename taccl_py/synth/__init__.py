@@ -9,7 +9,9 @@ fastest of the synthesized algorithms and the baselines (``taccl_py.synth.bands`
 live in ``logical``, ``routing`` (with the routes of ``tree_packing`` and ``hierarchy`` as starts
 and alternatives), ``ordering``, ``scheduling``,
 ``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
-automatically.
+automatically. AlltoAll takes its own path: an LP routes its blocks over direct and NIC-relay
+paths (``alltoall_routing``), ``alltoall_plan`` aggregates and lowers them and ``alltoall``
+keeps the candidates that fit the MSCCL limits.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
+from taccl_py.synth.alltoall import alltoall_candidates
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
 from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
 from taccl_py.synth.compose import (
@@ -43,6 +46,7 @@ from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import (
     BudgetBound,
     SolverOptions,
+    budget_of_status,
     describe_solver,
     first_budget_bound,
     prepare_highs_threads,
@@ -69,7 +73,7 @@ DEFAULT_SIZE_BYTES = 64_000_000  # a typical DDP gradient bucket is 25-100 MB
 # meet; the cap only stops a run on a machine far slower or busier than expected.
 _TIME_LIMITS_S = ((16, 600.0), (32, 1200.0))
 _TIME_LIMIT_LARGE_S = 1800.0
-_SYNTHESIZED = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+_SYNTHESIZED_WORDS = "allgather, reducescatter, allreduce or alltoall"  # every Collective
 SIZES_PER_DESIGN = 2  # neighbouring sizes (of a x4 progression) that share one synthesized design
 
 
@@ -112,17 +116,22 @@ class SynthesisResult:
 
 
 def _check_arguments(
-    topology: Topology, collective: Collective | str, size_bytes: int | None, sizes: Sequence[int] | None
+    topology: Topology,
+    collective: Collective | str,
+    size_bytes: int | None,
+    sizes: Sequence[int] | None,
+    sketch: Sketch | None = None,
 ) -> tuple[Collective, tuple[int, ...]]:
     try:
         collective = Collective(collective)
     except ValueError:
+        raise ArgumentError(None, "collective", f"unknown collective {collective!r}", _SYNTHESIZED_WORDS) from None
+    if collective is Collective.ALLTOALL and sketch is not None:
         raise ArgumentError(
-            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter or allreduce"
-        ) from None
-    if collective not in _SYNTHESIZED:
-        raise ArgumentError(
-            None, "collective", f"{collective.value} is not synthesized", "allgather, reducescatter or allreduce"
+            sketch.source,
+            "sketch",
+            "a sketch with alltoall",
+            "no sketch: AlltoAll routes over the topology's NIC relays",
         )
     if size_bytes is not None and sizes is not None:
         raise ArgumentError(None, "size", "both a size and a list of sizes", "either --size or --sizes")
@@ -348,7 +357,9 @@ def synthesize(
     topology : Topology
         The machine(s); ``load_topology(name, nodes)`` builds one.
     collective : Collective or str
-        ``allgather``, ``reducescatter`` or ``allreduce``.
+        ``allgather``, ``reducescatter``, ``allreduce`` or ``alltoall`` (routed by an LP over
+        direct and relay paths, ``taccl_py.synth.alltoall``; it takes no sketch, its LP needs no
+        node limit and it runs in this process whatever ``jobs`` says).
     size_bytes : int, optional
         The nccl-tests size (bytes) to synthesize for; default ``DEFAULT_SIZE_BYTES``. Its
         ``SizeChoice`` names the best baseline as chosen where that is faster than every synthesis.
@@ -383,8 +394,8 @@ def synthesize(
     Raises
     ------
     ArgumentError
-        For an unknown collective or solver, both ``size_bytes`` and ``sizes``, one GPU, or a
-        non-positive cap, node limit or job count.
+        For an unknown collective or solver, both ``size_bytes`` and ``sizes``, one GPU, a
+        sketch with alltoall, or a non-positive cap, node limit or job count.
     SketchError
         When the sketch does not fit the topology (node or GPU count, symmetry).
     InfeasibleError
@@ -405,7 +416,7 @@ def synthesize(
     (16, True)
     """
     began = time.perf_counter()
-    collective, chosen_sizes = _check_arguments(topology, collective, size_bytes, sizes)
+    collective, chosen_sizes = _check_arguments(topology, collective, size_bytes, sizes, sketch)
     options = SolverOptions(
         solver=solver,
         time_limit_s=time_limit_s if time_limit_s is not None else default_time_limit_s(topology.num_ranks),
@@ -428,6 +439,10 @@ def _synthesize_impl(
     began: float,
     jobs: int = 1,
 ) -> SynthesisResult:
+    if collective is Collective.ALLTOALL:
+        return _synthesize_alltoall(
+            topology, sizes, banded, sketch if sketch is not None else Sketch(), options, progress, began
+        )
     sketch = sketch if sketch is not None else auto_sketch(topology)
     if progress is not None:
         progress(f"logical topology of {topology.name} under sketch {sketch.name}")
@@ -438,38 +453,12 @@ def _synthesize_impl(
     if collective is Collective.ALLREDUCE:
         runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, progress)
     everything = [(c.algorithm, r) for c, r in runs]
-    usable = [(c.algorithm, r) for c, r in runs if not banded or exportable(c.algorithm)]
-    eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better
-    if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
-        fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
-        eligible = [base is not None and fits[base[0].name] for base in baselines]
-    choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
-    best_at_top = min(
-        (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
-    )[0]
+    choices, best_at_top = _choose(sizes, banded, everything, baselines)
     budget_bound = first_budget_bound(candidate.budget_bound for candidate, _ in runs)
     timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP
     library = None
     if banded:
-        provenance = Provenance(
-            taccl_py=__version__,
-            solver=describe_solver(options),
-            solver_options=solver_settings(options),
-            sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
-            sizes=sizes,
-            timed_out=timed_out,
-            budget_bound=None if budget_bound is None else budget_bound.value,
-        )
-        library = build_library(
-            topology.name,
-            topology.nodes,
-            collective,
-            topology.num_ranks,
-            choices,
-            collective.value,
-            provenance,
-            cluster=cluster_record(topology),
-        )
+        library = _library(topology, collective, sizes, sketch, options, choices, budget_bound)
     return SynthesisResult(
         best_at_top,
         collective,
@@ -479,6 +468,93 @@ def _synthesize_impl(
         library,
         tuple(f"{c.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs),
         timed_out,
+        time.perf_counter() - began,
+        budget_bound,
+    )
+
+
+def _choose(
+    sizes: tuple[int, ...], banded: bool, everything: list[tuple[Algorithm, tuple]], baselines: list
+) -> tuple[tuple[SizeChoice, ...], Algorithm]:
+    """Return the choice per size and the fastest synthesized algorithm at the largest size.
+
+    With bands, only algorithms (synthesized or baseline) that load in the MSCCL runtimes win.
+    """
+    usable = [pair for pair in everything if not banded or exportable(pair[0])]
+    eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better
+    if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
+        fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
+        eligible = [base is not None and fits[base[0].name] for base in baselines]
+    choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
+    best_at_top = min(
+        (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
+    )[0]
+    return choices, best_at_top
+
+
+def _library(
+    topology: Topology,
+    collective: Collective,
+    sizes: tuple[int, ...],
+    sketch: Sketch,
+    options: SolverOptions,
+    choices: tuple[SizeChoice, ...],
+    budget_bound: BudgetBound | None,
+) -> AlgorithmLibrary:
+    """Return the library of size bands of ``choices``, with its provenance."""
+    provenance = Provenance(
+        taccl_py=__version__,
+        solver=describe_solver(options),
+        solver_options=solver_settings(options),
+        sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
+        sizes=sizes,
+        timed_out=budget_bound is BudgetBound.WALL_CLOCK_CAP,
+        budget_bound=None if budget_bound is None else budget_bound.value,
+    )
+    return build_library(
+        topology.name,
+        topology.nodes,
+        collective,
+        topology.num_ranks,
+        choices,
+        collective.value,
+        provenance,
+        cluster=cluster_record(topology),
+    )
+
+
+def _synthesize_alltoall(
+    topology: Topology,
+    sizes: tuple[int, ...],
+    banded: bool,
+    sketch: Sketch,
+    options: SolverOptions,
+    progress: Callable[[str], None] | None,
+    began: float,
+) -> SynthesisResult:
+    """Return the AlltoAll synthesis: LP-routed candidates (``taccl_py.synth.alltoall``) against the baselines.
+
+    The sketch only names the result: AlltoAll's routes come from the topology's NIC relays.
+    """
+    bounds = lower_bounds(topology, Collective.ALLTOALL, sizes)
+    prepare_highs_threads(options.threads)
+    candidates = alltoall_candidates(topology, sizes, bounds, options, progress)
+    baselines = _baselines_job(topology, Collective.ALLTOALL, sizes, options, progress)
+    everything = [(candidate.algorithm, candidate.results) for candidate in candidates]
+    choices, best_at_top = _choose(sizes, banded, everything, baselines)
+    budget_bound = first_budget_bound(budget_of_status(c.routing_status) for c in candidates)
+    library = None
+    if banded:
+        library = _library(topology, Collective.ALLTOALL, sizes, sketch, options, choices, budget_bound)
+    return SynthesisResult(
+        best_at_top,
+        Collective.ALLTOALL,
+        topology.name,
+        sketch,
+        choices,
+        library,
+        tuple(f"{c.label}@{c.design_bytes}:{c.routing_status}" for c in candidates),
+        budget_bound is BudgetBound.WALL_CLOCK_CAP,
         time.perf_counter() - began,
         budget_bound,
     )
