@@ -1,6 +1,6 @@
 """Rebuild the shipped algorithm libraries in algorithms/<topology>/n<nodes>/<collective>.library.json.
 
-Every built-in topology at 1, 2 and 4 nodes, for allgather, reducescatter and allreduce, over
+Every built-in topology at 1, 2 and 4 nodes, for allgather, reducescatter, allreduce and alltoall, over
 sizes 1KB..1GB: ``synthesize`` keeps, per size band, the fastest of the synthesized candidates
 and the baselines under the simulator, and ``write_library`` writes the library with one
 xz-compressed algorithm JSON per band (MSCCL XML is derived on demand: ``taccl export-msccl``).
@@ -40,7 +40,7 @@ from taccl_py.units import parse_sizes
 
 DEFAULT_SIZES = "1KB-1GB"
 DEFAULT_NODES = "1,2,4"
-COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
 # Wall-clock cap per instance (s), over the synthesizer's own safety cap (30 min at 64+ GPUs).
 INSTANCE_TIMEOUT_S = 3600
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ ROOT = Path(str(shipped_library_dir()))  # an installed or editable package: fil
 # The budget the whole algorithms/ folder must stay within (issue: a lean, traceable algorithms/).
 MAX_TOTAL_BYTES = 8_000_000
 LIBRARIES = sorted(ROOT.rglob("*.library.json"))
-COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
 NODES = (1, 2, 4)
 FAST_RANKS = 16
 
