@@ -54,6 +54,13 @@ def test_across_machines_one_machine_binds(name, capacity_GBps):
     assert bound.description.startswith(("NIC cut: node 0", "node cut: node 0"))
 
 
+def test_inside_a_machine_the_link_between_sockets_binds():
+    # pcie-8gpu: 4 GPUs per PCIe switch; half the machine sends 4 x 4 blocks over one 24 GB/s PCIe link
+    bound = lower_bound(load_topology("pcie-8gpu"), "alltoall", GB)
+    assert bound.cut_gpus == 4 and bound.description.startswith("NUMA cut: gpu0, gpu1, gpu2, gpu3 (4 GPUs)")
+    assert bound.bandwidth_time_us == pytest.approx(GB / 8 * 4 * 4 / (24.0 * 1e3))
+
+
 def test_the_weakest_machine_binds_a_degraded_cluster():
     cluster = load_cluster(topology="dgx-a100", nodes=4, nics_down=["2:nic3"])
     bound = lower_bound(cluster, "alltoall", GB)

@@ -8,8 +8,9 @@ leaving S, and receive as much over the links entering it:
 
 Unlike AllGather's, this ratio is not a ratio of linear functions of S, so no max-flow finds
 the best S. The bound takes the best of the sets that bind on real machines: one GPU
-(its egress or ingress), one machine, and the union of the j machines with the least
-capacity for j = 1 .. machines - 1 (the bisection on a non-blocking network). Each set's
+(its egress or ingress), the GPUs of some of one machine's NUMA domains (a host link between
+sockets), one machine, and the union of the j machines with the least capacity for
+j = 1 .. machines - 1 (the bisection on a non-blocking network). Each set's
 capacity is the minimum cut between its GPUs and the other GPUs over the links some route
 holds (``bounds._route_links``), so a NIC's PCIe link binds where it is slower than the NIC.
 A union's capacity is the sum of its machines' cuts, which is at least its own minimum cut:
@@ -33,6 +34,7 @@ __all__ = ["AlltoallCut", "alltoall_cut"]
 
 _SOURCE, _SINK = ("alltoall source",), ("alltoall sink",)  # keys no vertex name (a str) can equal
 _NETWORK_KINDS = frozenset({LinkKind.IB.value, LinkKind.ETHERNET.value})
+_MAX_NUMA_DOMAINS = 8  # NUMA domains of one machine whose unions are tried as cuts (2^8 - 2 sets)
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,40 @@ def alltoall_cut(topology: Topology, links: tuple[Link, ...]) -> AlltoallCut:
                 label = "per-GPU egress cut" if direction == "leaving" else "per-GPU ingress cut"
                 description = f"{label}: {gpu.name} alone: {capacity:.4g} GB/s {direction} {_over(kinds)}"
                 candidates.append(AlltoallCut((gpu.name,), 1, capacity, description))
+        candidates += _numa_cuts(topology, graph, names, representatives, direction)
         if topology.nodes > 1:
             candidates += _machine_cuts(topology, graph, names, representatives, direction)
     return max(candidates, key=lambda c: c.time_us(1.0, len(names)))
+
+
+def _numa_cuts(
+    topology: Topology, graph: nx.DiGraph, names: list[str], representatives: list[int], direction: str
+) -> list[AlltoallCut]:
+    """Return the cuts around each union of one machine's NUMA domains (all but the whole machine).
+
+    Inside a machine the host link between sockets is what binds (DGX-1, PCIe boxes), and the GPUs
+    of a socket are the set that has to cross it.
+    """
+    cuts = []
+    for node in representatives:
+        domains: dict[int, list[str]] = {}
+        for gpu in topology.gpus:
+            if gpu.node == node and gpu.numa is not None:
+                domains.setdefault(gpu.numa, []).append(gpu.name)
+        groups = [domains[numa] for numa in sorted(domains)]
+        if len(groups) > _MAX_NUMA_DOMAINS:
+            groups = []  # 2^domains unions: past a handful, the per-GPU and machine cuts stand alone
+        for mask in range(1, 2 ** len(groups) - 1):
+            inside = [name for bit, group in enumerate(groups) if mask >> bit & 1 for name in group]
+            if len(inside) < 2:
+                continue  # one GPU: the per-GPU cut
+            capacity, kinds = _min_cut(graph, inside, [n for n in names if n not in inside])
+            label = "NUMA cut"
+            description = (
+                f"{label}: {', '.join(inside)} ({len(inside)} GPUs): {capacity:.4g} GB/s {direction} {_over(kinds)}"
+            )
+            cuts.append(AlltoallCut(tuple(inside), len(inside), capacity, description))
+    return cuts
 
 
 def _machine_cuts(
