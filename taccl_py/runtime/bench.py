@@ -102,6 +102,8 @@ def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int 
     >>> verify_algorithm(ring_algorithm(Collective.ALLREDUCE, 4, 2)).ok
     True
     """
+    if collective not in _RING_COLLECTIVES:
+        raise ArgumentError(None, "collective", f"{collective.value}", "allgather, reducescatter or allreduce")
     n, k = num_ranks, chunks_per_rank
     items: list[Transfer | LocalCopy] = []
     buffer = _O if collective is Collective.ALLGATHER else _I
@@ -122,8 +124,6 @@ def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int 
                 items += [Transfer(r, (r + 1) % n, (buffer, block * k + j), (buffer, block * k + j)) for j in range(k)]
     if collective is Collective.REDUCESCATTER:
         items += [LocalCopy(r, (_I, r * k + j), (_O, j)) for r in range(n) for j in range(k)]
-    if collective not in _RING_COLLECTIVES:
-        raise ArgumentError(None, "collective", f"{collective.value}", "allgather, reducescatter or allreduce")
     inplace = collective is Collective.ALLREDUCE
     return lower_plan(f"ring-{collective.value}-{n}x{k}", collective, n, n * k, items, inplace=inplace)
 
