@@ -6,6 +6,7 @@ output goes through; the ``ring_*`` builders give correct reference schedules fo
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from taccl_py.ir.algorithm import Algorithm, Buffer
@@ -25,6 +26,7 @@ __all__ = [
     "FIXTURES",
     "msccl_fixture_paths",
     "BROKEN_MSCCL_FIXTURES",
+    "LogLines",
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -141,3 +143,14 @@ def assert_arborescence(graph, root: int, tree: tuple[int, ...]) -> None:
         assert link.allows(root)
         reached.add(link.dst)
     assert reached == set(range(graph.num_ranks))
+
+
+class LogLines(logging.Handler):
+    """A logging handler that keeps the message of every record at INFO or above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())

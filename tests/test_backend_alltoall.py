@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ddp_helpers import WORLD_SIZE, init_taccl_group
-from helpers import chunked_alltoall_algorithm
+from helpers import LogLines, chunked_alltoall_algorithm
 from mp_utils import run_ranks
 
 torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
@@ -35,15 +35,6 @@ def _data(rank: int, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
     if dtype.is_floating_point:
         return torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype)
     return torch.randint(-1000, 1001, shape, generator=generator).to(dtype)
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _equal_split_cases(rank: int, gloo: Any) -> list[str]:
@@ -106,7 +97,7 @@ def _uneven_split_cases(rank: int, gloo: Any) -> list[str]:
 
 
 def _alltoall_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    handler = _Lines()
+    handler = LogLines()
     logging.getLogger("taccl_py.runtime.backend").addHandler(handler)
     pg = init_taccl_group(rank, world_size, port, [chunked_alltoall_algorithm(world_size, 2)])
     gloo = dist.new_group(backend="gloo")

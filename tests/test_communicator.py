@@ -20,7 +20,7 @@ from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.selection import collect_algorithms
 
-from helpers import ring_algorithm
+from helpers import LogLines, ring_algorithm
 from mp_utils import Case, assert_no_mismatches, compare, random_input, run_ranks, torch_collective
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
@@ -204,18 +204,9 @@ def test_a_topology_library_on_2_ranks_with_torch_fallback_for_the_rest(tmp_path
     assert_no_mismatches(run_ranks(collectives_worker, 2, library, plan))
 
 
-class _Count(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def checks_worker(rank: int, world: int) -> list[str]:
     """Worker: bad calls raise before sending; fallback logs once; the group stays usable."""
-    handler = _Count()
+    handler = LogLines()
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -18,7 +18,7 @@ from taccl_py.runtime.calibration import CalibrationPoint
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.topology import load_topology
 
-from helpers import chunked_alltoall_algorithm, ring_algorithm
+from helpers import LogLines, chunked_alltoall_algorithm, ring_algorithm
 from mp_utils import assert_no_mismatches, run_ranks
 
 A2A = Collective.ALLTOALL
@@ -65,15 +65,6 @@ def _compare_case(
     dist.all_to_all_single(reference, kept)
     problems = _mismatch(f"{dtype} shape={shape}", ours, reference)
     return problems + ([] if torch.equal(data, kept) else [f"{dtype} shape={shape}: the input was modified"])
-
-
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
 
 
 def _sweep(comm: Communicator, rank: int, world: int) -> list[str]:
@@ -143,7 +134,7 @@ def _calibration_case(comm: Communicator, rank: int, world: int) -> list[str]:
 
 def alltoall_worker(rank: int, world: int, with_checks: bool) -> list[str]:
     """Worker: the dtype/size sweep, then (``with_checks``) uneven splits, bad calls and calibration."""
-    handler = _Lines()
+    handler = LogLines()
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

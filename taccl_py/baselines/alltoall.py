@@ -19,13 +19,13 @@ one chunk and ``chunks_per_loop`` is the rank count.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from taccl_py.baselines._orders import node_ranks, rail_nics
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, ScratchAllocator, Transfer, lower_plan
 from taccl_py.simulate import prepare_simulation, simulate_plan
 from taccl_py.topology.builtins import nic_affinity
 from taccl_py.topology.model import Topology
@@ -109,20 +109,13 @@ def _relay(ranks: tuple[int, ...], near_nic: tuple[int, ...], local_index: int) 
     return near_nic[local_index % len(near_nic)]
 
 
-@dataclass
-class _Scratch:
-    """Per rank, the next free scratch chunk."""
-
-    next_free: dict[int, int] = field(default_factory=dict)
-
-    def take(self, rank: int, count: int) -> int:
-        start = self.next_free.get(rank, 0)
-        self.next_free[rank] = start + count
-        return start
-
-
 def _parcel_items(
-    topology: Topology, source_node: int, destination: int, relays: tuple[int, int], pieces: int, scratch: _Scratch
+    topology: Topology,
+    source_node: int,
+    destination: int,
+    relays: tuple[int, int],
+    pieces: int,
+    scratch: ScratchAllocator,
 ) -> list[Item]:
     """Return the items that carry machine ``source_node``'s G blocks for ``destination`` across.
 
@@ -207,7 +200,7 @@ def hierarchical_alltoall_algorithm(topology: Topology, pieces: int = 1) -> Algo
         )
     ranks = topology.num_ranks
     relays = alltoall_relays(topology)
-    scratch = _Scratch()
+    scratch = ScratchAllocator()
     items: list[Item] = [LocalCopy(r, (I, r), (O, r)) for r in range(ranks)]
     for offset in range(1, topology.nodes):
         for source_node in range(topology.nodes):

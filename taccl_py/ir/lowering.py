@@ -17,7 +17,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
 
-__all__ = ["Transfer", "LocalCopy", "lower_plan"]
+__all__ = ["Transfer", "LocalCopy", "ScratchAllocator", "lower_plan"]
 
 Slot = tuple[Buffer, int]
 
@@ -47,6 +47,19 @@ class LocalCopy:
     dst: Slot
     count: int = 1
     reduce: bool = False
+
+
+@dataclass
+class ScratchAllocator:
+    """Hands out each rank's scratch chunks in order, for plans that stage data on relays."""
+
+    next_free: dict[int, int] = field(default_factory=dict)
+
+    def take(self, rank: int, count: int) -> int:
+        """Return the first of ``count`` scratch chunks of ``rank`` no earlier call returned."""
+        start = self.next_free.get(rank, 0)
+        self.next_free[rank] = start + count
+        return start
 
 
 @dataclass

@@ -18,12 +18,12 @@ works while the gather runs; without it they are copied into the parcel (one α 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from taccl_py.baselines._orders import node_ranks
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, ScratchAllocator, Transfer, lower_plan
 from taccl_py.synth.alltoall_routing import AlltoallRouting, PathClass, round_routing
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
@@ -43,18 +43,6 @@ class _Segment:
     first: int
     count: int
     path: tuple[int, ...]
-
-
-@dataclass
-class _Scratch:
-    """Per rank, the next free scratch chunk."""
-
-    next_free: dict[int, int] = field(default_factory=dict)
-
-    def take(self, rank: int, count: int) -> int:
-        start = self.next_free.get(rank, 0)
-        self.next_free[rank] = start + count
-        return start
 
 
 def _segments_by_pair(
@@ -89,7 +77,12 @@ def _output_runs(entries: Sequence[tuple[int, int, int]], pieces: int) -> list[t
 
 
 def _deliver(
-    path: tuple[int, ...], at: int, slot: int, entries: list[tuple[int, int, int]], pieces: int, scratch: _Scratch
+    path: tuple[int, ...],
+    at: int,
+    slot: int,
+    entries: list[tuple[int, int, int]],
+    pieces: int,
+    scratch: ScratchAllocator,
 ) -> list[Item]:
     """Return the items that carry a parcel held in scratch chunk ``slot`` of ``path[at]`` to its destination."""
     items: list[Item] = []
@@ -103,7 +96,7 @@ def _deliver(
     return items
 
 
-def _send_own(segment: _Segment, destination: int, pieces: int, scratch: _Scratch) -> list[Item]:
+def _send_own(segment: _Segment, destination: int, pieces: int, scratch: ScratchAllocator) -> list[Item]:
     """Return the items that carry a segment straight from its source's input along its path."""
     source_slot = (I, destination * pieces + segment.first)
     if len(segment.path) == 2:
@@ -147,7 +140,7 @@ def _parcels(
 
 
 def _gather_items(
-    path: tuple[int, ...], members: Sequence[_Segment], destination: int, pieces: int, scratch: _Scratch
+    path: tuple[int, ...], members: Sequence[_Segment], destination: int, pieces: int, scratch: ScratchAllocator
 ) -> tuple[list[Item], list[Item]]:
     """Return the items that gather a parcel at ``path[0]`` and those that carry it on to ``destination``."""
     members = sorted(members, key=lambda segment: (segment.source, segment.first))
@@ -166,7 +159,7 @@ def _gather_items(
 
 
 def _local_items(
-    members: Sequence[int], segments: dict[tuple[int, int], list[_Segment]], pieces: int, scratch: _Scratch
+    members: Sequence[int], segments: dict[tuple[int, int], list[_Segment]], pieces: int, scratch: ScratchAllocator
 ) -> list[Item]:
     """Return the items of the blocks between the GPUs of one machine.
 
@@ -201,7 +194,7 @@ def _machine_pair_items(
     segments: dict[tuple[int, int], list[_Segment]],
     pieces: int,
     split_own: bool,
-    scratch: _Scratch,
+    scratch: ScratchAllocator,
 ) -> list[Item]:
     """Return the items that carry one source machine's blocks to one destination machine's GPUs."""
     first_hops: list[Item] = []
@@ -227,7 +220,7 @@ def alltoall_items(
     """
     ranks = topology.num_ranks
     segments = _segments_by_pair(routing.classes, counts)
-    scratch = _Scratch()
+    scratch = ScratchAllocator()
     members = [node_ranks(topology, node) for node in range(topology.nodes)]
     items: list[Item] = [LocalCopy(r, (I, r * pieces), (O, r * pieces), count=pieces) for r in range(ranks)]
     for offset in range(1, topology.nodes):
