@@ -38,7 +38,7 @@ def _data(rank: int, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
 
 
 def _equal_split_cases(rank: int, gloo: Any) -> list[str]:
-    """all_to_all_single (sync, async, equal splits given) on the taccl group against gloo's."""
+    """all_to_all_single (sync, async) on the taccl group against gloo's."""
     problems = []
     for seed, (dtype_name, shape) in enumerate(EQUAL_CASES):
         dtype = getattr(torch, dtype_name)
@@ -51,13 +51,6 @@ def _equal_split_cases(rank: int, gloo: Any) -> list[str]:
         dist.all_to_all_single(reference, data, group=gloo)
         if not torch.equal(ours, reference):
             problems.append(f"all_to_all_single {dtype_name} {shape}")
-    rows = [6] * WORLD_SIZE
-    data = _data(rank, (sum(rows), 4), torch.float32, 9)
-    ours, reference = torch.zeros_like(data), torch.zeros_like(data)
-    dist.all_to_all_single(ours, data, rows, rows)
-    dist.all_to_all_single(reference, data, rows, rows, group=gloo)
-    if not torch.equal(ours, reference):
-        problems.append("all_to_all_single with equal splits given")
     return problems
 
 
@@ -82,7 +75,7 @@ def _list_and_functional_cases(rank: int, gloo: Any) -> list[str]:
 
 
 def _uneven_split_cases(rank: int, gloo: Any) -> list[str]:
-    """Uneven splits run on the inner backend (twice: one log line) and equal gloo's."""
+    """Split sizes, uneven twice and equal once, run on the inner backend (one log line) and equal gloo's."""
     sends = [(rank + peer) % 3 + 1 for peer in range(WORLD_SIZE)]
     receives = [(peer + rank) % 3 + 1 for peer in range(WORLD_SIZE)]
     problems = []
@@ -93,6 +86,13 @@ def _uneven_split_cases(rank: int, gloo: Any) -> list[str]:
         dist.all_to_all_single(reference, data, receives, sends, group=gloo)
         if not torch.equal(ours, reference):
             problems.append(f"all_to_all_single uneven splits, seed {seed}")
+    rows = [6] * WORLD_SIZE  # equal split sizes: a rank cannot tell whether the others' are equal
+    data = _data(rank, (sum(rows), 4), torch.float32, 9)
+    ours, reference = torch.zeros_like(data), torch.zeros_like(data)
+    dist.all_to_all_single(ours, data, rows, rows)
+    dist.all_to_all_single(reference, data, rows, rows, group=gloo)
+    if not torch.equal(ours, reference):
+        problems.append("all_to_all_single with equal split sizes")
     return problems
 
 
@@ -109,7 +109,7 @@ def _alltoall_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]
     before = (Counter(pg.routed), Counter(pg.delegated))
     results["problems"] += _uneven_split_cases(rank, gloo)
     results["uneven_counts"] = (dict(pg.routed - before[0]), dict(pg.delegated - before[1]))
-    results["log"] = [m for m in handler.messages if "uneven splits" in m]
+    results["log"] = [m for m in handler.messages if "with split sizes" in m]
     dist.barrier()
     return results
 
@@ -128,21 +128,24 @@ def test_all_to_all_single_is_routed_and_equals_gloo(alltoall_results: list[dict
     for rank, result in enumerate(alltoall_results):
         assert result["problems"] == [], f"rank {rank}: {result['problems']}"
         routed, delegated = result["equal_counts"]
-        assert routed == {"alltoall": len(EQUAL_CASES) + 1}, f"rank {rank}: routed {routed}"
+        assert routed == {"alltoall": len(EQUAL_CASES)}, f"rank {rank}: routed {routed}"
         assert delegated == {}, f"rank {rank}: delegated {delegated}"
 
 
 @pytest.mark.multiprocess
-def test_the_list_form_and_the_functional_collective_are_routed(alltoall_results: list[dict[str, Any]]) -> None:
+def test_the_list_form_is_routed_and_the_functional_collective_delegated(
+    alltoall_results: list[dict[str, Any]],
+) -> None:
+    # torch's functional all_to_all_single fills in equal split sizes, and calls with split sizes are delegated
     for rank, result in enumerate(alltoall_results):
         assert result["problems"] == [], f"rank {rank}: {result['problems']}"
         routed, delegated = result["list_counts"]
-        assert routed == {"alltoall": 2} and delegated == {}, f"rank {rank}: routed {routed}, delegated {delegated}"
+        assert routed == {"alltoall": 1} and delegated == {"alltoall": 1}, f"rank {rank}: {routed}, {delegated}"
 
 
 @pytest.mark.multiprocess
-def test_uneven_splits_run_on_the_inner_backend_with_one_log_line(alltoall_results: list[dict[str, Any]]) -> None:
+def test_split_sizes_run_on_the_inner_backend_with_one_log_line(alltoall_results: list[dict[str, Any]]) -> None:
     for rank, result in enumerate(alltoall_results):
         routed, delegated = result["uneven_counts"]
-        assert routed == {} and delegated == {"alltoall": 2}, f"rank {rank}: routed {routed}, delegated {delegated}"
+        assert routed == {} and delegated == {"alltoall": 3}, f"rank {rank}: routed {routed}, delegated {delegated}"
         assert len(result["log"]) == 1 and "inner gloo backend's own" in result["log"][0], f"rank {rank}: {result}"

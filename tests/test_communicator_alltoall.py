@@ -84,7 +84,7 @@ def _routed_algorithms(comm: Communicator) -> set[str]:
 
 
 def _uneven_case(comm: Communicator, rank: int, world: int) -> list[str]:
-    """Uneven splits: torch's own all_to_all_single runs, with one log line for two calls."""
+    """Split sizes (uneven, then equal): torch's own all_to_all_single runs, with one log line for three calls."""
     sends = [(rank + peer) % 3 + 1 for peer in range(world)]  # rows rank sends to each peer
     receives = [(peer + rank) % 3 + 1 for peer in range(world)]  # rows each peer sends to rank
     problems = []
@@ -94,6 +94,11 @@ def _uneven_case(comm: Communicator, rank: int, world: int) -> list[str]:
         comm.all_to_all(ours, data, receives, sends)
         dist.all_to_all_single(reference, data, receives, sends)
         problems += _mismatch(f"uneven splits, call {seed}", ours, reference)
+    # equal split sizes too: a rank cannot tell whether the others' are equal
+    before = dict(comm._executors)
+    problems += _compare_case(comm, rank, (world * 5,), torch.int64, 3, [5] * world)
+    if comm._executors.keys() != before.keys():
+        problems.append("a call with equal split sizes compiled an executor")
     return problems
 
 
@@ -146,14 +151,13 @@ def alltoall_worker(rank: int, world: int, with_checks: bool) -> list[str]:
         problems.append(f"ran {sorted(_routed_algorithms(comm))}, expected both bands {sorted(expected)}")
     if not with_checks:
         return problems
-    problems += _compare_case(comm, rank, (world * 5,), torch.int64, 3, [5] * world)  # equal splits given: ours
     problems += _uneven_case(comm, rank, world)
     _error_cases(comm, world)
     problems += _compare_case(comm, rank, (world * 3,), torch.float32, 4)  # the group is still in step
     problems += _calibration_case(comm, rank, world)
-    uneven = [m for m in handler.messages if "uneven splits" in m]
-    if len(uneven) != 1 or "using torch.distributed's own all_to_all_single" not in uneven[0]:
-        problems.append(f"expected one uneven-splits log line, got {uneven}")
+    given = [m for m in handler.messages if "with split sizes" in m]
+    if len(given) != 1 or "using torch.distributed's own all_to_all_single" not in given[0]:
+        problems.append(f"expected one split-sizes log line, got {given}")
     if any("no taccl algorithm" in m for m in handler.messages):
         problems.append(f"a fallback line for calls the library covers: {handler.messages}")
     return problems

@@ -3,9 +3,9 @@
 After :func:`register_backend`, ``dist.init_process_group("taccl")`` (and ``new_group`` under it)
 makes a :class:`TacclProcessGroup`. It routes ``all_reduce``, ``all_gather`` /
 ``all_gather_single``, ``reduce_scatter`` / ``reduce_scatter_single`` and ``all_to_all`` /
-``all_to_all_single`` (equal blocks) through a :class:`~taccl_py.runtime.communicator.Communicator`
+``all_to_all_single`` (called without split sizes) through a :class:`~taccl_py.runtime.communicator.Communicator`
 whenever the library holds an algorithm for the call's collective, size and world size, and hands
-every other call (broadcast, barrier, send/recv, all_to_all_single with uneven splits (logged
+every other call (broadcast, barrier, send/recv, all_to_all_single with split sizes (logged
 once), the reductions the Communicator lacks, calls with no fitting algorithm) to an
 inner gloo backend (CPU tensors) or NCCL backend (CUDA tensors). DDP and FSDP2 use it unchanged::
 

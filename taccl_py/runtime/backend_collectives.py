@@ -70,7 +70,7 @@ class CollectiveEntryPoints:
     A base of :class:`~taccl_py.runtime.backend_group.TacclProcessGroup` (before
     ``dist.ProcessGroup``, so that its methods are the ones torch finds), which provides
     ``_communicator`` (the Communicator that runs a call, or None), ``_submit`` (queue a routed
-    job), ``_delegate`` (run on the inner backend, counted), ``_log_uneven_splits``, ``_get_backend``
+    job), ``_delegate`` (run on the inner backend, counted), ``_log_split_sizes``, ``_get_backend``
     and ``size``.
     """
 
@@ -78,7 +78,7 @@ class CollectiveEntryPoints:
     _submit: Callable[..., Any]
     _delegate: Callable[..., Any]
     _get_backend: Callable[..., Any]
-    _log_uneven_splits: Callable[[torch.Tensor], None]
+    _log_split_sizes: Callable[[torch.Tensor], None]
     size: Callable[[], int]
 
     # -- routed collectives -----------------------------------------------------------------------
@@ -144,11 +144,12 @@ class CollectiveEntryPoints:
     ) -> Any:
         """Send block j of ``input`` to rank j, into block ``rank`` of its ``output``; return the Work.
 
-        Equal blocks (no split sizes, or all equal) run the library's alltoall; uneven splits, and
-        tensors whose first dimension does not split into equal blocks, run on the inner backend.
+        Calls without split sizes run the library's alltoall; calls with split sizes (only those
+        without promise equal blocks on every rank), and tensors whose first dimension does not
+        split into equal blocks, run on the inner backend.
         """
         opts = dist.AllToAllOptions() if opts is None else opts
-        even = _even(output_split_sizes) and _even(input_split_sizes)
+        even = not output_split_sizes and not input_split_sizes
         # what does not fit goes to the inner backend, to fail there as it would on gloo/NCCL
         routable = (
             even
@@ -159,7 +160,7 @@ class CollectiveEntryPoints:
         communicator = self._communicator(Collective.ALLTOALL, (output, input), _nbytes(input)) if routable else None
         if communicator is None:
             if not even:
-                self._log_uneven_splits(input)
+                self._log_split_sizes(input)
             return self._delegate(
                 Collective.ALLTOALL, "alltoall_base", input, output, input, output_split_sizes, input_split_sizes, opts
             )
@@ -279,14 +280,10 @@ def _all_reduce(communicator: Communicator, tensor: torch.Tensor, op: str) -> li
     return [tensor]
 
 
-def _even(splits: list[int]) -> bool:
-    return len(set(splits)) <= 1
-
-
 def _equal_blocks(tensor: torch.Tensor, splits: list[int], world_size: int) -> bool:
-    """Return True when ``tensor``'s first dimension splits into ``world_size`` equal blocks as ``splits`` say."""
+    """Return True when ``tensor``'s first dimension splits into ``world_size`` equal blocks (no ``splits`` given)."""
     rows = tensor.shape[0] if tensor.dim() else 0
-    return rows % world_size == 0 and rows > 0 and (not splits or sum(splits) == rows)
+    return rows % world_size == 0 and rows > 0 and not splits
 
 
 def _all_to_all(communicator: Communicator, output: torch.Tensor, input: torch.Tensor) -> list[torch.Tensor]:

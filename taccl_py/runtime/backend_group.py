@@ -166,16 +166,16 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         if self._cluster is not None and self._choices is not None:
             warn_other_cluster(logger, self._choices, self._cluster, collective, size_bytes, self._warned)
 
-    def _log_uneven_splits(self, tensor: torch.Tensor) -> None:
-        """Say once, where the group could route all_to_all_single, that uneven splits run on the inner backend."""
-        key = (Collective.ALLTOALL, "uneven splits")
+    def _log_split_sizes(self, tensor: torch.Tensor) -> None:
+        """Say once, where the group could route all_to_all_single, that calls with split sizes run elsewhere."""
+        key = (Collective.ALLTOALL, "split sizes")
         routes = self._choices is not None and Collective.ALLTOALL in self._choices.collectives
         if key in self._warned or not routes or tensor.device.type not in self._links:
             return
         self._warned.add(key)
         logger.warning(
-            "all_to_all_single with uneven splits on %d ranks: taccl algorithms move equal blocks; running the "
-            "inner %s backend's own (logged once)",
+            "all_to_all_single with split sizes on %d ranks: taccl algorithms move equal blocks, which only a "
+            "call without split sizes promises on every rank; running the inner %s backend's own (logged once)",
             self.size(),
             "NCCL" if tensor.device.type == "cuda" else "gloo",
         )

@@ -33,7 +33,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow, build_dataflow
 from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
-from taccl_py.runtime.communicator_checks import check_split_sizes, check_tensors, even_splits, op_name
+from taccl_py.runtime.communicator_checks import check_split_sizes, check_tensors, op_name, splits_given
 from taccl_py.runtime.communicator_choice import _SOURCE, AlgorithmChoice
 from taccl_py.runtime.executor import Executor
 from taccl_py.runtime.graphs import graph_support
@@ -142,7 +142,7 @@ class Communicator(AlgorithmChoice):
     All collectives are synchronous and take contiguous tensors of one dtype (float32, float16,
     bfloat16, float64, int32, int64) on the transport's device; ``op`` is "sum", "avg", "max" or
     "min" (or a ``torch.distributed.ReduceOp``); all_to_all runs an algorithm on equal blocks and
-    the group's own ``all_to_all_single`` on uneven splits. avg divides the sum by the world size
+    the group's own ``all_to_all_single`` when split sizes are given. avg divides the sum by the world size
     (integers: truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
     The Communicator must be the only user of its group while a call runs.
     """
@@ -318,8 +318,9 @@ class Communicator(AlgorithmChoice):
             Contiguous tensors of one dtype, cut along their first dimension into one block per rank.
         output_split_sizes, input_split_sizes : sequence of int, optional
             Rows of the first dimension per rank, as for ``torch.distributed.all_to_all_single``
-            (None: equal blocks). Splits that are not all equal run the group's own
-            ``all_to_all_single``, with one log line: the algorithms move equal blocks.
+            (None: equal blocks). Given split sizes, even equal ones, run the group's own
+            ``all_to_all_single``, with one log line: the algorithms move equal blocks, and only a
+            call without splits promises them on every rank.
 
         Raises
         ------
@@ -331,13 +332,13 @@ class Communicator(AlgorithmChoice):
 
         Notes
         -----
-        Every rank must pass equal splits, or every rank uneven ones: a rank cannot tell another's.
+        Every rank must pass split sizes, or none: the two take different paths.
         """
         check_tensors("all_to_all", output, input, self.transport.device, self.transport.name)
         check_split_sizes("all_to_all", "input", input_split_sizes, input, self.world_size)
         check_split_sizes("all_to_all", "output", output_split_sizes, output, self.world_size)
-        if not (even_splits(output_split_sizes) and even_splits(input_split_sizes)):
-            self._log_uneven_splits(output_split_sizes, input_split_sizes)
+        if splits_given(output_split_sizes) or splits_given(input_split_sizes):
+            self._log_split_sizes(output_split_sizes, input_split_sizes)
             dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=self.group)
             return
         self._check("all_to_all", output, input, (1, 1))

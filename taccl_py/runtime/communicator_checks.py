@@ -14,7 +14,7 @@ import torch
 from taccl_py.errors import ArgumentError
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES
 
-__all__ = ["check_split_sizes", "check_tensors", "even_splits", "op_name"]
+__all__ = ["check_split_sizes", "check_tensors", "splits_given", "op_name"]
 
 _SOURCE = "Communicator"
 
@@ -83,10 +83,13 @@ def check_split_sizes(what: str, role: str, splits: Sequence[int] | None, tensor
         )
 
 
-def even_splits(splits: Sequence[int] | None) -> bool:
-    """Return True when ``splits`` are absent (equal blocks) or all equal.
+def splits_given(splits: Sequence[int] | None) -> bool:
+    """Return True when a caller passed split sizes (torch reads None and [] alike: equal blocks).
 
-    >>> even_splits(None), even_splits([2, 2]), even_splits([1, 3])
-    (True, True, False)
+    Only a call without split sizes promises equal blocks on every rank: a rank whose own splits
+    are equal cannot tell whether another rank's are, and every rank must take the same path.
+
+    >>> splits_given(None), splits_given([]), splits_given([2, 2])
+    (False, False, True)
     """
-    return splits is None or len({int(s) for s in splits}) <= 1
+    return splits is not None and len(splits) > 0

@@ -211,14 +211,15 @@ class AlgorithmChoice:
                 self.world_size,
             )
 
-    def _log_uneven_splits(self, output_splits: Sequence[int] | None, input_splits: Sequence[int] | None) -> None:
-        key = (Collective.ALLTOALL, "uneven splits")
-        if key not in self._logged:  # one line, not one per call: uneven all-to-alls repeat every step
+    def _log_split_sizes(self, output_splits: Sequence[int] | None, input_splits: Sequence[int] | None) -> None:
+        key = (Collective.ALLTOALL, "split sizes")
+        if key not in self._logged:  # one line, not one per call: MoE all-to-alls repeat every step
             self._logged.add(key)
             logger.warning(
-                "all_to_all with uneven splits (input %s, output %s) on %d ranks: taccl algorithms move equal "
-                "blocks; using torch.distributed's own all_to_all_single (logged once)",
-                "equal" if input_splits is None else list(input_splits),
-                "equal" if output_splits is None else list(output_splits),
+                "all_to_all with split sizes (input %s, output %s) on %d ranks: taccl algorithms move equal blocks "
+                "that only a call without split sizes promises on every rank; using torch.distributed's own "
+                "all_to_all_single (logged once)",
+                "none" if not input_splits else list(input_splits),
+                "none" if not output_splits else list(output_splits),
                 self.world_size,
             )
