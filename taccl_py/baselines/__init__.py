@@ -223,8 +223,12 @@ def best_baselines(
     collective: Collective | str,
     sizes_bytes: Iterable[int],
     progress: Callable[[str], None] | None = None,
-) -> tuple[tuple[Algorithm, SimulationResult], ...]:
+    keep: Callable[[Algorithm], bool] | None = None,
+) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
     """Return, per size, the baseline with the smallest simulated time and its result.
+
+    With ``keep``, only baselines it accepts compete (e.g. those within the MSCCL limits); a size
+    where it accepts none gets None.
 
     Rings and hierarchical algorithms are built once; trees and packed trees once per pipeline
     depth the sizes call for. Ties go to the earlier of ring, tree, hierarchical, trees (alltoall:
@@ -245,12 +249,14 @@ def best_baselines(
             algorithm = build_baseline(
                 kind, topology, collective, chunks, channels=channels, size_bytes=group[-1], packings=packings
             )
+            if keep is not None and not keep(algorithm):
+                continue
             if progress is not None:
                 progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
             for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):
                 if size not in best or result.time_us < best[size][1].time_us:
                     best[size] = (algorithm, result)
-    return tuple(best[size] for size in sizes)
+    return tuple(best.get(size) for size in sizes)
 
 
 def best_baseline(
@@ -260,4 +266,5 @@ def best_baseline(
 
     See ``best_baselines`` to compare at several sizes at once (cheaper).
     """
-    return best_baselines(topology, collective, (size_bytes,))[0]
+    (best,) = best_baselines(topology, collective, (size_bytes,))
+    return best  # type: ignore[return-value]  # without ``keep`` every size has a ring or a direct baseline

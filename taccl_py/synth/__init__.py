@@ -274,18 +274,22 @@ def _baselines_job(
     collective: Collective,
     sizes: tuple[int, ...],
     options: SolverOptions,
+    loadable_only: bool,
     progress: Callable[[str], None] | None,
 ) -> list:
     """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
 
-    On a degraded or mixed cluster the healthy machines' shipped algorithms count as baselines:
-    they are what its users already run.
+    With ``loadable_only`` (size bands) only baselines that load in the MSCCL runtimes compete, so
+    a band can take the best of those where a faster one does not load. On a degraded or mixed
+    cluster the healthy machines' shipped algorithms count as baselines: they are what its users
+    already run.
     """
     from taccl_py.baselines import best_baselines
     from taccl_py.baselines.shipped import shipped_alternatives
 
     prepare_highs_threads(options.threads)
-    best = list(best_baselines(topology, collective, sizes, progress=progress))
+    keep = exportable if loadable_only else None
+    best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep))
     for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes)):
         if shipped is not None and (best[index] is None or shipped[1].time_us < best[index][1].time_us):
             best[index] = shipped
@@ -300,6 +304,7 @@ def _run_candidates(
     options: SolverOptions,
     sizes: Sequence[int],
     bounds: Sequence,
+    banded: bool,
     progress: Callable[[str], None] | None,
     jobs: int = 1,
 ) -> tuple[list[tuple[Candidate, tuple]], list]:
@@ -332,7 +337,7 @@ def _run_candidates(
         )
         for index, (chunking, near) in enumerate(chunkings, 1)
     ]
-    work.append(partial(_baselines_job, topology, collective, sizes, options))
+    work.append(partial(_baselines_job, topology, collective, sizes, options, banded))
     values = run_jobs(work, jobs, progress)
     return [run for runs in values[:-1] for run in runs], values[-1]
 
@@ -449,7 +454,9 @@ def _synthesize_impl(
     graph = build_logical_graph(topology, sketch)
     bounds = lower_bounds(topology, collective, sizes)
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
-    runs, baselines = _run_candidates(graph, topology, collective, chunkings, options, sizes, bounds, progress, jobs)
+    runs, baselines = _run_candidates(
+        graph, topology, collective, chunkings, options, sizes, bounds, banded, progress, jobs
+    )
     if collective is Collective.ALLREDUCE:
         runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, progress)
     everything = [(c.algorithm, r) for c, r in runs]
@@ -539,7 +546,7 @@ def _synthesize_alltoall(
     bounds = lower_bounds(topology, Collective.ALLTOALL, sizes)
     prepare_highs_threads(options.threads)
     candidates = alltoall_candidates(topology, sizes, bounds, options, progress)
-    baselines = _baselines_job(topology, Collective.ALLTOALL, sizes, options, progress)
+    baselines = _baselines_job(topology, Collective.ALLTOALL, sizes, options, banded, progress)
     everything = [(candidate.algorithm, candidate.results) for candidate in candidates]
     choices, best_at_top = _choose(sizes, banded, everything, baselines)
     budget_bound = first_budget_bound(budget_of_status(c.routing_status) for c in candidates)
