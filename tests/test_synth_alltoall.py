@@ -127,12 +127,10 @@ def test_cli_writes_an_alltoall_library(tmp_path):
 
 def test_bands_compare_with_the_best_baseline_that_loads(ndv2x2, monkeypatch):
     # as where direct needs more threadblocks than MSCCL allows (past 32 GPUs): only loadable baselines compete
-    import taccl_py.synth as synth_module
-
     def loads(algorithm):
         return not algorithm.name.startswith("direct") and exportable(algorithm)
 
-    monkeypatch.setattr(synth_module, "exportable", loads)
+    monkeypatch.setattr("taccl_py.synth.outcome.exportable", loads)
     result = synthesize(ndv2x2, "alltoall", sizes=[MB, 64 * MB])
     assert all(choice.baseline_name.startswith("hierarchical") for choice in result.choices)
     assert all(not choice.chosen.name.startswith("direct") for choice in result.choices)

@@ -5,13 +5,14 @@ logical topology shaped by a communication sketch, for AllGather, ReduceScatter 
 (``taccl_py.synth.candidates``), verifies each, simulates them and returns the fastest with the
 best baseline's time beside it; its ``SizeChoice`` names the baseline as chosen where that is
 faster. For several sizes it also builds a library of size bands that keeps, per size, the
-fastest of the synthesized algorithms and the baselines (``taccl_py.synth.bands``). The stages
+fastest of the synthesized algorithms and the baselines that load in MSCCL (``outcome``,
+``bands``). The stages
 live in ``logical``, ``routing`` (with the routes of ``tree_packing`` and ``hierarchy`` as starts
 and alternatives), ``ordering``, ``scheduling``,
 ``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
 automatically. AlltoAll takes its own path: an LP routes its blocks over direct and NIC-relay
 paths (``alltoall_routing``), ``alltoall_plan`` aggregates and lowers them and ``alltoall``
-keeps the candidates that fit the MSCCL limits.
+keeps the candidates that fit the MSCCL limits and chooses per size.
 """
 
 from __future__ import annotations
@@ -19,17 +20,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 
-from taccl_py import __version__
 from taccl_py.errors import ArgumentError
-from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
-from taccl_py.synth.alltoall import alltoall_candidates
-from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size, write_library
-from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
+from taccl_py.synth.alltoall import synthesize_alltoall
+from taccl_py.synth.bands import SizeChoice, write_library
+from taccl_py.synth.candidates import candidate_chunkings, geometric_middle, simulate_at
 from taccl_py.synth.compose import (
     Candidate,
     Chunking,
@@ -40,17 +37,15 @@ from taccl_py.synth.compose import (
 )
 from taccl_py.synth.jobs import check_jobs, run_jobs
 from taccl_py.synth.logical import LogicalGraph, build_logical_graph
+from taccl_py.synth.outcome import SynthesisResult, best_baselines_per_size, choose_bands, library_of
 from taccl_py.synth.progress import prefixed
 from taccl_py.synth.sketch import auto_sketch
 from taccl_py.synth.sketch_model import Sketch
 from taccl_py.synth.solver import (
     BudgetBound,
     SolverOptions,
-    budget_of_status,
-    describe_solver,
     first_budget_bound,
     prepare_highs_threads,
-    solver_settings,
 )
 from taccl_py.synth.tree_packing import TreePacking, pack_trees
 from taccl_py.topology.bounds import LowerBound, lower_bounds
@@ -87,32 +82,6 @@ def default_time_limit_s(num_ranks: int) -> float:
         if num_ranks <= ranks:
             return limit
     return _TIME_LIMIT_LARGE_S
-
-
-@dataclass(frozen=True)
-class SynthesisResult:
-    """What ``synthesize`` found: the algorithm, per-size choices and how the search went.
-
-    ``algorithm`` is the fastest synthesized algorithm at the (largest) size; ``choices`` hold, per
-    size, the fastest of the synthesized algorithms and the best baseline (``SizeChoice.chosen``,
-    a baseline where it is faster, for one size too); ``library`` the size bands when several sizes
-    were asked for. ``budget_bound`` names the budget that
-    stopped a MILP before it proved its gap: ``node limit`` (the work budget: the same input gives
-    the same bytes) or ``wall-clock cap`` (the safety cap: the result may differ run to run); None
-    when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
-    algorithm is the best verified schedule found.
-    """
-
-    algorithm: Algorithm
-    collective: Collective
-    topology: str
-    sketch: Sketch
-    choices: tuple[SizeChoice, ...]
-    library: AlgorithmLibrary | None
-    candidates: tuple[str, ...]
-    timed_out: bool
-    wall_s: float
-    budget_bound: BudgetBound | None = None
 
 
 def _check_arguments(
@@ -269,33 +238,6 @@ def _mixed_allreduce_runs(
     return out
 
 
-def _baselines_job(
-    topology: Topology,
-    collective: Collective,
-    sizes: tuple[int, ...],
-    options: SolverOptions,
-    loadable_only: bool,
-    progress: Callable[[str], None] | None,
-) -> list:
-    """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
-
-    With ``loadable_only`` (size bands) only baselines that load in the MSCCL runtimes compete, so
-    a band can take the best of those where a faster one does not load. On a degraded or mixed
-    cluster the healthy machines' shipped algorithms count as baselines: they are what its users
-    already run.
-    """
-    from taccl_py.baselines import best_baselines
-    from taccl_py.baselines.shipped import shipped_alternatives
-
-    prepare_highs_threads(options.threads)
-    keep = exportable if loadable_only else None
-    best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep))
-    for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes)):
-        if shipped is not None and (best[index] is None or shipped[1].time_us < best[index][1].time_us):
-            best[index] = shipped
-    return best
-
-
 def _run_candidates(
     graph: LogicalGraph,
     topology: Topology,
@@ -337,7 +279,7 @@ def _run_candidates(
         )
         for index, (chunking, near) in enumerate(chunkings, 1)
     ]
-    work.append(partial(_baselines_job, topology, collective, sizes, options, banded))
+    work.append(partial(best_baselines_per_size, topology, collective, sizes, options, banded))
     values = run_jobs(work, jobs, progress)
     return [run for runs in values[:-1] for run in runs], values[-1]
 
@@ -445,7 +387,7 @@ def _synthesize_impl(
     jobs: int = 1,
 ) -> SynthesisResult:
     if collective is Collective.ALLTOALL:
-        return _synthesize_alltoall(
+        return synthesize_alltoall(
             topology, sizes, banded, sketch if sketch is not None else Sketch(), options, progress, began
         )
     sketch = sketch if sketch is not None else auto_sketch(topology)
@@ -460,12 +402,12 @@ def _synthesize_impl(
     if collective is Collective.ALLREDUCE:
         runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, progress)
     everything = [(c.algorithm, r) for c, r in runs]
-    choices, best_at_top = _choose(sizes, banded, everything, baselines)
+    choices, best_at_top = choose_bands(sizes, banded, everything, baselines)
     budget_bound = first_budget_bound(candidate.budget_bound for candidate, _ in runs)
     timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP
     library = None
     if banded:
-        library = _library(topology, collective, sizes, sketch, options, choices, budget_bound)
+        library = library_of(topology, collective, sizes, sketch, options, choices, budget_bound)
     return SynthesisResult(
         best_at_top,
         collective,
@@ -475,93 +417,6 @@ def _synthesize_impl(
         library,
         tuple(f"{c.label}@{c.chunking.design_bytes}:{c.routing_status}" for c, _ in runs),
         timed_out,
-        time.perf_counter() - began,
-        budget_bound,
-    )
-
-
-def _choose(
-    sizes: tuple[int, ...], banded: bool, everything: list[tuple[Algorithm, tuple]], baselines: list
-) -> tuple[tuple[SizeChoice, ...], Algorithm]:
-    """Return the choice per size and the fastest synthesized algorithm at the largest size.
-
-    With bands, only algorithms (synthesized or baseline) that load in the MSCCL runtimes win.
-    """
-    usable = [pair for pair in everything if not banded or exportable(pair[0])]
-    eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better
-    if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
-        fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
-        eligible = [base is not None and fits[base[0].name] for base in baselines]
-    choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
-    best_at_top = min(
-        (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
-    )[0]
-    return choices, best_at_top
-
-
-def _library(
-    topology: Topology,
-    collective: Collective,
-    sizes: tuple[int, ...],
-    sketch: Sketch,
-    options: SolverOptions,
-    choices: tuple[SizeChoice, ...],
-    budget_bound: BudgetBound | None,
-) -> AlgorithmLibrary:
-    """Return the library of size bands of ``choices``, with its provenance."""
-    provenance = Provenance(
-        taccl_py=__version__,
-        solver=describe_solver(options),
-        solver_options=solver_settings(options),
-        sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
-        sizes=sizes,
-        timed_out=budget_bound is BudgetBound.WALL_CLOCK_CAP,
-        budget_bound=None if budget_bound is None else budget_bound.value,
-    )
-    return build_library(
-        topology.name,
-        topology.nodes,
-        collective,
-        topology.num_ranks,
-        choices,
-        collective.value,
-        provenance,
-        cluster=cluster_record(topology),
-    )
-
-
-def _synthesize_alltoall(
-    topology: Topology,
-    sizes: tuple[int, ...],
-    banded: bool,
-    sketch: Sketch,
-    options: SolverOptions,
-    progress: Callable[[str], None] | None,
-    began: float,
-) -> SynthesisResult:
-    """Return the AlltoAll synthesis: LP-routed candidates (``taccl_py.synth.alltoall``) against the baselines.
-
-    The sketch only names the result: AlltoAll's routes come from the topology's NIC relays.
-    """
-    bounds = lower_bounds(topology, Collective.ALLTOALL, sizes)
-    prepare_highs_threads(options.threads)
-    candidates = alltoall_candidates(topology, sizes, bounds, options, progress)
-    baselines = _baselines_job(topology, Collective.ALLTOALL, sizes, options, banded, progress)
-    everything = [(candidate.algorithm, candidate.results) for candidate in candidates]
-    choices, best_at_top = _choose(sizes, banded, everything, baselines)
-    budget_bound = first_budget_bound(budget_of_status(c.routing_status) for c in candidates)
-    library = None
-    if banded:
-        library = _library(topology, Collective.ALLTOALL, sizes, sketch, options, choices, budget_bound)
-    return SynthesisResult(
-        best_at_top,
-        Collective.ALLTOALL,
-        topology.name,
-        sketch,
-        choices,
-        library,
-        tuple(f"{c.label}@{c.design_bytes}:{c.routing_status}" for c in candidates),
-        budget_bound is BudgetBound.WALL_CLOCK_CAP,
         time.perf_counter() - began,
         budget_bound,
     )

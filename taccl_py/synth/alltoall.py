@@ -14,19 +14,29 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.alltoall_plan import alltoall_algorithm
 from taccl_py.synth.alltoall_routing import AlltoallRouting, PathKind, round_routing, route_alltoall
 from taccl_py.synth.candidates import exportable, simulate_at
-from taccl_py.synth.solver import SolverOptions
-from taccl_py.topology.bounds import LowerBound
+from taccl_py.synth.outcome import SynthesisResult, best_baselines_per_size, choose_bands, library_of
+from taccl_py.synth.sketch_model import Sketch
+from taccl_py.synth.solver import (
+    BudgetBound,
+    SolverOptions,
+    budget_of_status,
+    first_budget_bound,
+    prepare_highs_threads,
+)
+from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.model import Topology
 
-__all__ = ["PIECES", "AlltoallCandidate", "alltoall_candidates"]
+__all__ = ["PIECES", "AlltoallCandidate", "alltoall_candidates", "synthesize_alltoall"]
 
 logger = logging.getLogger(__name__)
 
@@ -144,3 +154,41 @@ def _lowered(
                     seen.add(algorithm.ranks)
                     found.append((algorithm, label, routing.status))
     return found
+
+
+def synthesize_alltoall(
+    topology: Topology,
+    sizes: tuple[int, ...],
+    banded: bool,
+    sketch: Sketch,
+    options: SolverOptions,
+    progress: Callable[[str], None] | None,
+    began: float,
+) -> SynthesisResult:
+    """Return the AlltoAll synthesis: the LP-routed candidates against the baselines, per size.
+
+    ``synthesize`` calls it for alltoall; ``began`` is its start (``time.perf_counter``). The
+    sketch only names the result: AlltoAll's routes come from the topology's NIC relays.
+    """
+    bounds = lower_bounds(topology, Collective.ALLTOALL, sizes)
+    prepare_highs_threads(options.threads)
+    candidates = alltoall_candidates(topology, sizes, bounds, options, progress)
+    baselines = best_baselines_per_size(topology, Collective.ALLTOALL, sizes, options, banded, progress)
+    everything = [(candidate.algorithm, candidate.results) for candidate in candidates]
+    choices, best_at_top = choose_bands(sizes, banded, everything, baselines)
+    budget_bound = first_budget_bound(budget_of_status(c.routing_status) for c in candidates)
+    library = None
+    if banded:
+        library = library_of(topology, Collective.ALLTOALL, sizes, sketch, options, choices, budget_bound)
+    return SynthesisResult(
+        best_at_top,
+        Collective.ALLTOALL,
+        topology.name,
+        sketch,
+        choices,
+        library,
+        tuple(f"{c.label}@{c.design_bytes}:{c.routing_status}" for c in candidates),
+        budget_bound is BudgetBound.WALL_CLOCK_CAP,
+        time.perf_counter() - began,
+        budget_bound,
+    )

@@ -1,0 +1,127 @@
+"""What a synthesis returns: the per-size choice among candidates and baselines, and its library.
+
+``synthesize`` (and AlltoAll's ``synthesize_alltoall``) simulate their candidates, then
+``best_baselines_per_size`` gives the baseline each size is compared with, ``choose_bands`` picks
+per size the fastest that may be written, and ``library_of`` turns the choices into size bands
+with their provenance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taccl_py import __version__
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
+from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size
+from taccl_py.synth.candidates import exportable
+from taccl_py.synth.sketch_model import Sketch
+from taccl_py.synth.solver import BudgetBound, SolverOptions, describe_solver, prepare_highs_threads, solver_settings
+from taccl_py.topology.model import Topology
+
+__all__ = ["SynthesisResult", "best_baselines_per_size", "choose_bands", "library_of"]
+
+
+@dataclass(frozen=True)
+class SynthesisResult:
+    """What ``synthesize`` found: the algorithm, per-size choices and how the search went.
+
+    ``algorithm`` is the fastest synthesized algorithm at the (largest) size; ``choices`` hold, per
+    size, the fastest of the synthesized algorithms and the best baseline (``SizeChoice.chosen``,
+    a baseline where it is faster, for one size too); ``library`` the size bands when several sizes
+    were asked for. ``budget_bound`` names the budget that
+    stopped a MILP before it proved its gap: ``node limit`` (the work budget: the same input gives
+    the same bytes) or ``wall-clock cap`` (the safety cap: the result may differ run to run); None
+    when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
+    algorithm is the best verified schedule found.
+    """
+
+    algorithm: Algorithm
+    collective: Collective
+    topology: str
+    sketch: Sketch
+    choices: tuple[SizeChoice, ...]
+    library: AlgorithmLibrary | None
+    candidates: tuple[str, ...]
+    timed_out: bool
+    wall_s: float
+    budget_bound: BudgetBound | None = None
+
+
+def best_baselines_per_size(
+    topology: Topology,
+    collective: Collective,
+    sizes: tuple[int, ...],
+    options: SolverOptions,
+    loadable_only: bool,
+    progress: Callable[[str], None] | None,
+) -> list:
+    """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
+
+    With ``loadable_only`` (size bands) only baselines that load in the MSCCL runtimes compete, so
+    a band can take the best of those where a faster one does not load. On a degraded or mixed
+    cluster the healthy machines' shipped algorithms count as baselines: they are what its users
+    already run.
+    """
+    from taccl_py.baselines import best_baselines
+    from taccl_py.baselines.shipped import shipped_alternatives
+
+    prepare_highs_threads(options.threads)
+    keep = exportable if loadable_only else None
+    best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep))
+    for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes)):
+        if shipped is not None and (best[index] is None or shipped[1].time_us < best[index][1].time_us):
+            best[index] = shipped
+    return best
+
+
+def choose_bands(
+    sizes: tuple[int, ...], banded: bool, everything: list[tuple[Algorithm, tuple]], baselines: list
+) -> tuple[tuple[SizeChoice, ...], Algorithm]:
+    """Return the choice per size and the fastest synthesized algorithm at the largest size.
+
+    With bands, only algorithms (synthesized or baseline) that load in the MSCCL runtimes win.
+    """
+    usable = [pair for pair in everything if not banded or exportable(pair[0])]
+    eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better
+    if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
+        fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
+        eligible = [base is not None and fits[base[0].name] for base in baselines]
+    choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
+    best_at_top = min(
+        (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
+    )[0]
+    return choices, best_at_top
+
+
+def library_of(
+    topology: Topology,
+    collective: Collective,
+    sizes: tuple[int, ...],
+    sketch: Sketch,
+    options: SolverOptions,
+    choices: tuple[SizeChoice, ...],
+    budget_bound: BudgetBound | None,
+) -> AlgorithmLibrary:
+    """Return the library of size bands of ``choices``, with its provenance."""
+    provenance = Provenance(
+        taccl_py=__version__,
+        solver=describe_solver(options),
+        solver_options=solver_settings(options),
+        sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
+        sizes=sizes,
+        timed_out=budget_bound is BudgetBound.WALL_CLOCK_CAP,
+        budget_bound=None if budget_bound is None else budget_bound.value,
+    )
+    return build_library(
+        topology.name,
+        topology.nodes,
+        collective,
+        topology.num_ranks,
+        choices,
+        collective.value,
+        provenance,
+        cluster=cluster_record(topology),
+    )
