@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_communicator import _Count, run_collective
+from test_communicator import run_collective
 
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.collectives import Collective
@@ -23,7 +23,7 @@ from taccl_py.runtime.calibration import (
 )
 from taccl_py.runtime.communicator import Communicator
 
-from helpers import ring_algorithm
+from helpers import LogLines, ring_algorithm
 from mp_utils import Case, assert_no_mismatches, run_ranks
 
 AR = Collective.ALLREDUCE
@@ -135,7 +135,7 @@ def test_a_calibration_runs_the_native_collective_where_it_measured_faster(tmp_p
 
 def cached_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
     """Worker: measure into a file once; a second Communicator reads it instead of measuring."""
-    lines = _Count()
+    lines = LogLines()
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(lines)
     logger.setLevel(logging.INFO)
@@ -182,7 +182,7 @@ def native_band_worker(rank: int, world: int) -> list[str]:
 
     ring = ring_algorithm(AR, world)
     bands = (SizeBand(0, 8192, None, NATIVE), SizeBand(8192, None, ring, "ring.json"))
-    handler = _Count()
+    handler = LogLines()
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

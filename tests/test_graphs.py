@@ -11,13 +11,11 @@ from taccl_py.errors import ArgumentError, TransportError
 
 torch = pytest.importorskip("torch", reason="the runtime needs torch")
 
-from test_communicator import _Count  # noqa: E402
-
 from taccl_py.ir.collectives import Collective  # noqa: E402
 from taccl_py.runtime.executor import Executor  # noqa: E402
 from taccl_py.runtime.graphs import GraphedCalls, graph_support  # noqa: E402
 
-from helpers import ring_algorithm  # noqa: E402
+from helpers import LogLines, ring_algorithm  # noqa: E402
 from mp_utils import assert_no_mismatches, run_ranks  # noqa: E402
 
 
@@ -95,7 +93,7 @@ def cpu_fallback_worker(rank: int, world: int) -> list[str]:
     """Worker: cuda_graphs=True on gloo warns once and still equals torch's all_reduce."""
     from taccl_py.runtime.communicator import Communicator
 
-    handler = _Count()
+    handler = LogLines()
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(handler)
     try:
