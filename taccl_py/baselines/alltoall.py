@@ -9,7 +9,8 @@ one chunk and ``chunks_per_loop`` is the rank count.
   network on its own, so a node pair exchanges G² messages, each paying the NIC's α.
 * ``hierarchical_alltoall_algorithm``: across machines the G blocks that machine n's GPUs send
   to GPU (m, j) are first gathered on a GPU of machine n next to a NIC (the *sender relay*),
-  crossed in one message to a GPU of machine m next to the same rail (the *receiver relay*)
+  crossed in one message (or ``pieces`` of them) to a GPU of machine m next to the same rail
+  (the *receiver relay*)
   and, where that is not (m, j) itself, handed on inside machine m. Destination j rides the
   rail whose NIC is nearest GPU j, so on DGX A100/H100 (one NIC per GPU) both relays are
   the GPUs of rail j and nothing is scattered; on NDv2 (one NIC near GPUs 0-3) the four
@@ -187,7 +188,8 @@ def hierarchical_alltoall_algorithm(topology: Topology, pieces: int = 1) -> Algo
     -----
     Machine pairs are served by offset (machine n sends to n+1 first, then n+2, ...), so every
     NIC sends and receives from the start. Each sender relay's parcels for one destination
-    machine go in one threadblock, each paying the network α once for G blocks.
+    machine go in one threadblock, each message paying the network α once (G blocks in one
+    message with one piece).
     """
     _check_ranks(topology)
     if topology.nodes < 2:
