@@ -22,12 +22,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_baselines import bench_case  # noqa: E402
 from benchmarks_md import DATA_DIR, csv_pointer, csv_records, markdown_table, update_benchmarks_section, write_csv  # noqa: E402
 
-from taccl_py.baselines import applicable_kinds, build_baseline, size_groups  # noqa: E402
-from taccl_py.simulate import prepare_simulation, simulate_plan  # noqa: E402
 from taccl_py.synth import synthesize  # noqa: E402
-from taccl_py.synth.candidates import exportable  # noqa: E402
 from taccl_py.topology import builtin_topology_names, load_topology  # noqa: E402
 from taccl_py.units import format_size, parse_sizes  # noqa: E402
 
@@ -59,33 +57,20 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def baseline_times(topology, sizes: Sequence[int]) -> dict[str, dict[int, tuple[str, float, bool]]]:
-    """Return kind -> size -> (algorithm name, simulated µs, fits the MSCCL limits) for the AlltoAll baselines."""
-    out: dict[str, dict[int, tuple[str, float, bool]]] = {}
-    for kind in applicable_kinds(topology, "alltoall"):
-        out[kind.value] = {}
-        _channels, groups = size_groups(kind, topology, "alltoall", sizes)
-        for chunks, group in groups.items():
-            algorithm = build_baseline(kind, topology, "alltoall", chunks)
-            fits, plan = exportable(algorithm), prepare_simulation(algorithm, topology)
-            for size in group:
-                out[kind.value][size] = (algorithm.name, simulate_plan(plan, size, bound_time_us=0.0).time_us, fits)
-    return out
-
-
 def instance_rows(name: str, nodes: int, sizes: Sequence[int]) -> list[tuple]:
     """Return the CSV rows (``CSV_HEADER``) of one machine x node count, one per size."""
     topology = load_topology(name, nodes=nodes)
     began = time.perf_counter()
     result = synthesize(topology, "alltoall", sizes=sizes)
     wall_s = time.perf_counter() - began
-    baselines = baseline_times(topology, sizes)
+    # every baseline, loadable or not; the band's own comparison (``choice.baseline``) is with the
+    # best baseline that loads in MSCCL
+    baselines = bench_case(topology, "alltoall", sizes)
     rows = []
     for choice in result.choices:
         size = choice.size_bytes
-        times = {kind: found[size][1] for kind, found in baselines.items()}
-        fitting = [kind for kind in times if baselines[kind][size][2]]
-        best_fit = min(fitting, key=times.__getitem__) if fitting else None
+        times = {kind: found[size][1].time_us for kind, found in baselines.items()}
+        loadable = choice.baseline
         ours = choice.chosen_result
         rows.append(
             (
@@ -100,8 +85,8 @@ def instance_rows(name: str, nodes: int, sizes: Sequence[int]) -> list[tuple]:
                 times.get("direct"),
                 times.get("hierarchical"),
                 min(times.values()) / ours.time_us,
-                None if best_fit is None else baselines[best_fit][size][0],
-                None if best_fit is None else times[best_fit] / ours.time_us,
+                choice.baseline_name,
+                None if loadable is None else loadable.time_us / ours.time_us,
                 round(wall_s, 1),
             )
         )

@@ -154,8 +154,8 @@ class CollectiveEntryPoints:
         routable = (
             even
             and _same_kind(output, input)
-            and _equal_blocks(output, output_split_sizes, self.size())
-            and _equal_blocks(input, input_split_sizes, self.size())
+            and _equal_blocks(output, self.size())
+            and _equal_blocks(input, self.size())
         )
         communicator = self._communicator(Collective.ALLTOALL, (output, input), _nbytes(input)) if routable else None
         if communicator is None:
@@ -280,10 +280,10 @@ def _all_reduce(communicator: Communicator, tensor: torch.Tensor, op: str) -> li
     return [tensor]
 
 
-def _equal_blocks(tensor: torch.Tensor, splits: list[int], world_size: int) -> bool:
-    """Return True when ``tensor``'s first dimension splits into ``world_size`` equal blocks (no ``splits`` given)."""
+def _equal_blocks(tensor: torch.Tensor, world_size: int) -> bool:
+    """Return True when ``tensor``'s first dimension splits into ``world_size`` equal blocks."""
     rows = tensor.shape[0] if tensor.dim() else 0
-    return rows % world_size == 0 and rows > 0 and not splits
+    return rows % world_size == 0 and rows > 0
 
 
 def _all_to_all(communicator: Communicator, output: torch.Tensor, input: torch.Tensor) -> list[torch.Tensor]:

@@ -334,14 +334,17 @@ class Communicator(AlgorithmChoice):
         -----
         Every rank must pass split sizes, or none: the two take different paths.
         """
-        check_tensors("all_to_all", output, input, self.transport.device, self.transport.name)
+        given = splits_given(output_split_sizes) or splits_given(input_split_sizes)
+        if given:
+            check_tensors("all_to_all", output, input, self.transport.device, self.transport.name)
+        else:  # equal blocks: the tensors must be the same size too
+            self._check("all_to_all", output, input, (1, 1))
         check_split_sizes("all_to_all", "input", input_split_sizes, input, self.world_size)
         check_split_sizes("all_to_all", "output", output_split_sizes, output, self.world_size)
-        if splits_given(output_split_sizes) or splits_given(input_split_sizes):
+        if given:
             self._log_split_sizes(output_split_sizes, input_split_sizes)
             dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group=self.group)
             return
-        self._check("all_to_all", output, input, (1, 1))
         self._run(Collective.ALLTOALL, output, input, "sum", input.numel() // self.world_size)
 
     def _run(self, collective: Collective, output: Any, input: Any, op: str, numel: int) -> None:

@@ -60,10 +60,10 @@ def best_baselines_per_size(
 ) -> list:
     """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
 
-    With ``loadable_only`` (size bands) only baselines that load in the MSCCL runtimes compete, so
-    a band can take the best of those where a faster one does not load. On a degraded or mixed
-    cluster the healthy machines' shipped algorithms count as baselines: they are what its users
-    already run.
+    With ``loadable_only`` (size bands) only baselines that load in the MSCCL runtimes are kept
+    (None where none does), so a band can take the best of those where a faster one does not load.
+    On a degraded or mixed cluster the healthy machines' shipped algorithms count as baselines:
+    they are what its users already run.
     """
     from taccl_py.baselines import best_baselines
     from taccl_py.baselines.shipped import shipped_alternatives
@@ -72,7 +72,9 @@ def best_baselines_per_size(
     keep = exportable if loadable_only else None
     best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep))
     for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes)):
-        if shipped is not None and (best[index] is None or shipped[1].time_us < best[index][1].time_us):
+        if shipped is None or (keep is not None and not keep(shipped[0])):
+            continue
+        if best[index] is None or shipped[1].time_us < best[index][1].time_us:
             best[index] = shipped
     return best
 
@@ -82,14 +84,13 @@ def choose_bands(
 ) -> tuple[tuple[SizeChoice, ...], Algorithm]:
     """Return the choice per size and the fastest synthesized algorithm at the largest size.
 
-    With bands, only algorithms (synthesized or baseline) that load in the MSCCL runtimes win.
+    Each size's baseline competes (for one size too: a slower synthesis must not be written as if
+    it were better). With bands, only algorithms that load in the MSCCL runtimes win: synthesized
+    ones are filtered here, ``baselines`` already hold only loadable ones
+    (``best_baselines_per_size(..., loadable_only=True)``).
     """
     usable = [pair for pair in everything if not banded or exportable(pair[0])]
-    eligible = [True] * len(sizes)  # one size too: a slower synthesis must not be written as if it were better
-    if banded:  # a band's algorithm must load in the MSCCL runtimes; so must a baseline that takes one
-        fits = {base[0].name: exportable(base[0]) for base in baselines if base is not None}
-        eligible = [base is not None and fits[base[0].name] for base in baselines]
-    choices = choose_per_size(sizes, usable, baselines, eligible=eligible, fallback=everything)
+    choices = choose_per_size(sizes, usable, baselines, fallback=everything)
     best_at_top = min(
         (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
     )[0]

@@ -94,7 +94,8 @@ def alltoall_cut(topology: Topology, links: tuple[Link, ...]) -> AlltoallCut:
     names = [gpu.name for gpu in topology.gpus]
     if len(names) < 2:
         return AlltoallCut((), 0, 0.0, "one GPU: nothing to move")
-    graphs = {"leaving": _graph(links), "entering": _graph(links).reverse(copy=True)}
+    forward = _graph(links)
+    graphs = {"leaving": forward, "entering": forward.reverse(copy=True)}
     candidates: list[AlltoallCut] = []
     representatives = _representatives(topology)
     for direction, graph in graphs.items():
