@@ -78,3 +78,17 @@ def test_a_workers_heartbeat_thread_reaches_the_caller():
     lines: list[str] = []
     assert run_jobs([_beating, _beating], 2, lines.append) == [1, 1]
     assert any(line.startswith("solving: still running") for line in lines), lines
+
+
+def _announce(name: str, progress) -> str:
+    progress(f"start {name}")
+    time.sleep(0.3)
+    return name
+
+
+def test_workers_take_the_costliest_job_first_and_return_values_in_order():
+    lines: list[str] = []
+    values = run_jobs([partial(_announce, name) for name in "abc"], 2, lines.append, costs=[1, 5, 3])
+    assert values == ["a", "b", "c"]
+    starts = [line for line in lines if line.startswith("start")]
+    assert starts[-1] == "start a", f"the cheapest job should start last: {starts}"

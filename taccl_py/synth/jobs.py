@@ -71,11 +71,18 @@ def _pass_on(lines: object, progress: Callable[[str], None]) -> None:
         progress(line)
 
 
-def run_jobs(jobs: Sequence[Job], workers: int, progress: Callable[[str], None] | None) -> list:
+def run_jobs(
+    jobs: Sequence[Job],
+    workers: int,
+    progress: Callable[[str], None] | None,
+    costs: Sequence[float] | None = None,
+) -> list:
     """Return the values of ``jobs`` in order, running up to ``workers`` of them at a time.
 
     ``workers`` 1 (or a single job) runs them here; a job's exception is raised here either way.
     Progress lines of workers reach ``progress`` (in this process) within ``_POLL_S`` seconds.
+    ``costs`` estimate each job's work (any unit); workers take the costliest first, so that a
+    long job does not start last and run alone.
     """
     if workers <= 1 or len(jobs) <= 1:
         return [job(progress) for job in jobs]
@@ -85,7 +92,8 @@ def run_jobs(jobs: Sequence[Job], workers: int, progress: Callable[[str], None] 
     with pool, contextlib.ExitStack() as stack:
         # The manager's server process ignores SIGINT (CPython bpo-36368): Ctrl-C stays one line.
         lines = None if progress is None else stack.enter_context(context.Manager()).Queue()
-        futures = {pool.submit(_reporting, job, lines): index for index, job in enumerate(jobs)}
+        order = range(len(jobs)) if costs is None else sorted(range(len(jobs)), key=lambda i: -costs[i])
+        futures = {pool.submit(_reporting, jobs[index], lines): index for index in order}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
