@@ -280,8 +280,9 @@ def _run_candidates(
         for index, (chunking, near) in enumerate(chunkings, 1)
     ]
     work.append(partial(best_baselines_per_size, topology, collective, sizes, options, banded))
-    # Routing grows with the chunks per rank, ordering and verification with their pieces too.
-    costs = [chunking.chunkup * (chunking.pieces + 1) for chunking, _ in chunkings] + [0]
+    # The routing MILPs, most of a candidate's time, grow with its chunks per rank. Among equals
+    # the fewer pieces (less memory) go first, so two of the largest rarely run side by side.
+    costs = [chunking.chunkup for chunking, _ in chunkings] + [0]
     values = run_jobs(work, jobs, progress, costs)
     return [run for runs in values[:-1] for run in runs], values[-1]
 

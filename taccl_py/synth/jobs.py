@@ -81,8 +81,8 @@ def run_jobs(
 
     ``workers`` 1 (or a single job) runs them here; a job's exception is raised here either way.
     Progress lines of workers reach ``progress`` (in this process) within ``_POLL_S`` seconds.
-    ``costs`` estimate each job's work (any unit); workers take the costliest first, so that a
-    long job does not start last and run alone.
+    ``costs`` estimate each job's work (any unit); workers take the costliest first (ties in job
+    order), so that a long job does not start last and run alone.
     """
     if workers <= 1 or len(jobs) <= 1:
         return [job(progress) for job in jobs]
