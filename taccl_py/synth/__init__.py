@@ -30,9 +30,10 @@ from taccl_py.synth.candidates import candidate_chunkings, geometric_middle, sim
 from taccl_py.synth.compose import (
     Candidate,
     Chunking,
+    PhaseStarts,
     gather_after_reduce,
     mixed_allreduce,
-    phase_graphs,
+    phase_starts,
     synthesize_chunking,
 )
 from taccl_py.synth.jobs import check_jobs, run_jobs
@@ -47,7 +48,6 @@ from taccl_py.synth.solver import (
     first_budget_bound,
     prepare_highs_threads,
 )
-from taccl_py.synth.tree_packing import TreePacking, pack_trees
 from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.model import Topology
 
@@ -180,14 +180,14 @@ def _run_candidate(
     sizes: tuple[int, ...],
     bounds: tuple[LowerBound, ...],
     deadline_s: float,
-    packings: tuple[TreePacking, ...],
+    starts: tuple[PhaseStarts, ...],
     label: str,
     progress: Callable[[str], None] | None,
 ) -> list[tuple[Candidate, tuple]]:
     """Return one chunking's candidates (AllReduce: with and without a phase barrier) with their simulated results.
 
     ``deadline_s`` (``time.time()``, comparable across processes) ends the wall-clock safety cap;
-    ``packings`` are the phase graphs' tree packings, computed once for all candidates.
+    ``starts`` are the phases' tree packings (``phase_starts``), computed once for all candidates.
     """
     if progress is not None:
         progress(f"{label} candidate {chunking.label} (tuned for {chunking.design_bytes} B)")
@@ -201,7 +201,7 @@ def _run_candidate(
         cap_s,
         name=name,
         progress=prefixed(progress, f"{label} "),
-        packings=packings,
+        starts=starts,
     )
     if progress is not None:
         progress(f"{label} {chunking.label}: verified; routing {candidate.routing_status}; simulating")
@@ -261,7 +261,7 @@ def _run_candidates(
     prepare_highs_threads(options.threads)
     if progress is not None:
         progress(f"tree packing on {graph.num_ranks} GPUs (the routing MILPs' starting routes)")
-    packings = tuple(pack_trees(phase_graph, progress=progress) for phase_graph in phase_graphs(graph, collective))
+    starts = phase_starts(graph, collective, progress)
     work = [
         partial(
             _run_candidate,
@@ -274,7 +274,7 @@ def _run_candidates(
             sizes,
             bounds,
             deadline_s,
-            packings,
+            starts,
             f"[{index}/{len(chunkings)}]",
         )
         for index, (chunking, near) in enumerate(chunkings, 1)

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl import generate_msccl_xml
-from taccl_py.synth.hierarchy import hierarchical_routing
+from taccl_py.synth.hierarchy import hierarchical_routing, machine_packings
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.lower_schedule import lower_schedule
 from taccl_py.synth.ordering import lacks_machine_rotation, order_sends
@@ -40,7 +40,16 @@ from taccl_py.synth.solver import (
 from taccl_py.synth.tree_packing import TreePacking, pack_trees, packed_routing
 from taccl_py.verify import check_algorithm
 
-__all__ = ["Chunking", "Candidate", "gather_after_reduce", "mixed_allreduce", "phase_graphs", "synthesize_chunking"]
+__all__ = [
+    "Chunking",
+    "Candidate",
+    "PhaseStarts",
+    "gather_after_reduce",
+    "mixed_allreduce",
+    "phase_graphs",
+    "phase_starts",
+    "synthesize_chunking",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +119,28 @@ def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGr
     return (graph.reverse(), graph)
 
 
+@dataclass(frozen=True)
+class PhaseStarts:
+    """The tree packings every chunking of one phase starts from, computed once per synthesis.
+
+    ``graph``: the phase graph's (``pack_trees``); ``machines``: each kind of machine's own links'
+    (``machine_packings``), the hierarchical designs' starts.
+    """
+
+    graph: TreePacking
+    machines: Mapping[int, TreePacking]
+
+
+def phase_starts(
+    graph: LogicalGraph, collective: Collective, progress: Callable[[str], None] | None = None
+) -> tuple[PhaseStarts, ...]:
+    """Return the ``PhaseStarts`` of each of ``phase_graphs(graph, collective)``."""
+    return tuple(
+        PhaseStarts(pack_trees(phase, progress=progress), machine_packings(phase))
+        for phase in phase_graphs(graph, collective)
+    )
+
+
 def _phase_fits_msccl(schedule: Schedule) -> bool:
     """Return True when ``schedule`` lowered alone (AllGather, or ReduceScatter if reversed) fits MSCCL's limits."""
     collective = Collective.REDUCESCATTER if schedule.routing.graph.reversed else Collective.ALLGATHER
@@ -126,7 +157,7 @@ def _schedule_phase(
     chunking: Chunking,
     options: SolverOptions,
     cap_s: float | None = None,
-    packing: TreePacking | None = None,
+    starts: PhaseStarts | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[Schedule, frozenset[str]]:
     """Return the fastest schedule over the candidate routings that MSCCL can load (contiguity MILP on the winner).
@@ -135,8 +166,8 @@ def _schedule_phase(
 
     Also returns how the phase's MILPs ended (routing and contiguity statuses), whichever routing
     won. Each MILP has its own node budget (``options``); ``cap_s`` (s) is what is left of the
-    wall-clock safety cap for this phase's MILPs (default ``options.time_limit_s``). ``packing``
-    is ``pack_trees(graph)`` when the caller has it already. ``progress`` gets a line per step
+    wall-clock safety cap for this phase's MILPs (default ``options.time_limit_s``). ``starts``
+    are the phase's tree packings when the caller has them already. ``progress`` gets a line per step
     and, inside the long ones (MILPs, ordering), one every few seconds.
     """
     say = progress if progress is not None else no_progress
@@ -145,10 +176,17 @@ def _schedule_phase(
     piece_bytes = chunk_bytes / chunking.pieces
     # Packed trees carry the least load the graph allows; hierarchical routes reuse one machine's
     # MILP design on every machine. The whole-graph MILP starts from the better and weighs latency too.
-    packing = packing if packing is not None else pack_trees(graph)
-    packed = packed_routing(packing, chunking.chunkup, chunk_bytes, piece_bytes)
+    starts = starts if starts is not None else PhaseStarts(pack_trees(graph), machine_packings(graph))
+    packed = packed_routing(starts.graph, chunking.chunkup, chunk_bytes, piece_bytes)
     hierarchical = hierarchical_routing(
-        graph, chunking.chunkup, chunk_bytes, piece_bytes, options, deadline - time.monotonic(), progress=progress
+        graph,
+        chunking.chunkup,
+        chunk_bytes,
+        piece_bytes,
+        options,
+        deadline - time.monotonic(),
+        progress=progress,
+        packings=starts.machines,
     )
     starts = [r for r in (packed, hierarchical) if r is not None]
     start = min(starts, key=lambda r: r.objective_us)
@@ -192,14 +230,14 @@ def synthesize_chunking(
     name: str,
     metadata: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
-    packings: Sequence[TreePacking] | None = None,
+    starts: Sequence[PhaseStarts] | None = None,
 ) -> Candidate:
     """Return the verified algorithm of ``collective`` for one chunking on ``graph``.
 
     Every MILP runs to its own node budget (``options``), so the result does not depend on the
     machine's load; ``cap_s`` (s) is what is left of the wall-clock safety cap for all phases
-    (default ``options.time_limit_s``). ``packings`` are the tree packings of ``phase_graphs``
-    (``pack_trees``, shared by a synthesis's candidates; default: packed here). Raises
+    (default ``options.time_limit_s``). ``starts`` are ``phase_starts(graph, collective)``,
+    shared by a synthesis's candidates (default: packed here). Raises
     ``VerificationError`` if the result is wrong (a bug, never expected).
     """
     began = time.perf_counter()
@@ -207,9 +245,9 @@ def synthesize_chunking(
     # HiGHS's thread pool outlives a candidate; size it for this one (tree packing runs on it first).
     prepare_highs_threads(options.threads)
     phases = phase_graphs(graph, collective)
-    packings = packings if packings is not None else [None] * len(phases)
+    starts = starts if starts is not None else [None] * len(phases)
     schedules, solve_statuses = [], set()
-    for phase_graph, packing in zip(phases, packings, strict=True):
+    for phase_graph, phase_start in zip(phases, starts, strict=True):
         phase = "reduce" if phase_graph.reversed else "gather"
         if progress is not None:
             progress(f"{chunking.label}: routing, ordering, scheduling ({phase} phase)")
@@ -218,7 +256,7 @@ def synthesize_chunking(
             chunking,
             options,
             deadline - time.monotonic(),
-            packing,
+            phase_start,
             prefixed(progress, f"{chunking.label} {phase}: "),
         )
         schedules.append(schedule)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource, symmetry_fault
@@ -34,9 +34,9 @@ from taccl_py.synth.routing import (
     routing_objective_us,
 )
 from taccl_py.synth.solver import SolverOptions, SolveStatus
-from taccl_py.synth.tree_packing import pack_trees, packed_routing
+from taccl_py.synth.tree_packing import TreePacking, pack_trees, packed_routing
 
-__all__ = ["HIERARCHICAL_STATUS", "local_graph", "machine_classes", "hierarchical_routing"]
+__all__ = ["HIERARCHICAL_STATUS", "local_graph", "machine_classes", "machine_packings", "hierarchical_routing"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +201,16 @@ def _compose(composer: _Composer, sym: ChunkSymmetry, chunkup: int, weight: floa
     return rep_trees
 
 
+def machine_packings(graph: LogicalGraph) -> dict[int, TreePacking]:
+    """Return the tree packing of each kind of machine's own links (``local_graph``), keyed by its design's owner.
+
+    Empty for one machine. The designs of every chunking start from these packings.
+    """
+    if graph.num_ranks // graph.gpus_per_node < 2:
+        return {}
+    return {owner: pack_trees(local_graph(graph, owner)) for owner in dict.fromkeys(machine_classes(graph))}
+
+
 def hierarchical_routing(
     graph: LogicalGraph,
     chunkup: int,
@@ -210,6 +220,7 @@ def hierarchical_routing(
     time_limit_s: float | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    packings: Mapping[int, TreePacking] | None = None,
 ) -> Routing | None:
     """Return hierarchical routes over ``graph`` (bytes per chunk and per piece), or None where they do not apply.
 
@@ -217,11 +228,13 @@ def hierarchical_routing(
     Each kind of machine's design MILP runs within ``options``' budgets and what is left of
     ``time_limit_s`` (s); the first status short of optimal is the result's ``solve_status``.
     ``progress`` gets a line before each design and the MILPs' lines (``solve_model``).
+    ``packings`` are ``machine_packings(graph)`` when the caller has them.
     """
     if graph.num_ranks // graph.gpus_per_node < 2:
         return None
     nodes = graph.num_ranks // graph.gpus_per_node
     owners = machine_classes(graph)
+    packings = packings if packings is not None else machine_packings(graph)
     # Each local tree carries a GPU's own chunk and, on average, one landed from every other machine.
     local_bytes = chunk_bytes * nodes
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
@@ -231,7 +244,7 @@ def hierarchical_routing(
         if progress is not None:
             kind = "one machine's" if len(set(owners)) == 1 else f"machine {owner}'s"
             progress(f"hierarchical routes: designing {kind} {local.num_ranks} GPUs")
-        start = packed_routing(pack_trees(local), chunkup, local_bytes, piece_bytes)
+        start = packed_routing(packings[owner], chunkup, local_bytes, piece_bytes)
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
         designs[owner] = route_chunks(
             local, chunkup, local_bytes, piece_bytes, options, left, start=start, progress=progress
