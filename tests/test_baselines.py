@@ -198,6 +198,25 @@ def test_best_baseline_is_the_fastest_applicable_one():
     assert any(line.startswith("baseline ring-") for line in lines)
 
 
+def test_a_tree_over_msccls_threadblock_limit_competes_with_fewer_channels():
+    from taccl_py.synth.candidates import exportable
+
+    # DGX-A100 x2: 16 trees (2 per rail) need 65 threadblocks per GPU, one over MSCCL's 64.
+    topology = load_topology("dgx-a100", nodes=2)
+    unlimited = build_baseline("tree", topology, "allreduce", 1)
+    assert not exportable(unlimited)
+    lines: list[str] = []
+    best_baselines(topology, "allreduce", (10**3,), progress=lines.append, keep=exportable)
+    (tree,) = [line.split()[1].rstrip(":") for line in lines if line.startswith("baseline tree-")]
+    channels = int(tree.split("-")[1].removesuffix("ch"))
+    assert channels < 16
+    kept = build_baseline("tree", topology, "allreduce", 1, channels=channels)
+    assert exportable(kept)
+    assert simulate(kept, topology, 10**3).time_us == pytest.approx(
+        simulate(unlimited, topology, 10**3).time_us, rel=0.01
+    )
+
+
 def test_applicable_kinds():
     assert applicable_kinds(full_mesh(4), "allgather") == (BaselineKind.RING, BaselineKind.TREES)
     assert applicable_kinds(load_topology("ndv2", nodes=2), "allreduce") == (

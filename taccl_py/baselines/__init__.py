@@ -24,6 +24,7 @@ from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.msccl.limits import runtime_limits
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.tree_packing import TreePacking
 from taccl_py.topology.bounds import lower_bounds
@@ -227,8 +228,9 @@ def best_baselines(
 ) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
     """Return, per size, the baseline with the smallest simulated time and its result.
 
-    With ``keep``, only baselines it accepts compete (e.g. those within the MSCCL limits); a size
-    where it accepts none gets None.
+    With ``keep``, only baselines it accepts compete (e.g. those within the MSCCL limits); a ring,
+    tree or hierarchical baseline it refuses competes with fewer channels where that is accepted
+    (``_kept_with_fewer_channels``), and a size where it accepts none gets None.
 
     Rings and hierarchical algorithms are built once; trees and packed trees once per pipeline
     depth the sizes call for. Ties go to the earlier of ring, tree, hierarchical, trees (alltoall:
@@ -250,13 +252,50 @@ def best_baselines(
                 kind, topology, collective, chunks, channels=channels, size_bytes=group[-1], packings=packings
             )
             if keep is not None and not keep(algorithm):
-                continue
+                algorithm = _kept_with_fewer_channels(algorithm, keep, kind, topology, collective, chunks, group[-1])
+                if algorithm is None:
+                    continue
             if progress is not None:
                 progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
             for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):
                 if size not in best or result.time_us < best[size][1].time_us:
                     best[size] = (algorithm, result)
     return tuple(best.get(size) for size in sizes)
+
+
+def _kept_with_fewer_channels(
+    algorithm: Algorithm,
+    keep: Callable[[Algorithm], bool],
+    kind: BaselineKind,
+    topology: Topology,
+    collective: Collective,
+    chunks: int | None,
+    size_bytes: int,
+) -> Algorithm | None:
+    """Return ``kind`` with fewer channels than ``algorithm``: the most that ``keep`` accepts, or None.
+
+    Fewer channels cure only too many threadblocks per GPU (the portable MSCCL limit): None when
+    ``algorithm`` is within it already (something else refuses it) or no channel count is
+    accepted; packed trees and alltoall keep their shape. A tree of 16 channels on 64 GPUs needs
+    69 threadblocks, over the 64 MSCCL loads.
+    """
+    if kind not in (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL):
+        return None
+    if collective is Collective.ALLTOALL:
+        return None
+    limit = runtime_limits().max_threadblocks_per_gpu
+    most = max(len(program.threadblocks) for program in algorithm.ranks)
+    channels = 1 + max(tb.channel for program in algorithm.ranks for tb in program.threadblocks)
+    if most <= limit:
+        return None
+    # Threadblocks grow about in proportion to the channels: start where the count should fit.
+    for fewer_channels in range(min(channels - 1, channels * limit // most), 0, -1):
+        fewer = build_baseline(kind, topology, collective, chunks, channels=fewer_channels, size_bytes=size_bytes)
+        if keep(fewer):
+            return fewer
+        if max(len(program.threadblocks) for program in fewer.ranks) <= limit:
+            return None
+    return None
 
 
 def best_baseline(
