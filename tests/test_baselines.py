@@ -24,7 +24,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.simulate import simulate
 from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.topology.cluster import load_cluster
-from taccl_py.topology.model import LinkKind, Vertex, VertexKind, make_topology, route
+from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology, route
 
 from helpers import assert_valid_algorithm
 
@@ -347,6 +347,52 @@ def test_hierarchical_rings_follow_each_machine_kinds_links():
     kept = [tensor.clone() for tensor in inputs]
     for got, want in zip(run_threads(algorithm, inputs, 3), expected(algorithm, kept, "sum")):
         assert torch.equal(got, want)
+
+
+def test_a_ring_too_long_for_msccl_is_spread_over_channels_at_the_same_time():
+    from taccl_py.synth.candidates import exportable
+
+    topology = full_mesh(34)  # AllReduce: 2 x 33 = 66 sends in one threadblock, over MSCCL's 64 steps
+    whole = build_baseline("ring", topology, "allreduce", channels=1)
+    spread = build_baseline("ring", topology, "allreduce", channels=1, max_transfers_per_threadblock=28)
+    assert not exportable(whole) and exportable(spread)
+    assert spread.name == "ring-1ch-1p-tb28" and spread.num_channels == 3
+    assert max(len(tb.steps) for program in spread.ranks for tb in program.threadblocks) <= 64
+    assert simulate(spread, topology, 10**6).time_us == pytest.approx(simulate(whole, topology, 10**6).time_us)
+
+
+def _switch(n: int):
+    """Return ``n`` GPUs on one switch."""
+    gpus = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(n)]
+    up = [Link(f"gpu{r}", "sw", LinkKind.NVSWITCH, 0.7, 20.0) for r in range(n)]
+    down = [Link("sw", f"gpu{r}", LinkKind.NVSWITCH, 0.0, 20.0) for r in range(n)]
+    return make_topology(f"switch{n}", [*gpus, Vertex("sw", VertexKind.NVSWITCH)], up + down)
+
+
+def test_size_bands_take_the_spread_ring_where_the_whole_one_does_not_load(monkeypatch):
+    from taccl_py.synth.candidates import exportable
+
+    monkeypatch.setattr("taccl_py.baselines.applicable_kinds", lambda *_: (BaselineKind.RING,))
+    topology = _switch(34)  # two rings (one per direction), each 66 sends per threadblock in an AllReduce
+    ((loadable, result),) = best_baselines(topology, "allreduce", (10**6,), keep=exportable)
+    ((whole, fastest),) = best_baselines(topology, "allreduce", (10**6,))
+    assert loadable.name == whole.name + "-tb28" and exportable(loadable)
+    assert result.time_us == pytest.approx(fastest.time_us)
+
+
+@pytest.mark.parametrize(("kind", "collective"), [("ring", "allreduce"), ("hierarchical", "allreduce")])
+def test_spread_baselines_compute_the_collective(kind, collective):
+    algorithm = build_baseline(kind, two_nodes_one_nic(), collective, max_transfers_per_threadblock=1)
+    assert algorithm.name.endswith("-tb1") and algorithm.meta("transfers_per_threadblock") == "1"
+    inputs = make_inputs(algorithm, 3, torch.float32, seed=7)
+    kept = [tensor.clone() for tensor in inputs]
+    for got, want in zip(run_threads(algorithm, inputs, 3), expected(algorithm, kept, "sum")):
+        assert torch.equal(got, want)
+
+
+def test_only_rings_and_hierarchical_baselines_spread():
+    with pytest.raises(ArgumentError, match="tree allreduce with max_transfers_per_threadblock"):
+        build_baseline("tree", full_mesh(4), "allreduce", max_transfers_per_threadblock=28)
 
 
 # AllReduce runs a reduce-scatter and an allgather lap; hierarchical ReduceScatter shares its builder with AllGather

@@ -24,6 +24,7 @@ from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.tree_packing import TreePacking
@@ -110,6 +111,7 @@ def build_baseline(
     channels: int | None = None,
     size_bytes: int | None = None,
     packings: Sequence[TreePacking] | None = None,
+    max_transfers_per_threadblock: int | None = None,
 ) -> Algorithm:
     """Return the verified baseline ``kind`` for ``collective`` on ``topology``.
 
@@ -132,12 +134,16 @@ def build_baseline(
         The size a tree's pipeline depth is tuned for.
     packings : sequence of TreePacking, optional
         Packed trees only: ``phase_packings(topology, collective)`` when the caller has them.
+    max_transfers_per_threadblock : int, optional
+        Rings and hierarchical only: spread longer runs of sends over more channels
+        (``spread_long_connections``), so that MSCCL loads rings of many GPUs.
 
     Raises
     ------
     ArgumentError
         For an unknown kind or collective, a tree for anything but allreduce, a kind that does
-        not apply to alltoall (or direct to anything else), or counts out of range.
+        not apply to alltoall (or direct to anything else), counts out of range, or
+        ``max_transfers_per_threadblock`` for another kind.
 
     Examples
     --------
@@ -154,6 +160,14 @@ def build_baseline(
             f"no {kind.value} baseline for {collective.value}",
             "direct or hierarchical for alltoall" if alltoall else "ring, tree, hierarchical or trees",
         )
+    spreads = kind in (BaselineKind.RING, BaselineKind.HIERARCHICAL) and not alltoall
+    if max_transfers_per_threadblock is not None and not spreads:
+        raise ArgumentError(
+            topology.name,
+            "baseline",
+            f"{kind.value} {collective.value} with max_transfers_per_threadblock",
+            "a ring or hierarchical baseline of allgather, reducescatter or allreduce",
+        )
     if alltoall:
         if kind is BaselineKind.DIRECT:
             if chunks not in (None, 1) or channels is not None:
@@ -162,14 +176,26 @@ def build_baseline(
             return direct_alltoall_algorithm(topology)
         return hierarchical_alltoall_algorithm(topology, 1 if chunks is None else chunks)
     if kind is BaselineKind.RING:
-        return ring_algorithm(topology, collective, channels=channels, chunks=chunks)
+        return ring_algorithm(
+            topology,
+            collective,
+            channels=channels,
+            chunks=chunks,
+            max_transfers_per_threadblock=max_transfers_per_threadblock,
+        )
     if kind is BaselineKind.TREE:
         return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
     if kind is BaselineKind.TREES:
         return packed_trees_algorithm(
             topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes, packings=packings
         )
-    return hierarchical_algorithm(topology, collective, channels=channels, chunks=chunks)
+    return hierarchical_algorithm(
+        topology,
+        collective,
+        channels=channels,
+        chunks=chunks,
+        max_transfers_per_threadblock=max_transfers_per_threadblock,
+    )
 
 
 def all_baselines(
@@ -229,8 +255,9 @@ def best_baselines(
     """Return, per size, the baseline with the smallest simulated time and its result.
 
     With ``keep``, only baselines it accepts compete (e.g. those within the MSCCL limits); a ring,
-    tree or hierarchical baseline it refuses competes with fewer channels where that is accepted
-    (``_kept_with_fewer_channels``), and a size where it accepts none gets None.
+    tree or hierarchical baseline it refuses competes reshaped where that is accepted (sends spread
+    over more channels, or fewer channels: ``_loadable_variant``), and a size where it accepts
+    none gets None.
 
     Rings and hierarchical algorithms are built once; trees and packed trees once per pipeline
     depth the sizes call for. Ties go to the earlier of ring, tree, hierarchical, trees (alltoall:
@@ -252,7 +279,7 @@ def best_baselines(
                 kind, topology, collective, chunks, channels=channels, size_bytes=group[-1], packings=packings
             )
             if keep is not None and not keep(algorithm):
-                algorithm = _kept_with_fewer_channels(algorithm, keep, kind, topology, collective, chunks, group[-1])
+                algorithm = _loadable_variant(algorithm, keep, kind, topology, collective, chunks, group[-1])
                 if algorithm is None:
                     continue
             if progress is not None:
@@ -263,7 +290,7 @@ def best_baselines(
     return tuple(best.get(size) for size in sizes)
 
 
-def _kept_with_fewer_channels(
+def _loadable_variant(
     algorithm: Algorithm,
     keep: Callable[[Algorithm], bool],
     kind: BaselineKind,
@@ -272,30 +299,49 @@ def _kept_with_fewer_channels(
     chunks: int | None,
     size_bytes: int,
 ) -> Algorithm | None:
-    """Return ``kind`` with fewer channels than ``algorithm``: the most that ``keep`` accepts, or None.
+    """Return ``kind`` reshaped within the portable MSCCL limits, as ``keep`` accepts it, or None.
 
-    Fewer channels cure only too many threadblocks per GPU (the portable MSCCL limit): None when
-    ``algorithm`` is within it already (something else refuses it) or no channel count is
-    accepted; packed trees and alltoall keep their shape. A tree of 16 channels on 64 GPUs needs
-    69 threadblocks, over the 64 MSCCL loads.
+    Two limits have a cure. Steps per threadblock: rings and hierarchical algorithms spread their
+    longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126 times on
+    one). Threadblocks per GPU: rings, trees and hierarchical algorithms take the most channels
+    under the original's that fit (16 trees on 64 GPUs need 69 threadblocks, over the 64 MSCCL
+    loads). None when neither applies or no variant is accepted.
     """
     if kind not in (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL):
         return None
     if collective is Collective.ALLTOALL:
         return None
-    limit = runtime_limits().max_threadblocks_per_gpu
+    limits = runtime_limits()
+    spread = None
+    if kind is not BaselineKind.TREE and max(_steps_per_threadblock(algorithm)) > limits.max_steps_per_threadblock:
+        spread = MAX_TRANSFERS_PER_THREADBLOCK
+        algorithm = build_baseline(kind, topology, collective, chunks, max_transfers_per_threadblock=spread)
+        if keep(algorithm):
+            return algorithm
     most = max(len(program.threadblocks) for program in algorithm.ranks)
-    channels = 1 + max(tb.channel for program in algorithm.ranks for tb in program.threadblocks)
-    if most <= limit:
+    if most <= limits.max_threadblocks_per_gpu:
         return None
+    channels = int(dict(algorithm.metadata).get("channels", algorithm.num_channels))
     # Threadblocks grow about in proportion to the channels: start where the count should fit.
-    for fewer_channels in range(min(channels - 1, channels * limit // most), 0, -1):
-        fewer = build_baseline(kind, topology, collective, chunks, channels=fewer_channels, size_bytes=size_bytes)
+    for fewer_channels in range(min(channels - 1, channels * limits.max_threadblocks_per_gpu // most), 0, -1):
+        fewer = build_baseline(
+            kind,
+            topology,
+            collective,
+            chunks,
+            channels=fewer_channels,
+            size_bytes=size_bytes,
+            max_transfers_per_threadblock=spread,
+        )
         if keep(fewer):
             return fewer
-        if max(len(program.threadblocks) for program in fewer.ranks) <= limit:
+        if max(len(program.threadblocks) for program in fewer.ranks) <= limits.max_threadblocks_per_gpu:
             return None
     return None
+
+
+def _steps_per_threadblock(algorithm: Algorithm) -> list[int]:
+    return [len(tb.steps) for program in algorithm.ranks for tb in program.threadblocks]
 
 
 def best_baseline(

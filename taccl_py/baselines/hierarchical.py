@@ -23,7 +23,7 @@ from taccl_py.baselines.ring import MAX_CHANNELS, machine_rings
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan, spread_long_connections
 from taccl_py.topology.fingerprint import node_signatures
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
@@ -150,7 +150,12 @@ def _gather_items(grid: _Grid, chunks: int, reduce: bool) -> tuple[int, Items]:
 
 
 def hierarchical_algorithm(
-    topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None
+    topology: Topology,
+    collective: Collective,
+    *,
+    channels: int | None = None,
+    chunks: int | None = None,
+    max_transfers_per_threadblock: int | None = None,
 ) -> Algorithm:
     """Return a verified hierarchical (intra-machine rings + cross-machine rings) algorithm.
 
@@ -164,6 +169,9 @@ def hierarchical_algorithm(
         Local rings run in parallel (default: as many as ``local_rings`` finds).
     chunks : int, optional
         Pieces per channel (default 1); more pieces let the phases overlap.
+    max_transfers_per_threadblock : int, optional
+        Spread longer runs of sends over more channels (``spread_long_connections``) so that
+        MSCCL loads the rings; the name then ends in ``-tb<N>`` and still counts the rings' channels.
 
     Raises
     ------
@@ -193,9 +201,9 @@ def hierarchical_algorithm(
         total, items = _allreduce_items(grid, pieces)
     else:
         total, items = _gather_items(grid, pieces, reduce=collective is Collective.REDUCESCATTER)
-    algorithm = lower_plan("hierarchical", collective, topology.num_ranks, total, items)
-    # the name and metadata count every channel, the cross-machine ring's included, as MSCCL will
-    channels = algorithm.num_channels
+    # the name and metadata count every ring's channel, the cross-machine ring's included
+    channels = 1 + max(item.channel for item in items if isinstance(item, Transfer))
+    name = f"hierarchical-{channels}ch-{pieces}p"
     metadata = (
         ("baseline", "hierarchical"),
         ("topology", topology.name),
@@ -203,7 +211,13 @@ def hierarchical_algorithm(
         ("chunks", str(pieces)),
         ("local_rings", _rings_text(rings)),
     )
-    return check_algorithm(replace(algorithm, name=f"hierarchical-{channels}ch-{pieces}p", metadata=metadata))
+    if max_transfers_per_threadblock is not None:
+        items, spread = spread_long_connections(items, max_transfers_per_threadblock)
+        if spread:
+            name += f"-tb{max_transfers_per_threadblock}"
+            metadata += (("transfers_per_threadblock", str(max_transfers_per_threadblock)),)
+    algorithm = lower_plan(name, collective, topology.num_ranks, total, items)
+    return check_algorithm(replace(algorithm, metadata=metadata))
 
 
 def _rings_text(rings: tuple[tuple[tuple[int, ...], ...], ...]) -> str:

@@ -26,7 +26,7 @@ from taccl_py.baselines._plans import ring_allgather_items, ring_reducescatter_i
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan, spread_long_connections
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
@@ -156,7 +156,12 @@ def _ring_items(
 
 
 def ring_algorithm(
-    topology: Topology, collective: Collective, *, channels: int | None = None, chunks: int | None = None
+    topology: Topology,
+    collective: Collective,
+    *,
+    channels: int | None = None,
+    chunks: int | None = None,
+    max_transfers_per_threadblock: int | None = None,
 ) -> Algorithm:
     """Return a verified NCCL-like ring algorithm for ``collective`` on ``topology``.
 
@@ -171,6 +176,10 @@ def ring_algorithm(
     chunks : int, optional
         Pieces each channel's share is cut into (pipeline depth; default 1). In the α-β model a
         ring's links are busy on every step, so deeper pipelines only add latency.
+    max_transfers_per_threadblock : int, optional
+        Spread a ring's longer runs of sends over more channels (``spread_long_connections``),
+        the same ring in threadblocks MSCCL loads; the name then ends in ``-tb<N>``. Default:
+        one threadblock per ring and direction, as NCCL runs it.
 
     Returns
     -------
@@ -199,12 +208,12 @@ def ring_algorithm(
         ("chunks", str(pieces)),
         ("rings", "; ".join(" ".join(map(str, ring)) for ring in rings)),
     )
-    algorithm = lower_plan(
-        f"ring-{len(rings)}ch-{pieces}p",
-        collective,
-        n,
-        n * len(rings) * pieces,
-        _ring_items(collective, rings, n, pieces),
-        metadata=metadata,
-    )
+    items, spread = _ring_items(collective, rings, n, pieces), frozenset()
+    name = f"ring-{len(rings)}ch-{pieces}p"
+    if max_transfers_per_threadblock is not None:
+        items, spread = spread_long_connections(items, max_transfers_per_threadblock)
+    if spread:
+        name += f"-tb{max_transfers_per_threadblock}"
+        metadata += (("transfers_per_threadblock", str(max_transfers_per_threadblock)),)
+    algorithm = lower_plan(name, collective, n, n * len(rings) * pieces, items, metadata=metadata)
     return check_algorithm(algorithm)

@@ -10,16 +10,27 @@ later one, so the result cannot deadlock.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
 
-__all__ = ["Transfer", "LocalCopy", "ScratchAllocator", "lower_plan"]
+__all__ = [
+    "MAX_TRANSFERS_PER_THREADBLOCK",
+    "Transfer",
+    "LocalCopy",
+    "ScratchAllocator",
+    "lower_plan",
+    "spread_long_connections",
+]
 
 Slot = tuple[Buffer, int]
+# Transfers per threadblock before a (src, dst, channel) spills to another channel: MSCCL's
+# limit is 64 steps per threadblock (taccl_py.msccl.limits), and dependency nops count too.
+MAX_TRANSFERS_PER_THREADBLOCK = 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +164,36 @@ def _lower_item(states: Sequence[_RankState], item: Transfer | LocalCopy) -> Non
         _append_step(receiver, recv_tb, OpType.RECV_REDUCE_COPY, item.dst, item.dst, item.count, dst_slots, dst_slots)
     else:
         _append_step(receiver, recv_tb, OpType.RECV, None, item.dst, item.count, [], dst_slots)
+
+
+def spread_long_connections(
+    items: Sequence[Transfer | LocalCopy], max_transfers: int = MAX_TRANSFERS_PER_THREADBLOCK
+) -> tuple[list[Transfer | LocalCopy], frozenset[tuple[int, int, int]]]:
+    """Return ``items`` with at most ``max_transfers`` transfers per (src rank, dst rank, channel), and those spread.
+
+    Each such connection is a threadblock at both ends, and MSCCL runs at most 64 steps in one.
+    The k-th run of ``max_transfers`` transfers of a busier connection moves to channel
+    ``channel + k * stride``, ``stride`` one more than the highest channel of ``items``, so a
+    moved transfer shares its threadblocks with no other connection; both ends move together and
+    the items keep their order.
+    """
+    transfers = [item for item in items if isinstance(item, Transfer)]
+    counts = Counter((item.src_rank, item.dst_rank, item.channel) for item in transfers)
+    busy = frozenset(key for key, count in counts.items() if count > max_transfers)
+    if not busy:
+        return list(items), busy
+    stride = 1 + max(item.channel for item in transfers)
+    seen: Counter[tuple[int, int, int]] = Counter()
+    out: list[Transfer | LocalCopy] = []
+    for item in items:
+        key = (item.src_rank, item.dst_rank, item.channel) if isinstance(item, Transfer) else None
+        if key not in busy:
+            out.append(item)
+            continue
+        block = seen[key] // max_transfers
+        seen[key] += 1
+        out.append(replace(item, channel=item.channel + block * stride) if block else item)
+    return out, busy
 
 
 def lower_plan(

@@ -43,19 +43,16 @@ from dataclasses import dataclass, replace
 
 from taccl_py.ir.algorithm import Algorithm, Buffer, Step
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK, LocalCopy, Transfer, lower_plan, spread_long_connections
 from taccl_py.synth.scheduling import Schedule
 
-__all__ = ["TimedItem", "MAX_SENDS_PER_THREADBLOCK", "lower_schedule"]
+__all__ = ["TimedItem", "lower_schedule"]
 
 Item = Transfer | LocalCopy
 Slot = tuple[Buffer, int]
 # Order of items at equal times: copies out of a landing area (or adds, reducing), then copies
 # into a staging area, then the transfers that read what they wrote.
 _UNSTAGE_ORDER, _COPY_ORDER, _TRANSFER_ORDER = 0, 1, 2
-# Transfers per threadblock before a (src, dst, channel) spills to another channel: MSCCL's
-# limit is 64 steps per threadblock (taccl_py.msccl.limits), and dependency nops count too.
-MAX_SENDS_PER_THREADBLOCK = 28
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,31 +268,17 @@ def lower_schedule(
 def _split_long_threadblocks(items: list[TimedItem]) -> list[TimedItem]:
     """Return ``items`` with the transfers of a busy (src, dst, channel) spread over more channels.
 
-    MSCCL runs at most 64 steps per threadblock, dependency nops included. The k-th block of
-    ``MAX_SENDS_PER_THREADBLOCK`` transfers moves to channel ``channel + k * stride``, and each
-    block's first transfer is chained to the previous block's last one, so the transfers still
-    run one after the other, as scheduled.
+    ``spread_long_connections`` moves the k-th block of ``MAX_TRANSFERS_PER_THREADBLOCK``
+    transfers to another channel; each block's first transfer is then chained to the previous
+    block's last one, so the transfers still run one after the other, as scheduled.
     """
-    transfers = [t.item for t in items if isinstance(t.item, Transfer)]
-    counts: dict[tuple[int, int, int], int] = {}
-    for item in transfers:
-        key = (item.src_rank, item.dst_rank, item.channel)
-        counts[key] = counts.get(key, 0) + 1
-    if all(n <= MAX_SENDS_PER_THREADBLOCK for n in counts.values()):
+    spread, busy = spread_long_connections([t.item for t in items], MAX_TRANSFERS_PER_THREADBLOCK)
+    if not busy:
         return items
-    stride = 1 + max(item.channel for item in transfers)
-    seen: dict[tuple[int, int, int], int] = {}
     out = []
-    for timed in items:
-        item = timed.item
-        key = (item.src_rank, item.dst_rank, item.channel) if isinstance(item, Transfer) else None
-        if key is None or counts[key] <= MAX_SENDS_PER_THREADBLOCK:
-            out.append(timed)
-            continue
-        block = seen.get(key, 0) // MAX_SENDS_PER_THREADBLOCK
-        seen[key] = seen.get(key, 0) + 1
-        moved = replace(item, channel=item.channel + block * stride)
-        out.append(replace(timed, item=moved, serial=timed.serial + (("tb",) + key,)))
+    for timed, item in zip(items, spread, strict=True):
+        key = (item.src_rank, item.dst_rank, timed.item.channel) if isinstance(item, Transfer) else None
+        out.append(replace(timed, item=item, serial=timed.serial + (("tb",) + key,)) if key in busy else timed)
     return out
 
 
