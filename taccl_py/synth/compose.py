@@ -188,8 +188,8 @@ def _schedule_phase(
         progress=progress,
         packings=starts.machines,
     )
-    starts = [r for r in (packed, hierarchical) if r is not None]
-    start = min(starts, key=lambda r: r.objective_us)
+    start_routes = [r for r in (packed, hierarchical) if r is not None]
+    start = min(start_routes, key=lambda r: r.objective_us)
     routings = route_candidates(
         graph,
         chunking.chunkup,
@@ -200,7 +200,7 @@ def _schedule_phase(
         start=start,
         progress=progress,
     )
-    routings += tuple(r for r in starts if all(r.trees != other.trees for other in routings))
+    routings += tuple(r for r in start_routes if all(r.trees != other.trees for other in routings))
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
     orderings = [order_sends(routing, chunking.pieces, piece_bytes, progress=progress) for routing in routings]
     if lacks_machine_rotation(graph):
