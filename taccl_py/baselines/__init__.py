@@ -313,7 +313,9 @@ def _loadable_variant(
         return None
     limits = runtime_limits()
     spread = None
-    if kind is not BaselineKind.TREE and max(_steps_per_threadblock(algorithm)) > limits.max_steps_per_threadblock:
+    longest = max(len(tb.steps) for program in algorithm.ranks for tb in program.threadblocks)
+    # Dependency nops count against MSCCL's steps too, so spread whatever spreading would change.
+    if kind is not BaselineKind.TREE and longest > MAX_TRANSFERS_PER_THREADBLOCK:
         spread = MAX_TRANSFERS_PER_THREADBLOCK
         algorithm = build_baseline(kind, topology, collective, chunks, max_transfers_per_threadblock=spread)
         if keep(algorithm):
@@ -338,10 +340,6 @@ def _loadable_variant(
         if max(len(program.threadblocks) for program in fewer.ranks) <= limits.max_threadblocks_per_gpu:
             return None
     return None
-
-
-def _steps_per_threadblock(algorithm: Algorithm) -> list[int]:
-    return [len(tb.steps) for program in algorithm.ranks for tb in program.threadblocks]
 
 
 def best_baseline(
