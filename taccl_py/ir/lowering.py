@@ -169,7 +169,7 @@ def _lower_item(states: Sequence[_RankState], item: Transfer | LocalCopy) -> Non
 def spread_long_connections(
     items: Sequence[Transfer | LocalCopy], max_transfers: int = MAX_TRANSFERS_PER_THREADBLOCK
 ) -> tuple[list[Transfer | LocalCopy], frozenset[tuple[int, int, int]]]:
-    """Return ``items`` with at most ``max_transfers`` transfers per (src rank, dst rank, channel), and those spread.
+    """Return ``items`` with at most ``max_transfers`` transfers per (src rank, dst rank, channel), and the busier ones.
 
     Each such connection is a threadblock at both ends, and MSCCL runs at most 64 steps in one.
     The k-th run of ``max_transfers`` transfers of a busier connection moves to channel
