@@ -320,12 +320,14 @@ def _loadable_variant(
         algorithm = build_baseline(kind, topology, collective, chunks, max_transfers_per_threadblock=spread)
         if keep(algorithm):
             return algorithm
-    most = max(len(program.threadblocks) for program in algorithm.ranks)
+    most = _most_threadblocks(algorithm)
     if most <= limits.max_threadblocks_per_gpu:
         return None
-    channels = int(dict(algorithm.metadata).get("channels", algorithm.num_channels))
+    channels = int(algorithm.meta("channels", str(algorithm.num_channels)))
+    # A hierarchical name counts the cross-machine ring's channel; its builder takes the local rings.
+    built_with = channels - 1 if kind is BaselineKind.HIERARCHICAL and topology.nodes > 1 else channels
     # Threadblocks grow about in proportion to the channels: start where the count should fit.
-    for fewer_channels in range(min(channels - 1, channels * limits.max_threadblocks_per_gpu // most), 0, -1):
+    for fewer_channels in range(min(built_with - 1, channels * limits.max_threadblocks_per_gpu // most), 0, -1):
         fewer = build_baseline(
             kind,
             topology,
@@ -337,9 +339,14 @@ def _loadable_variant(
         )
         if keep(fewer):
             return fewer
-        if max(len(program.threadblocks) for program in fewer.ranks) <= limits.max_threadblocks_per_gpu:
+        if _most_threadblocks(fewer) <= limits.max_threadblocks_per_gpu:
             return None
     return None
+
+
+def _most_threadblocks(algorithm: Algorithm) -> int:
+    """Return the most threadblocks any rank of ``algorithm`` runs."""
+    return max(len(program.threadblocks) for program in algorithm.ranks)
 
 
 def best_baseline(
