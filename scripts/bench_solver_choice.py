@@ -30,6 +30,7 @@ from benchmarks_md import markdown_table, update_benchmarks_section  # noqa: E40
 
 import taccl_py.synth.routing as routing_module  # noqa: E402
 from taccl_py.synth import synthesize  # noqa: E402
+from taccl_py.synth.milp_matrix import milp_matrix  # noqa: E402
 from taccl_py.synth.solver import SolveOutcome, SolverOptions, SolveStatus, describe_solver, solve_model  # noqa: E402
 from taccl_py.topology import load_topology  # noqa: E402
 from taccl_py.units import format_size, parse_size  # noqa: E402
@@ -178,7 +179,7 @@ def run_ladder(args: argparse.Namespace) -> str:
                 outcome = solve_model(prob, SolverOptions(solver="cpsat", deterministic_time_s=budget_s), start=start)
                 objective = "-" if outcome.objective is None else f"{outcome.objective:.2f}"
                 cells.append(f"{objective} ({outcome.status.value}, {outcome.wall_s:.2f} s)")
-            rows.append((f"{name} x{nodes} #{index}", prob.numVariables(), *cells))
+            rows.append((f"{name} x{nodes} #{index}", milp_matrix(prob).num_constrained_columns, *cells))
             _log("   " + " | ".join(str(cell) for cell in rows[-1]))
     headers = ("routing model", "columns", *(f"{budget_s:g} work s" for budget_s in LADDER_BUDGETS_S))
     return (

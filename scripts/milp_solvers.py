@@ -6,7 +6,7 @@ gap and thread count, and, where the solver takes one, the same complete startin
 to its final incumbent and to its stop, and the variable values, which ``milp_model.check_solution``
 re-evaluates on the model as HiGHS reads it (so every solver's objective is computed the same way).
 
-Only HiGHS (highspy) and pulp's bundled CBC binary are dependencies of the package; pyscipopt and ortools
+Only HiGHS (highspy) and CBC (taccl_py.synth.solver_cbc.find_cbc) are dependencies of the package; pyscipopt and ortools
 are optional here: ``solver_availability`` names the reason a runner cannot run.
 """
 
@@ -113,13 +113,16 @@ def _solve_highs(model: MpsModel, start: Mapping[str, float] | None, limits: Sol
     )
 
 
-# -- CBC (pulp's bundled binary) ----------------------------------------------------------------
+# -- CBC (the program find_cbc finds) ----------------------------------------------------------------
 
 
 def _cbc_path() -> Path:
-    import pulp
+    from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, find_cbc
 
-    return Path(pulp.PULP_CBC_CMD.pulp_cbc_path)
+    binary = find_cbc()
+    if binary is None:
+        raise SystemExit(f"no CBC program found: {CBC_INSTALL_HINT}")
+    return Path(binary.path)
 
 
 def _write_cbc_start(path: Path, model: MpsModel, start: Mapping[str, float]) -> None:
@@ -320,8 +323,9 @@ def solver_availability() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for solver in SOLVERS:
         if solver == "cbc":
-            path = _cbc_path()
-            out[solver] = None if os.access(path, os.X_OK) else f"pulp's bundled CBC binary is missing ({path})"
+            from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, find_cbc
+
+            out[solver] = None if find_cbc() is not None else f"no CBC program found ({CBC_INSTALL_HINT})"
         else:
             module = _MODULES[solver]
             found = importlib.util.find_spec(module) is not None

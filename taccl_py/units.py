@@ -133,6 +133,8 @@ def parse_sizes(text: str, field: str = "sizes", factor: int = 4) -> tuple[int, 
             raise ArgumentError(None, field, "no size given", "sizes like 1KB,1MB or a range 1KB-1GB")
         return sizes
     low_text, _, high_text = text.partition("-")
+    if not low_text.strip() or not high_text.strip():  # "-5", "1MB-": no range; name what was typed
+        parse_size(text, field)
     low, high = parse_size(low_text, field), parse_size(high_text, field)
     if low > high:
         raise ArgumentError(None, field, f"range {text!r} runs backwards", "LOW-HIGH with LOW <= HIGH")

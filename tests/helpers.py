@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pytest
+
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, find_cbc
 from taccl_py.verify import VerificationReport, verify_algorithm
 
 __all__ = [
@@ -27,9 +30,12 @@ __all__ = [
     "msccl_fixture_paths",
     "BROKEN_MSCCL_FIXTURES",
     "LogLines",
+    "requires_cbc",
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"
+# pulp 4 bundles no CBC: tests that run it skip, naming how to get one, where none is installed.
+requires_cbc = pytest.mark.skipif(find_cbc() is None, reason=f"no CBC program here: {CBC_INSTALL_HINT}")
 # Reference files known to be incorrect, with the fault the verifier must name first.
 BROKEN_MSCCL_FIXTURES = {"sccl_allreduce_dgx1_composed.xml": "uninitialized read"}
 

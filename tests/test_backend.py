@@ -287,11 +287,13 @@ def backend_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, 
 # -- multi-process tests --------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.multiprocess
 def test_init_process_group_taccl_makes_a_taccl_group(backend_results: list[dict[str, Any]]) -> None:
     assert all(r["name"] == "taccl" and r["type"] == "TacclProcessGroup" for r in backend_results)
 
 
+@pytest.mark.smoke
 @pytest.mark.multiprocess
 def test_routed_collectives_equal_gloo(backend_results: list[dict[str, Any]]) -> None:
     for rank, result in enumerate(backend_results):
@@ -437,6 +439,7 @@ def test_every_collective_of_a_process_group_is_a_python_method() -> None:
     assert inherited == [], f"collectives TacclProcessGroup inherits from torch: {inherited}"
 
 
+@pytest.mark.smoke
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", ["fp32", "unused"])
 def test_ddp_on_taccl_matches_ddp_on_gloo(backend_results: list[dict[str, Any]], case: str) -> None:

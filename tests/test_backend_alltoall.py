@@ -148,4 +148,7 @@ def test_split_sizes_run_on_the_inner_backend_with_one_log_line(alltoall_results
     for rank, result in enumerate(alltoall_results):
         routed, delegated = result["uneven_counts"]
         assert routed == {} and delegated == {"alltoall": 3}, f"rank {rank}: routed {routed}, delegated {delegated}"
-        assert len(result["log"]) == 1 and "inner gloo backend's own" in result["log"][0], f"rank {rank}: {result}"
+        if rank:  # rank 0 speaks for the group; the others log the line at DEBUG
+            assert result["log"] == [], f"rank {rank}: {result}"
+        else:
+            assert len(result["log"]) == 1 and "inner gloo backend's own" in result["log"][0], f"rank 0: {result}"

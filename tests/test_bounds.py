@@ -208,3 +208,32 @@ def test_machines_that_differ_are_all_checked():
     slower = [replace(link, bandwidth_GBps=1.0) if link.key == ("n1.gpu3", "n1.gpu7") else link for link in pair.links]
     uneven = make_topology("uneven", pair.vertices, slower, nodes=2)
     assert len(bounds._sinks(uneven, bounds._flow_graph(_route_links(uneven), False))) == 16
+
+
+@pytest.mark.parametrize(
+    ("spec", "nics_down", "sink_nodes"),
+    [("dgx-a100:2,dgx-h100:2", (), (0, 2)), ("dgx-a100:4", ("2:nic3",), (0, 2)), ("dgx-a100:3", ("1:nic0",), (0, 1))],
+)
+@pytest.mark.parametrize("reverse", [False, True])
+def test_one_machine_of_each_kind_is_checked_and_gives_the_same_cut(spec, nics_down, sink_nodes, reverse, monkeypatch):
+    from taccl_py.topology.cluster import load_cluster
+
+    topology = load_cluster(spec, nics_down=nics_down)
+    sinks = bounds._sinks(topology, bounds._flow_graph(_route_links(topology), reverse))
+    assert sinks == [v.name for v in topology.gpus if v.node in sink_nodes]
+    shortcut = binding_cut(topology, reverse=reverse)
+    monkeypatch.setattr(bounds, "_sinks", lambda topology, graph: [v.name for v in topology.gpus])
+    assert binding_cut(topology, reverse=reverse) == shortcut
+
+
+@pytest.mark.parametrize(("spec", "nics_down"), [("ndv2:2", ()), ("dgx-a100:2,dgx-h100:1", ("0:nic1",))])
+def test_the_bounds_of_every_collective_at_once_are_each_collectives_bounds(spec, nics_down):
+    from taccl_py.topology.bounds import lower_bounds_by_collective
+    from taccl_py.topology.cluster import load_cluster
+
+    topology, sizes = load_cluster(spec, nics_down=nics_down), (1, 10**6, GB)
+    together = lower_bounds_by_collective(topology, tuple(Collective), sizes)
+    assert together == {collective: lower_bounds(topology, collective, sizes) for collective in Collective}
+    assert list(together) == list(Collective)
+    with pytest.raises(ArgumentError, match="collective: unknown collective 'broadcast'"):
+        lower_bounds_by_collective(topology, ("broadcast",), sizes)

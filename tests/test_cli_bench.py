@@ -71,7 +71,9 @@ def test_bench_calibration_is_measured_written_then_read(tmp_path: Path, capsys:
     assert calibration.stat().st_mtime_ns == before and read_calibration(calibration) == measured
     capsys.readouterr()
     calibration.write_text("{")
-    assert_one_error_line(capsys, main([*argv, "--calibration", str(calibration)]), f"{calibration}: invalid JSON")
+    assert_one_error_line(
+        capsys, main([*argv, "--calibration", str(calibration)]), f"{calibration}: line 1: invalid JSON"
+    )
 
 
 @pytest.mark.multiprocess

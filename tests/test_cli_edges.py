@@ -162,22 +162,27 @@ def test_a_hierarchical_baseline_is_named_for_every_channel_it_uses() -> None:
 
 
 def fallback_worker(rank: int, world: int) -> list[str]:
-    """Worker: the Communicator's fall-back to torch is a WARNING, seen under default logging."""
+    """Worker: the Communicator's fall-back to torch is a WARNING on rank 0, seen under default logging.
+
+    The other ranks say it at DEBUG, so a job of N ranks prints it once, not N times.
+    """
     import torch
 
     from taccl_py.runtime.communicator import Communicator
 
     records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
+    handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append  # type: ignore[method-assign]
     logger = logging.getLogger("taccl_py.runtime.communicator")
     logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
     try:
         Communicator(None, None, timeout_s=30).all_reduce(torch.ones(8))
     finally:
         logger.removeHandler(handler)
-    lines = [r.getMessage() for r in records if "using torch.distributed's own" in r.getMessage()]
-    return [] if len(lines) == 1 else [f"expected one fall-back warning, got {lines}"]
+    levels = [r.levelname for r in records if "using torch.distributed's own" in r.getMessage()]
+    expected = ["WARNING"] if rank == 0 else ["DEBUG"]
+    return [] if levels == expected else [f"expected the fall-back line once, at {expected}, got {levels}"]
 
 
 @pytest.mark.multiprocess
@@ -185,3 +190,185 @@ def test_the_fallback_to_torch_is_a_warning() -> None:
     from mp_utils import assert_no_mismatches, run_ranks
 
     assert_no_mismatches(run_ranks(fallback_worker, 2))
+
+
+# -- issue 28 item 5: outputs that cannot be written, --nodes, option names, help texts ---------------------
+
+#: A folder no one can create a file in (Linux: /proc refuses new files, even to root).
+UNWRITABLE = Path("/proc")
+
+#: Every command that writes a file, by the option naming it: (argv before the path, the file name to write).
+FILE_WRITERS = {
+    "baseline -o": (["baseline", "ring", "-t", "ndv2", "-c", "allgather", "-o"], "x.xml"),
+    "convert -o": (["convert", "{algorithm}", "-o"], "x.xml"),
+    "topo import -o": (["topo", "import", str(REPO / "topologies" / "ndv2.json"), "-o"], "x.json"),
+    "topo draw -o": (["topo", "draw", "ndv2", "-o"], "x.png"),
+    "topo export-nccl -o": (["topo", "export-nccl", "ndv2", "-o"], "x.xml"),
+    "topo probe -o": (["topo", "probe", "--sysfs-root", "{folder}", "-o"], "x.json"),
+    "synthesize -o": (["synthesize", "-t", "ndv2", "-c", "allgather", "--size", "1MB", "--jobs", "1", "-o"], "x.json"),
+    "synthesize --xml": (
+        ["synthesize", "-t", "ndv2", "-c", "allgather", "--size", "1MB", "-o", "{folder}/ok.json", "--xml"],
+        "x.xml",
+    ),
+    "simulate --plot": (["simulate", "{algorithm}", "-t", "ndv2", "--sizes", "1MB", "--plot"], "x.png"),
+}
+#: Every command that writes into a folder (created if missing), by the option naming it.
+FOLDER_WRITERS = {
+    "export-msccl -o": ["export-msccl", "ndv2", "-o"],
+    "bench --write-library": ["bench", "--library", "{folder}/ag.library.json", "--calibration", "c.json"]
+    + ["--nproc", "2", "--write-library"],
+}
+
+
+def _files_under(folder: Path) -> set[Path]:
+    return set(folder.rglob("*"))
+
+
+def _writer_argv(words: list[str], folder: Path, algorithm: Path, target: str) -> list[str]:
+    return [w.format(folder=folder, algorithm=algorithm) for w in words] + [target]
+
+
+@pytest.fixture
+def algorithm_file(tmp_path: Path) -> Path:
+    path = tmp_path / "ag.json"
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "allgather", "-o", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize("fault", ["a directory", "an unwritable folder"])
+@pytest.mark.parametrize("writer", sorted(FILE_WRITERS))
+def test_an_output_file_that_cannot_be_written_is_one_error_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], algorithm_file: Path, writer: str, fault: str
+) -> None:
+    words, name = FILE_WRITERS[writer]
+    option = writer.split()[-1]
+    if fault == "a directory":
+        target = tmp_path / name
+        target.mkdir()
+        expected = f"{target}: {option}: is a directory; expected a file path"
+    else:
+        if not UNWRITABLE.is_dir():
+            pytest.skip("needs Linux's /proc as a folder no file goes into")
+        target = UNWRITABLE / name
+        expected = f"{target}: {option}: cannot create a file in {UNWRITABLE}: "
+    capsys.readouterr()
+    before = _files_under(tmp_path)
+    assert main(_writer_argv(words, tmp_path, algorithm_file, str(target))) == EXIT_INPUT
+    captured = capsys.readouterr()
+    assert _one_error_line(captured.err).startswith(f"error: {expected}")
+    assert captured.out == ""  # refused before any work
+    assert _files_under(tmp_path) == before  # nothing written, no temporary left
+    assert not target.exists() or list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize("fault", ["a file", "an unwritable folder"])
+@pytest.mark.parametrize("writer", sorted(FOLDER_WRITERS))
+def test_an_output_folder_that_cannot_be_written_is_one_error_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], writer: str, fault: str
+) -> None:
+    option = writer.split()[-1]
+    if fault == "a file":
+        target = tmp_path / "out"
+        target.write_text("not a folder")
+        expected = f"{target}: {option}: is a file; expected a folder (created if missing)"
+    else:
+        if not UNWRITABLE.is_dir():
+            pytest.skip("needs Linux's /proc as a folder no folder goes into")
+        target = UNWRITABLE / "taccl-out"
+        expected = f"{target}: {option}: cannot create a file in {UNWRITABLE}: "
+    before = _files_under(tmp_path)
+    assert main(_writer_argv(FOLDER_WRITERS[writer], tmp_path, tmp_path, str(target))) == EXIT_INPUT
+    assert _one_error_line(capsys.readouterr().err).startswith(f"error: {expected}")
+    assert _files_under(tmp_path) == before
+
+
+def test_an_existing_output_folder_is_written_into(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "msccl").mkdir()
+    assert main(["export-msccl", "ndv2", "-o", str(tmp_path / "msccl")]) == 0
+    assert list((tmp_path / "msccl").glob("*.xml"))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["topo", "show", "dgx2"],
+        ["topo", "draw", "dgx2", "-o", "{folder}/x.png"],
+        ["synthesize", "-t", "dgx2", "-c", "allgather", "-o", "{folder}/x.json"],
+        ["baseline", "ring", "-t", "dgx2", "-c", "allgather", "-o", "{folder}/x.json"],
+        ["simulate", "{folder}/missing.json", "-t", "dgx2"],
+        ["place", "-t", "dgx2", "--stages", "4"],
+        ["export-msccl", "dgx2", "-o", "{folder}/msccl"],
+    ],
+)
+@pytest.mark.parametrize("nodes", ["1025", "0"])
+def test_nodes_out_of_range_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], nodes: str
+) -> None:
+    argv = [word.format(folder=tmp_path) for word in command] + ["--nodes", nodes]
+    assert main(argv) == EXIT_INPUT
+    line = _one_error_line(capsys.readouterr().err)
+    assert line == f"error: --nodes: {nodes} nodes; expected an integer from 1 to 1024"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--sizes", "-5"], "error: --sizes: cannot read size '-5'; expected a number with B, KB"),
+        (["--sizes", "1MB-"], "error: --sizes: cannot read size '1MB-'; expected a number with B, KB"),
+        (["--sizes", "4MB-1MB"], "error: --sizes: range '4MB-1MB' runs backwards"),
+        (["--size", "0"], "error: --size: size '0' is not positive"),
+        (["--size", "1.5B"], "error: --size: size '1.5B' is 1.5 bytes"),
+        (["--jobs", "0"], "error: --jobs: 0 jobs; expected a positive number of worker processes"),
+        (["--node-limit", "0"], "error: --node-limit: 0 nodes; expected a positive number of nodes"),
+        (["--time-limit", "-1"], "error: --time-limit: -1.0 s; expected a positive number of seconds"),
+        (["--solver", "cpsat", "--node-limit", "5"], "error: --node-limit: 5 nodes with cpsat"),
+    ],
+)
+def test_synthesis_faults_name_the_option_typed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str], message: str
+) -> None:
+    target = tmp_path / "x.json"
+    argv = ["synthesize", "--topology", "ndv2", "-c", "allgather", "--jobs", "1", *options, "-o", str(target)]
+    assert main(argv) == EXIT_INPUT
+    assert _one_error_line(capsys.readouterr().err).startswith(message)
+    assert not target.exists()
+
+
+def test_the_python_api_keeps_naming_its_parameters() -> None:
+    from taccl_py.errors import ArgumentError
+    from taccl_py.synth import synthesize
+    from taccl_py.topology import load_topology
+
+    with pytest.raises(ArgumentError, match="^jobs: 0 jobs; expected a positive number of worker processes"):
+        synthesize(load_topology("ndv2"), "allgather", size_bytes=10**6, jobs=0)
+    with pytest.raises(ArgumentError, match="^nodes: 1025 nodes; expected an integer from 1 to 1024"):
+        load_topology("ndv2", nodes=1025)
+
+
+def test_synthesize_help_says_what_sizes_writes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["synthesize", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "MSCCL XML per band" not in text
+    assert "one algorithm JSON per band" in text and "taccl export-msccl" in text
+
+
+@pytest.mark.parametrize("command", [["topo", "show"], ["topo", "draw"]])
+def test_topo_show_and_draw_take_topology_like_every_other_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    output = ["-o", str(tmp_path / "t.png")] if "draw" in command else ["--sizes", "1MB"]
+    assert main([*command, "--topology", "ndv2", "--nodes", "2", *output]) == 0
+    by_option = capsys.readouterr().out
+    assert main([*command, "ndv2", "--nodes", "2", *output]) == 0
+    assert capsys.readouterr().out == by_option
+    assert main([*command, "-t", "ndv2", *output]) == 0
+    capsys.readouterr()
+
+
+def test_topo_show_refuses_both_a_positional_and_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["topo", "show", "dgx2", "--topology", "ndv2"]) == EXIT_INPUT
+    line = _one_error_line(capsys.readouterr().err)
+    assert line == "error: ndv2: --topology: given with TOPO 'dgx2'; expected either TOPO or --topology TOPO"

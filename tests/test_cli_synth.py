@@ -12,7 +12,7 @@ from taccl_py.ir.algorithm_json import read_algorithm
 from taccl_py.ir.library import read_library
 from taccl_py.msccl import read_msccl_xml
 
-from helpers import FIXTURES, assert_valid_algorithm
+from helpers import FIXTURES, assert_valid_algorithm, requires_cbc
 
 SKETCHES = FIXTURES / "taccl_sketch"
 NDV2_PROFILES = ("topo-ndv2-1KB.json", "topo-ndv2-1MB.json", "topo-ndv2-32KB.json")
@@ -174,6 +174,7 @@ def test_time_limit_reached_says_so(tmp_path, capsys):
     assert_valid_algorithm(read_algorithm(str(out)))
 
 
+@requires_cbc
 def test_cbc_solver(tmp_path):
     out = tmp_path / "ag.json"
     assert (

@@ -132,6 +132,16 @@ def _document(**changes) -> str:
             "expected a number > 0",
         ),
         (
+            _document(nodes=[{"machine": "dgx-a100", "nic_speed_GBps": {"nic0": 1e30}}]),
+            "nodes[0].nic_speed_GBps.nic0",
+            "expected a number > 0 and at most 10000",
+        ),
+        (
+            _document(nodes=[{"machine": "dgx-a100", "count": 2, "nics_down": ["nic3", "nic3"]}]),
+            "nodes[0].nics_down",
+            "'nic3' listed twice; expected each NIC once",
+        ),
+        (
             _document(nodes=[{"machine": "dgx-a100", "count": MAX_CLUSTER_NODES + 1}]),
             "nodes[0].count",
             f"expected at most {MAX_CLUSTER_NODES}",
@@ -175,7 +185,7 @@ def test_machines_must_have_equal_gpu_counts():
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--cluster", "dgx9:2"], "error: dgx9: no such built-in topology or file"),
+        (["--cluster", "dgx9:2"], "error: dgx9:2: --cluster: no such built-in machine or file 'dgx9'; expected one of"),
         (
             ["--cluster", "dgx-a100:2", "--nic-down", "1:nic9"],
             f"no NIC 'nic9' on node 1 (dgx-a100); expected one of {A100_NICS}",
@@ -191,7 +201,22 @@ def test_machines_must_have_equal_gpu_counts():
         (["--cluster", "dgx-a100:2", "--nic-speed", "0:nic0:fast"], "--nic-speed: speed 'fast'"),
         (["dgx-a100", "--cluster", "dgx-a100:2"], "--cluster: given with --topology"),
         (["--cluster", "dgx-a100:2", "--nodes", "3"], "--cluster: given with --nodes"),
-        (["--cluster", "missing-cluster.json"], "missing-cluster.json: no such built-in topology or file"),
+        (
+            ["--cluster", "missing-cluster.json"],
+            "error: missing-cluster.json: --cluster: no such built-in machine or file 'missing-cluster.json'",
+        ),
+        (
+            ["--cluster", "dgx-a100:2", "--nic-speed", "0:nic0:1e30"],
+            "error: 0:nic0:1e30: --nic-speed: speed '1e30'; expected GB/s per direction > 0 and at most 10000",
+        ),
+        (
+            ["dgx-a100", "--nodes", "2", "--nic-down", "0:nic0", "--nic-down", "0:nic0"],
+            "error: 0:nic0: --nic-down: NIC nic0 of node 0 is named twice; expected each NIC once",
+        ),
+        (
+            ["dgx-a100", "--nodes", "2", "--nic-speed", "0:nic0:10", "--nic-speed", "0:nic0:12"],
+            "error: 0:nic0: --nic-speed: NIC nic0 of node 0 is given two speeds; expected one speed per NIC",
+        ),
     ],
 )
 def test_bad_cluster_options_are_one_error_line(args, message, capsys):
@@ -274,3 +299,23 @@ def test_one_machine_with_a_nic_down_is_named_after_it():
     assert topology.name == "dgx-a100-n0nic3down" and len(topology.nics()) == 7 and topology.nodes == 1
     assert load_cluster(topology="dgx-a100").name == "dgx-a100"
     assert LinkKind.PCIE in {link.kind for link in topology.links}
+
+
+def test_a_nic_down_in_the_file_and_again_as_an_option_is_named_twice(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(_document(nodes=[{"machine": "dgx-a100", "count": 2, "nics_down": ["nic3"]}]))
+    with pytest.raises(ArgumentError, match=r"^1:nic3: --nic-down: NIC nic3 of node 1 is named twice"):
+        describe_cluster(str(path), nics_down=["1:nic3"])
+
+
+@pytest.mark.parametrize("nodes", [0, MAX_CLUSTER_NODES + 1])
+def test_a_node_count_out_of_range_is_refused_before_building(nodes):
+    from taccl_py.topology.compose import compose_nodes
+
+    expected = f"{nodes} nodes; expected an integer from 1 to {MAX_CLUSTER_NODES}"
+    with pytest.raises(ArgumentError, match=f"^nodes: {expected}$"):
+        load_topology("dgx2", nodes=nodes)
+    with pytest.raises(ArgumentError, match=f"^ndv2: nodes: {expected}$"):
+        compose_nodes(load_topology("ndv2"), nodes)
+    with pytest.raises(ArgumentError, match=f"^--nodes: {expected}$"):
+        describe_cluster(topology="dgx2", nodes=nodes)

@@ -361,8 +361,9 @@ def communicator_worker(
     if _chosen(comm) != [None] * 3:
         problems.append(f"mismatch: chose {_chosen(comm)}")
     problems += _calls(comm, rank, 3)
-    if len(handler.warnings) != 3 or not all("solo" in w and "-n1nic1down" in w for w in handler.warnings):
-        problems.append(f"expected 3 warnings naming the live cluster, got {handler.warnings}")
+    expected = 3 if rank == 0 else 0  # rank 0 warns for the group; the others log it at DEBUG
+    if len(handler.warnings) != expected or not all("solo" in w and "-n1nic1down" in w for w in handler.warnings):
+        problems.append(f"expected {expected} warnings naming the live cluster, got {handler.warnings}")
     if not all(libraries["healthy_fp"] in w for w in handler.warnings):
         problems.append(f"warnings do not name what the libraries were made for: {handler.warnings}")
     # no cluster given: no check, as before
@@ -432,7 +433,7 @@ def environment_worker(
         expected = [float(r) for r in range(world) for _ in range(8)]
         problems += [] if gathered.tolist() == expected else [f"backend all_gather gave {gathered.tolist()}"]
     group = dist.group.WORLD
-    if group.routed or group.delegated["allreduce"] != 3 or len(handler.warnings) != 2:
+    if group.routed or group.delegated["allreduce"] != 3 or len(handler.warnings) != (2 if rank == 0 else 0):
         problems.append(f"backend: routed {group.routed}, delegated {group.delegated}, warnings {handler.warnings}")
     # a group made with the degraded cluster's libraries routes through them
     register_backend(libraries["degraded"])

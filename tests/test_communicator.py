@@ -244,7 +244,8 @@ def checks_worker(rank: int, world: int) -> list[str]:
     comm.all_reduce(tensor, op=dist.ReduceOp.MAX)
     problems += [] if tensor.tolist() == [2.0] * 4 else [f"ReduceOp.MAX gave {tensor.tolist()}"]
     fallback_lines = [m for m in handler.messages if "using torch.distributed's own" in m]
-    problems += [] if len(fallback_lines) == 1 else [f"expected one fallback log line, got {fallback_lines}"]
+    expected = 1 if rank == 0 else 0  # the other ranks log it at DEBUG, below the handler's INFO
+    problems += [] if len(fallback_lines) == expected else [f"expected {expected} fallback lines, got {fallback_lines}"]
     return problems
 
 

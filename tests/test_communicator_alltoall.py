@@ -156,7 +156,9 @@ def alltoall_worker(rank: int, world: int, with_checks: bool) -> list[str]:
     problems += _compare_case(comm, rank, (world * 3,), torch.float32, 4)  # the group is still in step
     problems += _calibration_case(comm, rank, world)
     given = [m for m in handler.messages if "with split sizes" in m]
-    if len(given) != 1 or "using torch.distributed's own all_to_all_single" not in given[0]:
+    if rank and given:  # rank 0 speaks for the group; the others log the line at DEBUG
+        problems.append(f"a split-sizes line on rank {rank}, not only on rank 0: {given}")
+    elif not rank and (len(given) != 1 or "using torch.distributed's own all_to_all_single" not in given[0]):
         problems.append(f"expected one split-sizes log line, got {given}")
     if any("no taccl algorithm" in m for m in handler.messages):
         problems.append(f"a fallback line for calls the library covers: {handler.messages}")

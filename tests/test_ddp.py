@@ -176,6 +176,7 @@ def hook_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any
 # -- multi-process tests --------------------------------------------------------------------------
 
 
+@pytest.mark.smoke
 @pytest.mark.multiprocess
 def test_hook_matches_default_ddp_with_uneven_buckets(hook_results: list[dict[str, Any]]) -> None:
     for rank, result in enumerate(hook_results):

@@ -25,7 +25,7 @@ from taccl_py.topology.model import LinkKind, Topology, VertexKind
 TOPO = Path(__file__).parent / "fixtures" / "topo"
 BAD = Path(__file__).parent / "fixtures" / "bad_topologies_import"
 
-# The DGX-1 / NDv2 pairs in TACCL's numbering (taccl/topologies/generic.py ndv2, DESIGN.md).
+# The DGX-1 / NDv2 pairs in TACCL's numbering (taccl/topologies/generic.py ndv2, docs/design.md).
 TACCL_NDV2_DOUBLE = {(0, 1), (0, 4), (1, 3), (2, 3), (2, 6), (4, 5), (5, 7), (6, 7)}
 TACCL_NDV2_SINGLE = {(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)}
 

@@ -57,3 +57,17 @@ def test_corrupt_compressed_and_missing_files_are_format_errors(tmp_path, suffix
 def test_json_python_cannot_hold_is_the_callers_error(text, fault):
     with pytest.raises(FormatError, match="^" + re.escape(f"x.json: {fault}")):
         decode_json(text, "x.json", FormatError, "a JSON file")
+
+
+def test_writing_onto_a_directory_is_one_error_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "d.json"
+    target.mkdir()
+    with pytest.raises(ArgumentError, match=rf"^{re.escape(str(target))}: cannot write: Is a directory; expected "):
+        write_text_atomic(target, "x")
+    assert [p.name for p in tmp_path.iterdir()] == ["d.json"] and list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs Linux's /proc as a folder no file goes into")
+def test_writing_into_a_folder_that_takes_no_file_is_one_error():
+    with pytest.raises(ArgumentError, match=r"^/proc/a\.json: cannot write: "):
+        write_text_atomic("/proc/a.json", "x")

@@ -13,7 +13,7 @@ import taccl_py
 
 PACKAGE_DIR = Path(taccl_py.__file__).parent
 # The package's face, the CLI entry, and the cross-cutting helpers; everything else lives in a stage package.
-ROOT_MODULES = {"__init__", "__main__", "_io", "errors", "files", "units"}
+ROOT_MODULES = {"__init__", "__main__", "_io", "_xml", "errors", "files", "units"}
 REMOVED_MODULES = (
     "taccl_py.algorithm",
     "taccl_py.algorithm_io",

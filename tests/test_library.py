@@ -52,9 +52,9 @@ def test_load_a_topology_file_and_an_imported_file():
     assert imported.links == import_topology(SMI_V100).links
 
 
-@pytest.mark.parametrize("nodes", [0, -1, True])
+@pytest.mark.parametrize("nodes", [0, -1, True, 1025])
 def test_bad_node_count(nodes):
-    with pytest.raises(ArgumentError, match="nodes: .* nodes; expected an integer >= 1"):
+    with pytest.raises(ArgumentError, match="nodes: .* nodes; expected an integer from 1 to 1024"):
         load_topology("ndv2", nodes=nodes)
 
 

@@ -7,6 +7,7 @@ installed into a temporary folder, and used from another working directory.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.smoke
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_PACKAGES = {"taccl_py.data.algorithms": "algorithms", "taccl_py.data.topologies": "topologies"}
@@ -53,6 +56,17 @@ def test_pyproject_lists_every_package_and_maps_the_data_folders():
     setuptools = _pyproject()["tool"]["setuptools"]
     assert set(setuptools["packages"]) == _source_packages() | set(DATA_PACKAGES)
     assert setuptools["package-dir"] == DATA_PACKAGES
+
+
+@pytest.mark.parametrize("cuda", ["12", "13"])
+def test_each_cuda_extra_brings_the_wheels_built_for_that_cuda(cuda):
+    extras = _pyproject()["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[ ]", requirement, maxsplit=1)[0] for requirement in extras[f"cuda{cuda}"]}
+    assert names == {f"cupy-cuda{cuda}x", f"nvidia-nccl-cu{cuda}", "nvidia-ml-py"}
+
+
+def test_the_old_cuda_extra_is_cuda12():
+    assert _pyproject()["project"]["optional-dependencies"]["cuda"] == ["taccl-py[cuda12]"]
 
 
 def _run(command: list[str], cwd: Path, env: dict | None = None) -> str:

@@ -19,6 +19,8 @@ from taccl_py.synth.solver import SolverOptions, SolveStatus
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
 
+from helpers import requires_cbc
+
 MB = 1_000_000
 
 
@@ -80,6 +82,8 @@ def test_symmetry_ties_chunks():
     assert len(shapes) == 1, "rotated chunks take rotated routes"
 
 
+@pytest.mark.smoke
+@requires_cbc
 def test_cbc_solver_gives_the_same_optimum():
     graph = build_logical_graph(ring_topology(), Sketch())
     highs = route_chunks(graph, 1, MB, MB, SolverOptions("highs", 20))

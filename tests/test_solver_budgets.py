@@ -91,6 +91,7 @@ def test_progress_lines_of_workers_reach_the_caller():
     assert any(line.startswith("[1/") and "verified" in line for line in lines), lines
 
 
+@pytest.mark.smoke
 def test_a_node_limited_model_returns_its_incumbent_and_says_so():
     topology = load_topology("dgx-a100", nodes=4)
     graph = build_logical_graph(topology, auto_sketch(topology))
@@ -125,6 +126,7 @@ def test_budgets_rank_the_wall_clock_cap_first():
     assert budget_of_status(SolveStatus.OPTIMAL.value) is None
 
 
+@pytest.mark.smoke
 def test_a_tiny_wall_clock_cap_reports_the_cap_and_still_verifies(tmp_path, capsys):
     out = tmp_path / "ag.json"
     argv = ["synthesize", "-t", "ndv2", "-c", "allgather", "--size", "1MB", "--time-limit", "0.01", "--jobs", "1"]
@@ -152,6 +154,7 @@ def test_an_explicit_node_limit_is_recorded_as_a_number():
     assert dict(solver_settings(SolverOptions(node_limit=7)))["node_limit"] == 7
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize(
     "kwargs, message",
     [

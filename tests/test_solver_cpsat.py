@@ -14,6 +14,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.synth import synthesize
 from taccl_py.synth.logical import build_logical_graph
+from taccl_py.synth.milp_matrix import milp_matrix
 from taccl_py.synth.sketch import auto_sketch
 from taccl_py.synth.solver import (
     BudgetBound,
@@ -61,6 +62,7 @@ def _knapsack(items: int = 60) -> tuple[pulp.LpProblem, dict[int, pulp.LpVariabl
     return prob, take
 
 
+@pytest.mark.smoke
 def test_a_small_milp_is_solved_to_its_optimum(cpsat):
     prob, x, y = _small_milp()
     outcome = solve_model(prob, cpsat)
@@ -69,6 +71,7 @@ def test_a_small_milp_is_solved_to_its_optimum(cpsat):
     assert outcome.objective == pytest.approx(12.6, abs=1e-6)
 
 
+@pytest.mark.smoke
 def test_an_infeasible_milp_is_reported_infeasible(cpsat):
     prob, x, _ = _small_milp()
     prob += x <= 1, "most_x"
@@ -95,7 +98,7 @@ def _routing_model() -> tuple[pulp.LpProblem, dict[str, float], float]:
 def test_the_hint_is_where_the_search_starts(cpsat):
     # The start sets the routes, not the load and path columns, so it reaches CP-SAT only as a hint.
     prob, start, start_us = _routing_model()
-    assert len(start) < prob.numVariables()
+    assert len(start) < milp_matrix(prob).num_columns
     options = SolverOptions(solver="cpsat", deterministic_time_s=0.02)
     hinted = solve_model(prob, options, start=start)
     assert hinted.has_solution and hinted.objective <= start_us + 1e-6

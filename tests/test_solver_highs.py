@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 CLI_TIMEOUT_S = 120
 
 
+@pytest.mark.smoke
 def test_synthesize_writes_nothing_of_highs_on_stdout(tmp_path):
     """``taccl synthesize > out``: stdout holds the summary and table only, also from worker processes.
 

@@ -16,6 +16,8 @@ from taccl_py.synth.progress import ProgressTicker, heartbeat
 from taccl_py.synth.solver import SolverOptions, solve_model
 from taccl_py.topology import load_topology
 
+from helpers import requires_cbc
+
 MB = 1_000_000
 
 
@@ -76,7 +78,7 @@ def test_heartbeat_keeps_quiet_while_the_shared_ticker_is_not_due():
     ("options", "budget"),
     [
         (SolverOptions(node_limit=5), "work budget 5 nodes (highs)"),
-        (SolverOptions(solver="cbc", node_limit=5), "work budget 5 nodes (cbc)"),
+        pytest.param("cbc", "work budget 5 nodes (cbc)", marks=requires_cbc),
         ("cpsat", "work budget 0.05 deterministic s (cpsat)"),
     ],
     ids=["highs", "cbc", "cpsat"],
@@ -89,6 +91,8 @@ def test_a_solve_reports_size_budget_and_outcome_with_a_heartbeat_between(monkey
     if options == "cpsat":
         pytest.importorskip("ortools.linear_solver.python.model_builder", reason="ortools is not installed")
         options = SolverOptions("cpsat", deterministic_time_s=0.05)
+    elif options == "cbc":
+        options = SolverOptions("cbc", node_limit=5)
     beats: list[str] = []
 
     @contextlib.contextmanager

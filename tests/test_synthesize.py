@@ -19,6 +19,7 @@ from helpers import assert_valid_algorithm
 KB, MB = 1000, 1_000_000
 
 
+@pytest.mark.smoke
 @pytest.mark.parametrize("collective", list(Collective)[:3], ids=lambda c: c.value)
 def test_every_collective_on_one_ndv2(collective):
     topology = load_topology("ndv2")

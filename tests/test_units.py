@@ -71,3 +71,9 @@ def test_labels_read_back_exactly():
     sizes = [*parse_sizes("1KB-1GB"), *parse_sizes("1K-1G"), 1, 3, 1023, 10**12 + 1, 7 * 2**40, 123_456_789]
     for size_bytes in sizes:
         assert parse_size(format_size(size_bytes)) == size_bytes
+
+
+@pytest.mark.parametrize("text", ["-5", "-4MB", "1MB-", "-1KB-2KB"])
+def test_a_range_with_an_end_missing_names_the_whole_text(text):
+    with pytest.raises(ArgumentError, match=f"^sizes: cannot read size '{text}'; expected a number"):
+        parse_sizes(text)

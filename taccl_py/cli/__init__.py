@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -19,21 +20,51 @@ from types import MappingProxyType
 from taccl_py import __version__
 from taccl_py.cli import algo, bench, place, sim, synth, topo
 from taccl_py.errors import ArgumentError, TacclError
+from taccl_py.topology.compose import checked_node_count
 
-__all__ = ["EXIT_CLOSED_PIPE", "EXIT_INPUT", "EXIT_INTERRUPTED", "OPTIONAL_PACKAGES", "build_parser", "main"]
+__all__ = [
+    "EXIT_CLOSED_PIPE",
+    "EXIT_INPUT",
+    "EXIT_INTERRUPTED",
+    "OPTIONAL_PACKAGES",
+    "OUTPUT_OPTIONS",
+    "PARAMETER_OPTIONS",
+    "build_parser",
+    "main",
+]
 
 _SUBCOMMAND_MODULES = (topo, algo, sim, synth, bench, place)
 #: Exit status for a fault of the input, an argument or the environment.
 EXIT_INPUT = 2
 #: Exit status after Ctrl-C (128 + SIGINT) and after the reader of stdout went away (128 + SIGPIPE).
 EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 130, 141
-#: Options naming a file (or a folder) a command writes, by their argparse attribute.
+#: Options naming a file (or a folder) a command writes, by their argparse attribute. A subcommand
+#: whose option names a folder (created if missing) lists the attribute in its ``output_folders`` default.
 OUTPUT_OPTIONS = MappingProxyType(
     {"output": "-o", "xml": "--xml", "plot": "--plot", "write_library": "--write-library"}
 )
-#: The optional extra (``pip install 'taccl-py[extra]'``) that provides each package imported on demand.
+#: Library parameters whose faults the CLI reports under the option the user typed (by argparse attribute).
+PARAMETER_OPTIONS = MappingProxyType(
+    {
+        "jobs": "--jobs",
+        "node_limit": "--node-limit",
+        "time_limit": "--time-limit",
+        "size": "--size",
+        "sizes": "--sizes",
+        "nodes": "--nodes",
+        "solver": "--solver",
+    }
+)
+#: How to install each package imported on demand: the extra(s) that provide it.
+_CUDA_EXTRAS = "pip install 'taccl-py[cuda13]' (CUDA 13, current torch wheels) or 'taccl-py[cuda12]' (CUDA 12)"
 OPTIONAL_PACKAGES = MappingProxyType(
-    {"matplotlib": "plot", "torch": "runtime", "cupy": "cuda", "pynvml": "cuda", "ortools": "cpsat"}
+    {
+        "matplotlib": "pip install 'taccl-py[plot]'",
+        "torch": "pip install 'taccl-py[runtime]'",
+        "cupy": _CUDA_EXTRAS,
+        "pynvml": _CUDA_EXTRAS,
+        "ortools": "pip install 'taccl-py[cpsat]'",
+    }
 )
 
 
@@ -70,29 +101,66 @@ def _run(argv: Sequence[str] | None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        _check_output_folders(args)
+        _check_arguments(args)
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows up here, inside the error path, not at exit
         return status
     except TacclError as error:
-        return _error_line(str(error))
+        return _error_line(str(_named_as_typed(error, args)))
     except ModuleNotFoundError as error:
         package = (error.name or "").partition(".")[0]
         if package not in OPTIONAL_PACKAGES:
             raise
-        extra = OPTIONAL_PACKAGES[package]
-        return _error_line(
-            f"taccl {args.command}: {package} is not installed; expected pip install 'taccl-py[{extra}]'"
-        )
+        return _error_line(f"taccl {args.command}: {package} is not installed; expected {OPTIONAL_PACKAGES[package]}")
 
 
-def _check_output_folders(args: argparse.Namespace) -> None:
-    """Raise ArgumentError, before any work, for an output whose folder does not exist (we create none)."""
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Raise ArgumentError, before any work, for a ``--nodes`` out of range or an output that cannot be written."""
+    if getattr(args, "nodes", None) is not None:
+        checked_node_count(args.nodes, field="--nodes")
+    folders = getattr(args, "output_folders", ())
     for attribute, option in OUTPUT_OPTIONS.items():
         value = getattr(args, attribute, None)
-        if isinstance(value, str) and value != "-" and not Path(value).parent.is_dir():
-            folder = Path(value).parent
-            raise ArgumentError(value, option, f"its folder {folder} does not exist", "a path in an existing folder")
+        if isinstance(value, str) and value != "-":
+            _check_output(value, option, folder=attribute in folders)
+
+
+def _check_output(value: str, option: str, *, folder: bool) -> None:
+    """Raise ArgumentError when ``value`` cannot be written: a file (``folder``: a folder) is created nowhere.
+
+    The folder it goes into must exist (we create none) and take a new file, which only trying
+    tells for sure (root passes ``os.access`` where a virtual file system refuses every file).
+    """
+    path = Path(value)
+    if folder and path.exists() and not path.is_dir():
+        raise ArgumentError(value, option, "is a file", "a folder (created if missing)")
+    if not folder and path.is_dir():
+        raise ArgumentError(value, option, "is a directory", "a file path")
+    parent = path if folder and path.is_dir() else path.parent
+    if not parent.is_dir():
+        raise ArgumentError(value, option, f"its folder {parent} does not exist", "a path in an existing folder")
+    try:
+        handle, probe = tempfile.mkstemp(dir=parent, prefix=".taccl-", suffix=".tmp")
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise ArgumentError(
+            value, option, f"cannot create a file in {parent}: {reason}", "a folder you can write to"
+        ) from None
+    os.close(handle)
+    os.unlink(probe)
+
+
+def _named_as_typed(error: TacclError, args: argparse.Namespace) -> TacclError:
+    """Return ``error`` with the option the user typed in place of the library parameter it names.
+
+    Only a fault of a value passed in (no source file) of a parameter this subcommand takes an
+    option for is renamed: ``jobs: 0 jobs`` reads ``--jobs: 0 jobs``.
+    """
+    if type(error) is not ArgumentError or error.source is not None:
+        return error
+    if error.field not in PARAMETER_OPTIONS or not hasattr(args, error.field):
+        return error
+    return ArgumentError(None, PARAMETER_OPTIONS[error.field], error.fault, error.expected)
 
 
 def _error_line(message: str) -> int:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from taccl_py.errors import ArgumentError
 from taccl_py.topology.cluster import Cluster, cluster_topology, describe_cluster
 from taccl_py.topology.model import Topology
 
-__all__ = ["add_topology_options", "cluster_from_args", "topology_from_args"]
+__all__ = ["add_topology_options", "cluster_from_args", "topology_from_args", "topology_name"]
 
 TOPOLOGY_HELP = "a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import"
 CLUSTER_HELP = (
@@ -20,6 +21,8 @@ def add_topology_options(parser: argparse.ArgumentParser, *, positional: bool = 
     """Add the topology (``TOPO`` or ``--topology/-t``), ``--nodes``, ``--cluster``, ``--nic-down``, ``--nic-speed``."""
     if positional:
         parser.add_argument("topology", metavar="TOPO", nargs="?", help=TOPOLOGY_HELP + " (or give --cluster)")
+        # the option every other command takes, here beside the positional (topology_name reads both)
+        parser.add_argument("--topology", "-t", dest="topology_option", metavar="TOPO", help="the same as TOPO")
     else:
         parser.add_argument("--topology", "-t", metavar="TOPO", help=TOPOLOGY_HELP)
     default_text = "1" if nodes_default == 1 else "the sketch's nnodes, else 1"
@@ -44,17 +47,31 @@ def add_topology_options(parser: argparse.ArgumentParser, *, positional: bool = 
 
 def cluster_from_args(args: argparse.Namespace, nodes: int | None = None) -> Cluster:
     """Return the cluster the options describe; ``nodes`` overrides ``args.nodes`` (e.g. from a sketch)."""
-    from taccl_py.errors import ArgumentError
-
     count = nodes if nodes is not None else (args.nodes if args.nodes is not None else 1)
-    if args.cluster is not None and (args.topology is not None or args.nodes not in (None, 1)):
-        given = "--topology" if args.topology is not None else "--nodes"
+    topology = topology_name(args)
+    if args.cluster is not None and (topology is not None or args.nodes not in (None, 1)):
+        given = "--topology" if topology is not None else "--nodes"
         raise ArgumentError(args.cluster, "--cluster", f"given with {given}", "either --cluster or --topology/--nodes")
-    if args.cluster is None and args.topology is None:
+    if args.cluster is None and topology is None:
         raise ArgumentError(None, "--topology", "no topology given", "--topology TOPO (with --nodes) or --cluster SPEC")
     return describe_cluster(
-        args.cluster, topology=args.topology, nodes=count, nics_down=args.nic_down, nic_speeds=args.nic_speed
+        args.cluster, topology=topology, nodes=count, nics_down=args.nic_down, nic_speeds=args.nic_speed
     )
+
+
+def topology_name(args: argparse.Namespace) -> str | None:
+    """Return the topology the options name: ``--topology``, or the positional ``TOPO`` where a command has one.
+
+    Raises ``ArgumentError`` when both are given.
+    """
+    option = getattr(args, "topology_option", None)
+    if option is None:
+        return args.topology
+    if args.topology is not None:
+        raise ArgumentError(
+            option, "--topology", f"given with TOPO {args.topology!r}", "either TOPO or --topology TOPO"
+        )
+    return option
 
 
 def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> Topology:

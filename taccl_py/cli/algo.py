@@ -183,4 +183,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_dialect_argument(export)
     add_runtime_argument(export)
-    export.set_defaults(func=_export_msccl)
+    export.set_defaults(func=_export_msccl, output_folders=("output",))

@@ -222,4 +222,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")
-    bench.set_defaults(func=_bench)
+    bench.set_defaults(func=_bench, output_folders=("write_library",))

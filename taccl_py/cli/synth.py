@@ -133,8 +133,8 @@ def _synthesize(args: argparse.Namespace) -> int:
     sketch = read_sketch(args.sketch) if args.sketch is not None else None
     nodes = args.nodes if args.nodes is not None else (sketch.nodes if sketch is not None and sketch.nodes else 1)
     topology = topology_from_args(args, nodes=None if args.cluster is not None else nodes)
-    size = parse_size(args.size) if args.size is not None else None
-    sizes = parse_sizes(args.sizes) if args.sizes is not None else None
+    size = parse_size(args.size, "--size") if args.size is not None else None
+    sizes = parse_sizes(args.sizes, "--sizes") if args.sizes is not None else None
     result = synthesize(
         topology,
         args.collective,
@@ -177,7 +177,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="synthesize a verified algorithm for a topology (TACCL-style MILP)",
         description="Route chunks (MILP), order and schedule them, verify the result and compare it under the "
         "simulator with the lower bound and the best baseline. With --sizes, write a library of size bands "
-        "(JSON plus one algorithm JSON and MSCCL XML per band).",
+        "(the library JSON plus one algorithm JSON per band, beside it); 'taccl export-msccl LIBRARY -o DIR' "
+        "then writes the bands' MSCCL XML.",
     )
     add_topology_options(parser, nodes_default=None)
     parser.add_argument("--collective", "-c", required=True, choices=_COLLECTIVES)

@@ -10,7 +10,7 @@ from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
 from taccl_py.cli._topology import add_topology_options, cluster_from_args, topology_from_args
 from taccl_py.ir.collectives import Collective
-from taccl_py.topology.bounds import LowerBound, lower_bounds
+from taccl_py.topology.bounds import LowerBound, lower_bounds_by_collective
 from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
 from taccl_py.topology.cluster import NodeStatus, cluster_topology, node_statuses
 from taccl_py.topology.fingerprint import cluster_fingerprint
@@ -122,7 +122,8 @@ def _run_show(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     topology = cluster_topology(cluster)
     machines = node_statuses(topology, cluster)
-    bounds = [bound for collective in _BOUND_COLLECTIVES for bound in lower_bounds(topology, collective, sizes)]
+    by_collective = lower_bounds_by_collective(topology, _BOUND_COLLECTIVES, sizes)
+    bounds = [bound for collective in _BOUND_COLLECTIVES for bound in by_collective[collective]]
     affinity = nic_affinity(topology)
     nics = [
         {

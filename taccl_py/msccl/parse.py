@@ -1,6 +1,8 @@
 """Read MSCCL-IR XML (either dialect) into an Algorithm, naming the element and line of any fault.
 
-The document is read with expat into a small tree that remembers each element's line. Step
+The document is read with expat into a small tree that remembers each element's line, in time
+linear in its length; a DOCTYPE (entity bombs, external entities) or elements nested deeper than
+``taccl_py._xml.MAX_XML_DEPTH`` are refused (``taccl_py._xml.create_xml_parser``). Step
 types, buffers, collectives (both spellings) and protocols must be known values; integers must
 be integers; threadblock peers must be other GPUs; ``s`` must count the steps of a threadblock
 from 0. Of a step's two buffer slots only those its type uses (``STEP_OPERANDS``) enter the IR.
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from types import MappingProxyType
 from typing import Any
 from xml.parsers import expat
 
 from taccl_py._io import read_text
+from taccl_py._xml import create_xml_parser
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
@@ -31,14 +35,49 @@ __all__ = ["parse_msccl_xml", "read_msccl_xml", "looks_like_msccl_xml"]
 
 logger = logging.getLogger(__name__)
 
+_EXPECTED = "an MSCCL-IR XML document"  # what a file should be, for the errors the parser raises
+# The values of each enumerated attribute by their on-disk spelling, built once: building the table
+# for every step cost more than the rest of the step's parsing.
+_OP_TYPES: Mapping[str, OpType] = MappingProxyType({op.value: op for op in OpType})
+_BUFFERS: Mapping[str, Buffer] = MappingProxyType({buffer.value: buffer for buffer in Buffer})
+_PROTOCOLS: Mapping[str, Protocol] = MappingProxyType({protocol.value: protocol for protocol in Protocol})
 
-@dataclass
+
+@dataclass(eq=False, slots=True)
 class _Node:
+    """One element: tag, attributes, line, the element it is in and the ones in it, in document order."""
+
     tag: str
     attrs: dict[str, str]
     line: int
-    path: str
-    children: list[_Node] = field(default_factory=list)
+    parent: _Node | None = field(default=None, repr=False)
+    children: list[_Node] = field(default_factory=list, repr=False)
+
+    @property
+    def path(self) -> str:
+        """Return the element's path, ``algo/gpu[0]/tb[1]/step[3]``: built on demand, for messages only."""
+        parts = []
+        node = self
+        while node.parent is not None:
+            parts.append(f"{node.tag}[{node.key}]")
+            node = node.parent
+        return "/".join([node.tag, *reversed(parts)])
+
+    @property
+    def key(self) -> str:
+        """Return the element's ``id`` or ``s``, else its index among its parent's like-named children.
+
+        The index is counted when asked for, in time linear in the siblings, so that building the
+        tree stays linear in the document (counting siblings at each element made it quadratic).
+        """
+        if "id" in self.attrs or "s" in self.attrs:
+            return self.attrs.get("id", self.attrs.get("s"))
+        index = 0
+        for sibling in self.parent.children if self.parent is not None else ():
+            if sibling is self:
+                break
+            index += sibling.tag == self.tag
+        return str(index)
 
 
 @dataclass
@@ -53,28 +92,34 @@ def looks_like_msccl_xml(text: str) -> bool:
     return text.lstrip().startswith("<")
 
 
-def _build_tree(text: str, source: str) -> _Doc:
-    doc = _Doc(source)
-    stack: list[_Node] = []
-    parser = expat.ParserCreate()
+class _TreeBuilder:
+    """Collect expat events into a ``_Doc``, in time linear in the document's length."""
 
-    def start(tag: str, attrs: dict[str, str]) -> None:
-        parent = stack[-1] if stack else None
-        index = sum(1 for c in parent.children if c.tag == tag) if parent else 0
-        key = attrs.get("id", attrs.get("s", str(index)))
-        path = f"{parent.path}/{tag}[{key}]" if parent else tag
-        node = _Node(tag, attrs, parser.CurrentLineNumber, path)
+    __slots__ = ("doc", "parser", "stack")
+
+    def __init__(self, source: str) -> None:
+        self.doc = _Doc(source)
+        self.parser = create_xml_parser(source, _EXPECTED, self.start, self.end)
+        self.parser.CommentHandler = self.doc.comments.append
+        self.stack: list[_Node] = []
+
+    def start(self, tag: str, attrs: dict[str, str]) -> None:
+        parent = self.stack[-1] if self.stack else None
+        node = _Node(tag, attrs, self.parser.CurrentLineNumber, parent)
         if parent is None:
-            doc.root = node
+            self.doc.root = node
         else:
             parent.children.append(node)
-        stack.append(node)
+        self.stack.append(node)
 
-    parser.StartElementHandler = start
-    parser.EndElementHandler = lambda tag: stack.pop()
-    parser.CommentHandler = doc.comments.append
+    def end(self, tag: str) -> None:
+        self.stack.pop()
+
+
+def _build_tree(text: str, source: str) -> _Doc:
+    builder = _TreeBuilder(source)
     try:
-        parser.Parse(text, True)
+        builder.parser.Parse(text, True)
     except expat.ExpatError as error:
         raise FormatError(
             source,
@@ -82,9 +127,9 @@ def _build_tree(text: str, source: str) -> _Doc:
             f"malformed XML: {expat.ErrorString(error.code)}",
             "a well-formed MSCCL-IR XML document",
         ) from None
-    if doc.root is None:
+    if builder.doc.root is None:
         raise FormatError(source, "line 1", "no element", "an <algo> element")
-    return doc
+    return builder.doc
 
 
 def _where(node: _Node, attr: str | None = None) -> str:
@@ -113,9 +158,8 @@ def _int(
     return value
 
 
-def _choice(doc: _Doc, node: _Node, attr: str, kind: type[Enum] | dict[str, Any]) -> Any:
+def _choice(doc: _Doc, node: _Node, attr: str, table: Mapping[str, Any]) -> Any:
     text = _raw(doc, node, attr)
-    table = kind if isinstance(kind, dict) else {member.value: member for member in kind}
     if text not in table:
         raise FormatError(
             doc.source, _where(node, attr), f"unknown value {text!r}", "one of " + ", ".join(repr(k) for k in table)
@@ -149,9 +193,9 @@ def _parse_step(doc: _Doc, node: _Node, position: int) -> _RawStep:
             f"step index {index} at position {position}",
             "steps numbered 0, 1, 2, ... in order",
         )
-    op = _choice(doc, node, "type", OpType)
-    src = (_choice(doc, node, "srcbuf", Buffer), _int(doc, node, "srcoff"))
-    dst = (_choice(doc, node, "dstbuf", Buffer), _int(doc, node, "dstoff"))
+    op = _choice(doc, node, "type", _OP_TYPES)
+    src = (_choice(doc, node, "srcbuf", _BUFFERS), _int(doc, node, "srcoff"))
+    dst = (_choice(doc, node, "dstbuf", _BUFFERS), _int(doc, node, "dstoff"))
     count = _int(doc, node, "cnt", low=0)
     depid, deps = _int(doc, node, "depid", low=-1), _int(doc, node, "deps", low=-1)
     hasdep = bool(_int(doc, node, "hasdep", low=0, high=1))
@@ -187,10 +231,25 @@ def _parse_threadblock(
     return Threadblock(tb_id, (), peers[0], peers[1], channel), raw
 
 
-def _resolve_dependency(doc: _Doc, raw: _RawStep, steps_of: dict[int, list[_RawStep]]) -> tuple[int, int]:
+def _publishers(raw: list[_RawStep]) -> list[int | None]:
+    """Return, for each step of a threadblock, the first step at or after it that publishes (None: none does).
+
+    Only steps marked ``hasdep="1"`` that are not NOPs publish; one backward pass answers every
+    dependency on the threadblock, where a forward search per waiting step would be quadratic.
+    """
+    first: list[int | None] = [None] * len(raw)
+    later: int | None = None
+    for index in range(len(raw) - 1, -1, -1):
+        if raw[index].hasdep and raw[index].step.op is not OpType.NOP:
+            later = index
+        first[index] = later
+    return first
+
+
+def _resolve_dependency(doc: _Doc, raw: _RawStep, publishers: dict[int, list[int | None]]) -> tuple[int, int]:
     """Return the (threadblock, step) whose published flag releases ``raw``'s dependency."""
     dep_tb, dep_step = raw.dep
-    target = steps_of.get(dep_tb)
+    target = publishers.get(dep_tb)
     if target is None or dep_step >= len(target):
         raise FormatError(
             doc.source,
@@ -198,47 +257,44 @@ def _resolve_dependency(doc: _Doc, raw: _RawStep, steps_of: dict[int, list[_RawS
             f"depends on tb {dep_tb} step {dep_step}, which does not exist",
             "a dependency on a step of this GPU",
         )
-    for index in range(dep_step, len(target)):
-        if target[index].hasdep and target[index].step.op is not OpType.NOP:
-            if index != dep_step:
-                logger.debug(
-                    "%s: %s waits for tb %d step %d, published at step %d",
-                    doc.source,
-                    raw.node.path,
-                    dep_tb,
-                    dep_step,
-                    index,
-                )
-            return dep_tb, index
-    raise FormatError(
-        doc.source,
-        _where(raw.node, "depid"),
-        f'depends on tb {dep_tb} step {dep_step}, but neither it nor a later step of tb {dep_tb} has hasdep="1", '
-        "so the runtime would wait forever",
-        'hasdep="1" on the step depended on',
-    )
+    index = target[dep_step]
+    if index is None:
+        raise FormatError(
+            doc.source,
+            _where(raw.node, "depid"),
+            f'depends on tb {dep_tb} step {dep_step}, but neither it nor a later step of tb {dep_tb} has hasdep="1", '
+            "so the runtime would wait forever",
+            'hasdep="1" on the step depended on',
+        )
+    if index != dep_step:
+        logger.debug(
+            "%s: %s waits for tb %d step %d, published at step %d", doc.source, raw.node.path, dep_tb, dep_step, index
+        )
+    return dep_tb, index
 
 
 def _parse_gpu(doc: _Doc, node: _Node, num_ranks: int, num_channels: int) -> RankProgram:
     rank = _int(doc, node, "id", low=0, high=num_ranks - 1)
     chunks = [_int(doc, node, attr, low=0) for attr in ("i_chunks", "o_chunks", "s_chunks")]
     parsed = [_parse_threadblock(doc, child, rank, num_ranks, num_channels) for child in _children(doc, node, "tb")]
-    steps_of: dict[int, list[_RawStep]] = {}
+    publishers: dict[int, list[int | None]] = {}
     for tb, raw in parsed:
-        if tb.id in steps_of:
+        if tb.id in publishers:
             raise FormatError(doc.source, _where(node), f"threadblock id {tb.id} used twice", "unique <tb id> per GPU")
-        steps_of[tb.id] = raw
+        publishers[tb.id] = _publishers(raw)
     threadblocks = []
     for tb, raw in parsed:
         steps = tuple(
-            Step(
+            r.step
+            if r.dep is None
+            else Step(
                 r.step.op,
                 r.step.src_buffer,
                 r.step.src_offset,
                 r.step.dst_buffer,
                 r.step.dst_offset,
                 r.step.count,
-                (_resolve_dependency(doc, r, steps_of),) if r.dep is not None else (),
+                (_resolve_dependency(doc, r, publishers),),
             )
             for r in raw
         )
@@ -274,7 +330,7 @@ def _parse_algo(doc: _Doc) -> Algorithm:
         raise FormatError(doc.source, _where(root), f"root element <{root.tag}>", "<algo>")
     num_ranks = _int(doc, root, "ngpus", low=1)
     chunks_per_loop = _int(doc, root, "nchunksperloop", low=1)
-    collective: Collective = _choice(doc, root, "coll", dict(COLLECTIVE_SPELLINGS))
+    collective: Collective = _choice(doc, root, "coll", COLLECTIVE_SPELLINGS)
     try:
         chunk_layout(collective, num_ranks, chunks_per_loop)
     except ArgumentError as error:
@@ -305,7 +361,7 @@ def _parse_algo(doc: _Doc) -> Algorithm:
         chunks_per_loop=chunks_per_loop,
         ranks=tuple(ranks),
         inplace=inplace,
-        protocol=_choice(doc, root, "proto", Protocol).value,
+        protocol=_choice(doc, root, "proto", _PROTOCOLS).value,
         min_bytes=_int(doc, root, "minBytes", low=0, default=0),
         max_bytes=max_bytes or None,
         metadata=metadata,

@@ -29,6 +29,7 @@ from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, mak
 from taccl_py.runtime.calibration import Calibration
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
+from taccl_py.runtime.group_log import group_warning_level
 from taccl_py.runtime.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
 from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, match_cluster
@@ -164,7 +165,7 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
     def _warn_other_cluster(self, collective: Collective, size_bytes: int) -> None:
         """Warn once per collective when the libraries had an algorithm for this call, but for another cluster."""
         if self._cluster is not None and self._choices is not None:
-            warn_other_cluster(logger, self._choices, self._cluster, collective, size_bytes, self._warned)
+            warn_other_cluster(logger, self._choices, self._cluster, collective, size_bytes, self._warned, self.rank())
 
     def _log_split_sizes(self, tensor: torch.Tensor) -> None:
         """Say once, where the group could route all_to_all_single, that calls with split sizes run elsewhere."""
@@ -173,7 +174,8 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         if key in self._warned or not routes or tensor.device.type not in self._links:
             return
         self._warned.add(key)
-        logger.warning(
+        logger.log(
+            group_warning_level(self.rank()),
             "all_to_all_single with split sizes on %d ranks: taccl algorithms move equal blocks, which only a "
             "call without split sizes promises on every rank; running the inner %s backend's own (logged once)",
             self.size(),

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from taccl_py import __version__
-from taccl_py._io import write_text_atomic
+from taccl_py._io import decode_json, read_text, write_text_atomic
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import NATIVE_ALGORITHM, AlgorithmLibrary, SizeBand
@@ -204,14 +204,12 @@ def write_calibration(calibration: Calibration, path: str | Path) -> None:
 
 
 def read_calibration(path: str | Path) -> Calibration:
-    """Return the calibration in ``path``; raise FormatError naming the file and the fault."""
+    """Return the calibration in ``path``; raise FormatError naming the file and the fault.
+
+    An unreadable file, or one past the input limit (``taccl_py._io.read_text``), is an ArgumentError.
+    """
     source = str(path)
-    try:
-        body = json.loads(Path(path).read_text())
-    except OSError as error:
-        raise ArgumentError(source, None, error.strerror or str(error), "a readable calibration file") from error
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise FormatError(source, None, f"invalid JSON ({error})", "a calibration written by taccl_py") from error
+    body = decode_json(read_text(path, ArgumentError), source, FormatError, "a calibration written by taccl_py")
     if not isinstance(body, dict) or body.get("format") != CALIBRATION_FORMAT:
         got = body.get("format") if isinstance(body, dict) else type(body).__name__
         raise FormatError(source, "format", f"{got!r}", CALIBRATION_FORMAT)

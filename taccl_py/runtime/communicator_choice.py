@@ -35,6 +35,7 @@ from taccl_py.runtime.calibration import (
     read_calibration,
     write_calibration,
 )
+from taccl_py.runtime.group_log import group_warning_level
 from taccl_py.runtime.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
 from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collect_algorithms, match_cluster
 
@@ -199,11 +200,12 @@ class AlgorithmChoice:
 
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
         if self.cluster is not None:
-            if warn_other_cluster(logger, self.choices, self.cluster, collective, size_bytes, self._logged):
+            if warn_other_cluster(logger, self.choices, self.cluster, collective, size_bytes, self._logged, self.rank):
                 return
         if collective not in self._logged:  # one line per collective, not one per call
             self._logged.add(collective)
-            logger.warning(  # a warning: shown by default, as the README promises
+            logger.log(  # a warning on rank 0: shown by default, as the README promises, once per job
+                group_warning_level(self.rank),
                 "no taccl algorithm for %s of %d bytes on %d ranks; using torch.distributed's own (logged once per "
                 "collective)",
                 collective.value,
@@ -215,7 +217,8 @@ class AlgorithmChoice:
         key = (Collective.ALLTOALL, "split sizes")
         if key not in self._logged:  # one line, not one per call: MoE all-to-alls repeat every step
             self._logged.add(key)
-            logger.warning(
+            logger.log(
+                group_warning_level(self.rank),
                 "all_to_all with split sizes (input %s, output %s) on %d ranks: taccl algorithms move equal blocks "
                 "that only a call without split sizes promises on every rank; using torch.distributed's own "
                 "all_to_all_single (logged once)",

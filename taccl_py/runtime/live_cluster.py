@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from taccl_py.errors import ArgumentError, FormatError, TopologyError
+from taccl_py.runtime.group_log import group_warning_level
 from taccl_py.topology.cluster import (
     Cluster,
     ClusterNode,
@@ -379,12 +380,13 @@ def mismatch_warning(collective: str, size_bytes: int, live: LiveCluster, made_f
 
 
 def warn_other_cluster(
-    log: logging.Logger, choices: Any, live: LiveCluster, collective: Any, size_bytes: int, warned: set
+    log: logging.Logger, choices: Any, live: LiveCluster, collective: Any, size_bytes: int, warned: set, rank: int
 ) -> bool:
     """Return True when ``choices`` rejected algorithms for this call as made for another cluster than ``live``.
 
-    The first such call of each collective logs ``mismatch_warning`` on ``log``; ``warned`` holds
-    the collectives already warned of (the caller's, so the warning is once per communicator).
+    The first such call of each collective logs ``mismatch_warning`` on ``log``, a WARNING on the
+    group's rank 0 and DEBUG on the others (``rank``: this process's rank in the group); ``warned``
+    holds the collectives already warned of (the caller's, so the warning is once per communicator).
     """
     rejected = choices.rejected_for(collective, size_bytes)
     if not rejected:
@@ -392,5 +394,5 @@ def warn_other_cluster(
     if ("cluster", collective) not in warned:
         warned.add(("cluster", collective))
         made_for = [candidate.made_for.describe() for candidate in rejected]
-        log.warning("%s", mismatch_warning(collective.value, size_bytes, live, made_for))
+        log.log(group_warning_level(rank), "%s", mismatch_warning(collective.value, size_bytes, live, made_for))
     return True

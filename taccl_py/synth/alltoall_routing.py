@@ -37,6 +37,7 @@ import pulp
 
 from taccl_py.baselines._orders import node_ranks
 from taccl_py.baselines.alltoall import alltoall_relays
+from taccl_py.synth.milp_matrix import linear_sum
 from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
 from taccl_py.topology.builtins import nic_affinity
 from taccl_py.topology.fingerprint import node_signature
@@ -289,14 +290,14 @@ def _build_model(
                 rows.setdefault(link, {})[c, k] = crossings * per_block_us[link]
             latency_us = sum(_path_latency_us(topology, r, block_bytes) for r in instances) / len(instances)
             alpha_terms.append((share[c, k], latency_us / len(classes)))
-    prob += bottleneck + pulp.LpAffineExpression(alpha_terms)
+    prob += bottleneck + linear_sum(alpha_terms)
     written: set[tuple] = set()
     for index, link in enumerate(sorted(rows)):
         terms = tuple(sorted((key, round(us, 9)) for key, us in rows[link].items() if us > _NEGLIGIBLE_US))
         if terms in written:
             continue  # symmetry: another machine's copy of this link carries the same load
         written.add(terms)
-        prob += pulp.LpAffineExpression([(share[key], us) for key, us in terms]) <= bottleneck, f"link_{index}"
+        prob += linear_sum([(share[key], us) for key, us in terms]) <= bottleneck, f"link_{index}"
     return prob, share, bottleneck
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import pulp
 
 from taccl_py.synth.logical import LogicalGraph, LogicalLink, Resource
+from taccl_py.synth.milp_matrix import linear_sum
 from taccl_py.synth.sketch_model import SwitchPolicy
 from taccl_py.synth.solver import SolverOptions, SolveStatus, solve_model
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -338,7 +339,7 @@ def _build_model(
             f"causal_{rep}_{l}",
         )
     for r_index, (res, row) in enumerate(sorted(_load_coefficients(graph, sym, chunkup, chunk_bytes).items())):
-        prob += pulp.LpAffineExpression([(x[key], coef) for key, coef in row.items()]) <= load_max, f"load_{r_index}"
+        prob += linear_sum([(x[key], coef) for key, coef in row.items()]) <= load_max, f"load_{r_index}"
     return _Model(prob, x, t)
 
 
@@ -348,7 +349,7 @@ def _policy_terms(
     """Return the objective terms of the sketch's switch policies (uc-min: few peers, uc-max: many)."""
     links = [l for l, link in enumerate(graph.links) if link.policy is not None]
     if not links:
-        return pulp.LpAffineExpression()
+        return linear_sum(())
     used = prob.add_variable_dicts("used", links, cat=pulp.LpBinary)
     by_link: dict[int, list[pulp.LpVariable]] = {}
     for (rep, l), var in x.items():
@@ -359,7 +360,7 @@ def _policy_terms(
             prob += used[l] >= var, f"used_{l}_{var.name}"
         sign = 1.0 if graph.links[l].policy is SwitchPolicy.UC_MIN else -1.0
         terms.append((used[l], sign * _POLICY_WEIGHT))
-    return pulp.LpAffineExpression(terms)
+    return linear_sum(terms)
 
 
 def _start_values(

@@ -1,23 +1,22 @@
 """MILP solving for the synthesizer: solver choice, work budgets, warm starts, and what came back.
 
-HiGHS (through highspy) is the default; pulp's bundled CBC binary, driven through ``COIN_CMD``,
-is the fallback; OR-Tools CP-SAT (``taccl_py.synth.solver_cpsat``, the optional ``cpsat`` extra)
-is the third choice. Budgets are work, not seconds, so the same input gives the same algorithm on
+pulp builds the models; each solve reads the model into a ``MilpMatrix`` (``milp_matrix``) and
+drives its solver directly, so pulp 3.3 and pulp 4 hand a solver the same model and none of
+pulp's solver interfaces is involved. HiGHS (through highspy, ``solver_highs``) is the default;
+CBC (``solver_cbc``: the ``cbcbox`` wheel of ``pulp[cbc]``, pulp 3.3's bundled binary, or ``cbc``
+on PATH) is the second choice; OR-Tools CP-SAT (``solver_cpsat``, the optional ``cpsat`` extra)
+is the third. Budgets are work, not seconds, so the same input gives the same algorithm on
 a busy or an idle machine: every model gets a branch-and-bound node limit (by its size, see
 ``default_node_limit``; for CP-SAT a deterministic-time budget, ``default_deterministic_time_s``),
 one thread and a fixed random seed. A wall-clock cap is only a safety net; when it binds, the
-result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says so.
-
-pulp 3.3's HiGHS interface has no entry for HiGHS's node-limit status (``kSolutionLimit``:
-``findSolutionValues`` raises KeyError, pulp/apis/highs_api.py), so ``BudgetedHiGHS``
-(``taccl_py.synth.solver_highs``) reads that case itself; the status of every solve comes from
-HiGHS's own model status.
+result may differ from run to run and ``SolveStatus.WALL_CLOCK_CAP`` says so. The status of
+every solve comes from the solver's own report (HiGHS's model status, CBC's solution file,
+CP-SAT's status), and the values go back into the pulp variables (``assign_values``).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from enum import Enum
@@ -26,7 +25,9 @@ from importlib.metadata import PackageNotFoundError, version
 import pulp
 
 from taccl_py.errors import ArgumentError
+from taccl_py.synth.milp_matrix import BranchStop, MilpMatrix, NodeBudget, assign_values, milp_matrix
 from taccl_py.synth.progress import ProgressTicker, heartbeat, no_progress
+from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, cbc_version, find_cbc, solve_with_cbc
 from taccl_py.synth.solver_cpsat import (
     CpsatStop,
     cpsat_importable,
@@ -34,7 +35,7 @@ from taccl_py.synth.solver_cpsat import (
     deterministic_time_rule,
     solve_with_cpsat,
 )
-from taccl_py.synth.solver_highs import BudgetedHiGHS, new_highs
+from taccl_py.synth.solver_highs import new_highs, solve_with_highs
 
 __all__ = [
     "SOLVERS",
@@ -143,6 +144,8 @@ class SolverOptions:
             raise ArgumentError(None, "solver", f"unknown solver {self.solver!r}", "one of " + ", ".join(SOLVERS))
         if self.solver == "cpsat":
             self._check_cpsat()
+        elif self.solver == "cbc" and find_cbc() is None:
+            raise ArgumentError(None, "solver", "cbc: no CBC program found", CBC_INSTALL_HINT)
         elif self.deterministic_time_s is not None:
             raise ArgumentError(None, "deterministic_time", f"set for {self.solver}", "it only with solver cpsat")
         if not self.time_limit_s > 0:
@@ -199,15 +202,19 @@ def prepare_highs_threads(threads: int) -> None:
 
 
 def describe_solver(options: SolverOptions) -> str:
-    """Return the solver and the versions of the packages that run it, e.g. ``highs (highspy 1.7.2, pulp 3.3.0)``."""
-    packages = {"highs": ("highspy", "pulp"), "cpsat": ("ortools", "pulp")}.get(options.solver, ("pulp",))
-    found = []
-    for package in packages:
-        try:
-            found.append(f"{package} {version(package)}")
-        except PackageNotFoundError:
-            found.append(f"{package} (version unknown)")
-    return f"{options.solver} ({', '.join(found)})"
+    """Return the solver and the version of what runs it, e.g. ``highs (highspy 1.16.0)``, ``cbc (CBC 2.10.3, pulp)``.
+
+    pulp's version is not named: it only builds the model, which is the same under pulp 3 and 4.
+    """
+    if options.solver == "cbc":
+        binary = find_cbc()
+        return "cbc (not found)" if binary is None else f"cbc (CBC {cbc_version(binary)}, {binary.origin})"
+    package = {"highs": "highspy", "cpsat": "ortools"}[options.solver]
+    try:
+        found = f"{package} {version(package)}"
+    except PackageNotFoundError:
+        found = f"{package} (version unknown)"
+    return f"{options.solver} ({found})"
 
 
 def _node_rule() -> str:
@@ -249,67 +256,6 @@ class SolveOutcome:
         return self.status in (SolveStatus.OPTIMAL, SolveStatus.NODE_LIMIT, SolveStatus.WALL_CLOCK_CAP)
 
 
-class _BudgetedCBC(pulp.COIN_CMD):
-    """pulp's COIN_CMD remembering why CBC stopped (``stopped_on``: ``time``, ``nodes``, ...)."""
-
-    stopped_on: str | None = None
-
-    def get_status(self, filename: str) -> tuple[int, int]:
-        with open(filename) as solution:
-            words = solution.readline().split()
-        self.stopped_on = words[2] if len(words) > 2 and words[0] == "Stopped" else None
-        return super().get_status(filename)
-
-
-def _make_solver(
-    options: SolverOptions,
-    time_limit_s: float,
-    node_limit: int,
-    start: dict[str, float],
-    ticker: ProgressTicker | None = None,
-) -> pulp.LpSolver:
-    if options.solver == "highs":
-        highs = BudgetedHiGHS(
-            start,
-            ticker,
-            msg=False,
-            timeLimit=time_limit_s,
-            gapRel=options.gap_rel,
-            threads=options.threads,
-            mip_max_nodes=node_limit,
-            random_seed=options.random_seed,
-        )
-        if highs.available():
-            return highs
-        logger.warning("HiGHS (highspy) is not available; falling back to pulp's bundled CBC")
-    # The bundled CBC binary through COIN_CMD: PULP_CBC_CMD itself is deprecated in pulp 3.3.
-    return _BudgetedCBC(
-        path=pulp.PULP_CBC_CMD.pulp_cbc_path,
-        msg=False,
-        timeLimit=time_limit_s,
-        gapRel=options.gap_rel,
-        threads=options.threads,
-        maxNodes=node_limit,
-        options=[f"randomCbcSeed {options.random_seed}"],
-    )
-
-
-def _stop_reason(prob: pulp.LpProblem, solver: pulp.LpSolver, wall_s: float, cap_s: float) -> BudgetBound | None:
-    """Return which budget stopped an unfinished solve (None: it finished)."""
-    if prob.sol_status == pulp.LpSolutionOptimal or prob.status == pulp.LpStatusInfeasible:
-        return None
-    if isinstance(solver, BudgetedHiGHS):
-        import highspy
-
-        status = prob.solverModel.getModelStatus()
-        if status == highspy.HighsModelStatus.kSolutionLimit:
-            return BudgetBound.NODE_LIMIT
-        return BudgetBound.WALL_CLOCK_CAP if status == highspy.HighsModelStatus.kTimeLimit else None
-    if solver.stopped_on == "time" or wall_s >= _CAP_TOLERANCE * cap_s:
-        return BudgetBound.WALL_CLOCK_CAP
-    return BudgetBound.NODE_LIMIT if solver.stopped_on is not None else None
-
-
 def solve_model(
     prob: pulp.LpProblem,
     options: SolverOptions,
@@ -318,16 +264,18 @@ def solve_model(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> SolveOutcome:
-    """Solve ``prob`` in place within its work budget and return how it went.
+    """Solve ``prob`` within its work budget, set its variables' values, and return how it went.
 
     ``start`` maps variable names to a feasible solution's values (HiGHS uses it as the first
     incumbent, CP-SAT as a hint; CBC ignores it). ``time_limit_s`` is what is left of the
     wall-clock safety cap (s; default ``options.time_limit_s``). ``progress`` gets a line with
     the model's size and work budget before the solve, one every few seconds while HiGHS works
-    (``watch_highs``), and one with how the solve ended.
+    (``watch_highs``), and one with how the solve ended. Without a solution the variables keep
+    the values they had (None on a model not solved before).
     """
     cap = max(0.05, time_limit_s if time_limit_s is not None else options.time_limit_s)
-    columns = prob.numVariables()
+    matrix = milp_matrix(prob)
+    columns = matrix.num_constrained_columns
     say = progress if progress is not None else no_progress
     if columns > MAX_MILP_COLUMNS:
         logger.info(
@@ -335,12 +283,12 @@ def solve_model(
         )
         say(f"{prob.name}: {columns} columns, over {MAX_MILP_COLUMNS}: not solved")
         return SolveOutcome(SolveStatus.TOO_LARGE, None, 0.0, BudgetBound.NODE_LIMIT, 0)
-    say(f"{prob.name}: MILP of {columns} columns, {prob.numConstraints()} rows; {_budget_words(options, columns)}")
+    say(f"{prob.name}: MILP of {columns} columns, {matrix.num_rows} rows; {_budget_words(options, columns)}")
     if options.solver == "cpsat":
         with heartbeat(progress, prob.name):
-            outcome = _solve_with_cpsat(prob, options, cap, start or {})
+            outcome = _solve_with_cpsat(matrix, options, cap, start or {})
     else:
-        outcome = _solve_with_pulp(prob, options, cap, columns, start or {}, progress)
+        outcome = _solve_with_nodes(matrix, options, cap, start or {}, progress)
     say(f"{prob.name}: {outcome.status.value} in {outcome.wall_s:.1f} s")
     return outcome
 
@@ -355,54 +303,79 @@ def _budget_words(options: SolverOptions, columns: int) -> str:
     return f"work budget {nodes} nodes ({options.solver})"
 
 
-def _solve_with_pulp(
-    prob: pulp.LpProblem,
+def _highs_importable() -> bool:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _status_of(stop: BranchStop, has_solution: bool) -> tuple[SolveStatus, BudgetBound | None]:
+    """Return the status of a branch-and-bound solve that ended by ``stop`` and the budget that stopped it."""
+    if stop is BranchStop.INFEASIBLE:
+        return SolveStatus.INFEASIBLE, None
+    if stop is BranchStop.OPTIMAL:
+        return (SolveStatus.OPTIMAL if has_solution else SolveStatus.NO_SOLUTION), None
+    bound = {BranchStop.NODE_LIMIT: BudgetBound.NODE_LIMIT, BranchStop.TIME_LIMIT: BudgetBound.WALL_CLOCK_CAP}.get(stop)
+    if not has_solution:
+        return SolveStatus.NO_SOLUTION, bound
+    # an incumbent: at the wall-clock cap it may differ from run to run; any other stop is work
+    return (SolveStatus.WALL_CLOCK_CAP if bound is BudgetBound.WALL_CLOCK_CAP else SolveStatus.NODE_LIMIT), bound
+
+
+def _solve_with_nodes(
+    matrix: MilpMatrix,
     options: SolverOptions,
     cap: float,
-    columns: int,
     start: dict[str, float],
     progress: Callable[[str], None] | None,
 ) -> SolveOutcome:
-    """Solve ``prob`` with HiGHS (CBC without highspy) within its node budget and ``cap`` seconds."""
-    nodes = options.node_limit if options.node_limit is not None else default_node_limit(columns)
-    ticker = None if progress is None else ProgressTicker(progress)
-    solver = _make_solver(options, cap, nodes, start, ticker)
-    if isinstance(solver, BudgetedHiGHS):
-        prepare_highs_threads(options.threads)
-    began = time.perf_counter()
+    """Solve ``matrix`` with HiGHS (CBC when asked, or without highspy) within its node budget and ``cap`` s."""
+    nodes = options.node_limit if options.node_limit is not None else default_node_limit(matrix.num_constrained_columns)
+    budget = NodeBudget(nodes, cap, options.gap_rel, options.threads, options.random_seed)
+    use_highs = options.solver == "highs" and _highs_importable()
+    if options.solver == "highs" and not use_highs:
+        if find_cbc() is None:
+            raise ArgumentError(
+                None, "solver", "highs: highspy is not installed and no CBC program was found", "pip install highspy"
+            )
+        logger.warning("HiGHS (highspy) is not available; falling back to CBC")
     # HiGHS reports through its callbacks (watch_highs), though not while it solves the root LP;
     # CBC runs in a subprocess and says nothing. The heartbeat fills the silences.
-    with heartbeat(progress, prob.name, ticker=ticker):
-        prob.solve(solver)
-    wall = time.perf_counter() - began
-    bound = _stop_reason(prob, solver, wall, cap)
-    if prob.status == pulp.LpStatusInfeasible:
-        status = SolveStatus.INFEASIBLE
-    elif prob.sol_status == pulp.LpSolutionOptimal:
-        status = SolveStatus.OPTIMAL
-    elif prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        status = SolveStatus.WALL_CLOCK_CAP if bound is BudgetBound.WALL_CLOCK_CAP else SolveStatus.NODE_LIMIT
+    if use_highs:
+        prepare_highs_threads(options.threads)
+        ticker = None if progress is None else ProgressTicker(progress)
+        with heartbeat(progress, matrix.name, ticker=ticker):
+            result = solve_with_highs(matrix, budget, start, ticker)
     else:
-        status = SolveStatus.NO_SOLUTION
+        with heartbeat(progress, matrix.name):
+            result = solve_with_cbc(find_cbc(), matrix, budget)
+    status, bound = _status_of(result.stop, result.values is not None)
+    values = result.values if status is not SolveStatus.INFEASIBLE else None
+    if values is not None:
+        assign_values(matrix, values)
     if bound is BudgetBound.WALL_CLOCK_CAP:
         logger.warning(
-            "%s: stopped at the wall-clock cap (%.1f s); the result may differ from run to run", prob.name, cap
+            "%s: stopped at the wall-clock cap (%.1f s); the result may differ from run to run", matrix.name, cap
         )
     elif status is SolveStatus.NO_SOLUTION and bound is None:
-        logger.warning("%s: the solver returned no solution (pulp status %s)", prob.name, pulp.LpStatus[prob.status])
-    objective = pulp.value(prob.objective) if status not in (SolveStatus.NO_SOLUTION, SolveStatus.INFEASIBLE) else None
-    logger.debug("%s: %s in %.2f s, %d nodes allowed (objective %s)", prob.name, status.value, wall, nodes, objective)
-    return SolveOutcome(status, None if objective is None else float(objective), wall, bound, nodes)
+        logger.warning("%s: the solver returned no solution (%s)", matrix.name, result.detail)
+    objective = None if values is None else matrix.objective_value(values)
+    logger.debug(
+        "%s: %s in %.2f s, %d nodes allowed (objective %s)", matrix.name, status.value, result.wall_s, nodes, objective
+    )
+    return SolveOutcome(status, objective, result.wall_s, bound, nodes)
 
 
 def _solve_with_cpsat(
-    prob: pulp.LpProblem, options: SolverOptions, cap_s: float, start: dict[str, float]
+    matrix: MilpMatrix, options: SolverOptions, cap_s: float, start: dict[str, float]
 ) -> SolveOutcome:
-    """Solve ``prob`` with CP-SAT within its deterministic-time budget; the node limit reads as that work budget."""
+    """Solve ``matrix`` with CP-SAT within its deterministic-time budget; the node limit reads as that work budget."""
     budget_s = options.deterministic_time_s
     if budget_s is None:
-        budget_s = default_deterministic_time_s(prob.numVariables())
-    result = solve_with_cpsat(prob, cap_s, budget_s, options.gap_rel, options.random_seed, start)
+        budget_s = default_deterministic_time_s(matrix.num_constrained_columns)
+    result = solve_with_cpsat(matrix, cap_s, budget_s, options.gap_rel, options.random_seed, start)
     bound = None
     if result.stop in (CpsatStop.FEASIBLE, CpsatStop.NOT_SOLVED):
         bound = BudgetBound.WALL_CLOCK_CAP if result.wall_s >= _CAP_TOLERANCE * cap_s else BudgetBound.NODE_LIMIT
@@ -414,11 +387,11 @@ def _solve_with_cpsat(
     }.get(result.stop, SolveStatus.NO_SOLUTION)
     if bound is BudgetBound.WALL_CLOCK_CAP:
         logger.warning(
-            "%s: stopped at the wall-clock cap (%.1f s); the result may differ from run to run", prob.name, cap_s
+            "%s: stopped at the wall-clock cap (%.1f s); the result may differ from run to run", matrix.name, cap_s
         )
     logger.debug(
         "%s: cpsat %s in %.2f s, %g deterministic s allowed (objective %s%s)",
-        prob.name,
+        matrix.name,
         status.value,
         result.wall_s,
         budget_s,

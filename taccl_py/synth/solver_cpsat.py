@@ -1,6 +1,6 @@
-"""CP-SAT (OR-Tools, optional) as the MILP solver: a pulp model rebuilt in ``model_builder`` and solved by work.
+"""CP-SAT (OR-Tools, optional) as the MILP solver: a ``MilpMatrix`` rebuilt in ``model_builder``, solved by work.
 
-Built from pulp's columns, rows and objective (no file between); CP-SAT scales continuous columns
+Built from the matrix's columns, rows and objective (no file between); CP-SAT scales continuous columns
 to integers (``mip_var_scaling``). One worker, a fixed seed and a *deterministic time* budget
 (CP-SAT's count of work, in its own seconds) give the same values on a busy or an idle machine; the
 wall-clock limit is a safety net. ``taccl_py.synth.solver`` maps the result to its statuses; this
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import math
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Any
 
-import pulp
+from taccl_py.synth.milp_matrix import MilpMatrix, assign_values
 
 __all__ = [
     "CPSAT_VAR_SCALING",
@@ -68,16 +67,6 @@ class CpsatStop(str, Enum):
 
 # model_builder's SolveStatus names are these members' names; any other (MODEL_INVALID, ...) is a failure.
 _STOPS = MappingProxyType({stop.name: stop for stop in CpsatStop if stop is not CpsatStop.FAILED})
-# pulp's (status, solution status) per stop, as pulp's own solver interfaces set them.
-_PULP_STATUS = MappingProxyType(
-    {
-        CpsatStop.OPTIMAL: (pulp.LpStatusOptimal, pulp.LpSolutionOptimal),
-        CpsatStop.FEASIBLE: (pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible),
-        CpsatStop.INFEASIBLE: (pulp.LpStatusInfeasible, pulp.LpSolutionInfeasible),
-        CpsatStop.NOT_SOLVED: (pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound),
-        CpsatStop.FAILED: (pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound),
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -117,41 +106,33 @@ def deterministic_time_rule() -> str:
     return f"by model size ({steps}, larger: {DETERMINISTIC_TIME_LARGE_S:g})"
 
 
-def _build_model(prob: pulp.LpProblem, variables: list[pulp.LpVariable]) -> tuple[Any, list[Any], dict[str, int]]:
-    """Return ``prob`` as a ``model_builder.Model``, its columns in ``variables`` order, and positions by name."""
+def _build_model(matrix: MilpMatrix) -> tuple[Any, list[Any]]:
+    """Return ``matrix`` as a ``model_builder.Model`` and its columns in the matrix's order."""
     from ortools.linear_solver.python import model_builder
 
     model = model_builder.Model()
     columns = [
-        model.new_var(
-            -math.inf if var.lowBound is None else var.lowBound,
-            math.inf if var.upBound is None else var.upBound,
-            var.cat == pulp.LpInteger,
-            var.name,
-        )
-        for var in variables
+        model.new_var(float(lower), float(upper), bool(integer), var.name)
+        for var, lower, upper, integer in zip(matrix.variables, matrix.col_lower, matrix.col_upper, matrix.integer)
     ]
-    position = {var.name: i for i, var in enumerate(variables)}
-    for row in prob.constraints():
-        terms = [(columns[position[var.name]], coef) for var, coef in row.items() if coef != 0]
-        lower, upper = row.getLb(), row.getUb()
+    for i, name in enumerate(matrix.row_names):
+        terms = range(matrix.row_starts[i], matrix.row_starts[i + 1])
         model.add_linear_constraint(
-            model_builder.LinearExpr.weighted_sum([t[0] for t in terms], [t[1] for t in terms]),
-            -math.inf if lower is None else lower,
-            math.inf if upper is None else upper,
-            row.name,
+            model_builder.LinearExpr.weighted_sum(
+                [columns[matrix.row_columns[k]] for k in terms], [float(matrix.row_values[k]) for k in terms]
+            ),
+            float(matrix.row_lower[i]),
+            float(matrix.row_upper[i]),
+            name,
         )
-    objective = prob.objective if prob.objective is not None else pulp.LpAffineExpression()
     expression = model_builder.LinearExpr.weighted_sum(
-        [columns[position[var.name]] for var in objective.keys()],
-        list(objective.values()),
-        constant=float(objective.constant),
+        columns, matrix.objective.tolist(), constant=matrix.objective_offset
     )
-    if prob.sense == pulp.LpMaximize:
+    if matrix.maximize:
         model.maximize(expression)
     else:
         model.minimize(expression)
-    return model, columns, position
+    return model, columns
 
 
 @contextlib.contextmanager
@@ -185,36 +166,33 @@ def _parameters(deterministic_time_s: float, gap_rel: float, random_seed: int) -
     )
 
 
-def _start_objective(prob: pulp.LpProblem, variables: list[pulp.LpVariable], start: dict[str, float]) -> float | None:
-    """Return the objective of ``start`` when it sets every variable and satisfies ``prob`` (its values left set)."""
-    if not variables or any(var.name not in start for var in variables):
+def _start_values(matrix: MilpMatrix, start: dict[str, float]) -> list[float] | None:
+    """Return ``start`` in column order when it sets every column and satisfies every bound and row."""
+    if not matrix.num_columns or any(name not in start for name in matrix.column_names):
         return None
-    for var in variables:
-        var.varValue = start[var.name]
-    if not prob.valid(_START_TOLERANCE):
-        return None
-    return float(pulp.value(prob.objective) or 0.0)
+    values = [float(start[name]) for name in matrix.column_names]
+    return values if matrix.satisfies(values, _START_TOLERANCE) else None
 
 
 def solve_with_cpsat(
-    prob: pulp.LpProblem,
+    matrix: MilpMatrix,
     time_limit_s: float,
     deterministic_time_s: float,
     gap_rel: float,
     random_seed: int,
     start: dict[str, float] | None = None,
 ) -> CpsatResult:
-    """Solve ``prob`` with CP-SAT within ``deterministic_time_s`` (work s) and write the values into its variables.
+    """Solve ``matrix`` with CP-SAT within ``deterministic_time_s`` (work s) and write the values into its variables.
 
     ``start`` maps variable names to values, given to CP-SAT as a hint; when it sets every
     variable, satisfies every row and beats what CP-SAT found (or CP-SAT found nothing), its
     values are the answer (``kept_start``). ``time_limit_s`` is the wall-clock safety cap (s).
-    Variables keep ``varValue`` None when there is no answer.
+    Without an answer the variables keep the values they had.
     """
     from ortools.linear_solver.python import model_builder
 
-    variables = prob.variables()
-    model, columns, position = _build_model(prob, variables)
+    model, columns = _build_model(matrix)
+    position = {name: j for j, name in enumerate(matrix.column_names)}
     for name, value in (start or {}).items():
         if name in position:
             model.add_hint(columns[position[name]], value)
@@ -223,25 +201,24 @@ def solve_with_cpsat(
     solver.set_time_limit_in_seconds(time_limit_s)
     solver.set_solver_specific_parameters(_parameters(deterministic_time_s, gap_rel, random_seed))
     began = time.perf_counter()
-    with _stderr_to_log(prob.name):
+    with _stderr_to_log(matrix.name):
         status = solver.solve(model)
     wall = time.perf_counter() - began
     stop = _STOPS.get(status.name, CpsatStop.FAILED)
     has_solution = stop in (CpsatStop.OPTIMAL, CpsatStop.FEASIBLE)
     found = [float(solver.value(column)) for column in columns] if has_solution else None
-    start_objective = _start_objective(prob, variables, start or {}) if stop is not CpsatStop.INFEASIBLE else None
-    objective = float(solver.objective_value) if has_solution else None
+    start_values = _start_values(matrix, start or {}) if stop is not CpsatStop.INFEASIBLE else None
     if stop is CpsatStop.FAILED:
-        logger.warning("%s: CP-SAT stopped with %s (%s)", prob.name, status.name, solver.status_string)
-    sign = -1.0 if prob.sense == pulp.LpMaximize else 1.0
-    if start_objective is not None and (objective is None or sign * start_objective < sign * objective):
-        logger.debug("%s: CP-SAT %s; the start (objective %s) is kept", prob.name, stop.value, start_objective)
+        logger.warning("%s: CP-SAT stopped with %s (%s)", matrix.name, status.name, solver.status_string)
+    sign = -1.0 if matrix.maximize else 1.0
+    start_objective = None if start_values is None else matrix.objective_value(start_values)
+    # CP-SAT's own objective (of its scaled model) decides, as it always has: ties keep CP-SAT's values.
+    reported = float(solver.objective_value) if has_solution else None
+    if start_objective is not None and (reported is None or sign * start_objective < sign * reported):
+        logger.debug("%s: CP-SAT %s; the start (objective %s) is kept", matrix.name, stop.value, start_objective)
+        assign_values(matrix, start_values)
         kept = CpsatStop.OPTIMAL if stop is CpsatStop.OPTIMAL else CpsatStop.FEASIBLE
-        prob.assignStatus(*_PULP_STATUS[kept])
         return CpsatResult(kept, start_objective, wall, kept_start=True)
-    for var, value in zip(variables, found or [None] * len(variables)):
-        var.varValue = value if value is None or var.cat != pulp.LpInteger else float(round(value))
     if found is not None:
-        objective = float(pulp.value(prob.objective) or 0.0)
-    prob.assignStatus(*_PULP_STATUS[stop])
-    return CpsatResult(stop, objective, wall)
+        assign_values(matrix, found)
+    return CpsatResult(stop, None if found is None else matrix.objective_value(found), wall)

@@ -1,8 +1,12 @@
-"""HiGHS for the synthesizer: pulp's HiGHS with starts and work budgets, quiet ``highspy.Highs``, progress.
+"""HiGHS for the synthesizer: a ``MilpMatrix`` solved by ``highspy`` with a start and work budgets, quietly.
+
+pulp only builds the model: the model goes to HiGHS as arrays (``solve_with_highs``), so neither
+pulp 3's nor pulp 4's HiGHS interface stands between the two, and HiGHS's node-limit status
+(``kSolutionLimit``, which pulp 3.3's interface does not know) is read here like any other.
 
 HiGHS 1.16 writes its banner ("Running HiGHS ... Copyright ...") to stdout once per process, from
 the first ``highspy.Highs()``: its constructor registers highspy's callback, which logs the banner
-before any option can be set (pulp's ``msg=False`` comes too late). ``taccl synthesize > out`` and
+before any option can be set (``output_flag`` off comes too late). ``taccl synthesize > out`` and
 JSON output got it. HiGHS marks the banner written process-wide, so ``consume_highs_banner`` has it
 written first by a bare core instance whose log goes nowhere (``log_to_console`` off; ERGO-Code/HiGHS
 issues 1702, 1932). Solver logs go to this module's logger at DEBUG, never to the console, and
@@ -12,12 +16,14 @@ issues 1702, 1932). Solver logs go to this module's logger at DEBUG, never to th
 from __future__ import annotations
 
 import logging
+import time
 
-import pulp
+import numpy as np
 
+from taccl_py.synth.milp_matrix import BranchResult, BranchStop, MilpMatrix, NodeBudget, start_vector
 from taccl_py.synth.progress import ProgressTicker
 
-__all__ = ["BudgetedHiGHS", "consume_highs_banner", "new_highs", "watch_highs"]
+__all__ = ["consume_highs_banner", "new_highs", "solve_with_highs", "watch_highs"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,41 +94,73 @@ def watch_highs(highs: object, name: str, ticker: ProgressTicker | None) -> None
         highs.cbLogging.subscribe(reporter.log)
 
 
-class BudgetedHiGHS(pulp.HiGHS):
-    """pulp's HiGHS with a starting solution handed to HiGHS, the node-limit status read, and no console output.
+def _stop_of(status: object) -> BranchStop:
+    import highspy
 
-    ``ticker`` gets a line every few seconds while HiGHS works (``watch_highs``).
+    kinds = highspy.HighsModelStatus
+    return {
+        kinds.kOptimal: BranchStop.OPTIMAL,
+        kinds.kSolutionLimit: BranchStop.NODE_LIMIT,  # mip_max_nodes reached
+        kinds.kIterationLimit: BranchStop.NODE_LIMIT,
+        kinds.kTimeLimit: BranchStop.TIME_LIMIT,
+        kinds.kInfeasible: BranchStop.INFEASIBLE,
+        kinds.kUnboundedOrInfeasible: BranchStop.INFEASIBLE,
+    }.get(status, BranchStop.OTHER)
+
+
+def _load_matrix(highs: object, matrix: MilpMatrix) -> None:
+    """Hand ``matrix`` to ``highs`` as a minimisation (a maximised objective negated), columns first."""
+    import highspy
+
+    sign = -1.0 if matrix.maximize else 1.0
+    n = matrix.num_columns
+    none_i, none_v = np.zeros(n, dtype=np.int32), np.zeros(0, dtype=np.float64)
+    highs.addCols(n, sign * matrix.objective, matrix.col_lower, matrix.col_upper, 0, none_i, none_i[:0], none_v)
+    integer = np.flatnonzero(matrix.integer).astype(np.int32)
+    if integer.size:
+        kind = np.full(integer.size, int(highspy.HighsVarType.kInteger), dtype=np.uint8)
+        highs.changeColsIntegrality(integer.size, integer, kind)
+    highs.addRows(
+        matrix.num_rows,
+        matrix.row_lower,
+        matrix.row_upper,
+        matrix.row_columns.size,
+        matrix.row_starts[:-1],
+        matrix.row_columns,
+        matrix.row_values,
+    )
+
+
+def solve_with_highs(
+    matrix: MilpMatrix, budget: NodeBudget, start: dict[str, float], ticker: ProgressTicker | None = None
+) -> BranchResult:
+    """Solve ``matrix`` with HiGHS within ``budget``; return how it ended (``detail``: HiGHS's model status).
+
+    ``start`` maps variable names to a feasible solution's values, handed to HiGHS as its first
+    incumbent (names that are not columns are ignored). ``ticker`` gets a line every few seconds
+    while HiGHS works (``watch_highs``). The values are those of HiGHS's best solution, whatever
+    stopped it; None when it has none.
     """
+    import highspy
 
-    def __init__(self, start: dict[str, float], ticker: ProgressTicker | None = None, **kwargs: object) -> None:
-        super().__init__(**kwargs)
-        self.start = start
-        self.ticker = ticker
-
-    def createAndConfigureSolver(self, lp: pulp.LpProblem) -> None:
-        consume_highs_banner()  # pulp's highspy.Highs() would print it before msg=False applies
-        super().createAndConfigureSolver(lp)
-        watch_highs(lp.solverModel, lp.name, self.ticker)
-
-    def callSolver(self, lp: pulp.LpProblem) -> None:
-        if self.start:
-            import numpy as np
-
-            pairs = [(var.index, self.start[var.name]) for var in lp.variables() if var.name in self.start]
-            if pairs:
-                index = np.array([p[0] for p in pairs], dtype=np.int32)
-                value = np.array([p[1] for p in pairs], dtype=np.float64)
-                lp.solverModel.setSolution(len(pairs), index, value)
-        super().callSolver(lp)
-
-    def findSolutionValues(self, lp: pulp.LpProblem) -> tuple[int, int]:
-        import highspy
-
-        if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
-            return super().findSolutionValues(lp)
-        if lp.solverModel.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-            return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
-        values = lp.solverModel.getSolution().col_value
-        for var in lp.variables():
-            var.varValue = values[var.index]
-        return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+    highs = new_highs()
+    for option, value in (
+        ("mip_rel_gap", budget.gap_rel),
+        ("threads", budget.threads),
+        ("time_limit", float(budget.time_limit_s)),
+        ("mip_max_nodes", budget.node_limit),
+        ("random_seed", budget.random_seed),
+    ):
+        highs.setOptionValue(option, value)
+    watch_highs(highs, matrix.name, ticker)
+    _load_matrix(highs, matrix)
+    columns, values = start_vector(matrix, start)
+    if columns.size:
+        highs.setSolution(columns.size, columns, values)
+    began = time.perf_counter()
+    highs.run()
+    wall = time.perf_counter() - began
+    status = highs.getModelStatus()
+    feasible = highs.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+    found = np.array(highs.getSolution().col_value, dtype=np.float64) if feasible else None
+    return BranchResult(_stop_of(status), highs.modelStatusToString(status), found, wall)

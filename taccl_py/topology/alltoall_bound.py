@@ -19,9 +19,11 @@ the bound stays valid and is exact when the network is non-blocking.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from fractions import Fraction
 
 import networkx as nx
 from networkx.algorithms.flow import preflow_push
@@ -55,21 +57,38 @@ class AlltoallCut:
 
 
 def _graph(links: Iterable[Link]) -> nx.DiGraph:
-    graph = nx.DiGraph()
+    """Return the links as a flow network with integer capacities, in units of 1 / ``graph.graph["scale"]`` GB/s.
+
+    Every finite float is an integer over a power of two, so scaling by the largest denominator
+    makes each capacity an exact integer and every sum over them exact, whatever order networkx
+    adds them in. Its preflow-push takes the next vertex to discharge from a set, whose order
+    follows string hashing (PYTHONHASHSEED): float capacities gave a different last digit, and so
+    a different one of two equal cuts, from run to run.
+    """
+    links = tuple(links)
+    rates = {link.key: Fraction(link.bandwidth_GBps) for link in links if math.isfinite(link.bandwidth_GBps)}
+    scale = math.lcm(*(rate.denominator for rate in rates.values()))
+    graph = nx.DiGraph(scale=scale)
     for link in links:
-        graph.add_edge(link.src, link.dst, capacity=link.bandwidth_GBps, kind=link.kind.value)
+        graph.add_edge(link.src, link.dst, kind=link.kind.value)
+        if link.key in rates:  # an edge without a capacity is infinite to networkx's max-flow
+            graph.edges[link.key]["capacity"] = int(rates[link.key] * scale)
     return graph
 
 
-def _min_cut(graph: nx.DiGraph, inside: Iterable[str], outside: Iterable[str]) -> tuple[float, Counter[str]]:
-    """Return the least capacity (GB/s) of links that separate ``inside`` from ``outside``, and their kinds."""
+def _min_cut(graph: nx.DiGraph, inside: Iterable[str], outside: Iterable[str]) -> tuple[Fraction, Counter[str]]:
+    """Return the least capacity (GB/s, exact) of links that separate ``inside`` from ``outside``, and their kinds.
+
+    With exact capacities the sink side networkx returns (the vertices with a residual path to
+    the sink) is the smallest sink side of any minimum cut, whichever maximum preflow it found,
+    so the kinds do not depend on the order it worked in either.
+    """
     network = graph.copy()
-    # edges without a capacity are infinite to networkx's max-flow
     network.add_edges_from((_SOURCE, name) for name in inside)
     network.add_edges_from((name, _SINK) for name in outside)
     capacity, (near, far) = nx.minimum_cut(network, _SOURCE, _SINK, flow_func=preflow_push)
     kinds = Counter(graph.edges[u, w]["kind"] for u in near if u in graph for w in graph.successors(u) if w in far)
-    return float(capacity), kinds
+    return Fraction(capacity, graph.graph["scale"]), kinds
 
 
 def _over(kinds: Counter[str]) -> str:
@@ -102,13 +121,16 @@ def alltoall_cut(topology: Topology, links: tuple[Link, ...]) -> AlltoallCut:
         for gpu in topology.gpus:
             if gpu.node in representatives:
                 others = [name for name in names if name != gpu.name]
-                capacity, kinds = _min_cut(graph, [gpu.name], others)
+                exact, kinds = _min_cut(graph, [gpu.name], others)
+                capacity = float(exact)
                 label = "per-GPU egress cut" if direction == "leaving" else "per-GPU ingress cut"
                 description = f"{label}: {gpu.name} alone: {capacity:.4g} GB/s {direction} {_over(kinds)}"
                 candidates.append(AlltoallCut((gpu.name,), 1, capacity, description))
         candidates += _numa_cuts(topology, graph, names, representatives, direction)
         if topology.nodes > 1:
             candidates += _machine_cuts(topology, graph, names, representatives, direction)
+    # max keeps the first of equal keys, and the candidates come in a fixed order (leaving before
+    # entering, GPUs and NUMA domains in topology order): ndv2's two equal NUMA cuts give gpu0-3
     return max(candidates, key=lambda c: c.time_us(1.0, len(names)))
 
 
@@ -133,7 +155,8 @@ def _numa_cuts(
             inside = [name for bit, group in enumerate(groups) if mask >> bit & 1 for name in group]
             if len(inside) < 2:
                 continue  # one GPU: the per-GPU cut
-            capacity, kinds = _min_cut(graph, inside, [n for n in names if n not in inside])
+            exact, kinds = _min_cut(graph, inside, [n for n in names if n not in inside])
+            capacity = float(exact)
             label = "NUMA cut"
             description = (
                 f"{label}: {', '.join(inside)} ({len(inside)} GPUs): {capacity:.4g} GB/s {direction} {_over(kinds)}"
@@ -157,7 +180,7 @@ def _machine_cuts(
     for count in range(1, topology.nodes):
         chosen = sorted(weakest[:count])
         inside = tuple(name for node in chosen for name in members[node])
-        total = sum(cut[node][0] for node in chosen)
+        total = float(sum(cut[node][0] for node in chosen))
         kinds = sum((cut[node][1] for node in chosen), Counter())
         label = "NIC cut" if set(kinds) <= _NETWORK_KINDS else "node cut"
         what = f"node {chosen[0]}" if count == 1 else "nodes " + ",".join(map(str, chosen))

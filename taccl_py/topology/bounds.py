@@ -8,7 +8,7 @@ GPUs out over the links leaving S at least once, so
     T_AG >= (M / N) * max_S |GPUs in S| / capacity(links leaving S).
 
 ReduceScatter is the same on the reversed graph (each GPU of S needs M/N reduced bytes from
-outside S); AllReduce >= T_RS + T_AG (DESIGN.md). The maximum over S is exact: for a rate
+outside S); AllReduce >= T_RS + T_AG (docs/design.md). The maximum over S is exact: for a rate
 x, every S has capacity(leaving S) >= x |GPUs in S| iff, with a super source feeding every
 GPU at rate x, each GPU v has a minimum cut >= x N. Starting from x = the best of a few
 candidate sets (one GPU's ingress or egress, one node), Dinkelbach's iteration lowers x to the
@@ -33,7 +33,15 @@ from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Link, LinkKind, Topology, VertexKind, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["CutBound", "LowerBound", "binding_cut", "latency_floor_us", "lower_bound", "lower_bounds"]
+__all__ = [
+    "CutBound",
+    "LowerBound",
+    "binding_cut",
+    "latency_floor_us",
+    "lower_bound",
+    "lower_bounds",
+    "lower_bounds_by_collective",
+]
 
 # Relative slack when comparing a min-cut value with x * N: capacities are floats and the
 # preflow sums them in a different order than the ratio does.
@@ -41,7 +49,11 @@ _REL_TOL = 1e-9
 # Dinkelbach converges in a handful of rounds; the cap only guards against float cycling.
 _MAX_ROUNDS = 64
 _SOURCE = ("super source",)  # a node key no vertex name (a str) can equal
+_EDGE_ORDER = "edge order"  # key of a flow graph's attributes: each edge's place in graph.edges
 _NETWORK_KINDS = frozenset({LinkKind.IB, LinkKind.ETHERNET})
+# The collectives bounded by the ReduceScatter cut (data into a set) and by the AllGather cut (out of it).
+_USES_RS_CUT = frozenset({Collective.REDUCESCATTER, Collective.ALLREDUCE})
+_USES_AG_CUT = frozenset({Collective.ALLGATHER, Collective.ALLREDUCE})
 
 
 @dataclass(frozen=True)
@@ -122,11 +134,22 @@ def _flow_graph(links: Iterable[Link], reverse: bool) -> nx.DiGraph:
     for link in links:
         src, dst = (link.dst, link.src) if reverse else (link.src, link.dst)
         graph.add_edge(src, dst, capacity=link.bandwidth_GBps)
+    graph.graph[_EDGE_ORDER] = {edge: index for index, edge in enumerate(graph.edges)}
     return graph
 
 
 def _boundary(graph: nx.DiGraph, inside: frozenset) -> tuple[tuple[str, str], ...]:
-    return tuple((u, w) for u, w in graph.edges if u in inside and w not in inside)
+    """Return the edges leaving ``inside``, in ``graph.edges`` order.
+
+    Found from the smaller side (the edges out of ``inside``, or into the rest), so the 2N one-GPU
+    and all-but-one-GPU candidates cost their GPUs' links, not the whole graph each; the order
+    keeps every capacity summed over them the same float.
+    """
+    if 2 * len(inside) <= len(graph):
+        found = [(u, w) for u in inside if u in graph for w in graph.succ[u] if w not in inside]
+    else:
+        found = [(u, w) for w in graph if w not in inside for u in graph.pred[w] if u in inside]
+    return tuple(sorted(found, key=graph.graph[_EDGE_ORDER].__getitem__))
 
 
 def _ratio(graph: nx.DiGraph, inside: frozenset, gpus: frozenset) -> float:
@@ -146,37 +169,56 @@ def _candidates(topology: Topology, graph: nx.DiGraph, gpus: frozenset) -> list[
 
 
 def _sinks(topology: Topology, graph: nx.DiGraph) -> list[str]:
-    """Return the GPUs whose min cuts must be checked: node 0's when the machines are alike.
+    """Return the GPUs whose min cuts must be checked: those of the first machine of each kind.
 
-    Swapping machine 0 and machine k (vertex ``n{k}.x`` <-> ``n0.x``, the network switch
+    Swapping machine r and machine k (vertex ``n{k}.x`` <-> ``n{r}.x``, the network switch
     fixed) maps the flow network onto itself when every link keeps its capacity; then GPU
-    ``n{k}.x`` has the same min cut as ``n0.x`` and need not be checked.
+    ``n{k}.x`` has the same min cut as ``n{r}.x`` and need not be checked. Machine k joins the
+    first earlier representative it swaps with, else becomes one: N copies of one machine check
+    machine 0 only, a cluster of two kinds (or one NIC down) one machine of each.
     """
-    everyone = [v.name for v in topology.gpus]
     if topology.nodes == 1:
-        return everyone
+        return [v.name for v in topology.gpus]
+    representatives = [0]
     for node in range(1, topology.nodes):
-        swap = _node_swap(topology, node)
-        if swap is None:
-            return everyone
-        for u, w, capacity in graph.edges(data="capacity"):
+        if not any(_alike(topology, graph, kept, node) for kept in representatives):
+            representatives.append(node)
+    kept_nodes = frozenset(representatives)
+    return [v.name for v in topology.gpus if v.node in kept_nodes]
+
+
+def _alike(topology: Topology, graph: nx.DiGraph, node: int, other: int) -> bool:
+    """Return True when exchanging machines ``node`` and ``other`` maps the flow network onto itself.
+
+    Only the links into or out of the two machines move, so only those are compared: the check
+    costs the two machines' links, not the whole network's.
+    """
+    swap = _node_swap(topology, node, other)
+    if swap is None:
+        return False
+    for name in swap:
+        if name not in graph:
+            continue
+        touching = [(name, w, c) for w, c in graph.succ[name].items()]
+        touching += [(u, name, c) for u, c in graph.pred[name].items() if u not in swap]
+        for u, w, data in touching:
             twin = (swap.get(u, u), swap.get(w, w))
-            if not graph.has_edge(*twin) or graph.edges[twin]["capacity"] != capacity:
-                return everyone
-    return [v.name for v in topology.gpus if v.node == 0]
+            if not graph.has_edge(*twin) or graph.edges[twin]["capacity"] != data["capacity"]:
+                return False
+    return True
 
 
-def _node_swap(topology: Topology, node: int) -> dict[str, str] | None:
-    """Return the renaming that exchanges machine 0 and machine ``node``, or None if they differ."""
-    here, there = node_prefix(0), node_prefix(node)
+def _node_swap(topology: Topology, node: int, other: int) -> dict[str, str] | None:
+    """Return the renaming that exchanges machine ``node`` and machine ``other``, or None if they differ."""
+    here, there = node_prefix(node), node_prefix(other)
     swap = {}
     for vertex in topology.vertices:
-        if vertex.node not in (0, node) or vertex.kind is VertexKind.NET_SWITCH:
+        if vertex.node not in (node, other) or vertex.kind is VertexKind.NET_SWITCH:
             continue
-        mine, other = (here, there) if vertex.node == 0 else (there, here)
+        mine, theirs = (here, there) if vertex.node == node else (there, here)
         if not vertex.name.startswith(mine):
             return None
-        swap[vertex.name] = other + vertex.name[len(mine) :]
+        swap[vertex.name] = theirs + vertex.name[len(mine) :]
     return swap if set(swap.values()) == set(swap) else None
 
 
@@ -335,19 +377,45 @@ def lower_bounds(
     Raises ``ArgumentError`` for an unknown collective or a size below 1 byte.
     """
     collective = _collective(collective)
+    return lower_bounds_by_collective(topology, (collective,), sizes_bytes)[collective]
+
+
+def lower_bounds_by_collective(
+    topology: Topology, collectives: Iterable[Collective | str], sizes_bytes: Iterable[int]
+) -> dict[Collective, tuple[LowerBound, ...]]:
+    """Return ``lower_bounds`` of each collective (in the order given), sharing the work between them.
+
+    The routes and the latency floor serve every collective, and AllReduce takes the AllGather and
+    ReduceScatter cuts, so each is computed once here where one ``lower_bounds`` call per
+    collective computes the routes four times and each cut twice (``taccl topo show``).
+
+    Raises ``ArgumentError`` for an unknown collective or a size below 1 byte.
+    """
+    chosen = tuple(dict.fromkeys(_collective(collective) for collective in collectives))
     sizes = tuple(sizes_bytes)
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ArgumentError(topology.name, "size_bytes", f"size {size!r}", "an integer number of bytes >= 1")
     links = _route_links(topology)
     floor = _latency_floor_us(topology, links)
-    if collective is Collective.ALLTOALL:
-        return _alltoall_bounds(topology, links, sizes, floor)
-    cuts = []
-    if collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
-        cuts.append(_cut_bound(topology, links, reverse=True))
-    if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
-        cuts.append(_cut_bound(topology, links, reverse=False))
+    cuts: dict[bool, CutBound] = {}  # by direction: reverse True for ReduceScatter, False for AllGather
+    bounds = {}
+    for collective in chosen:
+        if collective is Collective.ALLTOALL:
+            bounds[collective] = _alltoall_bounds(topology, links, sizes, floor)
+            continue
+        directions = [reverse for reverse, uses in ((True, _USES_RS_CUT), (False, _USES_AG_CUT)) if collective in uses]
+        for reverse in directions:
+            if reverse not in cuts:
+                cuts[reverse] = _cut_bound(topology, links, reverse)
+        bounds[collective] = _cut_bounds(collective, sizes, [cuts[r] for r in directions], floor, topology.num_ranks)
+    return bounds
+
+
+def _cut_bounds(
+    collective: Collective, sizes: tuple[int, ...], cuts: Sequence[CutBound], floor: float, num_ranks: int
+) -> tuple[LowerBound, ...]:
+    """Return the bound at each size from ``cuts`` (ReduceScatter's first, AllGather's last) and the floor."""
     main = cuts[-1]
     if len(cuts) == 2 and cuts[0].cut == cuts[1].cut:
         description = f"reducescatter + allgather, {main.description}"
@@ -357,7 +425,7 @@ def lower_bounds(
         description = main.description
     bounds = []
     for size in sizes:
-        bandwidth = sum(cut.time_us(size, topology.num_ranks) for cut in cuts)
+        bandwidth = sum(cut.time_us(size, num_ranks) for cut in cuts)
         bounds.append(
             LowerBound(
                 collective,

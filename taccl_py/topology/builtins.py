@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from taccl_py._io import is_readable_file, read_text
 from taccl_py.errors import ArgumentError, TopologyError
-from taccl_py.topology.compose import compose_nodes
+from taccl_py.topology.compose import checked_node_count, compose_nodes
 from taccl_py.topology.model import Topology, VertexKind
 from taccl_py.topology.schema import parse_topology
 
@@ -89,7 +89,7 @@ def load_topology(name_or_path: str | Path, nodes: int = 1) -> Topology:
     ------
     ArgumentError
         If ``name_or_path`` is neither a built-in name nor an existing file (the message lists
-        the built-in names), or ``nodes < 1``.
+        the built-in names), or ``nodes`` is not from 1 to 1024 (``MAX_CLUSTER_NODES``).
     TopologyError
         If the file is malformed, or ``nodes > 1`` for a machine without NIC figures.
 
@@ -100,8 +100,7 @@ def load_topology(name_or_path: str | Path, nodes: int = 1) -> Topology:
     >>> load_topology("NDv4", nodes=2).name
     'dgx-a100x2'
     """
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ArgumentError(None, "nodes", f"{nodes!r} nodes", "an integer >= 1")
+    checked_node_count(nodes)
     machine = _load_machine(str(name_or_path))
     return compose_nodes(machine, nodes)
 

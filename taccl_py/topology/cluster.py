@@ -22,11 +22,12 @@ from taccl_py.topology.cluster_file import (
     MAX_CLUSTER_NODES,
     Cluster,
     ClusterNode,
+    MAX_NIC_SPEED_GBps,
     is_builtin_machine,
     parse_cluster,
     read_cluster,
 )
-from taccl_py.topology.compose import compose_machines, local_name
+from taccl_py.topology.compose import checked_node_count, compose_machines, local_name
 from taccl_py.topology.model import Topology, VertexKind, make_topology
 
 __all__ = [
@@ -62,6 +63,8 @@ def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
         machine, _, count_text = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "1")
         if not machine:
             raise ArgumentError(text, option, f"empty machine in {part!r}", "MACHINE[:COUNT],... or a cluster file")
+        if not is_builtin_machine(machine) and not is_readable_file(Path(machine)):
+            raise ArgumentError(text, option, f"no such built-in machine or file {machine!r}", _machines_expected())
         try:
             count = int(count_text)
         except ValueError:
@@ -72,6 +75,12 @@ def parse_cluster_spec(text: str, option: str = "--cluster") -> Cluster:
             raise ArgumentError(text, option, f"{len(nodes) + count} machines", f"at most {MAX_CLUSTER_NODES}")
         nodes.extend([ClusterNode(machine)] * count)
     return Cluster(tuple(nodes), source=option)
+
+
+def _machines_expected() -> str:
+    from taccl_py.topology.builtins import builtin_topology_names
+
+    return "one of " + ", ".join(builtin_topology_names()) + ", a topology file, or a taccl-cluster/1 file"
 
 
 def parse_nic_down(text: str, option: str = "--nic-down") -> tuple[int, str]:
@@ -89,8 +98,10 @@ def parse_nic_speed(text: str, option: str = "--nic-speed") -> tuple[int, str, f
         speed = float(parts[2])
     except ValueError:
         speed = float("nan")
-    if not (math.isfinite(speed) and speed > 0):
-        raise ArgumentError(text, option, f"speed {parts[2]!r}", "GB/s per direction > 0")
+    if not (math.isfinite(speed) and 0 < speed <= MAX_NIC_SPEED_GBps):
+        raise ArgumentError(
+            text, option, f"speed {parts[2]!r}", f"GB/s per direction > 0 and at most {MAX_NIC_SPEED_GBps:g}"
+        )
     form = "NODE:NIC:GBPS"
     return _node_index(parts[0], text, option, form), _nic_name(parts[1], text, option, form), speed
 
@@ -110,7 +121,11 @@ def _nic_name(text: str, whole: str, option: str, form: str) -> str:
 def with_overrides(
     cluster: Cluster, nics_down: Iterable[tuple[int, str]] = (), nic_speeds: Iterable[tuple[int, str, float]] = ()
 ) -> Cluster:
-    """Return ``cluster`` with more NICs down and NIC speeds set, by node index."""
+    """Return ``cluster`` with more NICs down and NIC speeds set, by node index.
+
+    Raises ``ArgumentError`` for a node index out of range, a NIC down twice (here or in the
+    cluster) and a NIC given two speeds here.
+    """
     nodes = list(cluster.nodes)
 
     def checked(node: int, option: str) -> int:
@@ -122,9 +137,19 @@ def with_overrides(
 
     for node, nic in nics_down:
         node = checked(node, "--nic-down")
+        if nic in nodes[node].nics_down:  # by the cluster file or an earlier --nic-down
+            raise ArgumentError(
+                f"{node}:{nic}", "--nic-down", f"NIC {nic} of node {node} is named twice", "each NIC once"
+            )
         nodes[node] = replace(nodes[node], nics_down=nodes[node].nics_down + (nic,))
+    given: set[tuple[int, str]] = set()  # a --nic-speed may change the speed a cluster file gives, once
     for node, nic, speed in nic_speeds:
         node = checked(node, "--nic-speed")
+        if (node, nic) in given:
+            raise ArgumentError(
+                f"{node}:{nic}", "--nic-speed", f"NIC {nic} of node {node} is given two speeds", "one speed per NIC"
+            )
+        given.add((node, nic))
         nodes[node] = replace(nodes[node], nic_speeds=nodes[node].nic_speeds + ((nic, speed),))
     return replace(cluster, nodes=tuple(nodes))
 
@@ -184,9 +209,7 @@ def describe_cluster(
     if cluster is not None:
         described = parse_cluster_spec(cluster)
     elif topology is not None:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise ArgumentError(None, "--nodes", f"{nodes!r} nodes", "an integer >= 1")
-        described = Cluster((ClusterNode(topology),) * nodes, source=topology)
+        described = Cluster((ClusterNode(topology),) * checked_node_count(nodes, field="--nodes"), source=topology)
     else:
         raise ArgumentError(None, "--topology", "no topology and no cluster", "--topology NAME or --cluster SPEC")
     down = [parse_nic_down(text) for text in nics_down]

@@ -13,10 +13,12 @@ from typing import Any
 
 from taccl_py._io import decode_json, is_readable_file, read_text
 from taccl_py.errors import TopologyError
+from taccl_py.topology.compose import MAX_CLUSTER_NODES
 
 __all__ = [
     "CLUSTER_SCHEMA",
     "MAX_CLUSTER_NODES",
+    "MAX_NIC_SPEED_GBps",
     "Cluster",
     "ClusterNode",
     "is_builtin_machine",
@@ -28,9 +30,10 @@ CLUSTER_SCHEMA = "taccl-cluster/1"
 _TOP_FIELDS = ("schema", "name", "description", "nodes", "network")
 _NODE_FIELDS = ("machine", "count", "nics_down", "nic_speed_GBps")
 _NETWORK_FIELDS = ("alpha_us",)
-# More machines than any bound, schedule or simulation here handles; a larger count in a file is a
-# fault, refused before the node list is built.
-MAX_CLUSTER_NODES = 1024
+# The fastest network port a NIC may be given, GB/s per direction: 10 TB/s, fifty times the 200 GB/s
+# of a 1.6 Tb/s Ethernet port (IEEE 802.3dj, the fastest NIC port specified) and over ten times a
+# GPU's whole NVLink 5 (900 GB/s per direction); a larger figure is a typo or a unit slip (Gb/s, B/s).
+MAX_NIC_SPEED_GBps = 10_000.0
 
 
 @dataclass(frozen=True)
@@ -109,10 +112,13 @@ def _check_fields(obj: dict, allowed: tuple[str, ...], source: str, where: str) 
             raise TopologyError(source, f"{where}{key}", "unknown field", "one of " + ", ".join(allowed))
 
 
-def _number(value: Any, source: str, field: str, positive: bool) -> float:
+def _number(value: Any, source: str, field: str, positive: bool, maximum: float = math.inf) -> float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (value <= 0 if positive else value < 0):
-        raise TopologyError(source, field, f"{value!r}", "a number > 0" if positive else "a number >= 0")
+    if not ok or (value <= 0 if positive else value < 0) or value > maximum:
+        expected = "a number > 0" if positive else "a number >= 0"
+        raise TopologyError(
+            source, field, f"{value!r}", expected + (f" and at most {maximum:g}" if maximum < math.inf else "")
+        )
     return float(value)
 
 
@@ -141,11 +147,17 @@ def _parse_node(entry: Any, source: str, where: str, base: Path | None) -> tuple
     down = entry.get("nics_down", [])
     if not isinstance(down, list) or not all(isinstance(nic, str) for nic in down):
         raise TopologyError(source, f"{where}.nics_down", f"{down!r}", "a list of NIC names")
+    seen: set[str] = set()
+    for nic in down:
+        if nic in seen:
+            raise TopologyError(source, f"{where}.nics_down", f"{nic!r} listed twice", "each NIC once")
+        seen.add(nic)
     speeds = entry.get("nic_speed_GBps", {})
     if not isinstance(speeds, dict):
         raise TopologyError(source, f"{where}.nic_speed_GBps", f"{speeds!r}", "an object of NIC name: GB/s")
     pairs = tuple(
-        (nic, _number(value, source, f"{where}.nic_speed_GBps.{nic}", positive=True)) for nic, value in speeds.items()
+        (nic, _number(value, source, f"{where}.nic_speed_GBps.{nic}", positive=True, maximum=MAX_NIC_SPEED_GBps))
+        for nic, value in speeds.items()
     )
     return ClusterNode(machine, tuple(down), pairs), count
 

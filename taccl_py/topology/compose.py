@@ -8,10 +8,21 @@ from dataclasses import replace
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology.model import Link, Topology, Vertex, VertexKind, make_topology
 
-__all__ = ["NETWORK_SWITCH", "compose_machines", "compose_nodes", "local_name", "node_prefix"]
+__all__ = [
+    "MAX_CLUSTER_NODES",
+    "NETWORK_SWITCH",
+    "checked_node_count",
+    "compose_machines",
+    "compose_nodes",
+    "local_name",
+    "node_prefix",
+]
 
 # The one vertex every NIC of a composed topology is cabled to.
 NETWORK_SWITCH = "netswitch"
+# More machines than any bound, schedule or simulation here handles: a larger count (--nodes, a
+# cluster file, --cluster) is a fault, refused before anything is built.
+MAX_CLUSTER_NODES = 1024
 
 
 def node_prefix(node: int) -> str:
@@ -26,6 +37,20 @@ def local_name(topology: Topology, name: str, node: int) -> str:
     """
     prefix = node_prefix(node)
     return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name
+
+
+def checked_node_count(nodes: object, source: str | None = None, field: str = "nodes") -> int:
+    """Return ``nodes`` when it is a machine count from 1 to ``MAX_CLUSTER_NODES``; raise ``ArgumentError`` if not.
+
+    The one check of a node count (``--nodes``, ``load_topology``, ``compose_nodes``), so that a
+    count too large for any bound or schedule is refused before minutes of building.
+
+    >>> checked_node_count(2)
+    2
+    """
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_CLUSTER_NODES:
+        raise ArgumentError(source, field, f"{nodes!r} nodes", f"an integer from 1 to {MAX_CLUSTER_NODES}")
+    return nodes
 
 
 def compose_nodes(machine: Topology, nodes: int) -> Topology:
@@ -53,7 +78,7 @@ def compose_nodes(machine: Topology, nodes: int) -> Topology:
     Raises
     ------
     ArgumentError
-        If ``nodes < 1`` or ``machine`` already spans several nodes.
+        If ``nodes`` is not from 1 to ``MAX_CLUSTER_NODES`` (1024) or ``machine`` already spans several nodes.
     TopologyError
         If ``nodes > 1`` and the machine has no NIC, or a NIC lacks ``net_kind``,
         ``net_bandwidth_GBps`` or ``net_alpha_us``.
@@ -65,8 +90,7 @@ def compose_nodes(machine: Topology, nodes: int) -> Topology:
     >>> pair.name, pair.num_ranks, pair.gpu(9).name
     ('ndv2x2', 16, 'n1.gpu1')
     """
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ArgumentError(machine.name, "nodes", f"{nodes!r} nodes", "an integer >= 1")
+    checked_node_count(nodes, machine.name)
     if machine.nodes != 1:
         raise ArgumentError(
             machine.name, "nodes", f"topology already spans {machine.nodes} nodes", "a one-machine topology to compose"

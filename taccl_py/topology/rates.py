@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 # NVLink α: TACCL's shipped NDv2/DGX-2 profiles (microsoft/taccl taccl/examples/topo/*.json,
-# alpha 0.3 µs at 1 MB chunks); DESIGN.md's cost-model table uses the same figure.
+# alpha 0.3 µs at 1 MB chunks); docs/design.md's cost-model table uses the same figure.
 NVLINK_ALPHA_US = 0.3
 # GPU -> NVSwitch -> GPU crosses two links; half of the NVLink α on each keeps the GPU-to-GPU
 # route at NVLINK_ALPHA_US, as TACCL's DGX-2 profile (alpha 0.3 between any two GPUs) has it.
@@ -48,7 +48,7 @@ HOST_ALPHA_US = 0.5
 # (Skylake UPI), NVIDIA/nccl src/graph/topo.h.
 DEFAULT_HOST_BANDWIDTH_GBPS = 10.0
 # A NIC whose rate the source does not state: HDR InfiniBand, 200 Gb/s = 25 GB/s per direction
-# (the DGX A100 / NDv4 row of DESIGN.md's cost-model table).
+# (the DGX A100 / NDv4 row of docs/design.md's cost-model table).
 DEFAULT_NET_BANDWIDTH_GBPS = 25.0
 # TACCL's remote_alpha for NDv2 and DGX-2 (taccl/examples/topo/topo-*-1MB.json): 2.6 µs.
 DEFAULT_NET_ALPHA_US = 2.6

@@ -79,7 +79,10 @@ def _import_nccl() -> Any:
     try:
         from cupy.cuda import nccl
     except ImportError as error:
-        raise TransportError(f"CuPy with NCCL is not available ({error}); install cupy-cuda12x") from error
+        raise TransportError(
+            f"CuPy with NCCL is not available ({error}); pip install 'taccl-py[cuda13]' for CUDA 13 "
+            "(current torch wheels) or 'taccl-py[cuda12]' for CUDA 12, as torch.version.cuda says"
+        ) from error
     return nccl
 
 

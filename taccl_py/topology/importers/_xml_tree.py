@@ -1,7 +1,9 @@
 """A minimal XML reader for the importers: elements with attributes, children and line numbers.
 
 ``xml.etree`` drops line numbers; errors about a ``<gpu>`` listed twice should name its line,
-and so do the attribute readers ``int_attr`` and ``float_attr``.
+and so do the attribute readers ``int_attr`` and ``float_attr``. The parser is the hardened one of
+``taccl_py._xml.create_xml_parser``: a DOCTYPE (entity bombs, external entities) or elements nested
+deeper than ``MAX_XML_DEPTH`` are one ``FormatError``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from xml.parsers import expat
 
+from taccl_py._xml import create_xml_parser
 from taccl_py.errors import FormatError, TopologyError
 
 __all__ = ["XmlElement", "float_attr", "int_attr", "parse_xml_tree"]
@@ -30,11 +33,9 @@ class _TreeBuilder:
 
     __slots__ = ("parser", "stack")
 
-    def __init__(self) -> None:
-        self.parser = expat.ParserCreate()
+    def __init__(self, source: str, expected: str) -> None:
+        self.parser = create_xml_parser(source, expected, self.start, self.end)
         self.stack = [XmlElement("#document", {}, 0)]
-        self.parser.StartElementHandler = self.start
-        self.parser.EndElementHandler = self.end
 
     def start(self, tag: str, attrs: dict[str, str]) -> None:
         element = XmlElement(tag, attrs, self.parser.CurrentLineNumber)
@@ -45,13 +46,16 @@ class _TreeBuilder:
         self.stack.pop()
 
 
-def parse_xml_tree(text: str, source: str, root_tag: str) -> XmlElement:
+def parse_xml_tree(text: str, source: str, root_tag: str, *, expected: str | None = None) -> XmlElement:
     """Return the root element of ``text``; raise ``FormatError`` (with the line) if malformed.
+
+    ``expected`` names what the file should be (``"an NCCL topology XML document"``) for the errors
+    about a DOCTYPE or deep nesting; by default, an XML document with a ``root_tag`` root.
 
     >>> parse_xml_tree('<system version="1">\\n<cpu numaid="0"/></system>', "<string>", "system").children[0].line
     2
     """
-    builder = _TreeBuilder()
+    builder = _TreeBuilder(source, expected or f"an XML document with a <{root_tag}> root")
     try:
         builder.parser.Parse(text, True)
     except expat.ExpatError as exc:

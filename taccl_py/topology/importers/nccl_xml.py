@@ -152,7 +152,7 @@ def parse_nccl_topology_xml(
     >>> topo.link("gpu0", "gpu1").bandwidth_GBps, topo.link("gpu0", "cpu0").bandwidth_GBps
     (80.0, 24.0)
     """
-    root = parse_xml_tree(text, source, root_tag="system")
+    root = parse_xml_tree(text, source, root_tag="system", expected="an NCCL topology XML document")
     collected = _Collected(source)
     for element in root.children:
         if element.tag in ("gpu", "pci", "nic"):

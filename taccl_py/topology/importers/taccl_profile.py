@@ -15,7 +15,7 @@ Units. TACCL's profiles are made for one chunk size, named at the end of ``name`
 1 KB, 32 KB and 1 MB NDv2 files agree only so), and the 1 KB and 32 KB files multiply every time
 by 100 and 10 so that TACCL's integer truncation keeps precision (taccl-data README). So
 α (µs) = α_file / scale and β (µs per MB) = β_file / scale x (1 MB / chunk); the bandwidth is
-1e6 bytes / β, i.e. 1e3 / β GB/s, reading the 1 MB profiles' µs/MB as DESIGN.md does
+1e6 bytes / β, i.e. 1e3 / β GB/s, reading the 1 MB profiles' µs/MB as docs/design.md does
 (23 µs/MB ≈ 43.5 GB/s). The NIC's ``net_alpha_us`` is ``remote_alpha`` and its rate comes from
 ``remote_beta``: TACCL's whole GPU-to-GPU cross-node cost, so the GPU-to-NIC PCIe links carry
 no α of their own and never bottleneck the NIC.
