@@ -212,8 +212,8 @@ def assign_values(matrix: MilpMatrix, values: Sequence[float]) -> None:
     """Set every column variable's ``varValue`` from ``values`` (one per column), as pulp's solvers do.
 
     Integer columns are rounded to the nearest integer, so ``var.value() > 0.5`` and equality
-    tests read a binary as the solver meant it. Without a solution, leave the values alone:
-    pulp 4 cannot set one back to None.
+    tests read a binary as the solver meant it. A solve without a solution calls nothing: pulp 4
+    cannot set a value back to None, so the variables keep what they had.
     """
     for var, value, integer in zip(matrix.variables, values, matrix.integer):
         var.varValue = float(round(value)) if integer else float(value)

@@ -202,9 +202,11 @@ def prepare_highs_threads(threads: int) -> None:
 
 
 def describe_solver(options: SolverOptions) -> str:
-    """Return the solver and the version of what runs it, e.g. ``highs (highspy 1.16.0)``, ``cbc (CBC 2.10.3, pulp)``.
+    """Return the solver and the version of what runs it, e.g. ``highs (highspy 1.16.0)``.
 
-    pulp's version is not named: it only builds the model, which is the same under pulp 3 and 4.
+    CBC names its version and where it was found: ``cbc (CBC 2.10.3, bundled with pulp 3.3.2)``,
+    ``cbcbox 2.929`` or ``on PATH``. pulp's version is not named otherwise: it only builds the
+    model, which is the same under pulp 3 and 4.
     """
     if options.solver == "cbc":
         binary = find_cbc()

@@ -112,8 +112,8 @@ def _build_model(matrix: MilpMatrix) -> tuple[Any, list[Any]]:
 
     model = model_builder.Model()
     columns = [
-        model.new_var(float(lower), float(upper), bool(integer), var.name)
-        for var, lower, upper, integer in zip(matrix.variables, matrix.col_lower, matrix.col_upper, matrix.integer)
+        model.new_var(float(lower), float(upper), bool(integer), name)
+        for name, lower, upper, integer in zip(matrix.column_names, matrix.col_lower, matrix.col_upper, matrix.integer)
     ]
     for i, name in enumerate(matrix.row_names):
         terms = range(matrix.row_starts[i], matrix.row_starts[i + 1])

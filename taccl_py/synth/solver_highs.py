@@ -109,13 +109,17 @@ def _stop_of(status: object) -> BranchStop:
 
 
 def _load_matrix(highs: object, matrix: MilpMatrix) -> None:
-    """Hand ``matrix`` to ``highs`` as a minimisation (a maximised objective negated), columns first."""
+    """Hand ``matrix`` to ``highs`` as a minimisation (a maximised objective negated).
+
+    The columns come first, without entries, then the rows fill them: the model pulp 3.3's HiGHS
+    interface built, so HiGHS answers the synthesizer's models as it did before (the same bytes).
+    """
     import highspy
 
     sign = -1.0 if matrix.maximize else 1.0
     n = matrix.num_columns
-    none_i, none_v = np.zeros(n, dtype=np.int32), np.zeros(0, dtype=np.float64)
-    highs.addCols(n, sign * matrix.objective, matrix.col_lower, matrix.col_upper, 0, none_i, none_i[:0], none_v)
+    starts, no_index, no_value = np.zeros(n, dtype=np.int32), np.zeros(0, dtype=np.int32), np.zeros(0)
+    highs.addCols(n, sign * matrix.objective, matrix.col_lower, matrix.col_upper, 0, starts, no_index, no_value)
     integer = np.flatnonzero(matrix.integer).astype(np.int32)
     if integer.size:
         kind = np.full(integer.size, int(highspy.HighsVarType.kInteger), dtype=np.uint8)
