@@ -30,6 +30,8 @@ __all__ = [
     "msccl_fixture_paths",
     "BROKEN_MSCCL_FIXTURES",
     "LogLines",
+    "error_line",
+    "one_error_line",
     "requires_cbc",
 ]
 
@@ -38,6 +40,18 @@ FIXTURES = Path(__file__).parent / "fixtures"
 requires_cbc = pytest.mark.skipif(find_cbc() is None, reason=f"no CBC program here: {CBC_INSTALL_HINT}")
 # Reference files known to be incorrect, with the fault the verifier must name first.
 BROKEN_MSCCL_FIXTURES = {"sccl_allreduce_dgx1_composed.xml": "uninitialized read"}
+
+
+def error_line(stderr: str) -> str:
+    """Return the one line of a failed command's ``stderr``, asserting it is exactly one ``error:`` line."""
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    """Return the one ``error:`` line an in-process ``main([...])`` wrote to stderr (``error_line``)."""
+    return error_line(capsys.readouterr().err)
 
 
 def msccl_fixture_paths() -> list[Path]:

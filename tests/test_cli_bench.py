@@ -11,7 +11,7 @@ from taccl_py.cli import main
 from taccl_py.ir.algorithm_json import write_algorithm
 from taccl_py.ir.collectives import Collective
 
-from helpers import ring_algorithm
+from helpers import error_line, ring_algorithm
 
 FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 
@@ -19,8 +19,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "msccl"
 def assert_one_error_line(capsys: pytest.CaptureFixture[str], status: int, pattern: str) -> None:
     captured = capsys.readouterr()
     assert status == 2
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and pattern in lines[0], captured.err
+    assert pattern in error_line(captured.err)
     assert captured.out == ""
 
 

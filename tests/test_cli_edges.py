@@ -16,6 +16,8 @@ import pytest
 from taccl_py import __version__
 from taccl_py.cli import EXIT_CLOSED_PIPE, EXIT_INPUT, EXIT_INTERRUPTED, main
 
+from helpers import error_line
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,12 +30,6 @@ def _taccl(args: list[str], *, blocked: tuple[str, ...] = (), **options) -> subp
     )
 
 
-def _one_error_line(stderr: str) -> str:
-    lines = stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    return lines[0]
-
-
 # -- item 1: a missing optional package names the extra ---------------------------------------------
 
 
@@ -41,7 +37,7 @@ def test_drawing_without_matplotlib_names_the_plot_extra(tmp_path: Path) -> None
     target = tmp_path / "x.png"
     done = _taccl(["topo", "draw", "dgx2", "--nodes", "2", "-o", str(target)], blocked=("matplotlib",))
     assert done.returncode == EXIT_INPUT
-    line = _one_error_line(done.stderr)
+    line = error_line(done.stderr)
     assert "matplotlib is not installed; expected pip install 'taccl-py[plot]'" in line
     assert not target.exists()
 
@@ -49,7 +45,7 @@ def test_drawing_without_matplotlib_names_the_plot_extra(tmp_path: Path) -> None
 def test_bench_without_torch_names_the_runtime_extra() -> None:
     done = _taccl(["bench", "--library", "ndv2", "--nproc", "4"], blocked=("torch",))
     assert done.returncode == EXIT_INPUT
-    assert "torch is not installed; expected pip install 'taccl-py[runtime]'" in _one_error_line(done.stderr)
+    assert "torch is not installed; expected pip install 'taccl-py[runtime]'" in error_line(done.stderr)
 
 
 # -- item 3: a closed pipe and Ctrl-C ------------------------------------------------------------------
@@ -255,7 +251,7 @@ def test_an_output_file_that_cannot_be_written_is_one_error_before_any_work(
     before = _files_under(tmp_path)
     assert main(_writer_argv(words, tmp_path, algorithm_file, str(target))) == EXIT_INPUT
     captured = capsys.readouterr()
-    assert _one_error_line(captured.err).startswith(f"error: {expected}")
+    assert error_line(captured.err).startswith(f"error: {expected}")
     assert captured.out == ""  # refused before any work
     assert _files_under(tmp_path) == before  # nothing written, no temporary left
     assert not target.exists() or list(target.iterdir()) == []
@@ -278,7 +274,7 @@ def test_an_output_folder_that_cannot_be_written_is_one_error_before_any_work(
         expected = f"{target}: {option}: cannot create a file in {UNWRITABLE}: "
     before = _files_under(tmp_path)
     assert main(_writer_argv(FOLDER_WRITERS[writer], tmp_path, tmp_path, str(target))) == EXIT_INPUT
-    assert _one_error_line(capsys.readouterr().err).startswith(f"error: {expected}")
+    assert error_line(capsys.readouterr().err).startswith(f"error: {expected}")
     assert _files_under(tmp_path) == before
 
 
@@ -306,7 +302,7 @@ def test_nodes_out_of_range_is_refused_before_any_work(
 ) -> None:
     argv = [word.format(folder=tmp_path) for word in command] + ["--nodes", nodes]
     assert main(argv) == EXIT_INPUT
-    line = _one_error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert line == f"error: --nodes: {nodes} nodes; expected an integer from 1 to 1024"
     assert list(tmp_path.iterdir()) == []
 
@@ -331,7 +327,7 @@ def test_synthesis_faults_name_the_option_typed(
     target = tmp_path / "x.json"
     argv = ["synthesize", "--topology", "ndv2", "-c", "allgather", "--jobs", "1", *options, "-o", str(target)]
     assert main(argv) == EXIT_INPUT
-    assert _one_error_line(capsys.readouterr().err).startswith(message)
+    assert error_line(capsys.readouterr().err).startswith(message)
     assert not target.exists()
 
 
@@ -370,5 +366,5 @@ def test_topo_show_and_draw_take_topology_like_every_other_command(
 
 def test_topo_show_refuses_both_a_positional_and_topology(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["topo", "show", "dgx2", "--topology", "ndv2"]) == EXIT_INPUT
-    line = _one_error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert line == "error: ndv2: --topology: given with TOPO 'dgx2'; expected either TOPO or --topology TOPO"

@@ -11,17 +11,12 @@ from taccl_py.cli import main
 from taccl_py.topology import import_topology, load_topology, read_topology
 from taccl_py.topology.draw import draw_topology
 
+from helpers import one_error_line
+
 FIXTURES = Path(__file__).parent / "fixtures"
 BAD = FIXTURES / "bad_topologies"
 SMI_V100 = FIXTURES / "topo" / "v100-sxm2-8gpu-dgx1-style.txt"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 def test_list(capsys):

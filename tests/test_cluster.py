@@ -23,14 +23,9 @@ from taccl_py.topology.fingerprint import cluster_fingerprint
 from taccl_py.topology.model import LinkKind
 from taccl_py.topology.schema import write_topology
 
+from helpers import one_error_line
+
 A100_NICS = ", ".join(f"nic{i}" for i in range(8))
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
 
 
 def _links(topology):

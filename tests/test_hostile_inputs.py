@@ -28,7 +28,7 @@ from taccl_py.runtime.calibration import read_calibration
 from taccl_py.topology.importers import parse_nccl_topology_xml
 from taccl_py.verify import verify_algorithm
 
-from helpers import FIXTURES, ring_algorithm
+from helpers import FIXTURES, one_error_line, ring_algorithm
 
 pytestmark = pytest.mark.smoke
 
@@ -109,13 +109,6 @@ def _xz_bomb(size_bytes: int) -> bytes:
     parts += [compressor.compress(block) for _ in range((size_bytes - 2) // len(block))]
     parts += [compressor.compress(b" " * ((size_bytes - 2) % len(block)) + b"]"), compressor.flush()]
     return b"".join(parts)
-
-
-def _cli_error(capsys) -> str:
-    """Return the one stderr line of a failed command, checking that it is one ``error:`` line."""
-    err = capsys.readouterr().err
-    assert re.fullmatch(r"error: [^\n]*\n", err), err
-    return err.strip()
 
 
 # -- DOCTYPE: refused before anything in it is read ---------------------------------------------------------
@@ -276,7 +269,7 @@ def test_cli_refuses_an_entity_bomb_in_one_line(tmp_path, capsys, command: str, 
         _with_doctype(_billion_laughs(root), seed.read_text().replace(f"<{root} ", f'<{root} x="&lol9;" ', 1))
     )
     assert main([*command.split(), str(path)]) == 2
-    assert _cli_error(capsys).startswith(f"error: {path}: line 2: DOCTYPE declarations are not accepted")
+    assert one_error_line(capsys).startswith(f"error: {path}: line 2: DOCTYPE declarations are not accepted")
 
 
 def test_cli_refuses_a_file_over_the_limit_in_one_line(tmp_path, monkeypatch, capsys) -> None:
@@ -284,7 +277,7 @@ def test_cli_refuses_a_file_over_the_limit_in_one_line(tmp_path, monkeypatch, ca
     path.write_text(generate_algorithm_json(ring_algorithm(Collective.ALLREDUCE, 3)))
     monkeypatch.setenv(ENV, "1000")
     assert main(["verify", str(path)]) == 2
-    assert re.match(_limit_fault(f"error: {path}", "larger than", 1000), _cli_error(capsys))
+    assert re.match(_limit_fault(f"error: {path}", "larger than", 1000), one_error_line(capsys))
 
 
 def test_cli_refuses_an_xz_bomb_in_one_line(tmp_path, monkeypatch, capsys) -> None:
@@ -293,7 +286,7 @@ def test_cli_refuses_an_xz_bomb_in_one_line(tmp_path, monkeypatch, capsys) -> No
     assert path.stat().st_size < 2000
     monkeypatch.setenv(ENV, "1M")
     assert main(["verify", str(path)]) == 2
-    assert re.match(_limit_fault(f"error: {path}", "decompresses to more than", 1 << 20), _cli_error(capsys))
+    assert re.match(_limit_fault(f"error: {path}", "decompresses to more than", 1 << 20), one_error_line(capsys))
 
 
 # -- fuzzing: hostile XML and compressed files --------------------------------------------------------------

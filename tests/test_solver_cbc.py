@@ -15,6 +15,8 @@ from taccl_py.synth.milp_matrix import BranchStop, linear_sum, milp_matrix
 from taccl_py.synth.solver import SolverOptions, SolveStatus, describe_solver, solve_model
 from taccl_py.synth.solver_cbc import CbcBinary, find_cbc, generate_mps
 
+from helpers import one_error_line
+
 pytestmark = pytest.mark.smoke
 
 
@@ -126,9 +128,8 @@ def test_without_cbc_the_solver_is_refused_with_how_to_get_it(no_cbc):
 def test_cli_without_cbc_is_one_error_line(no_cbc, tmp_path, capsys):
     out = tmp_path / "ag.json"
     status = main(["synthesize", "-t", "ndv2", "-c", "allgather", "--size", "1MB", "--solver", "cbc", "-o", str(out)])
-    err = capsys.readouterr().err
     assert status == 2 and not out.exists()
-    assert err.count("\n") == 1 and err.startswith("error: --solver: cbc: no CBC program found; expected pip"), err
+    assert one_error_line(capsys).startswith("error: --solver: cbc: no CBC program found; expected pip")
 
 
 def test_a_cbc_that_fails_leaves_the_caller_its_start(monkeypatch, tmp_path, caplog):
