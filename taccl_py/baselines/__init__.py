@@ -26,6 +26,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
+from taccl_py.msccl.selection import selectable_for_powers_of_two
 from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.tree_packing import TreePacking
 from taccl_py.topology.bounds import lower_bounds
@@ -301,11 +302,13 @@ def _loadable_variant(
 ) -> Algorithm | None:
     """Return ``kind`` reshaped within the portable MSCCL limits, as ``keep`` accepts it, or None.
 
-    Two limits have a cure. Steps per threadblock: rings and hierarchical algorithms spread their
-    longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126 times on
+    Three refusals have a cure. Steps per threadblock: rings and hierarchical algorithms spread
+    their longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126 times on
     one). Threadblocks per GPU: rings, trees and hierarchical algorithms take the most channels
     under the original's that fit (16 trees on 64 GPUs need 69 threadblocks, over the 64 MSCCL
-    loads). None when neither applies or no variant is accepted.
+    loads). A chunk loop MSCCL never selects (6 rings on NDv2: 48 chunks, which divide no
+    power-of-two count) also takes the most channels under the original's that ``keep`` accepts.
+    None when neither applies or no variant is accepted.
     """
     if kind not in (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL):
         return None
@@ -321,13 +324,14 @@ def _loadable_variant(
         if keep(algorithm):
             return algorithm
     most = _most_threadblocks(algorithm)
-    if most <= limits.max_threadblocks_per_gpu:
+    if most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm):
         return None
     channels = int(algorithm.meta("channels", str(algorithm.num_channels)))
     # A hierarchical name counts the cross-machine ring's channel; its builder takes the local rings.
     built_with = channels - 1 if kind is BaselineKind.HIERARCHICAL and topology.nodes > 1 else channels
     # Threadblocks grow about in proportion to the channels: start where the count should fit.
-    for fewer_channels in range(min(built_with - 1, channels * limits.max_threadblocks_per_gpu // most), 0, -1):
+    start = min(built_with - 1, max(1, channels * limits.max_threadblocks_per_gpu // most))
+    for fewer_channels in range(start, 0, -1):
         fewer = build_baseline(
             kind,
             topology,
@@ -339,7 +343,7 @@ def _loadable_variant(
         )
         if keep(fewer):
             return fewer
-        if _most_threadblocks(fewer) <= limits.max_threadblocks_per_gpu:
+        if _most_threadblocks(fewer) <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(fewer):
             return None
     return None
 

@@ -43,8 +43,9 @@ _LATENCY_CHUNKINGS = ((1, 1),)
 _MIDDLE_CHUNKINGS = ((1, 1), (1, 2), (2, 1))
 _BANDWIDTH_CHUNKINGS = ((1, 2), (1, 4), (2, 2), (2, 4), (1, 8))
 # One machine without a switch (NVLink meshes): more routed chunks spread each rank's data over
-# links of unequal bandwidth (TACCL's NDv2 sketch uses input_chunkup 6).
-_MESH_CHUNKINGS = ((2, 1), (3, 2), (6, 1))
+# links of unequal bandwidth. TACCL's NDv2 sketch uses input_chunkup 6, but a loop of 6 chunks per
+# rank never divides the power-of-two counts users pass, so MSCCL would never select it.
+_MESH_CHUNKINGS = ((2, 1), (4, 1), (4, 2), (8, 1))
 # Cap on routed chunks (ranks x chunkup) so that the routing MILP stays small.
 MAX_ROUTED_CHUNKS = 128
 
@@ -100,9 +101,18 @@ def simulate_at(
 
 
 def exportable(algorithm: Algorithm, runtime: str = "portable") -> bool:
-    """Return True when ``runtime``'s limits (default: every runtime's) allow ``algorithm`` (steps, threadblocks)."""
-    from taccl_py.msccl import generate_msccl_xml
+    """Return True when an MSCCL runtime loads ``algorithm`` and selects it for the counts users pass.
 
+    Loads: ``runtime``'s limits (default: every runtime's) allow its steps and threadblocks.
+    Selects: its chunk loop divides power-of-two element counts where some loop can
+    (``selectable_for_powers_of_two``).
+    """
+    from taccl_py.msccl import generate_msccl_xml
+    from taccl_py.msccl.selection import selectable_for_powers_of_two
+
+    if not selectable_for_powers_of_two(algorithm):
+        logger.info("%s: %d chunks per loop: MSCCL never selects it", algorithm.name, algorithm.chunks_per_loop)
+        return False
     try:
         generate_msccl_xml(algorithm, runtime=runtime)
     except ArgumentError as error:
