@@ -105,6 +105,9 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "synthesize: wrote" in captured.err and "[1/" in captured.err, "progress per stage on stderr"
     assert "allreduce on ndv2 (8 GPUs)" in captured.out
+    row = captured.out.splitlines()[-1].split()
+    # vs baseline compares the chosen algorithm: 1.00x for the baseline itself, else the synthesis's ratio
+    assert row[4] == ("1.00x" if row[1] == row[7] else row[6])
 
 
 def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
@@ -119,8 +122,12 @@ def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
         "synthesize: note: the synthesized algorithm (2598.0 us) is slower than the best baseline ring-2ch-1p "
         "(2350.8 us) at 64MB; writing ring-2ch-1p instead"
     ) in captured.err
-    row = captured.out.splitlines()[-1].split()
-    assert row[1] == "ring-2ch-1p" and row[-1] == "0.90x"
+    header, _, line = captured.out.splitlines()[-3:]
+    assert "  vs baseline  synth (us)  synth vs baseline  best baseline  baseline (us)" in header
+    row = line.split()
+    # the chosen baseline against itself, and the synthesis that lost to it
+    assert row[1] == row[7] == "ring-2ch-1p" and row[4] == "1.00x" and row[6] == "0.90x"
+    assert row[2] == row[8] and float(row[5]) > float(row[2])
 
 
 def test_sizes_write_a_library(tmp_path):

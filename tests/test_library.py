@@ -15,6 +15,7 @@ from taccl_py.topology import (
     compose_nodes,
     import_topology,
     load_topology,
+    lower_bound,
     make_topology,
 )
 from taccl_py.topology.builtins import nic_affinity
@@ -27,7 +28,16 @@ NDV2_SINGLE = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
 
 
 def test_builtin_names():
-    assert builtin_topology_names() == ("dgx-a100", "dgx-h100", "dgx1", "dgx2", "ndv2", "ndv2-teccl", "pcie-8gpu")
+    assert builtin_topology_names() == (
+        "dgx-a100",
+        "dgx-h100",
+        "dgx1",
+        "dgx2",
+        "mi300x",
+        "ndv2",
+        "ndv2-teccl",
+        "pcie-8gpu",
+    )
 
 
 @pytest.mark.parametrize(
@@ -40,7 +50,8 @@ def test_names_and_aliases_are_case_insensitive(alias, name):
 def test_unknown_name_lists_the_builtins():
     with pytest.raises(
         ArgumentError,
-        match=r"^nosuch: no such built-in topology or file; expected one of dgx-a100, dgx-h100, dgx1, dgx2, ndv2, ",
+        match=r"^nosuch: no such built-in topology or file; "
+        r"expected one of dgx-a100, dgx-h100, dgx1, dgx2, mi300x, ndv2, ",
     ):
         load_topology("nosuch")
 
@@ -82,6 +93,18 @@ def test_machine_figures():
     assert {nic.net_bandwidth_GBps for nic in h100.nics()} == {50.0}
     teccl = load_topology("ndv2-teccl")
     assert {link.bandwidth_GBps for link in teccl.links if link.kind is LinkKind.NVLINK} == {50.0, 25.0}
+
+
+def test_mi300x_is_a_full_xgmi_mesh():
+    mi300x = load_topology("mi300x")
+    xgmi = [link for link in mi300x.links if link.kind is LinkKind.XGMI]
+    assert len(xgmi) == 8 * 7  # every ordered GPU pair, one link each way
+    assert {(link.bandwidth_GBps, link.alpha_us, link.count) for link in xgmi} == {(48.0, 0.8, 1)}
+    assert {nic.net_bandwidth_GBps for nic in mi300x.nics()} == {50.0}
+    assert nic_affinity(mi300x) == {f"nic{i}": (i,) for i in range(8)}
+    # AllGather of 1 GB: 7/8 GB enters each GPU over its 7 links
+    bound = lower_bound(mi300x, "allgather", 10**9)
+    assert bound.time_us == pytest.approx(7 / 8 * 1e9 / (7 * 48.0 * 1e3)) and "7 xgmi links" in bound.description
 
 
 def test_compose_numbers_ranks_node_major_and_prefixes_names():

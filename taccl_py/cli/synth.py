@@ -24,7 +24,19 @@ from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_si
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
-_HEADERS = ("size", "chosen", "time (us)", "of bound", "synthesized (us)", "best baseline", "baseline (us)", "speedup")
+# The chosen algorithm first (its time, fraction of the bound and ratio to the best baseline), then
+# the best synthesized candidate (the chosen one, unless a baseline won) and the best baseline.
+_HEADERS = (
+    "size",
+    "chosen",
+    "time (us)",
+    "of bound",
+    "vs baseline",
+    "synth (us)",
+    "synth vs baseline",
+    "best baseline",
+    "baseline (us)",
+)
 
 
 def _stderr(line: str) -> None:
@@ -37,24 +49,28 @@ def _shows_progress(args: argparse.Namespace) -> bool:
 
 
 def format_synthesis_table(result: SynthesisResult) -> str:
-    """Return one row per size: the chosen algorithm, its time and bound ratio, and the best baseline.
+    """Return one row per size: the chosen algorithm against the best baseline, and the best synthesized one.
 
-    ``speedup`` is the best baseline's time over the best synthesized algorithm's (above 1:
-    ours is faster).
+    ``vs baseline`` is the best baseline's time over the chosen algorithm's (above 1: the chosen
+    one is faster; 1.00x where the baseline itself is chosen); ``synth vs baseline`` is the best
+    baseline's time over the best synthesized algorithm's, so a synthesis that lost to the
+    baseline shows below 1 there. ``-`` marks a size without a baseline or a synthesized result.
     """
     rows = []
     for choice in result.choices:
         syn, base = choice.synthesized, choice.baseline
+        chosen_us = choice.chosen_result.time_us
         rows.append(
             (
                 format_size(choice.size_bytes),
                 choice.chosen.name,
-                f"{choice.chosen_result.time_us:.2f}",
+                f"{chosen_us:.2f}",
                 f"{choice.chosen_result.fraction_of_bound:.3f}",
+                "-" if base is None else format_ratio(base.time_us / chosen_us),
                 "-" if syn is None else f"{syn.time_us:.2f}",
+                "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
                 choice.baseline_name or "-",
                 "-" if base is None else f"{base.time_us:.2f}",
-                "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
             )
         )
     return format_table(_HEADERS, rows)
