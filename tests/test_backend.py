@@ -160,6 +160,59 @@ def _functional_cases(rank: int, gloo: Any, world: int) -> list[str]:
     return problems
 
 
+def _inplace_cases(rank: int, gloo: Any, world: int) -> list[str]:
+    """In-place all_reduce, all_gather_into_tensor and reduce_scatter_tensor (FSDP2's forms) against gloo's.
+
+    AllReduce and AllGather must run the ring's in-place variant on the caller's buffer, with no
+    copy of the rank's block; ReduceScatter runs on a copy and leaves the input's other blocks as gloo does.
+    """
+    import logging
+
+    from helpers import LogLines
+
+    lines = LogLines()
+    lines.setLevel(logging.DEBUG)
+    loggers = [logging.getLogger(f"taccl_py.runtime.{name}") for name in ("communicator", "executor")]
+    for logger in loggers:
+        logger.addHandler(lines)
+        logger.setLevel(logging.DEBUG)
+    problems = []
+    for seed, (dtype, numel) in enumerate(((torch.float32, 1000), (torch.bfloat16, 96))):
+        for collective in ("allreduce", "allgather", "reducescatter"):
+            lines.messages.clear()
+            ours, theirs = (
+                _data(rank, (numel,) if collective == "allgather" else (world * numel,), dtype, 60 + seed)
+                for _ in range(2)
+            )
+            if collective == "allreduce":
+                dist.all_reduce(ours)
+                dist.all_reduce(theirs, group=gloo)
+                blocks = (ours, theirs)
+            elif collective == "allgather":
+                ours, theirs = (torch.cat([t] * world) for t in (ours, theirs))  # block `rank` is this rank's data
+                dist.all_gather_into_tensor(ours, ours.chunk(world)[rank])
+                dist.all_gather_into_tensor(theirs, theirs.chunk(world)[rank], group=gloo)
+                blocks = (ours, theirs)
+            else:
+                dist.reduce_scatter_tensor(ours.chunk(world)[rank], ours)
+                dist.reduce_scatter_tensor(theirs.chunk(world)[rank], theirs, group=gloo)
+                blocks = (ours, theirs)
+            label = f"in-place {collective} {dtype} numel={numel}"
+            if not _close(*blocks):
+                problems.append(f"{label}: max error {max_difference(blocks[0].double(), blocks[1].double())}")
+            if collective == "reducescatter":
+                if any("in-place variant" in m for m in lines.messages):
+                    problems.append(f"{label}: ran an in-place variant, which writes the input's other blocks")
+                continue
+            if not any(f"runs in-place variant of ring_{collective}_{world}" in m for m in lines.messages):
+                problems.append(f"{label}: the in-place variant did not run; log: {lines.messages}")
+            if not any("caller's one buffer with 0 copies in and 0 out" in m for m in lines.messages):
+                problems.append(f"{label}: the rank's block was copied; log: {lines.messages}")
+    for logger in loggers:
+        logger.removeHandler(lines)
+    return problems
+
+
 def _ddp_cases(rank: int, gloo: Any) -> dict[str, float]:
     """DDP on the taccl default group against DDP on a gloo group, same seed and data."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -263,6 +316,7 @@ def _backend_scenarios(rank: int, world_size: int, port: int, folder: str) -> di
     results["counts_after_delegated"] = (dict(pg.routed), dict(pg.delegated))
     results["functional_problems"] = _functional_cases(rank, gloo, world_size)
     results["functional_routed"] = dict(pg.routed - Counter(results["counts_after_delegated"][0]))
+    results["inplace_problems"] = _inplace_cases(rank, gloo, world_size)
     before = pg.routed["allreduce"]
     results["ddp"] = _ddp_cases(rank, gloo)
     results["ddp_allreduces"] = pg.routed["allreduce"] - before
@@ -320,6 +374,12 @@ def test_functional_collectives_are_routed_and_equal_gloo(backend_results: list[
         assert result["functional_problems"] == [], f"rank {rank}: {result['functional_problems']}"
         routed = result["functional_routed"]
         assert routed == {"allgather": 3, "reducescatter": 1, "allreduce": 1}, f"rank {rank}: routed {routed}"
+
+
+@pytest.mark.multiprocess
+def test_inplace_calls_run_the_inplace_variant_and_equal_gloo(backend_results: list[dict[str, Any]]) -> None:
+    for rank, result in enumerate(backend_results):
+        assert result["inplace_problems"] == [], f"rank {rank}: {result['inplace_problems']}"
 
 
 class RecordingWork:

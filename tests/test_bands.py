@@ -80,11 +80,13 @@ def test_a_malformed_library_names_its_field(tmp_path, edit, match):
 def test_library_xml_fills_the_band_sizes_and_leaves_out_a_band_beyond_msccl_limits(tmp_path):
     library = _toy_library()
     export = write_library_xml(library, tmp_path / "xml")
-    assert [name for name, _ in export.files] == ["toy-n1-allgather-0.xml"]
+    assert [name for name, _ in export.files] == ["toy-n1-allgather-0.xml", "toy-n1-allgather-0-inplace.xml"]
     assert [index for index, _ in export.skipped] == [1] and "at most 64 steps" in export.skipped[0][1]
-    assert sorted(p.name for p in (tmp_path / "xml").iterdir()) == ["toy-n1-allgather-0.xml"]
+    written = sorted(p.name for p in (tmp_path / "xml").iterdir())
+    assert written == ["toy-n1-allgather-0-inplace.xml", "toy-n1-allgather-0.xml"]
     parsed = read_msccl_xml(str(tmp_path / "xml" / "toy-n1-allgather-0.xml"))
     assert (parsed.min_bytes, parsed.max_bytes) == (0, 1000)
+    assert 'minBytes="0" maxBytes="999"' in export.files[0][1], "MSCCL's maxBytes is inclusive"
     assert parsed.ranks == library.bands[0].algorithm.ranks
 
 
@@ -117,5 +119,6 @@ def test_a_native_band_is_written_without_a_file_and_read_back(tmp_path):
 
 def test_msccl_export_leaves_a_native_band_to_nccl_without_a_warning(tmp_path):
     export = write_library_xml(_with_native_band(), tmp_path / "xml")
-    assert [name for name, _ in export.files] == ["toy-n1-allgather-0.xml", "toy-n1-allgather-2.xml"]
+    out_of_place = [name for name, _ in export.files if not name.endswith("-inplace.xml")]
+    assert out_of_place == ["toy-n1-allgather-0.xml", "toy-n1-allgather-2.xml"]
     assert export.skipped == ()

@@ -135,8 +135,12 @@ def test_export_msccl_writes_every_band_of_a_machines_shipped_libraries(tmp_path
     out = tmp_path / "msccl"
     assert main(["export-msccl", "NDv2", "--nodes", "2", "-o", str(out)]) == 0
     libraries = {lib.collective.value: lib for lib in map(read_library, shipped_library_paths("ndv2", 2))}
-    names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(f"ndv2-n2-{c}-{i}.xml" for c, lib in libraries.items() for i in range(len(lib.bands)))
+    names = {p.name for p in out.iterdir()}
+    out_of_place = {f"ndv2-n2-{c}-{i}.xml" for c, lib in libraries.items() for i in range(len(lib.bands))}
+    assert out_of_place <= names and all(name.endswith("-inplace.xml") for name in names - out_of_place)
+    for name in out_of_place - {name for name in out_of_place if "alltoall" in name}:
+        in_place = name.replace(".xml", "-inplace.xml")
+        assert in_place in names or 'inplace="1" outofplace="1"' in (out / name).read_text(), name
     band = libraries["allreduce"].bands[1]
     parsed = read_msccl_xml(str(out / "ndv2-n2-allreduce-1.xml"))
     assert (parsed.collective, parsed.num_ranks, parsed.min_bytes, parsed.max_bytes) == (
@@ -145,7 +149,8 @@ def test_export_msccl_writes_every_band_of_a_machines_shipped_libraries(tmp_path
         band.min_bytes,
         band.max_bytes,
     )
-    assert capsys.readouterr().err.strip() == f"wrote {len(names)} MSCCL XML files to {out}"
+    assert read_msccl_xml(str(out / "ndv2-n2-allreduce-1-inplace.xml")).inplace
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"wrote {len(names)} MSCCL XML files to {out}"
 
 
 @pytest.mark.parametrize(
@@ -186,18 +191,23 @@ def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, caps
     _write_toy_library_beyond_msccl_limits(tmp_path / "ag.library.json")
     assert main(["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml")]) == 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[1] == f"wrote 1 MSCCL XML files to {tmp_path / 'xml'}"
+    assert len(err) == 2 and err[1] == f"wrote 2 MSCCL XML files to {tmp_path / 'xml'}"
     assert err[0].startswith(
         "warning: toy n1 allgather band 1 (1KB and up) has no MSCCL XML: toy-n1-allgather-1: rank 0 tb 0: 80 steps"
     )
-    assert [p.name for p in (tmp_path / "xml").iterdir()] == ["toy-n1-allgather-0.xml"]
+    written = sorted(p.name for p in (tmp_path / "xml").iterdir())
+    assert written == ["toy-n1-allgather-0-inplace.xml", "toy-n1-allgather-0.xml"]
 
 
 def test_export_msccl_for_a_runtime_keeps_the_bands_it_can_load(tmp_path, capsys) -> None:
     _write_toy_library_beyond_msccl_limits(tmp_path / "ag.library.json")
     argv = ["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml"), "--runtime", "msccl"]
     assert main(argv) == 0  # 80 steps per threadblock fit microsoft/msccl's 256
-    assert capsys.readouterr().err.strip() == f"wrote 2 MSCCL XML files to {tmp_path / 'xml'}"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "warning: toy n1 allgather band 1 (1KB and up): MSCCL selects it at no power-of-two count: 160 chunks per loop",
+        f"wrote 2 MSCCL XML files to {tmp_path / 'xml'}",
+    ], "the old dialect names no placement: one file per band"
     assert read_msccl_xml(str(tmp_path / "xml" / "toy-n1-allgather-1.xml")).num_ranks == 2
     assert "inplace" in (tmp_path / "xml" / "toy-n1-allgather-1.xml").read_text()
     assert "outofplace" not in (tmp_path / "xml" / "toy-n1-allgather-1.xml").read_text(), "msccl reads the old dialect"

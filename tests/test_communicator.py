@@ -18,6 +18,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.executor import block_layout
 from taccl_py.runtime.selection import collect_algorithms
 
 from helpers import LogLines, ring_algorithm
@@ -56,6 +57,19 @@ def two_chunk_ring_allgather(n: int):
             block = (r - step) % n
             items += [Transfer(r, (r + 1) % n, (O, 2 * block + j), (O, 2 * block + j)) for j in range(2)]
     return lower_plan(f"ring2_allgather_{n}", Collective.ALLGATHER, n, 2 * n, items)
+
+
+def racy_inplace_allreduce(n: int):
+    """Return an allreduce that copies its input out, then adds every peer's input into the output.
+
+    Correct out of place; in place, a rank's receive adds into the chunk its own send still reads,
+    so its in-place variant does not verify.
+    """
+    items = [LocalCopy(r, (I, c), (O, c)) for r in range(n) for c in range(n)]
+    items += [
+        Transfer(r, q, (I, c), (O, c), reduce=True) for r in range(n) for q in range(n) if q != r for c in range(n)
+    ]
+    return lower_plan(f"racy_inplace_allreduce_{n}", Collective.ALLREDUCE, n, n, items)
 
 
 def wrong_allgather(n: int):
@@ -280,3 +294,114 @@ def from_env_worker(rank: int, world: int) -> list[str]:
 @pytest.mark.multiprocess
 def test_from_env_initialises_from_torchrun_variables() -> None:
     assert_no_mismatches(run_ranks(from_env_worker, 2, backend=None))
+
+
+# -- in-place calls on gloo -------------------------------------------------------------------------
+
+_DEBUG_LOGGERS = ("taccl_py.runtime.communicator", "taccl_py.runtime.executor", "taccl_py.runtime.inplace_calls")
+
+
+def debug_lines() -> LogLines:
+    """Return a handler that keeps the runtime's DEBUG lines (which form ran, which copies were bound)."""
+    handler = LogLines()
+    handler.setLevel(logging.DEBUG)
+    for name in _DEBUG_LOGGERS:
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    return handler
+
+
+def stop_lines(handler: LogLines) -> None:
+    """Detach a handler that ``debug_lines`` attached."""
+    for name in _DEBUG_LOGGERS:
+        logging.getLogger(name).removeHandler(handler)
+
+
+def inplace_call(comm: Communicator, collective: Collective, case: Case, rank: int) -> tuple[torch.Tensor, ...]:
+    """Run MSCCL's in-place form of ``collective`` with ``comm`` and with gloo on the same data; return both results."""
+    import torch.distributed as dist
+
+    world, op = comm.world_size, getattr(dist.ReduceOp, case.op.upper())
+    if collective is Collective.ALLREDUCE:
+        ours = random_input(case, rank, case.numel)
+        theirs = ours.clone()
+        comm.all_reduce(ours, op=case.op)
+        dist.all_reduce(theirs, op=op)
+        return ours, theirs
+    if collective is Collective.ALLGATHER:
+        ours = torch.full((world * case.numel,), 99, dtype=getattr(torch, case.dtype))
+        ours.chunk(world)[rank].copy_(random_input(case, rank, case.numel))
+        theirs = ours.clone()
+        comm.all_gather(ours, ours.chunk(world)[rank])
+        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(theirs, theirs.chunk(world)[rank])
+        return ours, theirs
+    ours = random_input(case, rank, world * case.numel)
+    theirs = ours.clone()
+    comm.reduce_scatter(ours.chunk(world)[rank], ours, op=case.op)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    scatter(theirs.chunk(world)[rank], theirs, op=op)
+    return ours, theirs  # the whole input: its other blocks must stay as gloo leaves them
+
+
+def inplace_problems(comm: Communicator, collective: Collective, case: Case, rank: int, form: str) -> list[str]:
+    """Run one in-place call; return its mismatch with gloo, and a line unless it ran ``form`` without copies."""
+    lines = debug_lines()
+    ours, theirs = inplace_call(comm, collective, case, rank)
+    problem = compare(case, ours, theirs)
+    problems = [f"in place: {problem}"] if problem else []
+    if not any(f"runs {form}" in line for line in lines.messages):
+        problems.append(f"{case.label()}: expected {form!r} to run; log: {lines.messages}")
+    per_block = block_layout(collective, comm.world_size, comm.world_size)[2]
+    copy_free = "to the caller's one buffer with 0 copies in and 0 out"
+    if form.startswith("in-place") and case.numel % per_block == 0 and not any(copy_free in m for m in lines.messages):
+        problems.append(f"{case.label()}: the rank's block was copied; log: {lines.messages}")
+    stop_lines(lines)
+    return problems
+
+
+def inplace_worker(rank: int, world: int) -> list[str]:
+    """Worker: in-place and ordinary calls of out-of-place rings equal gloo's; the right form runs, verified once."""
+    rings = [ring_algorithm(c, world) for c in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)]
+    comm = Communicator(None, rings, timeout_s=30)
+    verified = debug_lines()
+    problems = []
+    cases = [  # 37 pads the allreduce's 4 chunks per block: it copies, but must still run in place
+        Case("in place", "float32", 1000, "sum", seed=1, real=True),
+        Case("in place", "float32", 37, "max", seed=2, real=True),
+        Case("in place", "int64", 1000, "max", seed=3),
+        Case("in place", "int64", 37, "sum", seed=4),
+    ]
+    for case in cases:
+        for ring in rings:
+            collective = ring.collective
+            # an in-place ReduceScatter runs on a copy: its in-place schedule would write the input's other blocks
+            form = f"{ring.name} (out of place)" if collective is Collective.REDUCESCATTER else None
+            problems += inplace_problems(comm, collective, case, rank, form or f"in-place variant of {ring.name}")
+            lines = debug_lines()
+            problem = run_collective(comm, collective, case, rank)  # separate tensors (all_reduce: always in place)
+            problems += [f"separate tensors: {problem}"] if problem else []
+            ordinary = f"runs {ring.name} (out of place)"
+            if collective is not Collective.ALLREDUCE and not any(ordinary in m for m in lines.messages):
+                problems.append(f"{case.label()}: separate tensors did not run {ring.name}; log: {lines.messages}")
+            stop_lines(lines)
+    in_place_rings = [ring for ring in rings if ring.collective is not Collective.REDUCESCATTER]
+    once = [m for m in verified.messages if "its in-place variant verifies" in m]
+    if len(once) != len(in_place_rings):
+        problems.append(f"expected one verification per ring, got {once}")
+    for ring in in_place_rings:
+        form = comm.algorithm_for(ring.collective, 4096, inplace=True)
+        if not (form.inplace and form.meta("inplace_of") == ring.name and form is not ring):
+            problems.append(f"algorithm_for(inplace=True) gave {form.name} inplace={form.inplace}")
+    racy = Communicator(None, [racy_inplace_allreduce(world)], timeout_s=30)
+    case = Case("racy", "float32", 64, "sum", seed=5, real=True)
+    problems += inplace_problems(
+        racy, Collective.ALLREDUCE, case, rank, f"{racy_inplace_allreduce(world).name} (out of place, on a copy"
+    )
+    if racy.algorithm_for(Collective.ALLREDUCE, 256, inplace=True).inplace:
+        problems.append("a variant that does not verify was chosen")
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_inplace_calls_run_the_verified_inplace_variant_without_copies_and_equal_gloo() -> None:
+    assert_no_mismatches(run_ranks(inplace_worker, 4))

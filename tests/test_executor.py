@@ -17,6 +17,7 @@ from taccl_py.errors import ArgumentError, TransportError, VerificationError
 from taccl_py.files import read_any_algorithm
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.inplace import inplace_variant
 from taccl_py.ir.lowering import Transfer, lower_plan
 from taccl_py.runtime.executor import Executor, block_layout
 from taccl_py.runtime.rank_plan import Storage, compile_rank_plan
@@ -276,6 +277,59 @@ def test_repeated_runs_reuse_bindings_and_follow_new_tensors() -> None:
         outputs = run_threads(algorithm, inputs, 4, executors=executors)
         assert torch.equal(outputs[0], torch.cat(inputs))
     assert all(len(e._bindings) == 2 for e in executors)
+
+
+def aliased_pair(collective: Collective, data: torch.Tensor, rank: int, num_ranks: int) -> tuple[torch.Tensor, ...]:
+    """Return (output, input) of MSCCL's in-place call on rank ``rank`` holding ``data`` as its input."""
+    if collective is Collective.ALLGATHER:
+        buffer = torch.full((num_ranks * data.numel(),), 99, dtype=data.dtype)
+        buffer.chunk(num_ranks)[rank].copy_(data)
+        return buffer, buffer.chunk(num_ranks)[rank]
+    buffer = data.clone()
+    return (buffer.chunk(num_ranks)[rank] if collective is Collective.REDUCESCATTER else buffer), buffer
+
+
+def run_aliased(collective: Collective, seed: int) -> tuple[Algorithm, list, list, list]:
+    """Run the in-place variant of a 4-rank ring on aliased tensors; return ring, inputs, tensor pairs, executors."""
+    n, numel = 4, 12  # 12 divides into the allreduce's 4 chunks: no padding, so no copy at all
+    ring = ring_algorithm(collective, n)
+    variant = inplace_variant(ring)
+    assert variant.inplace and verify_algorithm(variant).ok
+    inputs = make_inputs(ring, numel, torch.float32, seed=seed)
+    pairs = [aliased_pair(collective, inputs[r], r, n) for r in range(n)]
+    executors = [Executor(variant, r, torch.float32, numel) for r in range(n)]
+    hub = LocalHub(n)
+    threads = [
+        threading.Thread(target=executors[r].run, args=(*pairs[r], hub.transport(r), "sum", 10.0)) for r in range(n)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(40)
+    return ring, inputs, pairs, executors
+
+
+@pytest.mark.parametrize("collective", [Collective.ALLGATHER, Collective.ALLREDUCE], ids=lambda c: c.value)
+def test_an_inplace_variant_on_aliased_tensors_copies_nothing(collective: Collective) -> None:
+    ring, inputs, pairs, executors = run_aliased(collective, seed=11)
+    for rank, ((output, input), want) in enumerate(zip(pairs, expected(ring, inputs, "sum"))):
+        binding = executors[rank]._binding(output, input)
+        assert (binding.copy_in, binding.copy_out) == ([], []), f"rank {rank} copied the rank's block"
+        assert torch.equal(output, want), f"rank {rank}: {output[:8].tolist()} != {want[:8].tolist()}"
+    # calls that do not alias still run the variant correctly, through copies
+    outputs = run_threads(inplace_variant(ring), [t.clone() for t in inputs], 12)
+    assert all(torch.equal(got, want) for got, want in zip(outputs, expected(ring, inputs, "sum")))
+
+
+def test_an_inplace_reducescatter_on_aliased_tensors_leaves_the_other_blocks() -> None:
+    ring, inputs, pairs, _executors = run_aliased(Collective.REDUCESCATTER, seed=12)
+    for rank, ((output, buffer), want) in enumerate(zip(pairs, expected(ring, inputs, "sum"))):
+        assert torch.equal(output, want)
+        others = [block for b, block in enumerate(buffer.chunk(4)) if b != rank]
+        assert all(
+            torch.equal(got, block)
+            for got, block in zip(others, [b for i, b in enumerate(inputs[rank].chunk(4)) if i != rank])
+        ), "torch's backends leave the other blocks of an in-place reduce_scatter's input as they were"
 
 
 # -- errors -----------------------------------------------------------------------------------------

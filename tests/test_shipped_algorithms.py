@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
 from taccl_py.msccl import generate_library_xml, generate_msccl_xml, parse_msccl_xml
 from taccl_py.msccl.library import library_xml_name
+from taccl_py.msccl.selection import power_of_two_sizes, selection_report
 from taccl_py.topology import builtin_topology_names
 
 from helpers import assert_valid_algorithm
@@ -93,15 +95,35 @@ def test_algorithms_folder_stays_lean():
     assert total <= MAX_TOTAL_BYTES, f"algorithms/ holds {total / 1e6:.2f} MB"
 
 
-def _verify(path) -> None:
-    """Check every band against its collective, and its MSCCL XML too, as a runtime would load it.
+# The calls PyTorch users make and MSCCL must serve from our files: all_reduce is always in place,
+# FSDP2 gathers in place, all_to_all_single is out of place.
+PLACEMENTS = {
+    Collective.ALLREDUCE: (True,),
+    Collective.ALLGATHER: (True, False),
+    Collective.REDUCESCATTER: (True, False),
+    Collective.ALLTOALL: (False,),
+}
+SELECTED_SIZES = power_of_two_sizes(1 << 20, 1 << 30)
 
-    Only a schedule beyond the MSCCL runtime limits has no XML.
+
+def _verify(path) -> None:
+    """Check every band against its collective, and its MSCCL XML too, as a runtime would load and select it.
+
+    Only a schedule beyond the MSCCL runtime limits has no XML. Every band but AlltoAll's has an
+    in-place form that verifies, and MSCCL's rule picks one of the files for every power-of-two size
+    from 1 MiB to 1 GiB, in bf16 and fp32, in the placements PyTorch calls.
     """
     library = read_library(path)
     export = generate_library_xml(library)
     xml_of = dict(export.files)
     skipped = dict(export.skipped)
+    assert not [note for _index, note in export.notes if note.startswith("no in-place file")], export.notes
+    for name, text in export.files:
+        if name.endswith("-inplace.xml") or 'inplace="1" outofplace="1"' in text:
+            assert_valid_algorithm(parse_msccl_xml(text, name))  # both placements of a both-flags file
+    report = selection_report(export.keys, SELECTED_SIZES, {library.collective: PLACEMENTS[library.collective]})
+    unselected = [selection.call for selection in report if selection.chosen is None or selection.ambiguous]
+    assert not unselected, f"{len(unselected)} calls select no file or several, first {unselected[0]}"
     for index, band in enumerate(library.bands):
         algorithm = band.algorithm
         assert algorithm.num_ranks == library.num_ranks and algorithm.collective is library.collective

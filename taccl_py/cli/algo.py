@@ -5,20 +5,37 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
+from itertools import groupby
 from pathlib import Path
 
+from taccl_py._io import read_text
 from taccl_py.cli._output import ALGORITHM_FILE_HELP
 from taccl_py.cli._runtime import add_runtime_argument, xml_dialect, xml_target
 from taccl_py.errors import ArgumentError
-from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
+from taccl_py.files import algorithm_format, parse_any_algorithm, read_any_algorithm, write_any_algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
-from taccl_py.msccl import Dialect, write_library_xml
-from taccl_py.units import format_size
+from taccl_py.msccl import Dialect, looks_like_msccl_xml, write_library_xml
+from taccl_py.msccl.convention import check_send_recv_fields
+from taccl_py.msccl.limits import RCCL_LL128_GPU_ARCHS
+from taccl_py.msccl.selection import (
+    DTYPE_SIZES,
+    Selection,
+    SelectionKey,
+    power_of_two_sizes,
+    selection_report,
+    why_not_selected,
+)
+from taccl_py.units import format_size, parse_size
 from taccl_py.verify import VerificationReport, verify_algorithm
 
-__all__ = ["register", "format_report"]
+__all__ = ["register", "format_report", "format_selection"]
 
 SHOWN_VIOLATIONS = 5  # violations printed by default; --all prints every one
+DEFAULT_CHECK_SIZES = "1KiB-1GiB"
+# The AMD GPUs --rccl-gpu-arch names: those RCCL runs LL128 on, and gfx12 parts, where it runs no LL.
+RCCL_GPU_ARCHS = (*RCCL_LL128_GPU_ARCHS, "gfx1200", "gfx1201")
 
 
 def format_report(
@@ -61,8 +78,15 @@ def _report_json(report: VerificationReport, collective: str, num_ranks: int) ->
 
 
 def _verify(args: argparse.Namespace) -> int:
-    algorithm = read_any_algorithm(args.file)
+    # stdin can be read once, so its text is kept (read_any_algorithm tells stdin's format by content
+    # too); a named file is read again for the XML check, so that its format still follows its name
+    text = read_text(args.file) if args.file == "-" else None
+    algorithm = read_any_algorithm(args.file) if text is None else parse_any_algorithm(text, args.file)
     report = verify_algorithm(algorithm)
+    text = read_text(args.file) if text is None else text
+    if looks_like_msccl_xml(text):  # only XML names both sides of a transfer
+        mismatches = check_send_recv_fields(text, str(args.file))
+        report = replace(report, ok=report.ok and not mismatches, violations=report.violations + mismatches)
     collective = algorithm.collective.value
     if args.json:
         print(_report_json(report, collective, algorithm.num_ranks))
@@ -106,25 +130,92 @@ def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrar
     return [read_library(path) for path in paths]
 
 
+def _band_label(library: AlgorithmLibrary, index: int) -> str:
+    band = library.bands[index]
+    low = format_size(band.min_bytes)
+    sizes = f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
+    return f"{library.topology} n{library.nodes} {library.collective.value} band {index} ({sizes})"
+
+
 def _export_msccl(args: argparse.Namespace) -> int:
     folder = Path(args.output)  # its parent exists: taccl_py.cli checks every output first
     limits = xml_target(args.runtime, args.dialect, xml=True, path=args.output)
+    check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
     libraries = _libraries_to_export(args.library, args.nodes)
-    written = 0
+    written, keys = 0, []
     for library in libraries:
-        export = write_library_xml(library, folder, xml_dialect(limits, args.dialect), runtime=limits.runtime)
+        if sys.stderr.isatty():  # verifying in-place forms and choosing protocols takes a minute on 64 GPUs
+            label = f"{library.topology} n{library.nodes} {library.collective.value}"
+            print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
+        dialect = xml_dialect(limits, args.dialect)
+        export = write_library_xml(library, folder, dialect, runtime=limits.runtime, rccl_gpu_arch=args.rccl_gpu_arch)
         written += len(export.files)
+        keys += export.keys
         for index, why in export.skipped:
-            band = library.bands[index]
-            low = format_size(band.min_bytes)
-            sizes = f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
-            print(
-                f"warning: {library.topology} n{library.nodes} {library.collective.value} band {index} "
-                f"({sizes}) has no MSCCL XML: {why}",
-                file=sys.stderr,
-            )
+            print(f"warning: {_band_label(library, index)} has no MSCCL XML: {why}", file=sys.stderr)
+        for index, note in export.notes:
+            print(f"warning: {_band_label(library, index)}: {note}", file=sys.stderr)
     print(f"wrote {written} MSCCL XML files to {folder}", file=sys.stderr)
+    if check_sizes is not None:
+        print(format_selection(keys, check_sizes))
     return 0
+
+
+def _check_sizes(text: str) -> tuple[int, ...]:
+    """Return the powers of two in the range ``text`` (``LOW-HIGH``, e.g. ``1MiB-1GiB``) names."""
+    low_text, dash, high_text = text.partition("-")
+    low = parse_size(low_text, "--check-selection")
+    high = parse_size(high_text, "--check-selection") if dash else low
+    sizes = power_of_two_sizes(low, high)
+    if not sizes:
+        raise ArgumentError(None, "--check-selection", f"{text!r} holds no power of two", "a range like 1MiB-1GiB")
+    return sizes
+
+
+def format_selection(keys: list[SelectionKey], sizes: tuple[int, ...]) -> str:
+    """Return which file MSCCL's rule selects per collective, placement, dtype and run of sizes, and a total."""
+    rows = [("collective", "ranks", "placement", "dtype", "sizes", "selected")]
+    calls = selection_report(keys, sizes, _PLACEMENTS_CHECKED)
+    chosen = sum(selection.chosen is not None for selection in calls)
+    ambiguous = [selection for selection in calls if selection.ambiguous]
+    # consecutive sizes of one call form with the same outcome make one row
+    for (_form, outcome), run in groupby(
+        calls, key=lambda selection: (_call_form(selection), _outcome(keys, selection))
+    ):
+        run = list(run)
+        first, last = run[0].call, run[-1].call
+        span = format_size(first.size_bytes) + ("" if first is last else f"-{format_size(last.size_bytes)}")
+        placement = "in place" if first.inplace else "out of place"
+        dtype = DTYPE_SIZES[first.dtype_size]
+        rows.append((first.collective.value, str(first.num_ranks), placement, dtype, span, outcome))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1] for row in rows]
+    lines.append(
+        f"{chosen} of {len(calls)} calls select a file (MSCCL's rule, powers of two "
+        f"{format_size(sizes[0])}-{format_size(sizes[-1])}); {len(ambiguous)} match more than one file"
+    )
+    return "\n".join(lines)
+
+
+# The call forms PyTorch users make: all_reduce is always in place; all_to_all_single out of place.
+_PLACEMENTS_CHECKED = {
+    Collective.ALLREDUCE: (True, False),
+    Collective.ALLGATHER: (True, False),
+    Collective.REDUCESCATTER: (True, False),
+    Collective.ALLTOALL: (False,),
+}
+
+
+def _call_form(selection: Selection) -> tuple:
+    call = selection.call
+    return (call.collective, call.num_ranks, call.inplace, call.dtype_size)
+
+
+def _outcome(keys: list[SelectionKey], selection: Selection) -> str:
+    if selection.chosen is None:
+        return f"NCCL ({why_not_selected(keys, selection.call)})"
+    more = f" (also {', '.join(selection.matches[1:])})" if selection.ambiguous else ""
+    return selection.chosen + ".xml" + more
 
 
 def _add_dialect_argument(parser: argparse.ArgumentParser) -> None:
@@ -180,6 +271,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     export.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)"
+    )
+    export.add_argument(
+        "--check-selection",
+        nargs="?",
+        const=DEFAULT_CHECK_SIZES,
+        default=None,
+        metavar="LOW-HIGH",
+        help="print which file MSCCL's selection rule picks for every power-of-two size in LOW-HIGH "
+        f"(default {DEFAULT_CHECK_SIZES}), in bf16 and fp32, in place and out of place",
+    )
+    export.add_argument(
+        "--rccl-gpu-arch",
+        choices=RCCL_GPU_ARCHS,
+        default=None,
+        help="the AMD GPU the files are for (MI300X: gfx942): RCCL runs LL128 on gfx90a, gfx942 and gfx950 only, "
+        "so LL128 is chosen for rccl and portable only where it is named",
     )
     _add_dialect_argument(export)
     add_runtime_argument(export)

@@ -9,27 +9,52 @@ step (the runtime attaches a nop's dependency to the next real step and requires
 carry one itself), counts too large for one step are split into consecutive steps, threadblocks
 are renumbered 0..n-1, and every reference is remapped to the new indices. ``hasdep`` marks the
 steps some dependency names. Reading the result back and writing it again gives the same text.
+
+The runtime reads only the operands a step type uses (``STEP_OPERANDS``); the other slot names
+the peer's side, as msccl-tools and RCCL's own files do and as simulators of the file check. The
+k-th sending step on (rank, send peer, channel) meets the k-th receiving step of the peer on that
+channel, counted over the written steps (split pieces meet in order). A receiver's destination is
+its ``dst``; an ``rrs`` stores nothing, so it names, and its sender is given, the destination down
+its chain of ``rrs`` steps (where the first storing receiver puts the sum). A sender's data
+source is its ``src`` for ``s`` and ``rrs`` and its ``dst`` (what it stored and forwards) for
+``rcs`` and ``rrcs``. Per type:
+
+======  ===================================  ========================================
+type    ``src``                              ``dst``
+======  ===================================  ========================================
+s       own source                           the receiver's destination
+r, rcs  the sender's data source             own destination
+rrs     own operand                          the receiver's destination
+rrc     own operand                          own destination
+rrcs    own operand                          own destination
+======  ===================================  ========================================
+
+A step without a match (an unverified algorithm) names its own other operand there, as earlier
+exports did for every step; ``taccl_py.msccl.convention`` accepts both.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections import defaultdict
+from dataclasses import dataclass, replace
 from xml.sax.saxutils import escape
 
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.inplace import BOTH_PLACES_KEY
 from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol, parse_dialect
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, MAX_COUNT, Runtime, check_gpu_limits, runtime_limits
 
-__all__ = ["generate_msccl_xml", "write_msccl_xml", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
+__all__ = ["generate_msccl_xml", "write_msccl_xml", "msccl_max_bytes", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
 
 METADATA_COMMENT = "taccl-metadata"  # <!-- taccl-metadata {json} --> carries Algorithm.metadata
-BOTH_PLACES_KEY = "msccl_inplace_and_outofplace"  # metadata: the file declared inplace="1" outofplace="1"
 _MAX_PIECE = MAX_COUNT - 1
 
 Dep = tuple[int, int]
+_Key = tuple[int, int, int]  # (rank, threadblock, XML step index)
+_Program = list[tuple[Threadblock, list["_XmlStep"]]]
 
 
 @dataclass(frozen=True)
@@ -149,8 +174,95 @@ def _rank_threadblocks(algorithm: Algorithm, prog: RankProgram) -> list[tuple[Th
     ]
 
 
+def _match_pieces(programs: list[tuple[int, _Program]]) -> dict[_Key, _Key]:
+    """Return the receiving step each sending step meets: the k-th on (rank, peer, channel) meets the k-th there."""
+    sends: dict[tuple[int, int, int], list[_Key]] = defaultdict(list)
+    receives: dict[tuple[int, int, int], list[_Key]] = defaultdict(list)
+    for rank, tbs in programs:
+        for tb, steps in tbs:
+            for index, step in enumerate(steps):
+                if step.op.sends and tb.send_peer is not None:
+                    sends[(rank, tb.send_peer, tb.channel)].append((rank, tb.id, index))
+                if step.op.receives and tb.recv_peer is not None:
+                    receives[(tb.recv_peer, rank, tb.channel)].append((rank, tb.id, index))
+    return {send: recv for link, keys in sends.items() for send, recv in zip(keys, receives.get(link, ()))}
+
+
+def _chain_destinations(steps: dict[_Key, _XmlStep], receiver: dict[_Key, _Key]) -> dict[_Key, tuple[Buffer, int]]:
+    """Return the ``dst`` each ``rrs`` step names: where the first storing receiver down its chain puts the data.
+
+    A chain that ends unmatched or runs in a circle (a broken algorithm) names the ``src`` of its
+    last ``rrs``; every ``rrs`` of a chain names the same slot, so each sender agrees with its receiver.
+    """
+    named: dict[_Key, tuple[Buffer, int]] = {}
+    for start, step in steps.items():
+        if step.op is not OpType.RECV_REDUCE_SEND or start in named:
+            continue
+        path, current = [start], start
+        on_path = {start}
+        while True:
+            following = receiver.get(current)
+            if following is None or following in on_path:
+                end = steps[current].src
+                break
+            if following in named:
+                end = named[following]
+                break
+            if steps[following].op is not OpType.RECV_REDUCE_SEND:
+                end = steps[following].dst
+                break
+            path.append(following)
+            on_path.add(following)
+            current = following
+        named.update((key, end) for key in path)
+    return named
+
+
+def _data_source(step: _XmlStep) -> tuple[Buffer, int]:
+    """Return the slot whose data a sending step sends: what ``rcs`` and ``rrcs`` stored, else ``src``."""
+    return step.dst if step.op in (OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_COPY_SEND) else step.src
+
+
+def _with_peer_fields(programs: list[tuple[int, _Program]]) -> list[tuple[int, _Program]]:
+    """Return ``programs`` with each step's unused operand slot naming its peer's side (the module docstring)."""
+    steps = {
+        (rank, tb.id, index): step
+        for rank, tbs in programs
+        for tb, tb_steps in tbs
+        for index, step in enumerate(tb_steps)
+    }
+    receiver = _match_pieces(programs)
+    sender = {recv: send for send, recv in receiver.items()}
+    chained = _chain_destinations(steps, receiver)
+    written: dict[_Key, _XmlStep] = {}
+    for key, step in steps.items():
+        if step.op is OpType.RECV_REDUCE_SEND:
+            written[key] = replace(step, dst=chained[key])
+        elif step.op is OpType.SEND and key in receiver:
+            recv = receiver[key]
+            written[key] = replace(step, dst=chained.get(recv, steps[recv].dst))
+        elif step.op in (OpType.RECV, OpType.RECV_COPY_SEND) and key in sender:
+            written[key] = replace(step, src=_data_source(steps[sender[key]]))
+    return [
+        (rank, [(tb, [written.get((rank, tb.id, i), s) for i, s in enumerate(tb_steps)]) for tb, tb_steps in tbs])
+        for rank, tbs in programs
+    ]
+
+
 def _attr(value: object) -> str:
     return escape(str(value), {'"': "&quot;"})
+
+
+def msccl_max_bytes(algorithm: Algorithm) -> int:
+    """Return the ``maxBytes`` MSCCL tests inclusively for our exclusive ``max_bytes`` (0: no upper end).
+
+    Written as ``max_bytes`` itself, adjacent bands would both match the size at their shared edge.
+    """
+    if algorithm.max_bytes is None:
+        return 0
+    if algorithm.max_bytes <= 1:
+        raise ArgumentError(algorithm.name, "max_bytes", f"{algorithm.max_bytes}", "a band holding some size above 0")
+    return algorithm.max_bytes - 1
 
 
 def _header(algorithm: Algorithm, dialect: Dialect) -> str:
@@ -169,7 +281,7 @@ def _header(algorithm: Algorithm, dialect: Dialect) -> str:
         attrs += [
             ("outofplace", int(not algorithm.inplace or both)),
             ("minBytes", algorithm.min_bytes),
-            ("maxBytes", algorithm.max_bytes or 0),
+            ("maxBytes", msccl_max_bytes(algorithm)),
         ]
     return "<algo " + " ".join(f'{key}="{_attr(value)}"' for key, value in attrs) + ">"
 
@@ -231,6 +343,7 @@ def generate_msccl_xml(
         blob = json.dumps(dict(algorithm.metadata), sort_keys=True).replace("--", "-\\u002d")
         lines.append(f"<!-- {METADATA_COMMENT} {blob} -->")
     lines.append(_header(algorithm, dialect))
+    programs = []
     for prog in algorithm.ranks:
         tbs = _rank_threadblocks(algorithm, prog)
         check_gpu_limits(
@@ -239,6 +352,8 @@ def generate_msccl_xml(
             [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs],
             limits,
         )
+        programs.append((prog.rank, tbs))
+    for prog, (_, tbs) in zip(algorithm.ranks, _with_peer_fields(programs)):
         lines.append(
             f'  <gpu id="{prog.rank}" i_chunks="{prog.input_chunks}" o_chunks="{prog.output_chunks}" '
             f's_chunks="{prog.scratch_chunks}">'

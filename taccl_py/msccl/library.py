@@ -1,8 +1,10 @@
 """MSCCL XML for a whole algorithm library: one file per size band, its size range in ``minBytes``/``maxBytes``.
 
 The MSCCL runtimes load every XML file of a folder (msccl-executor-nccl's and RCCL's algorithm
-directory) and pick, per call, the algorithm whose collective, rank count and size range fit;
-so a library becomes a folder of XML files, one per band. A band whose schedule breaks the
+directory) and pick, per call, the algorithm whose collective, rank count, size range, chunk loop
+and placement fit (``taccl_py.msccl.selection``); so a library becomes a folder of XML files, one
+per band and placement. Band edges are disjoint under MSCCL's inclusive test (``maxBytes`` is the
+band's exclusive upper end less one byte). A band whose schedule breaks the
 runtime's limits (``taccl_py.msccl.limits``) is left out and reported: our own runtime still
 runs it from the library. A "native" band gets no file, silently: where no XML covers a size, MSCCL
 runs NCCL's own collective, which is what the band asks for.
@@ -15,60 +17,122 @@ from pathlib import Path
 
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.inplace import BOTH_PLACES_KEY, inplace_variant, serves_both_placements
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand
-from taccl_py.msccl.dialect import Dialect, parse_dialect
+from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
+from taccl_py.msccl.protocol import band_protocols
+from taccl_py.msccl.selection import SelectionKey, loop_divides_powers_of_two, selection_key
+from taccl_py.verify import verify_algorithm
 
 __all__ = ["LibraryXml", "generate_library_xml", "library_xml_name", "write_library_xml"]
 
 
 @dataclass(frozen=True)
 class LibraryXml:
-    """The XML files of a library, as (file name, text), and the bands left out as (band index, why)."""
+    """The XML files of a library, as (file name, text), and the bands left out as (band index, why).
+
+    ``keys`` holds each file's selection fields, in the order of ``files``; ``notes`` the warnings
+    per band (band index, text): a placement without a file, a chunk loop MSCCL never selects.
+    """
 
     files: tuple[tuple[str, str], ...]
     skipped: tuple[tuple[int, str], ...]
+    keys: tuple[SelectionKey, ...] = ()
+    notes: tuple[tuple[int, str], ...] = ()
 
 
-def library_xml_name(library: AlgorithmLibrary, index: int) -> str:
-    """Return the XML file name of band ``index``: unique across machines, node counts and collectives.
+def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = False) -> str:
+    """Return the XML file name of band ``index``: unique across machines, node counts, collectives and placements.
 
     >>> from taccl_py.ir import AlgorithmLibrary, Collective
     >>> library_xml_name(AlgorithmLibrary("ndv2", 2, Collective.ALLGATHER, 16, ()), 3)
     'ndv2-n2-allgather-3.xml'
+    >>> library_xml_name(AlgorithmLibrary("ndv2", 2, Collective.ALLGATHER, 16, ()), 3, inplace=True)
+    'ndv2-n2-allgather-3-inplace.xml'
     """
-    return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}.xml"
+    suffix = "-inplace" if inplace else ""
+    return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.xml"
 
 
-def _band_xml(library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect, runtime: Runtime | str) -> str:
+def _placements(algorithm: Algorithm) -> tuple[list[tuple[Algorithm, bool]], str | None]:
+    """Return the algorithms a band exports with their both-placements flag, and why in place has no file.
+
+    One file with both flags when the out-of-place schedule is also right on aliased buffers,
+    else a second, in-place file; AlltoAll (rarely called in place) exports out of place only.
+    """
+    if algorithm.inplace or algorithm.collective is Collective.ALLTOALL:
+        return [(algorithm, False)], None
+    variant = inplace_variant(algorithm)
+    report = verify_algorithm(variant)
+    if not report.ok:
+        return [(algorithm, False)], f"no in-place file: its in-place form fails: {report.first}"
+    if serves_both_placements(algorithm, variant):
+        return [(algorithm.with_metadata(**{BOTH_PLACES_KEY: "1"}), True)], None
+    variant = replace(variant, name=f"{algorithm.name}-inplace")
+    return [(algorithm, False), (variant, False)], None
+
+
+def _band_files(
+    library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect, runtime: Runtime | str, protocol: str
+) -> tuple[list[tuple[str, str, SelectionKey]], list[str]]:
+    """Return the (file name, text, selection key) of each placement of band ``index``, and its notes."""
     # The band's range is what a runtime selects by, whatever range the algorithm was saved with.
-    algorithm = replace(
+    base = replace(
         band.algorithm,
         name=library_xml_name(library, index).removesuffix(".xml"),
         min_bytes=band.min_bytes,
         max_bytes=band.max_bytes,
+        protocol=protocol,
     )
-    return generate_msccl_xml(algorithm, dialect, runtime=runtime)
+    notes = []
+    if not loop_divides_powers_of_two(base.collective, base.num_ranks, base.chunks_per_loop):
+        notes.append(f"MSCCL selects it at no power-of-two count: {base.chunks_per_loop} chunks per loop")
+    # only the new dialect says which placements a file serves (outofplace="..."); the old one gets one file
+    algorithms, why_not = _placements(base) if DIALECTS[dialect].size_band else ([(base, False)], None)
+    if why_not is not None:
+        notes.append(why_not)
+    files = []
+    for algorithm, both in algorithms:
+        name = library_xml_name(library, index, inplace=algorithm.inplace)
+        files.append((name, generate_msccl_xml(algorithm, dialect, runtime=runtime), selection_key(algorithm, both)))
+    return files, notes
 
 
 def generate_library_xml(
-    library: AlgorithmLibrary, dialect: Dialect | str = Dialect.NEW, *, runtime: Runtime | str = DEFAULT_RUNTIME
+    library: AlgorithmLibrary,
+    dialect: Dialect | str = Dialect.NEW,
+    *,
+    runtime: Runtime | str = DEFAULT_RUNTIME,
+    rccl_gpu_arch: str | None = None,
 ) -> LibraryXml:
     """Return the MSCCL XML of every band of ``library`` that ``runtime`` (default: every MSCCL runtime) can load.
 
-    The open-ended last band gets ``maxBytes="0"``, which the MSCCL tools write for "no upper end".
+    Each band gets its out-of-place file and, in the new dialect, its in-place form (the same file
+    with both flags where that is safe, else a ``-inplace`` file); in-place forms are verified here.
+    Each band's ``proto`` is the protocol the simulator finds fastest there among those ``runtime``
+    runs (``taccl_py.msccl.protocol.band_protocols``; ``rccl_gpu_arch`` names the AMD GPU RCCL
+    runs LL128 on, e.g. ``"gfx942"``). The open-ended last band gets ``maxBytes="0"``, which the
+    MSCCL tools write for "no upper end".
     """
     dialect = parse_dialect(dialect)
-    files, skipped = [], []
+    protocols = band_protocols(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
+    files, keys, skipped, notes = [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
             continue
         try:
-            files.append((library_xml_name(library, index), _band_xml(library, index, band, dialect, runtime)))
+            band_files, band_notes = _band_files(library, index, band, dialect, runtime, protocols[index])
         except ArgumentError as error:
             skipped.append((index, str(error)))
-    return LibraryXml(tuple(files), tuple(skipped))
+            continue
+        files += [(name, text) for name, text, _key in band_files]
+        keys += [key for _name, _text, key in band_files]
+        notes += [(index, note) for note in band_notes]
+    return LibraryXml(tuple(files), tuple(skipped), tuple(keys), tuple(notes))
 
 
 def write_library_xml(
@@ -77,6 +141,7 @@ def write_library_xml(
     dialect: Dialect | str = Dialect.NEW,
     *,
     runtime: Runtime | str = DEFAULT_RUNTIME,
+    rccl_gpu_arch: str | None = None,
 ) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 
@@ -84,7 +149,7 @@ def write_library_xml(
 
     Every text is generated before the first file is written, each file through a temporary name.
     """
-    export = generate_library_xml(library, dialect, runtime=runtime)
+    export = generate_library_xml(library, dialect, runtime=runtime, rccl_gpu_arch=rccl_gpu_arch)
     if export.files:
         Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in export.files:

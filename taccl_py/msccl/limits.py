@@ -26,6 +26,35 @@ Sources (``MSCCL_MAX_NUM_STEPS``, ``MSCCL_MAX_NUM_THREAD_BLOCKS``,
   ``devcomm.h`` (later releases allow more; 32 loads everywhere).
 * portable: the strictest figure of each column, so a file loads in every runtime above. It is
   what export checked before runtimes could be named, and stays the default.
+
+Protocols (``proto``): every runtime runs Simple, LL and LL128 kernels for an MSCCL algorithm, with
+two exceptions in RCCL, which depend on the GPU (``rccl_gpu_arch``): LL128 exists only on gfx90a,
+gfx942 and gfx950 (and in builds with ``ENABLE_LL128``), LL not on gfx12. Each pass of the MSCCL
+kernel moves at most one FIFO step of the protocol's buffer per chunk; a chunk larger than that is
+cut into several passes, each running the whole program again. The simulator runs the program
+once, so LL and LL128 are only offered where every chunk fits one pass:
+
+=====================  ======================  ==============  ================  ==========
+runtime                protocols               LL bytes/pass   LL128 bytes/pass  LL128 line
+=====================  ======================  ==============  ================  ==========
+msccl-executor-nccl    Simple, LL, LL128       32768           576000            120/128
+msccl (microsoft)      Simple, LL, LL128       32768           576000            120/128
+rccl                   Simple, LL (, LL128)    16384           50176             56/64
+portable (default)     those all three run     16384           50176             56/64
+=====================  ======================  ==============  ================  ==========
+
+Sources: the buffers are NCCL's ``DEFAULT_LL_BUFFSIZE`` = ``NCCL_LL_LINES_PER_THREAD`` (8) x
+``NCCL_LL_MAX_NTHREADS`` x ``NCCL_STEPS`` (8) x 16 bytes and ``DEFAULT_LL128_BUFFSIZE`` =
+``NCCL_LL128_ELEMS_PER_THREAD`` x ``NCCL_LL128_MAX_NTHREADS`` x ``NCCL_STEPS`` x 8 bytes
+(NVIDIA/nccl ``src/init.cc`` @b6475625); a pass moves ``buffer / NCCL_STEPS`` bytes, half of it data
+for LL and ``DATAELEMS / LINEELEMS`` for LL128 (RCCL ``src/misc/msccl/msccl_setup.cc``
+``mscclSetupCount`` @9e22c79d; msccl-executor-nccl ``src/device/msccl_kernel.cu`` ``chunkSize``).
+msccl-executor-nccl ``src/include/device.h`` @8959f0e5 and microsoft/msccl ``src/include/devcomm.h``
+@0696e990: 512 LL threads, 640 LL128 threads x 120 elements, 128-byte LL128 lines (524288 and
+4915200 bytes). ROCm/rccl ``src/include/device.h`` @0123763f: 256 threads, 28 LL128 elements,
+64-byte lines (262144 and 458752 bytes). RCCL's LL128 and LL rules: ``src/graph/tuning.cc``
+@9e22c79d (LL128 enabled only for gfx90a, gfx942, gfx950 with ``ENABLE_LL128``; LL off on gfx12)
+and ``src/device/generate.py`` (LL128 kernels built only for those architectures).
 """
 
 from __future__ import annotations
@@ -36,7 +65,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from taccl_py.errors import ArgumentError
-from taccl_py.msccl.dialect import Dialect
+from taccl_py.msccl.dialect import Dialect, Protocol
 
 __all__ = [
     "MAX_STEPS_PER_THREADBLOCK",
@@ -51,6 +80,12 @@ __all__ = [
     "runtime_limits",
     "check_gpu_limits",
     "check_steps_per_threadblock",
+    "NCCL_STEPS",
+    "RCCL_LL128_GPU_ARCHS",
+    "ProtocolLimits",
+    "protocol_limits",
+    "protocol_refusal",
+    "check_protocol",
 ]
 
 # The portable limits (the strictest of every runtime below), read at each check.
@@ -121,7 +156,7 @@ def runtime_limits(runtime: Runtime | str = DEFAULT_RUNTIME) -> RuntimeLimits:
     )
 
 
-def _runtime_label(limits: RuntimeLimits) -> str:
+def _runtime_label(limits: RuntimeLimits | ProtocolLimits) -> str:
     """Return how a message names the runtime: ``runtime rccl`` or ``every MSCCL runtime (runtime portable)``."""
     if limits.runtime is Runtime.PORTABLE:
         return "every MSCCL runtime (runtime portable)"
@@ -189,3 +224,140 @@ def check_gpu_limits(
                     f"at most {limits.max_threadblocks_per_channel} per channel for {runtime} "
                     "(MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL)",
                 )
+
+
+# -- protocols ------------------------------------------------------------------------------------
+NCCL_STEPS = 8  # FIFO steps per connection buffer (NCCL_STEPS in NCCL's and RCCL's device.h)
+_LL_LINE_BYTES = 16  # sizeof(union ncclLLFifoLine): 8 data bytes, 8 flag bytes
+_NCCL_LL_BUFFER_BYTES = 8 * 512 * NCCL_STEPS * _LL_LINE_BYTES  # 524288: 8 lines x 512 LL threads
+_NCCL_LL128_BUFFER_BYTES = 120 * 640 * NCCL_STEPS * 8  # 4915200: 120 words x 640 LL128 threads
+_NCCL_LL128_LINE_WORDS = 16  # 128-byte lines, one flag word
+_RCCL_LL_BUFFER_BYTES = 8 * 256 * NCCL_STEPS * _LL_LINE_BYTES  # 262144: RCCL's 256 threads
+_RCCL_LL128_BUFFER_BYTES = 28 * 256 * NCCL_STEPS * 8  # 458752: 28 words x 256 threads
+_RCCL_LL128_LINE_WORDS = 8  # 64-byte lines, one flag word
+#: The GPUs RCCL runs LL128 on (ROCm/rccl src/graph/tuning.cc @9e22c79d, src/device/generate.py).
+RCCL_LL128_GPU_ARCHS = ("gfx90a", "gfx942", "gfx950")
+_RCCL_NO_LL_ARCH_PREFIX = "gfx12"  # tuning.cc: "Disable LL protocol on gfx12xx"
+
+
+def _ll_pass_bytes(buffer_bytes: int) -> int:
+    return buffer_bytes // NCCL_STEPS // 2
+
+
+def _ll128_pass_bytes(buffer_bytes: int, line_words: int) -> int:
+    return buffer_bytes // NCCL_STEPS // line_words * (line_words - 1)
+
+
+@dataclass(frozen=True)
+class ProtocolLimits:
+    """Which protocols a runtime runs, the data bytes per chunk one LL or LL128 pass moves, and its cost table.
+
+    ``cost_table`` names the table of ``taccl_py.simulate.protocol.PROTOCOL_COST_TABLES`` that
+    prices the runtime's protocols (``"nccl"``, or ``"rccl"`` for RCCL's 64-byte LL128 lines).
+    """
+
+    runtime: Runtime
+    protocols: tuple[str, ...]
+    ll_pass_bytes: int
+    ll128_pass_bytes: int
+    cost_table: str
+
+    def pass_bytes(self, protocol: str) -> int | None:
+        """Return the bytes one chunk may hold for ``protocol`` to run in one pass (None: Simple, no limit here)."""
+        return {Protocol.LL.value: self.ll_pass_bytes, Protocol.LL128.value: self.ll128_pass_bytes}.get(protocol)
+
+
+def _rccl_protocols(rccl_gpu_arch: str | None) -> tuple[str, ...]:
+    protocols = [Protocol.SIMPLE.value]
+    if rccl_gpu_arch is None or not rccl_gpu_arch.startswith(_RCCL_NO_LL_ARCH_PREFIX):
+        protocols.append(Protocol.LL.value)
+    if rccl_gpu_arch in RCCL_LL128_GPU_ARCHS:
+        protocols.append(Protocol.LL128.value)
+    return tuple(protocols)
+
+
+def _concrete_protocol_limits(runtime: Runtime, rccl_gpu_arch: str | None) -> ProtocolLimits:
+    if runtime is Runtime.RCCL:
+        return ProtocolLimits(
+            runtime,
+            _rccl_protocols(rccl_gpu_arch),
+            _ll_pass_bytes(_RCCL_LL_BUFFER_BYTES),
+            _ll128_pass_bytes(_RCCL_LL128_BUFFER_BYTES, _RCCL_LL128_LINE_WORDS),
+            "rccl",
+        )
+    return ProtocolLimits(
+        runtime,
+        tuple(p.value for p in Protocol),
+        _ll_pass_bytes(_NCCL_LL_BUFFER_BYTES),
+        _ll128_pass_bytes(_NCCL_LL128_BUFFER_BYTES, _NCCL_LL128_LINE_WORDS),
+        "nccl",
+    )
+
+
+def protocol_limits(runtime: Runtime | str = DEFAULT_RUNTIME, *, rccl_gpu_arch: str | None = None) -> ProtocolLimits:
+    """Return the protocols ``runtime`` runs and its LL and LL128 bytes per chunk and pass.
+
+    ``rccl_gpu_arch`` is the AMD GPU an RCCL (or portable) file is meant for (``"gfx942"``):
+    RCCL runs LL128 only on ``RCCL_LL128_GPU_ARCHS`` and no LL on gfx12; None (unknown) allows
+    LL and not LL128. Portable is the strictest of every runtime: the protocols all of them run
+    and the smallest passes, priced with RCCL's LL128 lines.
+
+    >>> limits = protocol_limits("rccl", rccl_gpu_arch="gfx942")
+    >>> limits.protocols, limits.ll_pass_bytes, limits.ll128_pass_bytes
+    (('Simple', 'LL', 'LL128'), 16384, 50176)
+    >>> protocol_limits().protocols
+    ('Simple', 'LL')
+    """
+    runtime = parse_runtime(runtime)
+    if runtime is not Runtime.PORTABLE:
+        return _concrete_protocol_limits(runtime, rccl_gpu_arch)
+    every = [_concrete_protocol_limits(r, rccl_gpu_arch) for r in Runtime if r is not Runtime.PORTABLE]
+    return ProtocolLimits(
+        Runtime.PORTABLE,
+        tuple(p for p in every[0].protocols if all(p in limits.protocols for limits in every)),
+        min(limits.ll_pass_bytes for limits in every),
+        min(limits.ll128_pass_bytes for limits in every),
+        "rccl",
+    )
+
+
+def _refusal(protocol: str, limits: ProtocolLimits, chunk_bytes: float | None) -> tuple[str, str] | None:
+    """Return (fault, expected) when ``limits``' runtime may not run ``protocol`` with such chunks, else None."""
+    runtime = _runtime_label(limits)
+    if protocol not in limits.protocols:
+        return f"{protocol} is not run by {runtime}", "one of " + ", ".join(limits.protocols)
+    most = limits.pass_bytes(protocol)
+    if most is None or chunk_bytes is not None and chunk_bytes <= most:
+        return None
+    expected = f"chunks of at most {most} bytes, one {protocol} pass of {runtime}"
+    if chunk_bytes is None:
+        return f"{protocol} for sizes without an upper end", expected
+    return f"{protocol} with chunks of up to {chunk_bytes:.0f} bytes", expected
+
+
+def protocol_refusal(protocol: str, limits: ProtocolLimits, chunk_bytes: float | None) -> str | None:
+    """Return why ``limits``' runtime may not run ``protocol`` with chunks of up to ``chunk_bytes`` (None: it may).
+
+    ``chunk_bytes`` None means no upper end (an open-ended size band): LL and LL128 are refused,
+    their chunks would not fit one pass.
+
+    >>> protocol_refusal("LL", protocol_limits("msccl"), 40_000)
+    'LL with chunks of up to 40000 bytes; expected chunks of at most 32768 bytes, one LL pass of runtime msccl'
+    """
+    refusal = _refusal(protocol, limits, chunk_bytes)
+    return None if refusal is None else f"{refusal[0]}; expected {refusal[1]}"
+
+
+def check_protocol(name: str | None, protocol: str, limits: ProtocolLimits, chunk_bytes: float | None = 0.0) -> None:
+    """Raise ``ArgumentError`` when ``limits``' runtime may not run ``protocol`` with chunks of ``chunk_bytes``.
+
+    The default ``chunk_bytes`` (0) checks only that the runtime runs the protocol.
+
+    >>> check_protocol("ring", "LL128", protocol_limits("rccl"))
+    Traceback (most recent call last):
+    ...
+    taccl_py.errors.ArgumentError: ring: protocol: LL128 is not run by runtime rccl; expected one of Simple, LL
+    """
+    refusal = _refusal(protocol, limits, chunk_bytes)
+    if refusal is not None:
+        raise ArgumentError(name, "protocol", *refusal)

@@ -5,7 +5,10 @@ linear in its length; a DOCTYPE (entity bombs, external entities) or elements ne
 ``taccl_py._xml.MAX_XML_DEPTH`` are refused (``taccl_py._xml.create_xml_parser``). Step
 types, buffers, collectives (both spellings) and protocols must be known values; integers must
 be integers; threadblock peers must be other GPUs; ``s`` must count the steps of a threadblock
-from 0. Of a step's two buffer slots only those its type uses (``STEP_OPERANDS``) enter the IR.
+from 0. Of a step's two buffer slots only those its type uses (``STEP_OPERANDS``) enter the IR;
+the other names the peer's side (msccl-tools, RCCL, our exports) or repeats the step's own
+operand (older taccl_py exports), is read in either style and is checked by
+``taccl_py.msccl.convention``.
 
 A dependency (``depid``, ``deps``) is honoured as the runtime does: the waiting threadblock
 resumes when the named threadblock publishes a step at or after ``deps``, and only steps marked
@@ -363,7 +366,7 @@ def _parse_algo(doc: _Doc) -> Algorithm:
         inplace=inplace,
         protocol=_choice(doc, root, "proto", _PROTOCOLS).value,
         min_bytes=_int(doc, root, "minBytes", low=0, default=0),
-        max_bytes=max_bytes or None,
+        max_bytes=max_bytes + 1 if max_bytes else None,  # MSCCL's maxBytes is inclusive, ours exclusive
         metadata=metadata,
     )
 

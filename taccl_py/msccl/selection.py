@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.msccl.export import msccl_max_bytes
 
 __all__ = [
     "DTYPE_SIZES",
@@ -38,6 +39,7 @@ __all__ = [
     "selectable_for_powers_of_two",
     "power_of_two_sizes",
     "select_file",
+    "why_not_selected",
     "selection_report",
 ]
 
@@ -102,7 +104,7 @@ def selection_key(algorithm: Algorithm, both_placements: bool = False) -> Select
         algorithm.num_ranks,
         algorithm.chunks_per_loop,
         algorithm.min_bytes,
-        algorithm.max_bytes or 0,
+        msccl_max_bytes(algorithm),
         algorithm.inplace or both_placements,
         not algorithm.inplace or both_placements,
     )
@@ -161,6 +163,22 @@ def select_file(keys: Sequence[SelectionKey], call: MscclCall) -> Selection:
     """Return which of ``keys`` the runtime selects for ``call``; files in name order, as a sorted folder lists them."""
     matches = tuple(key.name for key in sorted(keys, key=lambda key: key.name) if selects(key, call))
     return Selection(call, matches[0] if matches else None, matches)
+
+
+def why_not_selected(keys: Sequence[SelectionKey], call: MscclCall) -> str:
+    """Return why no file of ``keys`` serves ``call``, naming the first test every candidate fails."""
+    same = [key for key in keys if key.collective is call.collective and key.num_ranks == call.num_ranks]
+    if not same:
+        return f"no {call.collective.value} file for {call.num_ranks} ranks"
+    placed = [key for key in same if (key.inplace if call.inplace else key.outofplace)]
+    if not placed:
+        return f"no {'in-place' if call.inplace else 'out-of-place'} file"
+    size = call.count * call.dtype_size * size_multiplier(call.collective, call.num_ranks)
+    covering = [key for key in placed if key.min_bytes <= size and (key.max_bytes == 0 or size <= key.max_bytes)]
+    if not covering:
+        return "no file's size range covers it"
+    loops = sorted({key.chunks_per_loop for key in covering})
+    return f"nchunksperloop {', '.join(map(str, loops))} does not divide the element count"
 
 
 def selection_report(

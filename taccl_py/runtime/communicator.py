@@ -37,6 +37,7 @@ from taccl_py.runtime.communicator_checks import check_split_sizes, check_tensor
 from taccl_py.runtime.communicator_choice import _SOURCE, AlgorithmChoice
 from taccl_py.runtime.executor import Executor
 from taccl_py.runtime.graphs import graph_support
+from taccl_py.runtime.inplace_calls import describe_form, is_inplace_call
 from taccl_py.runtime.live_cluster import declared_from_env, sysfs_root_from_env
 from taccl_py.runtime.selection import collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
@@ -104,6 +105,7 @@ class Communicator(AlgorithmChoice):
         Longest wait for one message; a peer silent for longer fails the call.
     verify : bool
         Prove every algorithm correct (``taccl_py.verify.check_algorithm``) before it may run.
+        An algorithm's in-place variant is verified either way, once, on its first in-place call.
     calibration : str, PathLike or Calibration, optional
         Run the group's own collective wherever it measured faster than the library's algorithm.
         A path is a cache: read when it holds a calibration of this group's key (world size,
@@ -144,6 +146,11 @@ class Communicator(AlgorithmChoice):
     "min" (or a ``torch.distributed.ReduceOp``); all_to_all runs an algorithm on equal blocks and
     the group's own ``all_to_all_single`` when split sizes are given. avg divides the sum by the world size
     (integers: truncating, as NCCL does). Shapes, dtypes and ops are checked before any message is sent.
+    A call whose tensors alias as MSCCL's in-place calls do (all_reduce always; all_gather with
+    ``input`` block ``rank`` of ``output``) runs the algorithm's in-place form where one verifies
+    (see :mod:`taccl_py.runtime.inplace_calls`) without copying the rank's block; an aliased
+    reduce_scatter runs on a copy, leaving the input's other blocks as torch's backends do. Every
+    rank must alias alike: the two forms may differ in rounds.
     The Communicator must be the only user of its group while a call runs.
     """
 
@@ -359,6 +366,10 @@ class Communicator(AlgorithmChoice):
                 self._log_fallback(collective, size_bytes)
             self._torch_collective(collective, output, input, op)
             return
+        inplace_call = is_inplace_call(collective, output, input, self.rank)
+        algorithm = self._form_for_call(collective, algorithm, inplace_call)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s of %d bytes runs %s", collective.value, size_bytes, describe_form(algorithm, inplace_call))
         executor = self._executor(algorithm, input.dtype, numel, input.device)
         executor.run(output, input, self.transport, op, self.timeout_s, cuda_graph=self.cuda_graphs)
 

@@ -5,8 +5,9 @@ decides, per call, between a library algorithm and torch.distributed's own colle
 the library's size band for the collective (see :mod:`taccl_py.runtime.selection`), with the bands
 made for another cluster than the live one set aside and warned about once per collective (see
 :mod:`taccl_py.runtime.live_cluster`), then the calibration's verdict where one was measured or
-read (see :mod:`taccl_py.runtime.calibration`). The Communicator's construction, executors and
-collective methods are in :mod:`taccl_py.runtime.communicator`.
+read (see :mod:`taccl_py.runtime.calibration`); a call whose tensors alias runs the algorithm's
+in-place form (see :mod:`taccl_py.runtime.inplace_calls`). The Communicator's construction,
+executors and collective methods are in :mod:`taccl_py.runtime.communicator`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from taccl_py.runtime.calibration import (
     write_calibration,
 )
 from taccl_py.runtime.group_log import group_warning_level
+from taccl_py.runtime.inplace_calls import INPLACE_COLLECTIVES, InplaceForms
 from taccl_py.runtime.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
 from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collect_algorithms, match_cluster
 
@@ -54,7 +56,7 @@ class AlgorithmChoice:
     transport and :meth:`_use_calibration` after.
     """
 
-    __slots__ = ("choices", "calibration", "cluster", "_logged")
+    __slots__ = ("choices", "calibration", "cluster", "_logged", "_inplace_forms")
 
     group: Any
     rank: int
@@ -87,6 +89,7 @@ class AlgorithmChoice:
                     self.cluster.describe(),
                 )
         self._logged: set[tuple] = set()
+        self._inplace_forms = InplaceForms()
 
     def _exchange_texts(self, text: str) -> list[str]:
         """Return every rank's ``text``, in rank order (all ranks call it alike)."""
@@ -110,13 +113,28 @@ class AlgorithmChoice:
 
     # -- selection --------------------------------------------------------------------------------
 
-    def algorithm_for(self, collective: Collective | str, size_bytes: int) -> Algorithm | None:
+    def algorithm_for(
+        self, collective: Collective | str, size_bytes: int, *, inplace: bool = False
+    ) -> Algorithm | None:
         """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's).
 
         None where no band covers the size, where the band is a library's "native" one, and where
-        the calibration measured torch's collective faster.
+        the calibration measured torch's collective faster. With ``inplace``, the schedule an
+        in-place call runs (see :func:`~taccl_py.runtime.inplace_calls.is_inplace_call`): the
+        algorithm when it is in place, its verified in-place variant (``inplace`` True, metadata
+        ``inplace_of``), or the out-of-place algorithm where no variant verifies (run on a copy).
         """
-        return self._choose(Collective(collective), int(size_bytes))[1]
+        collective = Collective(collective)
+        return self._form_for_call(collective, self._choose(collective, int(size_bytes))[1], inplace)
+
+    def _form_for_call(
+        self, collective: Collective, algorithm: Algorithm | None, inplace_call: bool
+    ) -> Algorithm | None:
+        """Return the schedule a call runs: ``algorithm``, or an in-place call's in-place form where one verifies."""
+        if algorithm is None or not inplace_call or collective not in INPLACE_COLLECTIVES:
+            return algorithm
+        form = self._inplace_forms.form(algorithm)
+        return algorithm if form is None else form
 
     def _choose(self, collective: Collective, size_bytes: int) -> tuple[Candidate | None, Algorithm | None]:
         """Return the band covering the size (None: none) and the algorithm to run (None: torch's)."""

@@ -17,10 +17,14 @@ the input; reducescatter: the output; allreduce: the tensor; alltoall: one peer'
 tensor is one or ``num_ranks`` blocks of ``numel`` elements, each cut into the algorithm's chunks
 of ``ceil(numel / chunks_per_block)`` elements. When ``numel`` does not divide, the executor works
 on padded buffers and copies in and out; otherwise it works on views of the user's tensors.
+An in-place schedule called in MSCCL's in-place form (one buffer: see
+:func:`~taccl_py.runtime.inplace_calls.is_inplace_call`) runs on that buffer with no copy; other
+calls of it copy the input in, as does an out-of-place schedule whose input and output overlap.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +40,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow
 from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
 from taccl_py.runtime.graphs import GraphedCalls
+from taccl_py.runtime.inplace_calls import is_inplace_call
 from taccl_py.runtime.rank_plan import RankPlan, Storage, compile_rank_plan
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
@@ -49,6 +54,8 @@ _COMBINE: Mapping[str, Callable[..., Any]] = MappingProxyType(
     {"sum": torch.add, "avg": torch.add, "max": torch.maximum, "min": torch.minimum}
 )
 _SOURCE = "executor"
+
+logger = logging.getLogger(__name__)
 
 
 def block_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -> tuple[int, int, int]:
@@ -249,8 +256,38 @@ class Executor:
         return work, list(zip(self._work_blocks(work, blocks), self._user_blocks(tensor, blocks)))
 
     def _bind(self, output: Any, input: Any) -> _Binding:
-        plan, (in_blocks, out_blocks, _per) = self.plan, self.blocks
+        plan = self.plan
         storages: dict[Storage, Any] = dict(self._scratch)
+        one_buffer = plan.inplace and not self.padded and is_inplace_call(plan.collective, output, input, self.rank)
+        if one_buffer:
+            # MSCCL's in-place call: the caller's one buffer is the schedule's, so nothing is copied
+            one = Storage.OUTPUT if plan.collective is Collective.ALLGATHER else Storage.INPUT
+            storages[one] = (output if one is Storage.OUTPUT else input).view(-1)
+            copy_in: list[tuple[Any, Any]] = []
+            copy_out: list[tuple[Any, Any]] = []
+        else:
+            user, copy_in, copy_out = self._bind_copies(output, input)
+            storages.update(user)
+        copy_in = [(dst, src) for dst, src in copy_in if dst.data_ptr() != src.data_ptr()]
+        element_size = torch.empty((), dtype=self.dtype).element_size()
+        rounds = bind_rounds(
+            plan.rounds, storages, self.chunk_elems, self.segment_bytes, element_size, eager_sends=self.eager_sends
+        )
+        logger.debug(
+            "%s rank %d: bound %s to %s with %d copies in and %d out",
+            self.algorithm.name,
+            self.rank,
+            "an in-place schedule" if plan.inplace else "an out-of-place schedule",
+            "the caller's one buffer" if one_buffer else "the caller's tensors",
+            len(copy_in),
+            len(copy_out),
+        )
+        return _Binding((output, input), copy_in, rounds, copy_out, list(plan.final_send_waits))
+
+    def _bind_copies(self, output: Any, input: Any) -> tuple[dict[Storage, Any], list, list]:
+        """Return the user storages and the (dst, src) copies of a call not in the plan's in-place form."""
+        plan, (in_blocks, out_blocks, _per) = self.plan, self.blocks
+        storages: dict[Storage, Any] = {}
         copy_in: list[tuple[Any, Any]] = []
         copy_out: list[tuple[Any, Any]] = []
         if plan.inplace and plan.collective is not Collective.REDUCESCATTER:
@@ -281,12 +318,7 @@ class Executor:
                 copy_out += [(user, work) for work, user in pairs]
             else:
                 storages[Storage.OUTPUT] = output.view(-1)
-        copy_in = [(dst, src) for dst, src in copy_in if dst.data_ptr() != src.data_ptr()]
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        rounds = bind_rounds(
-            plan.rounds, storages, self.chunk_elems, self.segment_bytes, element_size, eager_sends=self.eager_sends
-        )
-        return _Binding((output, input), copy_in, rounds, copy_out, list(plan.final_send_waits))
+        return storages, copy_in, copy_out
 
     # -- replay -----------------------------------------------------------------------------------
 
@@ -302,7 +334,9 @@ class Executor:
     ) -> None:
         """Run the collective: ``output`` receives the result of ``input`` over all ranks.
 
-        For allreduce pass the same tensor twice to reduce in place. ``op`` applies when the
+        For allreduce pass the same tensor twice to reduce in place; an in-place schedule runs
+        on the caller's buffer without copies when the tensors alias as MSCCL's in-place call
+        (allreduce, allgather; an aliased reducescatter reduces in a copy). ``op`` applies when the
         collective reduces. With ``cuda_graph`` (CUDA tensors, a transport that
         :func:`~taccl_py.runtime.graphs.graph_support` accepts; every rank alike) the second call
         with the same tensors, op and transport is captured into a CUDA graph and later ones

@@ -1,18 +1,20 @@
 """Simulate an Algorithm on a Topology: time, bandwidths, bound ratio and link usage per size.
 
 The model (α-β links shared max-min fairly, zero-cost computes) is described in
-``taccl_py.simulate.engine``; ``plot_timeline`` in ``taccl_py.simulate.plot`` draws a run.
+``taccl_py.simulate.engine``; what LL and LL128 change is in ``taccl_py.simulate.protocol``;
+``plot_timeline`` in ``taccl_py.simulate.plot`` draws a run.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective, bus_factor
 from taccl_py.simulate.engine import ReplayOutcome, SimulationPlan, prepare_simulation, replay
+from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, PROTOCOLS, RCCL_PROTOCOL_COSTS, ProtocolCost
 from taccl_py.simulate.result import (
     LinkUsage,
     SimulationResult,
@@ -25,6 +27,10 @@ from taccl_py.topology.model import Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = [
+    "NCCL_PROTOCOL_COSTS",
+    "PROTOCOLS",
+    "RCCL_PROTOCOL_COSTS",
+    "ProtocolCost",
     "LinkUsage",
     "SimulationPlan",
     "SimulationResult",
@@ -121,6 +127,7 @@ def simulate(
     *,
     record_timeline: bool = False,
     bound_time_us: float | None = None,
+    protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
 ) -> SimulationResult:
     """Return the simulated time (µs), bandwidths (GB/s), bound ratio and link usage of one run.
 
@@ -137,6 +144,9 @@ def simulate(
         Also return one ``TimelineRecord`` per transfer and link it uses.
     bound_time_us : float, optional
         The lower bound (µs) to compare with; computed with ``lower_bound`` when omitted.
+    protocol_costs : mapping of str to ProtocolCost
+        What ``algorithm.protocol`` (Simple, LL, LL128) does to α and bandwidth (default
+        NCCL's; ``RCCL_PROTOCOL_COSTS`` for RCCL's LL128 lines). Simple changes nothing.
 
     Returns
     -------
@@ -147,7 +157,8 @@ def simulate(
     Raises
     ------
     ArgumentError
-        When the rank counts differ or ``size_bytes`` is not a positive integer.
+        When the rank counts differ, ``size_bytes`` is not a positive integer or the
+        algorithm's protocol is not in ``protocol_costs``.
     VerificationError
         When the algorithm is structurally broken (unmatched transfer, circular wait).
 
@@ -171,7 +182,7 @@ def simulate(
     3.0
     """
     return simulate_plan(
-        prepare_simulation(algorithm, topology),
+        prepare_simulation(algorithm, topology, protocol_costs=protocol_costs),
         size_bytes,
         record_timeline=record_timeline,
         bound_time_us=bound_time_us,
@@ -184,10 +195,11 @@ def simulate_sizes(
     sizes_bytes: Iterable[int],
     *,
     record_timeline: bool = False,
+    protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
 ) -> tuple[SimulationResult, ...]:
     """Return ``simulate`` at each size, preparing the plan and the lower bounds once."""
     sizes = tuple(_check_size(algorithm.name, size) for size in sizes_bytes)
-    plan = prepare_simulation(algorithm, topology)
+    plan = prepare_simulation(algorithm, topology, protocol_costs=protocol_costs)
     bounds = _bounds_us(topology, algorithm.collective, sizes)
     return tuple(
         _result(plan, size, replay(plan, size, record=record_timeline), bound) for size, bound in zip(sizes, bounds)

@@ -20,6 +20,8 @@ The model
   finish later. COMPUTE actions (copies, reductions, nops) take 0 µs: memory bandwidth and
   reduction cost are not modelled.
 * The collective's time is when the last action finishes.
+* The wire protocol is the algorithm's ``protocol``: Simple is the model above as it is; LL and
+  LL128 scale each link's α and bandwidth (``taccl_py.simulate.protocol``).
 
 So a lone transfer of b bytes takes α + b / B, two transfers of b bytes started together on one
 link of B both take α + 2b / B, and a threadblock's consecutive sends each pay their α
@@ -30,13 +32,15 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.dataflow import ActionKind, build_dataflow
 from taccl_py.simulate.fairshare import MaxMinSharing
-from taccl_py.topology.model import Topology, route
+from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
+from taccl_py.topology.model import Route, Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["SimulationPlan", "ReplayOutcome", "prepare_simulation", "replay"]
@@ -73,12 +77,17 @@ class SimulationPlan:
         return len(self.send_actions)
 
 
-def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPlan:
+def prepare_simulation(
+    algorithm: Algorithm, topology: Topology, *, protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS
+) -> SimulationPlan:
     """Return the integer tables the replay needs; reuse them to simulate several sizes.
 
-    Raises ``ArgumentError`` when the algorithm's rank count differs from the topology's, and
-    ``VerificationError`` when the algorithm is structurally broken (unmatched transfers,
-    circular waits, bad references): such a program has no finishing time.
+    Routes' α (µs) and link capacities (bytes/µs) are those of ``algorithm.protocol`` in
+    ``protocol_costs`` (default: NCCL's; Simple leaves them as the topology states them).
+
+    Raises ``ArgumentError`` when the algorithm's rank count differs from the topology's or its
+    protocol is unknown, and ``VerificationError`` when the algorithm is structurally broken
+    (unmatched transfers, circular waits, bad references): such a program has no finishing time.
     """
     if algorithm.num_ranks != topology.num_ranks:
         raise ArgumentError(
@@ -87,6 +96,7 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
             f"{algorithm.num_ranks} ranks but topology {topology.name!r} has {topology.num_ranks} GPUs",
             "an algorithm for the topology's rank count",
         )
+    cost = protocol_cost(algorithm.protocol, protocol_costs, algorithm.name)
     flow = build_dataflow(algorithm)
     if flow.violations:
         raise VerificationError(algorithm.name, flow.violations)
@@ -112,9 +122,9 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
             for link in path.links:
                 if link.key not in link_index:
                     link_index[link.key] = len(link_capacity)
-                    link_capacity.append(link.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
+                    link_capacity.append(_capacity(link.bandwidth_GBps, cost))
             route_index[pair] = len(route_alpha_us)
-            route_alpha_us.append(path.alpha_us)
+            route_alpha_us.append(_route_alpha_us(path, cost))
             route_links.append(tuple(link_index[link.key] for link in path.links))
         send_route[action.id] = route_index[pair]
         send_chunks[action.id] = action.sources[0].count
@@ -133,6 +143,19 @@ def prepare_simulation(algorithm: Algorithm, topology: Topology) -> SimulationPl
         link_keys=tuple(sorted(link_index, key=link_index.__getitem__)),
         link_capacity=tuple(link_capacity),
     )
+
+
+def _capacity(bandwidth_GBps: float, cost: ProtocolCost) -> float:
+    """Return a link's capacity (bytes/µs) under ``cost``; Simple's is exactly what it always was."""
+    capacity = bandwidth_GBps * BYTES_PER_US_PER_GBPS
+    return capacity if cost.is_simple else capacity * cost.bandwidth_factor
+
+
+def _route_alpha_us(path: Route, cost: ProtocolCost) -> float:
+    """Return a route's α (µs) under ``cost``: each link's α scaled by its class's factor."""
+    if cost.is_simple:  # Route.alpha_us itself, so Simple times stay bit-identical
+        return path.alpha_us
+    return sum(link.alpha_us * cost.alpha_factor(link.kind) for link in path.links)
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from taccl_py.errors import VerificationError, Violation
 from taccl_py.ir.algorithm import Algorithm, Buffer, input_slot, output_slot
 from taccl_py.ir.collectives import Contribution, expected_output, initial_value
 from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
+from taccl_py.ir.inplace import BOTH_PLACES_KEY, inplace_variant
 from taccl_py.verify.races import AccessLog, find_races
 
 __all__ = ["VerificationReport", "verify_algorithm", "check_algorithm", "describe_value"]
@@ -300,7 +301,9 @@ def verify_algorithm(algorithm: Algorithm) -> VerificationReport:
     -------
     VerificationReport
         ``ok`` is True when no violation was found. Structural faults (from
-        ``build_dataflow`` and buffer sizes) stop the check before the replay.
+        ``build_dataflow`` and buffer sizes) stop the check before the replay. An out-of-place
+        schedule marked as serving in-place calls too (``BOTH_PLACES_KEY``, an MSCCL file with
+        both flags) is checked on aliased buffers as well; those faults start with "in place:".
 
     Notes
     -----
@@ -317,6 +320,16 @@ def verify_algorithm(algorithm: Algorithm) -> VerificationReport:
     >>> report.ok, report.first.kind, report.first.rank
     (False, 'wrong result', 0)
     """
+    report = _verify_placement(algorithm)
+    if algorithm.meta(BOTH_PLACES_KEY) == "1" and not algorithm.inplace:
+        # the file serves in-place calls too: the same steps must also be right on aliased buffers
+        aliased = _verify_placement(inplace_variant(algorithm))
+        in_place = tuple(replace(v, message=f"in place: {v.message}") for v in aliased.violations)
+        report = replace(report, ok=report.ok and aliased.ok, violations=report.violations + in_place)
+    return report
+
+
+def _verify_placement(algorithm: Algorithm) -> VerificationReport:
     flow = build_dataflow(algorithm)
     structural = list(flow.violations) + _layout_violations(algorithm)
     if structural:
