@@ -142,12 +142,12 @@ def _export_msccl(args: argparse.Namespace) -> int:
     limits = xml_target(args.runtime, args.dialect, xml=True, path=args.output)
     check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
     libraries = _libraries_to_export(args.library, args.nodes)
+    dialect = xml_dialect(limits, args.dialect)
     written, keys = 0, []
     for library in libraries:
         if sys.stderr.isatty():  # verifying in-place forms and choosing protocols takes a minute on 64 GPUs
             label = f"{library.topology} n{library.nodes} {library.collective.value}"
             print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
-        dialect = xml_dialect(limits, args.dialect)
         export = write_library_xml(library, folder, dialect, runtime=limits.runtime, rccl_gpu_arch=args.rccl_gpu_arch)
         written += len(export.files)
         keys += export.keys
