@@ -35,6 +35,7 @@ __all__ = [
     "Threadblock",
     "RankProgram",
     "Algorithm",
+    "aliased_slot",
     "input_slot",
     "output_slot",
 ]
@@ -202,17 +203,28 @@ class Algorithm:
         return dict(self.metadata).get(key, default)
 
 
+def aliased_slot(algorithm: Algorithm, rank: int, buffer: Buffer, offset: int) -> tuple[Buffer, int]:
+    """Return where chunk ``offset`` of ``buffer`` lives on ``rank`` when the call is in place.
+
+    One buffer serves both ends: AllGather's input is block ``rank`` of its output, ReduceScatter's
+    output block ``rank`` of its input, AllReduce's and AlltoAll's output is their input.
+    """
+    layout = algorithm.layout
+    collective = algorithm.collective
+    if collective is Collective.ALLGATHER and buffer is Buffer.INPUT:
+        return Buffer.OUTPUT, rank * layout.input_chunks + offset
+    if collective is Collective.REDUCESCATTER and buffer is Buffer.OUTPUT:
+        return Buffer.INPUT, rank * layout.output_chunks + offset
+    if collective in (Collective.ALLREDUCE, Collective.ALLTOALL) and buffer is Buffer.OUTPUT:
+        return Buffer.INPUT, offset
+    return buffer, offset
+
+
 def input_slot(algorithm: Algorithm, rank: int, index: int) -> tuple[Buffer, int]:
     """Return where input chunk ``index`` of ``rank`` lives (in-place collectives alias buffers)."""
-    if algorithm.inplace and algorithm.collective is Collective.ALLGATHER:
-        return Buffer.OUTPUT, rank * algorithm.layout.input_chunks + index
-    return Buffer.INPUT, index
+    return aliased_slot(algorithm, rank, Buffer.INPUT, index) if algorithm.inplace else (Buffer.INPUT, index)
 
 
 def output_slot(algorithm: Algorithm, rank: int, index: int) -> tuple[Buffer, int]:
     """Return where output chunk ``index`` of ``rank`` must end up."""
-    if not algorithm.inplace or algorithm.collective is Collective.ALLGATHER:
-        return Buffer.OUTPUT, index
-    if algorithm.collective is Collective.REDUCESCATTER:
-        return Buffer.INPUT, rank * algorithm.layout.output_chunks + index
-    return Buffer.INPUT, index
+    return aliased_slot(algorithm, rank, Buffer.OUTPUT, index) if algorithm.inplace else (Buffer.OUTPUT, index)

@@ -19,28 +19,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
+from taccl_py.ir.algorithm import Algorithm, OpType, RankProgram, Step, Threadblock, aliased_slot
 from taccl_py.ir.collectives import Collective
 
-__all__ = ["BOTH_PLACES_KEY", "DERIVED_FROM_KEY", "inplace_variant", "aliased_slot", "serves_both_placements"]
+__all__ = ["BOTH_PLACES_KEY", "DERIVED_FROM_KEY", "inplace_variant", "serves_both_placements"]
 
 # Metadata key of a variant: the name of the out-of-place schedule it was derived from.
 DERIVED_FROM_KEY = "inplace_of"
 # Metadata key of an out-of-place schedule that is safe in place too: its MSCCL file says inplace="1" outofplace="1".
 BOTH_PLACES_KEY = "msccl_inplace_and_outofplace"
-
-
-def aliased_slot(algorithm: Algorithm, rank: int, buffer: Buffer, offset: int) -> tuple[Buffer, int]:
-    """Return where chunk ``offset`` of ``buffer`` lives on ``rank`` when the call is in place."""
-    layout = algorithm.layout
-    collective = algorithm.collective
-    if collective is Collective.ALLGATHER and buffer is Buffer.INPUT:
-        return Buffer.OUTPUT, rank * layout.input_chunks + offset
-    if collective is Collective.REDUCESCATTER and buffer is Buffer.OUTPUT:
-        return Buffer.INPUT, rank * layout.output_chunks + offset
-    if collective in (Collective.ALLREDUCE, Collective.ALLTOALL) and buffer is Buffer.OUTPUT:
-        return Buffer.INPUT, offset
-    return buffer, offset
 
 
 def _aliased_step(algorithm: Algorithm, rank: int, step: Step) -> Step | None:

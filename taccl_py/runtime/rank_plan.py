@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from taccl_py.errors import ArgumentError, VerificationError
-from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.algorithm import Algorithm, Buffer, aliased_slot
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
 
@@ -153,12 +153,8 @@ def _data_chunks(algorithm: Algorithm) -> tuple[int, int]:
 
 def _alias(algorithm: Algorithm, rank: int, buffer: Buffer, offset: int) -> tuple[Storage, int]:
     """Return the storage and chunk offset a buffer reference means after in-place aliasing."""
-    layout = algorithm.layout
-    if algorithm.inplace and algorithm.collective is Collective.ALLGATHER and buffer is Buffer.INPUT:
-        return Storage.OUTPUT, rank * layout.input_chunks + offset
-    if algorithm.inplace and algorithm.collective is not Collective.ALLGATHER and buffer is Buffer.OUTPUT:
-        base = rank * layout.output_chunks if algorithm.collective is Collective.REDUCESCATTER else 0
-        return Storage.INPUT, base + offset
+    if algorithm.inplace:
+        buffer, offset = aliased_slot(algorithm, rank, buffer, offset)
     return {Buffer.INPUT: Storage.INPUT, Buffer.OUTPUT: Storage.OUTPUT, Buffer.SCRATCH: Storage.SCRATCH}[buffer], offset
 
 
