@@ -137,7 +137,7 @@ def test_an_unsafe_schedule_gets_no_in_place_file_and_a_both_flags_file_of_it_fa
 
 def test_selection_key_of_a_file_serving_both_placements():
     ring = ring_algorithm(Collective.REDUCESCATTER, 4)
-    key = selection_key(replace(ring, min_bytes=8, max_bytes=None), both_placements=True)
+    key = selection_key(replace(ring, min_bytes=8, max_bytes=None).with_metadata(**{BOTH_PLACES_KEY: "1"}))
     assert (key.inplace, key.outofplace, key.min_bytes, key.max_bytes) == (True, True, 8, 0)
 
 

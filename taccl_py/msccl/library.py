@@ -58,22 +58,22 @@ def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = Fals
     return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.xml"
 
 
-def _placements(algorithm: Algorithm) -> tuple[list[tuple[Algorithm, bool]], str | None]:
-    """Return the algorithms a band exports with their both-placements flag, and why in place has no file.
+def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
+    """Return the algorithms a band exports, one per file, and why in place has no file.
 
-    One file with both flags when the out-of-place schedule is also right on aliased buffers,
-    else a second, in-place file; AlltoAll (rarely called in place) exports out of place only.
+    One file with both flags (``BOTH_PLACES_KEY``) when the out-of-place schedule is also right on
+    aliased buffers, else a second, in-place file; AlltoAll (rarely called in place) exports out
+    of place only.
     """
     if algorithm.inplace or algorithm.collective is Collective.ALLTOALL:
-        return [(algorithm, False)], None
+        return [algorithm], None
     variant = inplace_variant(algorithm)
     report = verify_algorithm(variant)
     if not report.ok:
-        return [(algorithm, False)], f"no in-place file: its in-place form fails: {report.first}"
+        return [algorithm], f"no in-place file: its in-place form fails: {report.first}"
     if serves_both_placements(algorithm, variant):
-        return [(algorithm.with_metadata(**{BOTH_PLACES_KEY: "1"}), True)], None
-    variant = replace(variant, name=f"{algorithm.name}-inplace")
-    return [(algorithm, False), (variant, False)], None
+        return [algorithm.with_metadata(**{BOTH_PLACES_KEY: "1"})], None
+    return [algorithm, replace(variant, name=f"{algorithm.name}-inplace")], None
 
 
 def _band_files(
@@ -92,13 +92,13 @@ def _band_files(
     if not loop_divides_powers_of_two(base.collective, base.num_ranks, base.chunks_per_loop):
         notes.append(f"MSCCL selects it at no power-of-two count: {base.chunks_per_loop} chunks per loop")
     # only the new dialect says which placements a file serves (outofplace="..."); the old one gets one file
-    algorithms, why_not = _placements(base) if DIALECTS[dialect].size_band else ([(base, False)], None)
+    algorithms, why_not = _placements(base) if DIALECTS[dialect].size_band else ([base], None)
     if why_not is not None:
         notes.append(why_not)
     files = []
-    for algorithm, both in algorithms:
+    for algorithm in algorithms:
         name = library_xml_name(library, index, inplace=algorithm.inplace)
-        files.append((name, generate_msccl_xml(algorithm, dialect, runtime=runtime), selection_key(algorithm, both)))
+        files.append((name, generate_msccl_xml(algorithm, dialect, runtime=runtime), selection_key(algorithm)))
     return files, notes
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.inplace import BOTH_PLACES_KEY
 from taccl_py.msccl.export import msccl_max_bytes
 
 __all__ = [
@@ -96,8 +97,12 @@ def size_multiplier(collective: Collective, num_ranks: int) -> int:
     return num_ranks if collective in (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL) else 1
 
 
-def selection_key(algorithm: Algorithm, both_placements: bool = False) -> SelectionKey:
-    """Return the selection fields the export of ``algorithm`` writes (``max_bytes`` as the file says it)."""
+def selection_key(algorithm: Algorithm) -> SelectionKey:
+    """Return the selection fields the export of ``algorithm`` writes (``max_bytes`` as the file says it).
+
+    An out-of-place schedule marked ``BOTH_PLACES_KEY`` serves in-place calls too.
+    """
+    both_placements = algorithm.meta(BOTH_PLACES_KEY) == "1"
     return SelectionKey(
         algorithm.name,
         algorithm.collective,
