@@ -19,13 +19,12 @@ meets the k-th receiving step of the peer on that channel, in document order. Fo
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from taccl_py._xml import create_xml_parser
 from taccl_py.errors import Violation
-from taccl_py.ir.algorithm import Algorithm, Buffer, OpType
-from taccl_py.msccl.dialect import STEP_OPERANDS
+from taccl_py.ir.algorithm import Buffer, OpType
+from taccl_py.msccl.dialect import STEP_OPERANDS, StepKey, pair_transfers
 from taccl_py.msccl.parse import parse_msccl_xml
 
 __all__ = ["VIOLATION_KIND", "check_send_recv_fields"]
@@ -35,7 +34,6 @@ _NAMES_RECEIVER = frozenset(op for op, (_, uses_dst) in STEP_OPERANDS.items() if
 _NAMES_SENDER = frozenset(op for op, (uses_src, _) in STEP_OPERANDS.items() if op.receives and not uses_src)
 _FORWARDS_DST = frozenset({OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_COPY_SEND})
 
-_Key = tuple[int, int, int]  # (rank, threadblock id, step index)
 _Slot = tuple[Buffer, int]
 
 
@@ -55,7 +53,7 @@ class _FieldReader:
 
     def __init__(self, source: str) -> None:
         self.parser = create_xml_parser(source, "an MSCCL-IR XML document", self.start, self.end)
-        self.fields: dict[_Key, _Fields] = {}
+        self.fields: dict[StepKey, _Fields] = {}
         self.rank = self.tb = 0
 
     def start(self, tag: str, attrs: dict[str, str]) -> None:
@@ -72,20 +70,6 @@ class _FieldReader:
         pass
 
 
-def _matched_steps(algorithm: Algorithm) -> list[tuple[_Key, _Key]]:
-    """Return (sending step, receiving step) pairs: the k-th on (rank, peer, channel) meets the k-th there."""
-    sends: dict[tuple[int, int, int], list[_Key]] = defaultdict(list)
-    receives: dict[tuple[int, int, int], list[_Key]] = defaultdict(list)
-    for prog in algorithm.ranks:
-        for tb in prog.threadblocks:
-            for index, step in enumerate(tb.steps):
-                if step.op.sends and tb.send_peer is not None:
-                    sends[(prog.rank, tb.send_peer, tb.channel)].append((prog.rank, tb.id, index))
-                if step.op.receives and tb.recv_peer is not None:
-                    receives[(tb.recv_peer, prog.rank, tb.channel)].append((prog.rank, tb.id, index))
-    return [pair for link, keys in sends.items() for pair in zip(keys, receives.get(link, ()))]
-
-
 def _slot(slot: _Slot) -> str:
     return f"{slot[0].value}[{slot[1]}]"
 
@@ -96,7 +80,9 @@ def _expected(peer_side: _Slot, own: _Slot, own_name: str) -> str:
     return f"{_slot(peer_side)} (msccl-tools) or the step's own {own_name} {_slot(own)} (older taccl_py)"
 
 
-def _check_pair(ops: dict[_Key, OpType], fields: dict[_Key, _Fields], send: _Key, recv: _Key) -> list[Violation]:
+def _check_pair(
+    ops: dict[StepKey, OpType], fields: dict[StepKey, _Fields], send: StepKey, recv: StepKey
+) -> list[Violation]:
     """Return the violations of one matched pair: at most one on each side."""
     found = []
     sent, received = fields[send], fields[recv]
@@ -168,5 +154,11 @@ def check_send_recv_fields(text: str, source: str = "<string>") -> tuple[Violati
         for tb in prog.threadblocks
         for i, step in enumerate(tb.steps)
     }
-    found = [v for send, recv in _matched_steps(algorithm) for v in _check_pair(ops, reader.fields, send, recv)]
+    pairs = pair_transfers(
+        (prog.rank, tb, i, step.op)
+        for prog in algorithm.ranks
+        for tb in prog.threadblocks
+        for i, step in enumerate(tb.steps)
+    )
+    found = [v for send, recv in pairs.items() for v in _check_pair(ops, reader.fields, send, recv)]
     return tuple(sorted(found, key=lambda v: (v.rank, v.threadblock, v.step)))

@@ -10,13 +10,15 @@ reduce-scatter collective and whether ``<algo>`` carries ``outofplace``, ``minBy
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Mapping
 
 from taccl_py.errors import ArgumentError
-from taccl_py.ir.algorithm import OpType
+from taccl_py.ir.algorithm import OpType, Threadblock
 from taccl_py.ir.collectives import Collective
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "NO_DEPENDENCY",
     "NOP_OFFSET",
     "STEP_OPERANDS",
+    "StepKey",
+    "pair_transfers",
 ]
 
 
@@ -108,3 +112,21 @@ STEP_OPERANDS: Mapping[OpType, tuple[bool, bool]] = MappingProxyType(
         OpType.NOP: (False, False),
     }
 )
+
+StepKey = tuple[int, int, int]  # (rank, threadblock id, step index) of a written step
+
+
+def pair_transfers(steps: Iterable[tuple[int, Threadblock, int, OpType]]) -> dict[StepKey, StepKey]:
+    """Return the receiving step each sending step meets, from (rank, threadblock, step index, type) in file order.
+
+    The k-th sending step on (rank, send peer, channel) meets the k-th receiving step of the peer
+    on that channel, as the runtime pairs them (and ``taccl_py.ir.dataflow`` does on the IR).
+    """
+    sends: dict[tuple[int, int, int], list[StepKey]] = defaultdict(list)
+    receives: dict[tuple[int, int, int], list[StepKey]] = defaultdict(list)
+    for rank, tb, index, op in steps:
+        if op.sends and tb.send_peer is not None:
+            sends[(rank, tb.send_peer, tb.channel)].append((rank, tb.id, index))
+        if op.receives and tb.recv_peer is not None:
+            receives[(tb.recv_peer, rank, tb.channel)].append((rank, tb.id, index))
+    return {send: recv for link, keys in sends.items() for send, recv in zip(keys, receives.get(link, ()))}

@@ -36,7 +36,6 @@ exports did for every step; ``taccl_py.msccl.convention`` accepts both.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from xml.sax.saxutils import escape
 
@@ -44,7 +43,17 @@ from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.inplace import BOTH_PLACES_KEY
-from taccl_py.msccl.dialect import DIALECTS, NO_DEPENDENCY, NO_PEER, NOP_OFFSET, Dialect, Protocol, parse_dialect
+from taccl_py.msccl.dialect import (
+    DIALECTS,
+    NO_DEPENDENCY,
+    NO_PEER,
+    NOP_OFFSET,
+    Dialect,
+    Protocol,
+    StepKey,
+    pair_transfers,
+    parse_dialect,
+)
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, MAX_COUNT, Runtime, check_gpu_limits, runtime_limits
 
 __all__ = ["generate_msccl_xml", "write_msccl_xml", "msccl_max_bytes", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
@@ -53,7 +62,6 @@ METADATA_COMMENT = "taccl-metadata"  # <!-- taccl-metadata {json} --> carries Al
 _MAX_PIECE = MAX_COUNT - 1
 
 Dep = tuple[int, int]
-_Key = tuple[int, int, int]  # (rank, threadblock, XML step index)
 _Program = list[tuple[Threadblock, list["_XmlStep"]]]
 
 
@@ -174,27 +182,15 @@ def _rank_threadblocks(algorithm: Algorithm, prog: RankProgram) -> list[tuple[Th
     ]
 
 
-def _match_pieces(programs: list[tuple[int, _Program]]) -> dict[_Key, _Key]:
-    """Return the receiving step each sending step meets: the k-th on (rank, peer, channel) meets the k-th there."""
-    sends: dict[tuple[int, int, int], list[_Key]] = defaultdict(list)
-    receives: dict[tuple[int, int, int], list[_Key]] = defaultdict(list)
-    for rank, tbs in programs:
-        for tb, steps in tbs:
-            for index, step in enumerate(steps):
-                if step.op.sends and tb.send_peer is not None:
-                    sends[(rank, tb.send_peer, tb.channel)].append((rank, tb.id, index))
-                if step.op.receives and tb.recv_peer is not None:
-                    receives[(tb.recv_peer, rank, tb.channel)].append((rank, tb.id, index))
-    return {send: recv for link, keys in sends.items() for send, recv in zip(keys, receives.get(link, ()))}
-
-
-def _chain_destinations(steps: dict[_Key, _XmlStep], receiver: dict[_Key, _Key]) -> dict[_Key, tuple[Buffer, int]]:
+def _chain_destinations(
+    steps: dict[StepKey, _XmlStep], receiver: dict[StepKey, StepKey]
+) -> dict[StepKey, tuple[Buffer, int]]:
     """Return the ``dst`` each ``rrs`` step names: where the first storing receiver down its chain puts the data.
 
     A chain that ends unmatched or runs in a circle (a broken algorithm) names the ``src`` of its
     last ``rrs``; every ``rrs`` of a chain names the same slot, so each sender agrees with its receiver.
     """
-    named: dict[_Key, tuple[Buffer, int]] = {}
+    named: dict[StepKey, tuple[Buffer, int]] = {}
     for start, step in steps.items():
         if step.op is not OpType.RECV_REDUCE_SEND or start in named:
             continue
@@ -231,10 +227,15 @@ def _with_peer_fields(programs: list[tuple[int, _Program]]) -> list[tuple[int, _
         for tb, tb_steps in tbs
         for index, step in enumerate(tb_steps)
     }
-    receiver = _match_pieces(programs)
+    receiver = pair_transfers(
+        (rank, tb, index, step.op)
+        for rank, tbs in programs
+        for tb, tb_steps in tbs
+        for index, step in enumerate(tb_steps)
+    )
     sender = {recv: send for send, recv in receiver.items()}
     chained = _chain_destinations(steps, receiver)
-    written: dict[_Key, _XmlStep] = {}
+    written: dict[StepKey, _XmlStep] = {}
     for key, step in steps.items():
         if step.op is OpType.RECV_REDUCE_SEND:
             written[key] = replace(step, dst=chained[key])
