@@ -77,6 +77,11 @@ class MscclCall:
         """Return NCCL's per-call element count (per rank for allgather, reducescatter and alltoall)."""
         return self.size_bytes // (self.dtype_size * size_multiplier(self.collective, self.num_ranks))
 
+    @property
+    def nbytes(self) -> int:
+        """Return the size the runtime compares with ``minBytes``/``maxBytes``: count × element size × multiplier."""
+        return self.count * self.dtype_size * size_multiplier(self.collective, self.num_ranks)
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -117,18 +122,20 @@ def selection_key(algorithm: Algorithm) -> SelectionKey:
 
 def selects(key: SelectionKey, call: MscclCall) -> bool:
     """Return True when the runtime's rule picks the file ``key`` describes for ``call``."""
-    multiplier = size_multiplier(call.collective, call.num_ranks)
     count = call.count
-    size = count * call.dtype_size * multiplier
     return (
         key.collective is call.collective
         and key.num_ranks == call.num_ranks
         and count > 0
-        and (count * multiplier) % key.chunks_per_loop == 0
-        and key.min_bytes <= size
-        and (key.max_bytes == 0 or size <= key.max_bytes)
+        and (count * size_multiplier(call.collective, call.num_ranks)) % key.chunks_per_loop == 0
+        and _covers(key, call.nbytes)
         and (key.inplace if call.inplace else key.outofplace)
     )
+
+
+def _covers(key: SelectionKey, nbytes: int) -> bool:
+    """Return True when the file's size range holds ``nbytes`` (both ends inclusive; ``max_bytes`` 0: no end)."""
+    return key.min_bytes <= nbytes and (key.max_bytes == 0 or nbytes <= key.max_bytes)
 
 
 def loop_divides_powers_of_two(collective: Collective, num_ranks: int, chunks_per_loop: int) -> bool:
@@ -178,8 +185,7 @@ def why_not_selected(keys: Sequence[SelectionKey], call: MscclCall) -> str:
     placed = [key for key in same if (key.inplace if call.inplace else key.outofplace)]
     if not placed:
         return f"no {'in-place' if call.inplace else 'out-of-place'} file"
-    size = call.count * call.dtype_size * size_multiplier(call.collective, call.num_ranks)
-    covering = [key for key in placed if key.min_bytes <= size and (key.max_bytes == 0 or size <= key.max_bytes)]
+    covering = [key for key in placed if _covers(key, call.nbytes)]
     if not covering:
         return "no file's size range covers it"
     loops = sorted({key.chunks_per_loop for key in covering})
