@@ -47,7 +47,7 @@ from benchmarks_md import (  # noqa: E402
 
 from taccl_py.ir.library import read_library  # noqa: E402
 from taccl_py.simulate import simulate_plan  # noqa: E402
-from taccl_py.simulate.engine import prepare_simulation  # noqa: E402
+from taccl_py.simulate.plan import prepare_simulation  # noqa: E402
 from taccl_py.synth.logical import build_logical_graph  # noqa: E402
 from taccl_py.synth.sketch import auto_sketch  # noqa: E402
 from taccl_py.synth.tree_packing import pack_trees  # noqa: E402

@@ -360,7 +360,7 @@ def test_engine_matches_naive_reference_on_random_plans(seed):
             items.append(LocalCopy(dst, (O, 0), (O, chunks - 1)))
     algorithm = lower_plan(f"random{seed}", Collective.ALLREDUCE, n, chunks, items)
     size = rng.choice([4_000, 4_000_000, 400_000_000])
-    got = simulate(algorithm, topology, size, bound_time_us=1.0).time_us
+    got = simulate(algorithm, topology, size, bound_time_us=1.0, model="chunks").time_us
     assert got == pytest.approx(_reference_time_us(algorithm, topology, size), rel=1e-9)
 
 

@@ -20,7 +20,8 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, ProtocolLimits, Runtime, protocol_limits, protocol_refusal
-from taccl_py.simulate.engine import prepare_simulation, replay
+from taccl_py.simulate.engine import replay
+from taccl_py.simulate.plan import prepare_simulation
 from taccl_py.simulate.protocol import LL128, PROTOCOL_COST_TABLES, PROTOCOLS, SIMPLE, ProtocolCost
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import LinkKind, Topology, VertexKind, route

@@ -13,7 +13,16 @@ from collections.abc import Iterable, Mapping
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective, bus_factor
-from taccl_py.simulate.engine import ReplayOutcome, SimulationPlan, prepare_simulation, replay
+from taccl_py.simulate.engine import ReplayOutcome, replay
+from taccl_py.simulate.model import (
+    EXECUTION_MODELS,
+    MSCCL_LOOP,
+    MSCCL_PIPELINED,
+    WHOLE_CHUNKS,
+    ExecutionModel,
+    execution_model,
+)
+from taccl_py.simulate.plan import SimulationPlan, prepare_simulation
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, PROTOCOLS, RCCL_PROTOCOL_COSTS, ProtocolCost
 from taccl_py.simulate.result import (
     LinkUsage,
@@ -27,6 +36,12 @@ from taccl_py.topology.model import Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = [
+    "EXECUTION_MODELS",
+    "MSCCL_LOOP",
+    "MSCCL_PIPELINED",
+    "WHOLE_CHUNKS",
+    "ExecutionModel",
+    "execution_model",
     "NCCL_PROTOCOL_COSTS",
     "PROTOCOLS",
     "RCCL_PROTOCOL_COSTS",
@@ -54,12 +69,13 @@ def _bounds_us(topology: Topology, collective: Collective, sizes: tuple[int, ...
     return tuple(bound.time_us for bound in lower_bounds(topology, collective, sizes))
 
 
-def _timeline(plan: SimulationPlan, outcome: ReplayOutcome, chunk_bytes: float) -> tuple[TimelineRecord, ...]:
+def _timeline(plan: SimulationPlan, outcome: ReplayOutcome) -> tuple[TimelineRecord, ...]:
+    """Return one record per link of every SEND of every pass (transfer numbers run on across passes)."""
     records = []
-    for transfer, action in enumerate(plan.send_actions):
-        route_id = plan.send_route[action]
+    actions_per_pass = len(plan.send_route)
+    for transfer, (action, size) in enumerate(zip(outcome.send_actions, outcome.send_bytes)):
+        route_id = plan.send_route[action % actions_per_pass]
         src, dst = plan.route_ranks[route_id]
-        size = plan.send_chunks[action] * chunk_bytes
         for link in plan.route_links[route_id]:
             records.append(
                 TimelineRecord(
@@ -87,7 +103,7 @@ def _result(plan: SimulationPlan, size_bytes: int, outcome: ReplayOutcome, bound
     )
     timeline = None
     if outcome.end_us is not None:
-        timeline = _timeline(plan, outcome, size_bytes / algorithm.chunks_per_loop)
+        timeline = _timeline(plan, outcome)
     return SimulationResult(
         algorithm=algorithm.name,
         topology=plan.topology.name,
@@ -102,6 +118,8 @@ def _result(plan: SimulationPlan, size_bytes: int, outcome: ReplayOutcome, bound
         num_transfers=plan.num_transfers,
         link_usage=usage,
         timeline=timeline,
+        model=plan.model.name,
+        num_passes=outcome.num_passes,
     )
 
 
@@ -128,6 +146,7 @@ def simulate(
     record_timeline: bool = False,
     bound_time_us: float | None = None,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
+    model: ExecutionModel | str = MSCCL_LOOP,
 ) -> SimulationResult:
     """Return the simulated time (µs), bandwidths (GB/s), bound ratio and link usage of one run.
 
@@ -147,6 +166,10 @@ def simulate(
     protocol_costs : mapping of str to ProtocolCost
         What ``algorithm.protocol`` (Simple, LL, LL128) does to α and bandwidth (default
         NCCL's; ``RCCL_PROTOCOL_COSTS`` for RCCL's LL128 lines). Simple changes nothing.
+    model : ExecutionModel or str
+        How the runtime runs the program (``taccl_py.simulate.model``): ``msccl`` (default,
+        MSCCL's loop over 2 MiB slices, serialized sends), ``pipelined`` (the same with sends
+        overlapping through the connection's slots) or ``chunks`` (whole chunks, as our executor).
 
     Returns
     -------
@@ -182,7 +205,7 @@ def simulate(
     3.0
     """
     return simulate_plan(
-        prepare_simulation(algorithm, topology, protocol_costs=protocol_costs),
+        prepare_simulation(algorithm, topology, protocol_costs=protocol_costs, model=execution_model(model)),
         size_bytes,
         record_timeline=record_timeline,
         bound_time_us=bound_time_us,
@@ -196,10 +219,11 @@ def simulate_sizes(
     *,
     record_timeline: bool = False,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
+    model: ExecutionModel | str = MSCCL_LOOP,
 ) -> tuple[SimulationResult, ...]:
     """Return ``simulate`` at each size, preparing the plan and the lower bounds once."""
     sizes = tuple(_check_size(algorithm.name, size) for size in sizes_bytes)
-    plan = prepare_simulation(algorithm, topology, protocol_costs=protocol_costs)
+    plan = prepare_simulation(algorithm, topology, protocol_costs=protocol_costs, model=execution_model(model))
     bounds = _bounds_us(topology, algorithm.collective, sizes)
     return tuple(
         _result(plan, size, replay(plan, size, record=record_timeline), bound) for size, bound in zip(sizes, bounds)

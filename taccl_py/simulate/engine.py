@@ -22,145 +22,40 @@ The model
 * The collective's time is when the last action finishes.
 * The wire protocol is the algorithm's ``protocol``: Simple is the model above as it is; LL and
   LL128 scale each link's α and bandwidth (``taccl_py.simulate.protocol``).
+* The execution model (``taccl_py.simulate.model``) says how the runtime runs the program: once
+  over whole chunks, or once per slice as MSCCL's kernel loops (``taccl_py.simulate.passes``);
+  with serialized sends as above, or pipelined: a SEND's bytes move as soon as it is ready, the
+  step after it starts when they have left, and its RECV has them α later.
 
 So a lone transfer of b bytes takes α + b / B, two transfers of b bytes started together on one
-link of B both take α + 2b / B, and a threadblock's consecutive sends each pay their α
-(a threadblock runs its steps one after the other).
+link of B both take α + 2b / B, and with serialized sends a threadblock's consecutive sends each
+pay their α (a threadblock runs its steps one after the other).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from taccl_py.errors import ArgumentError, VerificationError
-from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.dataflow import ActionKind, build_dataflow
+from taccl_py.errors import ArgumentError, VerificationError, Violation
 from taccl_py.simulate.fairshare import MaxMinSharing
-from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
-from taccl_py.topology.model import Route, Topology, route
-from taccl_py.units import BYTES_PER_US_PER_GBPS
+from taccl_py.simulate.model import slice_sizes
+from taccl_py.simulate.passes import PassProgram, unroll
+from taccl_py.simulate.plan import SimulationPlan
 
-__all__ = ["SimulationPlan", "ReplayOutcome", "prepare_simulation", "replay"]
+__all__ = ["ReplayOutcome", "replay"]
 
 logger = logging.getLogger(__name__)
 
-_START, _FINISH = 0, 1  # event kinds: a flow's bytes start moving / have all arrived
-
-
-@dataclass(frozen=True)
-class SimulationPlan:
-    """The size-independent part of a simulation: actions, precedence and routes as integer tables.
-
-    Action ``a`` is a SEND when ``send_route[a] >= 0``; ``send_chunks[a]`` chunks then move along
-    route ``send_route[a]`` (``route_links`` index into ``link_keys``; capacities in bytes/µs).
-    """
-
-    algorithm: Algorithm
-    topology: Topology
-    successors: tuple[tuple[int, ...], ...]
-    num_predecessors: tuple[int, ...]
-    send_route: tuple[int, ...]
-    send_chunks: tuple[int, ...]
-    send_actions: tuple[int, ...]
-    route_ranks: tuple[tuple[int, int], ...]
-    route_alpha_us: tuple[float, ...]
-    route_links: tuple[tuple[int, ...], ...]
-    link_keys: tuple[tuple[str, str], ...]
-    link_capacity: tuple[float, ...]
-
-    @property
-    def num_transfers(self) -> int:
-        """Return the number of matched transfers."""
-        return len(self.send_actions)
-
-
-def prepare_simulation(
-    algorithm: Algorithm, topology: Topology, *, protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS
-) -> SimulationPlan:
-    """Return the integer tables the replay needs; reuse them to simulate several sizes.
-
-    Routes' α (µs) and link capacities (bytes/µs) are those of ``algorithm.protocol`` in
-    ``protocol_costs`` (default: NCCL's; Simple leaves them as the topology states them).
-
-    Raises ``ArgumentError`` when the algorithm's rank count differs from the topology's or its
-    protocol is unknown, and ``VerificationError`` when the algorithm is structurally broken
-    (unmatched transfers, circular waits, bad references): such a program has no finishing time.
-    """
-    if algorithm.num_ranks != topology.num_ranks:
-        raise ArgumentError(
-            algorithm.name,
-            "num_ranks",
-            f"{algorithm.num_ranks} ranks but topology {topology.name!r} has {topology.num_ranks} GPUs",
-            "an algorithm for the topology's rank count",
-        )
-    cost = protocol_cost(algorithm.protocol, protocol_costs, algorithm.name)
-    flow = build_dataflow(algorithm)
-    if flow.violations:
-        raise VerificationError(algorithm.name, flow.violations)
-    count = len(flow.actions)
-    successors: list[list[int]] = [[] for _ in range(count)]
-    for action_id, preds in enumerate(flow.predecessors):
-        for pred in preds:
-            successors[pred].append(action_id)
-    link_index: dict[tuple[str, str], int] = {}
-    link_capacity: list[float] = []
-    route_index: dict[tuple[int, int], int] = {}
-    route_alpha_us: list[float] = []
-    route_links: list[tuple[int, ...]] = []
-    send_route = [-1] * count
-    send_chunks = [0] * count
-    send_actions = []
-    for action in flow.actions:
-        if action.kind is not ActionKind.SEND:
-            continue
-        pair = (action.rank, action.peer)
-        if pair not in route_index:
-            path = route(topology, action.rank, action.peer)
-            for link in path.links:
-                if link.key not in link_index:
-                    link_index[link.key] = len(link_capacity)
-                    link_capacity.append(_capacity(link.bandwidth_GBps, cost))
-            route_index[pair] = len(route_alpha_us)
-            route_alpha_us.append(_route_alpha_us(path, cost))
-            route_links.append(tuple(link_index[link.key] for link in path.links))
-        send_route[action.id] = route_index[pair]
-        send_chunks[action.id] = action.sources[0].count
-        send_actions.append(action.id)
-    return SimulationPlan(
-        algorithm=algorithm,
-        topology=topology,
-        successors=tuple(tuple(s) for s in successors),
-        num_predecessors=tuple(len(p) for p in flow.predecessors),
-        send_route=tuple(send_route),
-        send_chunks=tuple(send_chunks),
-        send_actions=tuple(send_actions),
-        route_ranks=tuple(sorted(route_index, key=route_index.__getitem__)),
-        route_alpha_us=tuple(route_alpha_us),
-        route_links=tuple(route_links),
-        link_keys=tuple(sorted(link_index, key=link_index.__getitem__)),
-        link_capacity=tuple(link_capacity),
-    )
-
-
-def _capacity(bandwidth_GBps: float, cost: ProtocolCost) -> float:
-    """Return a link's capacity (bytes/µs) under ``cost``; Simple's is exactly what it always was."""
-    capacity = bandwidth_GBps * BYTES_PER_US_PER_GBPS
-    return capacity if cost.is_simple else capacity * cost.bandwidth_factor
-
-
-def _route_alpha_us(path: Route, cost: ProtocolCost) -> float:
-    """Return a route's α (µs) under ``cost``: each link's α scaled by its class's factor."""
-    if cost.is_simple:  # Route.alpha_us itself, so Simple times stay bit-identical
-        return path.alpha_us
-    return sum(link.alpha_us * cost.alpha_factor(link.kind) for link in path.links)
+# event kinds: a flow's bytes start moving / have all arrived / (pipelined) reach the RECV α later
+_START, _FINISH, _DELIVER = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class ReplayOutcome:
-    """Raw replay output: total time (µs), per-link busy µs and bytes, per-SEND ready/start/end µs."""
+    """Raw replay output: total time (µs), per-link busy µs and bytes, and per SEND of every pass
+    (``send_actions``, ``send_bytes``) its ready/start/end µs when recorded."""
 
     time_us: float
     link_busy_us: tuple[float, ...]
@@ -168,6 +63,9 @@ class ReplayOutcome:
     ready_us: tuple[float, ...] | None
     start_us: tuple[float, ...] | None
     end_us: tuple[float, ...] | None
+    num_passes: int = 1
+    send_actions: tuple[int, ...] = ()
+    send_bytes: tuple[float, ...] = ()
 
 
 class _Replay:
@@ -179,8 +77,11 @@ class _Replay:
 
     __slots__ = (
         "plan",
+        "program",
+        "pipelined",
         "flow_bytes",
         "pending",
+        "done",
         "heap",
         "seq",
         "time_us",
@@ -201,12 +102,15 @@ class _Replay:
         "sharing",
     )
 
-    def __init__(self, plan: SimulationPlan, chunk_bytes: float) -> None:
-        count = len(plan.send_route)
+    def __init__(self, plan: SimulationPlan, program: PassProgram) -> None:
+        count = len(program.send_route)
         links = len(plan.link_keys)
         self.plan = plan
-        self.flow_bytes = [chunks * chunk_bytes for chunks in plan.send_chunks]
-        self.pending = list(plan.num_predecessors)
+        self.program = program
+        self.pipelined = plan.model.pipelined
+        self.flow_bytes = program.flow_bytes
+        self.pending = program.num_predecessors
+        self.done = 0  # actions finished, to tell a finished replay from a stuck one
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.time_us = 0.0
@@ -231,23 +135,28 @@ class _Replay:
         heapq.heappush(self.heap, (time_us, self.seq, kind, flow, version))
 
     def release(self, stack: list[int], now: float) -> None:
-        """Start every action on ``stack`` at ``now``; RECVs and COMPUTEs finish at once."""
+        """Start every action on ``stack`` at ``now``; RECVs and COMPUTEs finish at once.
+
+        A serialized SEND spends its route's α before its bytes move; a pipelined one moves them
+        at once (its RECV gets them α after they have left).
+        """
         send_route, alpha_us, pending, successors = (
-            self.plan.send_route,
+            self.program.send_route,
             self.plan.route_alpha_us,
             self.pending,
-            self.plan.successors,
+            self.program.successors,
         )
         while stack:
             action = stack.pop()
             route_id = send_route[action]
             if route_id >= 0:
                 self.ready_us[action] = now
-                if alpha_us[route_id] > 0:
+                if alpha_us[route_id] > 0 and not self.pipelined:
                     self.push(now + alpha_us[route_id], _START, action, 0)
                 else:
                     self.start_flow(action, now, stack)
                 continue
+            self.done += 1
             if now > self.time_us:
                 self.time_us = now
             for succ in successors[action]:
@@ -256,21 +165,36 @@ class _Replay:
                     stack.append(succ)
 
     def complete_send(self, action: int, now: float, stack: list[int]) -> None:
-        """Finish SEND ``action`` at ``now`` and queue the successors it frees."""
+        """Finish SEND ``action`` at ``now`` and queue the successors it frees.
+
+        Pipelined, the matched RECV is freed by a ``_DELIVER`` event the route's α later.
+        """
+        self.done += 1
         self.end_us[action] = now
         if now > self.time_us:
             self.time_us = now
         pending = self.pending
-        for succ in self.plan.successors[action]:
+        deliver = self.program.matched_recv[action] if self.pipelined else -1
+        alpha_us = self.plan.route_alpha_us[self.program.send_route[action]]
+        for succ in self.program.successors[action]:
+            if succ == deliver and alpha_us > 0:
+                self.push(now + alpha_us, _DELIVER, succ, 0)
+                continue
             pending[succ] -= 1
             if not pending[succ]:
                 stack.append(succ)
+
+    def deliver(self, recv: int, stack: list[int]) -> None:
+        """Hand a pipelined SEND's bytes to its RECV ``recv``."""
+        self.pending[recv] -= 1
+        if not self.pending[recv]:
+            stack.append(recv)
 
     def start_flow(self, flow: int, now: float, stack: list[int]) -> None:
         """Put ``flow``'s bytes on its route's links at ``now``."""
         self.start_us[flow] = now
         size = self.flow_bytes[flow]
-        route_id = self.plan.send_route[flow]
+        route_id = self.program.send_route[flow]
         links = self.plan.route_links[route_id]
         if size <= 0 or not links:
             self.complete_send(flow, now, stack)
@@ -299,7 +223,7 @@ class _Replay:
 
     def finish_flow(self, flow: int, now: float, stack: list[int]) -> None:
         """Take ``flow`` off its links at ``now`` and complete its SEND; its neighbours need a reshare."""
-        route_id = self.plan.send_route[flow]
+        route_id = self.program.send_route[flow]
         flows = self.route_flows[route_id]
         flows.discard(flow)
         dirty = self.dirty
@@ -362,6 +286,8 @@ class _Replay:
                 _, _, kind, flow, flow_version = pop(heap)
                 if kind == _START:
                     start_flow(flow, now, stack)
+                elif kind == _DELIVER:
+                    self.deliver(flow, stack)
                 elif flow_version == version[flow]:
                     finish_flow(flow, now, stack)
                 else:
@@ -377,14 +303,36 @@ class _Replay:
 def replay(plan: SimulationPlan, size_bytes: float, *, record: bool = False) -> ReplayOutcome:
     """Return the raw outcome of replaying ``plan`` at nccl-tests size ``size_bytes``.
 
-    ``record`` keeps every SEND's ready, start and end times (µs) for a timeline.
+    ``record`` keeps every SEND's ready, start and end times (µs) for a timeline. Raises
+    ``VerificationError`` when pipelined sends wait on each other in a circle (the program needs
+    more slots than the model's ``send_slots``).
     """
     if not size_bytes > 0:
         raise ArgumentError(plan.algorithm.name, "size_bytes", f"size {size_bytes!r}", "a positive number of bytes")
-    state = _Replay(plan, size_bytes / plan.algorithm.chunks_per_loop)
+    algorithm = plan.algorithm
+    slices = slice_sizes(size_bytes / algorithm.chunks_per_loop, plan.model, algorithm.protocol)
+    program = unroll(plan, slices)
+    state = _Replay(plan, program)
     time_us = state.run()
+    if state.done != len(program.send_route):
+        stuck = len(program.send_route) - state.done
+        raise VerificationError(
+            algorithm.name,
+            (
+                Violation(
+                    "deadlock",
+                    f"{stuck} actions never run with {plan.model.send_slots} send slots per connection "
+                    f"({plan.model.name} model)",
+                ),
+            ),
+        )
     logger.debug(
-        "%s: replayed %d transfers at %d bytes: %.3f us", plan.algorithm.name, plan.num_transfers, size_bytes, time_us
+        "%s: replayed %d transfers x %d passes at %d bytes: %.3f us",
+        algorithm.name,
+        plan.num_transfers,
+        program.num_passes,
+        size_bytes,
+        time_us,
     )
     return ReplayOutcome(
         time_us=time_us,
@@ -393,4 +341,7 @@ def replay(plan: SimulationPlan, size_bytes: float, *, record: bool = False) -> 
         ready_us=tuple(state.ready_us) if record else None,
         start_us=tuple(state.start_us) if record else None,
         end_us=tuple(state.end_us) if record else None,
+        num_passes=program.num_passes,
+        send_actions=program.send_actions if record else (),
+        send_bytes=tuple(program.flow_bytes[a] for a in program.send_actions) if record else (),
     )

@@ -60,7 +60,8 @@ class SimulationResult:
     ``algbw_GBps`` is size / time and ``busbw_GBps`` is algbw times the collective's bus factor,
     as nccl-tests reports them; ``fraction_of_bound`` is the lower bound's time over the simulated
     time (1.0 is optimal). ``timeline`` is None unless it was asked for. A run with nothing to
-    move takes 0 µs and reports infinite bandwidths.
+    move takes 0 µs and reports infinite bandwidths. ``model`` names the execution model
+    (``taccl_py.simulate.model``) and ``num_passes`` the passes of its slice loop at this size.
     """
 
     algorithm: str
@@ -76,6 +77,8 @@ class SimulationResult:
     num_transfers: int
     link_usage: tuple[LinkUsage, ...]
     timeline: tuple[TimelineRecord, ...] | None = None
+    model: str = "msccl"
+    num_passes: int = 1
 
 
 def _finite(value: float) -> float | None:
@@ -96,6 +99,8 @@ def simulation_result_to_dict(result: SimulationResult, *, timeline: bool = Fals
         "bound_time_us": result.bound_time_us,
         "fraction_of_bound": _finite(result.fraction_of_bound),
         "num_transfers": result.num_transfers,
+        "model": result.model,
+        "num_passes": result.num_passes,
         "link_usage": [
             {
                 "resource": resource_label(u.resource),

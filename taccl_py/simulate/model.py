@@ -1,0 +1,124 @@
+"""How a runtime runs an algorithm's program: whole chunks or MSCCL's slices, serialized or pipelined sends.
+
+Two questions decide what a schedule costs beyond its links' α and β:
+
+* **Slices.** MSCCL's kernel does not run the program once over whole chunks. It loops over each
+  chunk in slices of ``stepSize × MSCCL_CHUNKSTEPS`` bytes (Simple) or ``stepSize`` (LL, LL128),
+  running every step of every threadblock, dependencies and all, once per slice; the last slice is
+  shorter. So a chunk of 8 MiB is four passes of the program over 2 MiB, and a long dependency
+  chain pays its latency once per pass. Our own executor (``taccl_py.runtime``) runs whole chunks.
+* **Sends.** With serialized sends (the model before issue 30) a threadblock's step after a send
+  starts when the send's bytes have arrived, so consecutive sends each pay their α. NCCL's and
+  MSCCL's connections hold ``NCCL_STEPS`` slots: a sender posts into a free slot and goes on, so
+  the α of consecutive sends overlaps, until the slots are full and it waits for the receiver to
+  free one. Pipelined sends model that: a send occupies its links for its bytes, the receiver has
+  them α later, and the sender may be up to ``send_slots`` sends ahead of its receiver per connection.
+
+The figures, from NCCL as Azure/msccl-executor-nccl carries it (``src/init.cc`` ``DEFAULT_BUFFSIZE``
+``1 << 22``, ``DEFAULT_LL_BUFFSIZE`` and ``DEFAULT_LL128_BUFFSIZE``; ``src/include/device.h``
+``NCCL_STEPS 8``, ``NCCL_LL_LINES_PER_THREAD 8``, ``NCCL_LL_MAX_NTHREADS 512``,
+``NCCL_LL128_ELEMS_PER_THREAD 120``, ``NCCL_LL128_MAX_NTHREADS 640``; ``src/include/msccl/msccl_struct.h``
+``MSCCL_CHUNKSTEPS (NCCL_STEPS/2)``; ``src/device/msccl_kernel.cu`` the loop over ``gridOffset`` with
+``chunkSize = calcBytePerStep() × (Simple ? MSCCL_CHUNKSTEPS : 1)``)::
+
+    protocol  buffer (bytes)           step = buffer / 8   data per step        slice
+    Simple    4 MiB                    512 KiB             512 KiB              × 4 = 2 MiB
+    LL        8·512·8·16 = 512 KiB     64 KiB of lines     half: 32 KiB         32 KiB
+    LL128     120·640·8·8 = 4800 KiB   600 KiB of lines    15/16: 562.5 KiB     562.5 KiB
+
+A Simple slice spans ``MSCCL_CHUNKSTEPS`` = 4 of a connection's 8 steps, so 2 slices fit in its
+FIFO: ``send_slots`` 2 for MSCCL's pipelined model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from taccl_py.errors import ArgumentError
+from taccl_py.simulate.protocol import LL, LL128, SIMPLE
+
+__all__ = [
+    "NCCL_STEPS",
+    "MSCCL_CHUNKSTEPS",
+    "MSCCL_SLICE_BYTES",
+    "MSCCL_SEND_SLOTS",
+    "ExecutionModel",
+    "WHOLE_CHUNKS",
+    "MSCCL_LOOP",
+    "MSCCL_PIPELINED",
+    "EXECUTION_MODELS",
+    "execution_model",
+    "slice_sizes",
+]
+
+NCCL_STEPS = 8  # slots of a connection's FIFO
+MSCCL_CHUNKSTEPS = NCCL_STEPS // 2  # FIFO steps one Simple slice spans
+_SIMPLE_STEP_BYTES = (1 << 22) // NCCL_STEPS
+_LL_STEP_DATA_BYTES = 8 * 512 * NCCL_STEPS * 16 // NCCL_STEPS // 2  # 16-byte lines, half of them data
+_LL128_STEP_DATA_BYTES = 120 * 640 * NCCL_STEPS * 8 // NCCL_STEPS * 15 // 16  # 15 data words a 16-word line
+#: Bytes of one chunk the MSCCL kernel moves per pass of the program, by protocol.
+MSCCL_SLICE_BYTES: Mapping[str, int] = MappingProxyType(
+    {SIMPLE: _SIMPLE_STEP_BYTES * MSCCL_CHUNKSTEPS, LL: _LL_STEP_DATA_BYTES, LL128: _LL128_STEP_DATA_BYTES}
+)
+#: Slices a connection holds in flight with Simple (its FIFO steps over a slice's steps).
+MSCCL_SEND_SLOTS = NCCL_STEPS // MSCCL_CHUNKSTEPS
+
+
+@dataclass(frozen=True)
+class ExecutionModel:
+    """How a runtime runs a program: ``slice_bytes`` per protocol (None: whole chunks) and ``send_slots``.
+
+    ``send_slots`` None serializes a threadblock's sends (the next step waits for the bytes to
+    arrive); an integer k pipelines them, with up to k sends per connection ahead of the receiver.
+    """
+
+    name: str
+    slice_bytes: Mapping[str, int] | None
+    send_slots: int | None
+    description: str
+
+    @property
+    def pipelined(self) -> bool:
+        """Return True when consecutive sends overlap their α."""
+        return self.send_slots is not None
+
+
+#: Whole chunks, serialized sends: our own executor, and the model every figure before issue 30 used.
+WHOLE_CHUNKS = ExecutionModel("chunks", None, None, "whole chunks, serialized sends (taccl_py's executor)")
+#: MSCCL's kernel loop over slices, serialized sends: what the synthesizer chooses bands under.
+MSCCL_LOOP = ExecutionModel("msccl", MSCCL_SLICE_BYTES, None, "MSCCL's slices, serialized sends")
+#: MSCCL's slices with sends pipelined through the connection's slots (NCCL's proxy).
+MSCCL_PIPELINED = ExecutionModel(
+    "pipelined", MSCCL_SLICE_BYTES, MSCCL_SEND_SLOTS, "MSCCL's slices, sends pipelined through 2 slots"
+)
+EXECUTION_MODELS: Mapping[str, ExecutionModel] = MappingProxyType(
+    {model.name: model for model in (WHOLE_CHUNKS, MSCCL_LOOP, MSCCL_PIPELINED)}
+)
+
+
+def execution_model(name: str | ExecutionModel) -> ExecutionModel:
+    """Return the model called ``name`` (``chunks``, ``msccl`` or ``pipelined``); a model passes through."""
+    if isinstance(name, ExecutionModel):
+        return name
+    try:
+        return EXECUTION_MODELS[name]
+    except KeyError:
+        raise ArgumentError(None, "model", f"unknown execution model {name!r}", ", ".join(EXECUTION_MODELS)) from None
+
+
+def slice_sizes(chunk_bytes: float, model: ExecutionModel, protocol: str) -> tuple[float, ...]:
+    """Return the bytes of one chunk each pass of the program moves (one pass of ``chunk_bytes`` when whole).
+
+    >>> slice_sizes(5 * 2**20, MSCCL_LOOP, SIMPLE)
+    (2097152, 2097152, 1048576.0)
+    """
+    if model.slice_bytes is None or chunk_bytes <= 0:
+        return (chunk_bytes,)
+    step = model.slice_bytes.get(protocol)
+    if step is None:
+        raise ArgumentError(None, "protocol", f"protocol {protocol!r}", ", ".join(model.slice_bytes))
+    passes = max(1, math.ceil(chunk_bytes / step))
+    return (step,) * (passes - 1) + (chunk_bytes - step * (passes - 1),)
