@@ -113,7 +113,7 @@ def slice_sizes(chunk_bytes: float, model: ExecutionModel, protocol: str) -> tup
     """Return the bytes of one chunk each pass of the program moves (one pass of ``chunk_bytes`` when whole).
 
     >>> slice_sizes(5 * 2**20, MSCCL_LOOP, SIMPLE)
-    (2097152, 2097152, 1048576.0)
+    (2097152, 2097152, 1048576)
     """
     if model.slice_bytes is None or chunk_bytes <= 0:
         return (chunk_bytes,)
