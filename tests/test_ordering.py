@@ -69,6 +69,31 @@ def test_resource_queues():
     assert occupy_resources(link, 0.0, 10_000, free) == pytest.approx(3.0)
 
 
+def test_pipelined_sends_pay_alpha_after_their_bytes():
+    link = LogicalLink(0, 1, 1.0, 10.0, (("a", "b"),), (10.0,))
+    free: dict = {}
+    # bytes from 0 to 1 µs, delivered α later; the next send's bytes follow at once
+    assert occupy_resources(link, 0.0, 10_000, free, pipelined=True) == pytest.approx(2.0)
+    assert free[("a", "b")] == pytest.approx(1.0)
+    assert occupy_resources(link, 1.0, 10_000, free, pipelined=True) == pytest.approx(3.0)
+
+
+def test_a_pipelined_lane_starts_its_next_send_when_the_bytes_have_left():
+    topology = load_topology("ndv2", nodes=2)
+    graph = build_logical_graph(topology, Sketch())
+    chunk = 16 * MB / graph.num_ranks
+    routing = greedy_routing(graph, 1, chunk, chunk / 4)
+    serial = order_sends(routing, 4, chunk / 4)
+    piped = order_sends(routing, 4, chunk / 4, pipelined=True)
+    assert piped.pipelined and not serial.pipelined
+    assert piped.makespan_us < serial.makespan_us
+    last_end: dict[tuple, float] = {}
+    for send in piped.sends:
+        alpha = graph.links[send.link].alpha_us
+        assert send.start_us >= last_end.get(send.lane, 0.0) - 1e-9
+        last_end[send.lane] = send.end_us - alpha  # free once the bytes have left
+
+
 def test_latency_bound_links_batch_waiting_pieces():
     ordering = ordered(load_topology("ndv2", nodes=2), 1, 1, 1000)
     graph = ordering.routing.graph

@@ -27,7 +27,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
 from taccl_py.msccl.selection import selectable_for_powers_of_two
-from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.synth.tree_packing import TreePacking
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
@@ -240,9 +240,9 @@ def size_groups(
 
 
 def _simulate_all(
-    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float]
+    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float], model: ExecutionModel
 ) -> list[SimulationResult]:
-    plan = prepare_simulation(algorithm, topology)
+    plan = prepare_simulation(algorithm, topology, model=model)
     return [simulate_plan(plan, size, bound_time_us=bounds[size]) for size in sizes]
 
 
@@ -252,8 +252,9 @@ def best_baselines(
     sizes_bytes: Iterable[int],
     progress: Callable[[str], None] | None = None,
     keep: Callable[[Algorithm], bool] | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
-    """Return, per size, the baseline with the smallest simulated time and its result.
+    """Return, per size, the baseline with the smallest simulated time under ``model`` and its result.
 
     With ``keep``, only baselines it accepts compete (e.g. those within the MSCCL limits); a ring,
     tree or hierarchical baseline it refuses competes reshaped where that is accepted (sends spread
@@ -285,7 +286,7 @@ def best_baselines(
                     continue
             if progress is not None:
                 progress(f"baseline {algorithm.name}: simulating {len(group)} size{'s' if len(group) != 1 else ''}")
-            for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds)):
+            for size, result in zip(group, _simulate_all(algorithm, topology, group, bounds, model)):
                 if size not in best or result.time_us < best[size][1].time_us:
                     best[size] = (algorithm, result)
     return tuple(best.get(size) for size in sizes)

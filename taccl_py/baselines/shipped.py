@@ -15,7 +15,7 @@ from dataclasses import replace
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
-from taccl_py.simulate import SimulationResult, simulate
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate
 from taccl_py.topology.builtins import builtin_topology_names, load_topology
 from taccl_py.topology.fingerprint import cluster_fingerprint, machine_kind
 from taccl_py.topology.model import Topology
@@ -46,9 +46,10 @@ def healthy_machines(topology: Topology) -> tuple[str, ...]:
 
 
 def shipped_alternatives(
-    topology: Topology, collective: Collective, sizes: Sequence[int]
+    topology: Topology, collective: Collective, sizes: Sequence[int], model: ExecutionModel = MSCCL_LOOP
 ) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
-    """Return, per size, the fastest of the healthy machines' shipped band algorithms, simulated on ``topology``.
+    """Return, per size, the fastest of the healthy machines' shipped band algorithms, simulated on ``topology``
+    under ``model``.
 
     Each library contributes the algorithm of the band covering the size (the one its runtime
     would run there); None where no library covers the size with an algorithm of its own.
@@ -65,7 +66,7 @@ def shipped_alternatives(
             algorithm = library.select(size)
             if algorithm is None:
                 continue
-            result = simulate(algorithm, topology, size)
+            result = simulate(algorithm, topology, size, model=model)
             if found is None or result.time_us < found[1].time_us:
                 # Named by where it comes from: band files are named only by their position.
                 found = (

@@ -74,7 +74,8 @@ class Provenance:
     ``budget_bound`` names the budget that stopped a MILP early (``node limit`` or ``wall-clock
     cap``; None: none did, or not recorded); ``timed_out`` says whether the wall-clock cap bound
     (then the library may not be reproducible). ``note`` explains anything unusual, such as
-    provenance recorded after the fact.
+    provenance recorded after the fact. ``execution_model`` names the simulator's execution model
+    the bands were chosen under (``taccl_py.simulate.model``; None: whole chunks, before issue 30).
     """
 
     taccl_py: str
@@ -87,6 +88,7 @@ class Provenance:
     command: str | None = None
     note: str | None = None
     budget_bound: str | None = None
+    execution_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +183,7 @@ def _provenance_from_json(obj: Any, source: str) -> Provenance | None:
         command=_typed(obj, "command", optional_text, source, "provenance", "a string or null"),
         note=_typed(obj, "note", optional_text, source, "provenance", "a string or null"),
         budget_bound=_typed(obj, "budget_bound", optional_text, source, "provenance", "a string or null"),
+        execution_model=_typed(obj, "execution_model", optional_text, source, "provenance", "a model name or null"),
     )
 
 
@@ -222,7 +225,7 @@ def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
         "timed_out": provenance.timed_out,
         "budget_bound": provenance.budget_bound,
     }
-    for key in ("source_commit", "command", "note"):
+    for key in ("source_commit", "command", "note", "execution_model"):
         if getattr(provenance, key) is not None:
             out[key] = getattr(provenance, key)
     return out

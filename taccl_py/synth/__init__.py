@@ -24,6 +24,7 @@ from functools import partial
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, execution_model
 from taccl_py.synth.alltoall import synthesize_alltoall
 from taccl_py.synth.bands import SizeChoice, write_library
 from taccl_py.synth.candidates import candidate_chunkings, geometric_middle, simulate_at
@@ -117,7 +118,7 @@ def _check_arguments(
 
 
 def _plan_chunkings(
-    graph: LogicalGraph, collective: Collective, bounds: Sequence, chunkup: int | None
+    graph: LogicalGraph, collective: Collective, bounds: Sequence, chunkup: int | None, model: ExecutionModel
 ) -> list[tuple[Chunking, tuple[int, ...]]]:
     """Return the chunkings to synthesize with the indices of the sizes to simulate each at.
 
@@ -128,7 +129,7 @@ def _plan_chunkings(
     """
     wanted: dict[tuple[int, int], list[int]] = {}
     for index, bound in enumerate(bounds):
-        for chunking in candidate_chunkings(graph, collective, bound, chunkup):
+        for chunking in candidate_chunkings(graph, collective, bound, chunkup, model):
             wanted.setdefault((chunking.chunkup, chunking.pieces), []).append(index)
     out = []
     for (k, p), indices in wanted.items():
@@ -136,7 +137,7 @@ def _plan_chunkings(
             run = indices[start : start + SIZES_PER_DESIGN]
             design = geometric_middle(bounds[run[0]].size_bytes, bounds[run[-1]].size_bytes)
             near = tuple(i for i in range(len(bounds)) if run[0] - 1 <= i <= run[-1] + 1)
-            out.append((Chunking(k, p, design), near))
+            out.append((Chunking(k, p, design, model.pipelined), near))
     return sorted(out, key=lambda item: (item[0].design_bytes, item[0].chunkup, item[0].pieces))
 
 
@@ -150,9 +151,10 @@ def _simulated_variants(
     near: Sequence[int],
     sizes: tuple[int, ...],
     bounds: tuple[LowerBound, ...],
+    model: ExecutionModel,
     progress: Callable[[str], None] | None = None,
 ) -> list[tuple[Candidate, tuple]]:
-    """Return ``candidate`` (and for AllReduce its ``gather_after_reduce`` twin), each with its simulated results.
+    """Return ``candidate`` (and for AllReduce its ``gather_after_reduce`` twin), each with its results under ``model``.
 
     Results are None at the sizes outside ``near``; ``progress`` gets a line per simulated size.
     """
@@ -164,7 +166,9 @@ def _simulated_variants(
         variants.append(gather_after_reduce(candidate, name))
     out = []
     for variant in variants:
-        found = simulate_at(variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near], progress)
+        found = simulate_at(
+            variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near], progress, model
+        )
         results = dict(zip(near, found))
         out.append((variant, tuple(results.get(i) for i in range(len(sizes)))))
     return out
@@ -181,6 +185,7 @@ def _run_candidate(
     bounds: tuple[LowerBound, ...],
     deadline_s: float,
     starts: tuple[PhaseStarts, ...],
+    model: ExecutionModel,
     label: str,
     progress: Callable[[str], None] | None,
 ) -> list[tuple[Candidate, tuple]]:
@@ -205,7 +210,7 @@ def _run_candidate(
     )
     if progress is not None:
         progress(f"{label} {chunking.label}: verified; routing {candidate.routing_status}; simulating")
-    return _simulated_variants(candidate, topology, near, sizes, bounds, prefixed(progress, f"{label} "))
+    return _simulated_variants(candidate, topology, near, sizes, bounds, model, prefixed(progress, f"{label} "))
 
 
 def _mixed_allreduce_runs(
@@ -213,6 +218,7 @@ def _mixed_allreduce_runs(
     topology: Topology,
     sizes: tuple[int, ...],
     bounds: tuple[LowerBound, ...],
+    model: ExecutionModel,
     progress: Callable[[str], None] | None = None,
 ) -> list[tuple[Candidate, tuple]]:
     """Return, per design size, the AllReduce of the fastest reduce phase and the fastest gather phase.
@@ -234,7 +240,7 @@ def _mixed_allreduce_runs(
         name = _algorithm_name(Collective.ALLREDUCE, topology, label, reduce[0].chunking.design_bytes)
         mixed = mixed_allreduce(reduce[0], gather[0], name)
         near = [i for i, result in enumerate(reduce[1]) if result is not None]
-        out += _simulated_variants(mixed, topology, near, sizes, bounds, prefixed(progress, f"{label}: "))
+        out += _simulated_variants(mixed, topology, near, sizes, bounds, model, prefixed(progress, f"{label}: "))
     return out
 
 
@@ -248,6 +254,7 @@ def _run_candidates(
     bounds: Sequence,
     banded: bool,
     progress: Callable[[str], None] | None,
+    model: ExecutionModel,
     jobs: int = 1,
 ) -> tuple[list[tuple[Candidate, tuple]], list]:
     """Return each candidate with its simulated results, and the best baseline per size.
@@ -275,11 +282,12 @@ def _run_candidates(
             bounds,
             deadline_s,
             starts,
+            model,
             f"[{index}/{len(chunkings)}]",
         )
         for index, (chunking, near) in enumerate(chunkings, 1)
     ]
-    work.append(partial(best_baselines_per_size, topology, collective, sizes, options, banded))
+    work.append(partial(best_baselines_per_size, topology, collective, sizes, options, banded, model=model))
     # The routing MILPs, most of a candidate's time, grow with its chunks per rank. Among equals
     # the fewer pieces (less memory) go first, so two of the largest rarely run side by side.
     costs = [chunking.chunkup for chunking, _ in chunkings] + [0]
@@ -299,6 +307,7 @@ def synthesize(
     *,
     node_limit: int | None = None,
     jobs: int | None = 1,
+    model: ExecutionModel | str = MSCCL_LOOP,
 ) -> SynthesisResult:
     """Return a verified algorithm for ``collective`` on ``topology``, fastest under the simulator.
 
@@ -336,6 +345,10 @@ def synthesize(
         Worker processes for the candidates and baselines; 1 (default): run here; None: the
         cores this process may use. The result is the same for every value. Workers re-import
         the caller's main script, which then needs an ``if __name__ == "__main__":`` guard.
+    model : ExecutionModel or str
+        How the runtime runs the program (``taccl_py.simulate.model``): candidates and baselines
+        are simulated, and sends ordered, under it. Default ``msccl`` (MSCCL's slice loop,
+        serialized sends); ``pipelined`` orders and simulates pipelined sends.
 
     Returns
     -------
@@ -374,7 +387,16 @@ def synthesize(
     )
     workers = check_jobs(jobs)
     return _synthesize_impl(
-        topology, collective, chosen_sizes, sizes is not None, sketch, options, progress, began, workers
+        topology,
+        collective,
+        chosen_sizes,
+        sizes is not None,
+        sketch,
+        options,
+        progress,
+        began,
+        execution_model(model),
+        workers,
     )
 
 
@@ -387,30 +409,31 @@ def _synthesize_impl(
     options: SolverOptions,
     progress: Callable[[str], None] | None,
     began: float,
+    model: ExecutionModel,
     jobs: int = 1,
 ) -> SynthesisResult:
     if collective is Collective.ALLTOALL:
         return synthesize_alltoall(
-            topology, sizes, banded, sketch if sketch is not None else Sketch(), options, progress, began
+            topology, sizes, banded, sketch if sketch is not None else Sketch(), options, progress, began, model
         )
     sketch = sketch if sketch is not None else auto_sketch(topology)
     if progress is not None:
         progress(f"logical topology of {topology.name} under sketch {sketch.name}")
     graph = build_logical_graph(topology, sketch)
     bounds = lower_bounds(topology, collective, sizes)
-    chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup)
+    chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup, model)
     runs, baselines = _run_candidates(
-        graph, topology, collective, chunkings, options, sizes, bounds, banded, progress, jobs
+        graph, topology, collective, chunkings, options, sizes, bounds, banded, progress, model, jobs
     )
     if collective is Collective.ALLREDUCE:
-        runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, progress)
+        runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, model, progress)
     everything = [(c.algorithm, r) for c, r in runs]
     choices, best_at_top = choose_bands(sizes, banded, everything, baselines)
     budget_bound = first_budget_bound(candidate.budget_bound for candidate, _ in runs)
     timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP
     library = None
     if banded:
-        library = library_of(topology, collective, sizes, sketch, options, choices, budget_bound)
+        library = library_of(topology, collective, sizes, sketch, options, choices, budget_bound, model)
     return SynthesisResult(
         best_at_top,
         collective,

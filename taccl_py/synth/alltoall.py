@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.simulate import SimulationResult
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult
 from taccl_py.synth.alltoall_plan import alltoall_algorithm
 from taccl_py.synth.alltoall_routing import AlltoallRouting, PathKind, round_routing, route_alltoall
 from taccl_py.synth.candidates import exportable, simulate_at
@@ -89,6 +89,7 @@ def alltoall_candidates(
     bounds: Sequence[LowerBound],
     options: SolverOptions | None = None,
     progress: Callable[[str], None] | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> list[AlltoallCandidate]:
     """Return the verified synthesized AlltoAll candidates for ``topology``, simulated at ``sizes`` (bytes).
 
@@ -104,6 +105,8 @@ def alltoall_candidates(
         The LP's solver; an LP needs no work budget, so the result is the same on every run.
     progress : callable, optional
         Gets one line per stage.
+    model : ExecutionModel
+        The execution model the candidates are simulated under (default MSCCL's slice loop).
 
     Returns
     -------
@@ -126,7 +129,7 @@ def alltoall_candidates(
     for algorithm, label, status in fitting or made:
         if progress is not None:
             progress(f"{label}: verified; simulating")
-        results = simulate_at(algorithm, topology, sizes, bounds, progress)
+        results = simulate_at(algorithm, topology, sizes, bounds, progress, model)
         found.append(AlltoallCandidate(algorithm, results, label, status, design))
     return found
 
@@ -164,22 +167,23 @@ def synthesize_alltoall(
     options: SolverOptions,
     progress: Callable[[str], None] | None,
     began: float,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> SynthesisResult:
-    """Return the AlltoAll synthesis: the LP-routed candidates against the baselines, per size.
+    """Return the AlltoAll synthesis: the LP-routed candidates against the baselines, per size, under ``model``.
 
     ``synthesize`` calls it for alltoall; ``began`` is its start (``time.perf_counter``). The
     sketch only names the result: AlltoAll's routes come from the topology's NIC relays.
     """
     bounds = lower_bounds(topology, Collective.ALLTOALL, sizes)
     prepare_highs_threads(options.threads)
-    candidates = alltoall_candidates(topology, sizes, bounds, options, progress)
-    baselines = best_baselines_per_size(topology, Collective.ALLTOALL, sizes, options, banded, progress)
+    candidates = alltoall_candidates(topology, sizes, bounds, options, progress, model)
+    baselines = best_baselines_per_size(topology, Collective.ALLTOALL, sizes, options, banded, progress, model)
     everything = [(candidate.algorithm, candidate.results) for candidate in candidates]
     choices, best_at_top = choose_bands(sizes, banded, everything, baselines)
     budget_bound = first_budget_bound(budget_of_status(c.routing_status) for c in candidates)
     library = None
     if banded:
-        library = library_of(topology, Collective.ALLTOALL, sizes, sketch, options, choices, budget_bound)
+        library = library_of(topology, Collective.ALLTOALL, sizes, sketch, options, choices, budget_bound, model)
     return SynthesisResult(
         best_at_top,
         Collective.ALLTOALL,

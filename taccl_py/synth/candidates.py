@@ -5,6 +5,10 @@ piece per rank on the shallowest trees wins (every extra transfer costs α); abo
 pack bandwidth (more chunks per rank spread a rank's data over more trees) and pipeline (more
 pieces shorten the fill and drain of every tree). ``candidate_chunkings`` proposes a handful per
 regime; each is synthesized (``synthesize_chunking``) and simulated, and the fastest is kept.
+
+Under a model that runs the program once per slice (MSCCL's loop, ``taccl_py.simulate.model``), a
+chunk that spans several slices is already pipelined by the runtime's loop: pieces then only
+deepen the chain every pass pays, so chunkings of one piece are tried first there.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from collections.abc import Callable, Sequence
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate.model import slice_sizes
+from taccl_py.simulate.protocol import SIMPLE
 from taccl_py.synth.compose import Chunking
 from taccl_py.synth.logical import LogicalGraph
 from taccl_py.synth.progress import ProgressTicker, heartbeat
@@ -48,6 +54,8 @@ _BANDWIDTH_CHUNKINGS = ((1, 2), (1, 4), (2, 2), (2, 4), (1, 8))
 _MESH_CHUNKINGS = ((2, 1), (4, 1), (4, 2), (8, 1))
 # Cap on routed chunks (ranks x chunkup) so that the routing MILP stays small.
 MAX_ROUTED_CHUNKS = 128
+# One piece per chunk, tried first where the runtime's slice loop pipelines each chunk itself.
+_SLICED_CHUNKINGS = ((1, 1), (2, 1), (4, 1))
 
 
 def _is_mesh(graph: LogicalGraph) -> bool:
@@ -56,9 +64,13 @@ def _is_mesh(graph: LogicalGraph) -> bool:
 
 
 def candidate_chunkings(
-    graph: LogicalGraph, collective: Collective, bound: LowerBound, chunkup: int | None = None
+    graph: LogicalGraph,
+    collective: Collective,
+    bound: LowerBound,
+    chunkup: int | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> tuple[Chunking, ...]:
-    """Return the chunkings worth synthesizing for one size (``bound`` holds the size).
+    """Return the chunkings worth synthesizing for one size (``bound`` holds the size) under ``model``.
 
     ``chunkup`` (a sketch's ``input_chunkup``) fixes the routed chunks per rank.
     """
@@ -69,13 +81,20 @@ def candidate_chunkings(
         pairs = _MIDDLE_CHUNKINGS
     else:
         pairs = _BANDWIDTH_CHUNKINGS + (_MESH_CHUNKINGS if _is_mesh(graph) else ())
+        if _spans_slices(graph, bound.size_bytes, model):
+            pairs = _SLICED_CHUNKINGS + pairs
     if chunkup is not None:
         pairs = tuple(dict.fromkeys((chunkup, p) for _, p in pairs))
     out = []
     for k, p in pairs:
         if graph.num_ranks * k <= MAX_ROUTED_CHUNKS or chunkup is not None:
-            out.append(Chunking(k, p, bound.size_bytes))
+            out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
     return tuple(dict.fromkeys(out))
+
+
+def _spans_slices(graph: LogicalGraph, size_bytes: int, model: ExecutionModel) -> bool:
+    """Return True when ``model`` runs a chunk of one routed chunk per rank in two or more slices."""
+    return len(slice_sizes(size_bytes / graph.num_ranks, model, SIMPLE)) > 1
 
 
 def simulate_at(
@@ -84,8 +103,9 @@ def simulate_at(
     sizes: Sequence[int],
     bounds: Sequence[LowerBound],
     progress: Callable[[str], None] | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> tuple[SimulationResult, ...]:
-    """Return the simulated runs of ``algorithm`` at ``sizes`` (bounds given, computed once).
+    """Return the simulated runs of ``algorithm`` at ``sizes`` under ``model`` (bounds given, computed once).
 
     ``progress`` gets a line every few seconds with the sizes simulated so far (``ProgressTicker``),
     and from a ``heartbeat`` while one size takes longer.
@@ -93,7 +113,7 @@ def simulate_at(
     ticker = ProgressTicker(progress)
     results = []
     with heartbeat(progress, f"simulating {algorithm.name}"):
-        plan = prepare_simulation(algorithm, topology)
+        plan = prepare_simulation(algorithm, topology, model=model)
         for size, bound in zip(sizes, bounds):
             ticker.tick(lambda: f"simulating {algorithm.name}: {len(results)} of {len(sizes)} sizes done")
             results.append(simulate_plan(plan, size, bound_time_us=bound.time_us))

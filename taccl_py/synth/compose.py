@@ -59,12 +59,14 @@ class Chunking:
     """How a candidate cuts the data: ``chunkup`` routed chunks per rank, ``pieces`` per chunk.
 
     ``design_bytes`` is the collective size the routes and orders are tuned for (the
-    algorithm itself runs at any size).
+    algorithm itself runs at any size); ``pipelined_sends`` orders sends for the simulator's
+    pipelined model (``taccl_py.simulate.model``) instead of serialized sends.
     """
 
     chunkup: int
     pieces: int
     design_bytes: int
+    pipelined_sends: bool = False
 
     @property
     def label(self) -> str:
@@ -202,11 +204,17 @@ def _schedule_phase(
     )
     routings += tuple(r for r in start_routes if all(r.trees != other.trees for other in routings))
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
-    orderings = [order_sends(routing, chunking.pieces, piece_bytes, progress=progress) for routing in routings]
+    pipelined = chunking.pipelined_sends
+    orderings = [
+        order_sends(routing, chunking.pieces, piece_bytes, progress=progress, pipelined=pipelined)
+        for routing in routings
+    ]
     if lacks_machine_rotation(graph):
         # Machines that differ: no one priority rule orders every routing well; keep the faster.
         orderings += [
-            order_sends(routing, chunking.pieces, piece_bytes, progress=progress, busiest_first=True)
+            order_sends(
+                routing, chunking.pieces, piece_bytes, progress=progress, busiest_first=True, pipelined=pipelined
+            )
             for routing in routings
         ]
     quick = [schedule_sends(ordering, options, milp=False) for ordering in orderings]

@@ -69,12 +69,17 @@ class Send:
 
 @dataclass(frozen=True)
 class Ordering:
-    """Sends in start order, with the piece size (bytes) they were timed for."""
+    """Sends in start order, with the piece size (bytes) they were timed for and the send model.
+
+    ``pipelined``: timed with pipelined sends (a lane's next send starts when the bytes of the
+    previous have left, not when they have arrived; ``taccl_py.simulate.model``).
+    """
 
     routing: Routing
     pieces: int
     piece_bytes: float
     sends: tuple[Send, ...]
+    pipelined: bool = False
 
     @property
     def makespan_us(self) -> float:
@@ -185,18 +190,24 @@ class _State:
     queues: dict[tuple, _Queue]
     res_free: dict[Resource, float]
     sends: list[Send]
+    pipelined: bool = False
 
 
-def occupy_resources(link: LogicalLink, start_us: float, size_bytes: float, res_free: dict[Resource, float]) -> float:
+def occupy_resources(
+    link: LogicalLink, start_us: float, size_bytes: float, res_free: dict[Resource, float], pipelined: bool = False
+) -> float:
     """Return when a send of ``size_bytes`` started at ``start_us`` on ``link`` is delivered (µs).
 
     Each resource is a queue of work at its own bandwidth: the send's bytes join every queue of
     its route after α and are delivered when the last queue has served them (never sooner than
     α plus the bytes at the bottleneck). ``res_free`` (resource -> µs its queue drains) is
     updated. Unlike a strict reservation of all resources at once, this keeps every resource
-    busy while it has work, as the simulator's fluid sharing does.
+    busy while it has work, as the simulator's fluid sharing does. ``pipelined``: the bytes
+    join the queues at once and arrive α after the last queue served them (the simulator's
+    pipelined sends), so the sender's lane is free α before the delivery.
     """
-    bytes_start = start_us + link.alpha_us
+    alpha_us = link.alpha_us
+    bytes_start = start_us if pipelined else start_us + alpha_us
     end = bytes_start + size_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS)
     for res, bw in zip(link.resources, link.resource_bandwidths_GBps):
         free = res_free.get(res, 0.0)
@@ -204,7 +215,7 @@ def occupy_resources(link: LogicalLink, start_us: float, size_bytes: float, res_
         res_free[res] = done
         if done > end:
             end = done
-    return end
+    return end + alpha_us if pipelined else end
 
 
 def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item], piece_bytes: float) -> list[Send]:
@@ -212,8 +223,9 @@ def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item],
     l = items[0][4]
     queue = state.queues[lane]
     start = max(max(item[0] for item in items), queue.free)
-    end = occupy_resources(graph.links[l], start, piece_bytes * len(items), state.res_free)
-    queue.free = end
+    link = graph.links[l]
+    end = occupy_resources(link, start, piece_bytes * len(items), state.res_free, state.pipelined)
+    queue.free = end - link.alpha_us if state.pipelined else end
     first = len(state.sends)
     sends = [
         Send(chunk, piece, l, start, end, None if parent < 0 else parent, lane, first)
@@ -288,6 +300,7 @@ def order_sends(
     *,
     progress: Callable[[str], None] | None = None,
     busiest_first: bool = False,
+    pipelined: bool = False,
 ) -> Ordering:
     """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
 
@@ -295,6 +308,7 @@ def order_sends(
     ``busiest_first``: a queue toward other machines takes, among its ready pieces, the one whose
     route holds the resource with the most work left (priority breaks ties): on machines that
     differ, the NICs with the most to receive are then served first rather than by path length.
+    ``pipelined``: time sends as the simulator's pipelined model runs them (``occupy_resources``).
 
     Notes
     -----
@@ -306,7 +320,7 @@ def order_sends(
     latency_bound = [
         link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links
     ]
-    state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [])
+    state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [], pipelined)
     work_left: dict[Resource, float] = {}
     if busiest_first:
         for tree in routing.trees:
@@ -353,4 +367,4 @@ def order_sends(
                 target.push((send.end_us, priority[send.chunk][nxt], send.piece, send.chunk, nxt, base + offset))
                 _relist(heap, listed, lane_of[nxt], target)
         _relist(heap, listed, lane, queue)
-    return Ordering(routing, pieces, piece_bytes, tuple(state.sends))
+    return Ordering(routing, pieces, piece_bytes, tuple(state.sends), pipelined)

@@ -15,6 +15,7 @@ from taccl_py import __version__
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.sketch_model import Sketch
@@ -57,6 +58,7 @@ def best_baselines_per_size(
     options: SolverOptions,
     loadable_only: bool,
     progress: Callable[[str], None] | None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> list:
     """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
 
@@ -70,8 +72,8 @@ def best_baselines_per_size(
 
     prepare_highs_threads(options.threads)
     keep = exportable if loadable_only else None
-    best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep))
-    for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes)):
+    best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep, model=model))
+    for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes, model)):
         if shipped is None or (keep is not None and not keep(shipped[0])):
             continue
         if best[index] is None or shipped[1].time_us < best[index][1].time_us:
@@ -105,8 +107,9 @@ def library_of(
     options: SolverOptions,
     choices: tuple[SizeChoice, ...],
     budget_bound: BudgetBound | None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> AlgorithmLibrary:
-    """Return the library of size bands of ``choices``, with its provenance."""
+    """Return the library of size bands of ``choices``, with its provenance (``model``: chosen under it)."""
     provenance = Provenance(
         taccl_py=__version__,
         solver=describe_solver(options),
@@ -115,6 +118,7 @@ def library_of(
         sizes=sizes,
         timed_out=budget_bound is BudgetBound.WALL_CLOCK_CAP,
         budget_bound=None if budget_bound is None else budget_bound.value,
+        execution_model=model.name,
     )
     return build_library(
         topology.name,

@@ -166,8 +166,8 @@ def replay_groups(
         link = graph.links[sends[group[0]].link]
         ready = max((end[sends[i].parent] if sends[i].parent is not None else 0.0) for i in group)
         t0 = max(ready, tb_free.get(sends[group[0]].lane, 0.0))
-        t1 = occupy_resources(link, t0, ordering.piece_bytes * len(group), res_free)
-        tb_free[sends[group[0]].lane] = t1
+        t1 = occupy_resources(link, t0, ordering.piece_bytes * len(group), res_free, ordering.pipelined)
+        tb_free[sends[group[0]].lane] = t1 - link.alpha_us if ordering.pipelined else t1
         for i in group:
             start[i], end[i] = t0, t1
     return tuple(start), tuple(end)

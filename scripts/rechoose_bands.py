@@ -1,0 +1,220 @@
+"""Choose the shipped libraries' bands again under MSCCL's slice loop, and compare every band with the baselines.
+
+The shipped bands were chosen under the whole-chunk model. MSCCL runs a program once per 2 MiB
+slice of its chunks (``taccl_py.simulate.model``), which costs schedules with many pipelined
+pieces and deep dependency chains a fill and drain per pass. For every shipped library this
+script simulates its band algorithms and the loadable baselines under the chosen model at the
+library's sizes, keeps the fastest per size (``taccl_py.synth.rechoose``), writes the library
+back (``--write``) and reports, per size from 1 MB up, the chosen band against the best of all
+our baselines (ring, trees, hierarchical, packed trees: loadable or not) simulated the same way.
+
+    python scripts/rechoose_bands.py --write                    # every shipped library, msccl model
+    python scripts/rechoose_bands.py --topologies ndv2 --nodes 1 --collectives allgather
+    python scripts/rechoose_bands.py --from-csv                 # only render the CSV into BENCHMARKS.md
+    python scripts/rechoose_bands.py --write --previous /tmp/old/algorithms   # choose from an older checkout's bands
+
+``--previous`` names the algorithms/ folder of the libraries to choose from and compare with (default:
+the shipped ones), so a rerun after ``--write`` starts again from the same band algorithms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from benchmarks_md import (
+    DATA_DIR,
+    collective_order,
+    csv_pointer,
+    markdown_table,
+    read_csv,
+    update_benchmarks_section,
+    write_csv,
+)
+
+from taccl_py.baselines import best_baselines
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.simulate import WHOLE_CHUNKS, execution_model, simulate
+from taccl_py.synth.bands import write_library
+from taccl_py.synth.rechoose import rechoose_bands
+from taccl_py.topology import builtin_topology_names, load_topology
+
+REPO = Path(__file__).resolve().parents[1]
+CSV_PATH = DATA_DIR / "slice_model.csv"
+CSV_HEADER = (
+    "topology",
+    "nodes",
+    "collective",
+    "size_bytes",
+    "old_band",
+    "old_chunks_us",
+    "old_us",
+    "band",
+    "ours_us",
+    "of_bound",
+    "best_baseline",
+    "baseline_us",
+    "vs_best_baseline",
+)
+REPORT_FROM_BYTES = 1_000_000
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def instance_rows(
+    name: str, nodes: int, collective: str, model_name: str, write: bool, previous: Path | None
+) -> list[tuple]:
+    """Re-choose one library (from ``previous``, else the shipped one); return its CSV rows, one per size."""
+    if previous is not None:
+        path = previous / name / f"n{nodes}" / f"{collective}.library.json"
+    else:
+        path = next(p for p in shipped_library_paths(name, nodes) if p.name == f"{collective}.library.json")
+    library = read_library(path)
+    topology = load_topology(name, nodes)
+    model = execution_model(model_name)
+    rechosen, choices = rechoose_bands(library, topology, model=model, progress=None)
+    sizes = [choice.size_bytes for choice in choices]
+    all_baselines = best_baselines(topology, Collective(collective), sizes, model=model)
+    rows = []
+    for choice, baseline in zip(choices, all_baselines):
+        old = library.select(choice.size_bytes)
+        old_chunks = simulate(old, topology, choice.size_bytes, model=WHOLE_CHUNKS) if old is not None else None
+        old_now = simulate(old, topology, choice.size_bytes, model=model) if old is not None else None
+        band = next(i for i, b in enumerate(rechosen.bands) if b.covers(choice.size_bytes))
+        ours = choice.chosen_result
+        rows.append(
+            (
+                name,
+                nodes,
+                collective,
+                choice.size_bytes,
+                (old.meta("source_algorithm") or old.name) if old is not None else "native",
+                old_chunks.time_us if old_chunks else None,
+                old_now.time_us if old_now else None,
+                f"{collective}-{band}:{choice.chosen.name}",
+                ours.time_us,
+                ours.fraction_of_bound,
+                baseline[0].name if baseline else None,
+                baseline[1].time_us if baseline else None,
+                baseline[1].time_us / ours.time_us if baseline else None,
+            )
+        )
+    if write:
+        target = REPO / "algorithms" / name / f"n{nodes}" / f"{collective}.library.json"
+        old_files = set(target.parent.glob(f"{collective}-*.json.xz"))
+        write_library(rechosen, target, compress=True)
+        kept = {target.parent / band.algorithm_file for band in rechosen.bands}
+        kept |= {target.parent / f"{collective}-{i}.json.xz" for i in range(len(rechosen.bands))}
+        for stale in old_files - kept:
+            stale.unlink()
+    return rows
+
+
+def render(records: list[dict], elapsed_s: float | None) -> str:
+    """Return the section: per library, bands before and after, and the worst band against the best baseline."""
+    by_instance: dict[tuple, list[dict]] = {}
+    for record in records:
+        by_instance.setdefault((record["topology"], record["nodes"], record["collective"]), []).append(record)
+    rows = []
+    slower = 0
+    for (name, nodes, collective), group in sorted(
+        by_instance.items(), key=lambda item: (item[0][0], item[0][1], collective_order(item[0][2]))
+    ):
+        large = [r for r in group if r["size_bytes"] >= REPORT_FROM_BYTES and r["vs_best_baseline"] is not None]
+        worst = min(large, key=lambda r: r["vs_best_baseline"], default=None)
+        old_worst = min(
+            (r["baseline_us"] / r["old_us"] for r in large if r["old_us"]),
+            default=None,
+        )
+        slower += sum(r["vs_best_baseline"] < 1 - 1e-9 for r in large)
+        changed = sum(r["old_band"] != r["band"].split(":", 1)[1] for r in group)
+        rows.append(
+            (
+                f"{name} ×{nodes}",
+                collective,
+                len({r["old_band"] for r in group}),
+                len({r["band"] for r in group}),
+                changed,
+                f"{old_worst:.3f}" if old_worst is not None else "",
+                f"{worst['vs_best_baseline']:.3f}" if worst else "",
+                worst["best_baseline"] if worst else "",
+                f"{min(r['of_bound'] for r in large):.3f}" if large else "",
+            )
+        )
+    headers = (
+        "machine",
+        "collective",
+        "bands before",
+        "bands after",
+        "sizes re-chosen",
+        "worst ≥1 MB before (baseline/ours)",
+        "worst ≥1 MB after",
+        "baseline there",
+        "min of bound ≥1 MB",
+    )
+    lines = [
+        "Every shipped library's bands chosen again under MSCCL's slice loop (`msccl` model: 2 MiB Simple "
+        "slices, serialized sends) from its own band algorithms and the loadable baselines, simulated at the "
+        "library's sizes. `worst … (baseline/ours)` is the best of all our baselines (ring, trees, "
+        "hierarchical, packed trees, loadable or not) over our band at the size where ours does worst, from "
+        "1 MB up, both simulated under the same model: 1.000 or more means no band is slower than any "
+        "baseline; `before` is the band shipped before this choice, simulated the same way.",
+        "",
+        markdown_table(headers, rows),
+        "",
+        f"Sizes from 1 MB where a band is slower than the best baseline: **{slower}**.",
+    ]
+    if elapsed_s is not None:
+        lines.append(f"Run time: {elapsed_s:.0f} s on 2 cores.")
+    lines.append(csv_pointer(CSV_PATH, len(records)))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-choose the libraries named, write the CSV and BENCHMARKS.md section (``--from-csv``: only render)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="built-in names")
+    parser.add_argument("--nodes", default="1,2,4,8", help="machine counts with shipped libraries")
+    parser.add_argument("--collectives", default="allgather,reducescatter,allreduce,alltoall")
+    parser.add_argument("--model", default="msccl", help="execution model to choose under (default msccl)")
+    parser.add_argument("--write", action="store_true", help="write the re-chosen libraries into algorithms/")
+    parser.add_argument("--from-csv", action="store_true", help="render the existing CSV; choose nothing")
+    parser.add_argument("from_csv_files", nargs="*", type=Path, help="with --from-csv: the CSVs to merge")
+    parser.add_argument("--no-report", action="store_true", help="leave BENCHMARKS.md alone")
+    parser.add_argument("--csv", type=Path, default=CSV_PATH, help="where the rows go (default scripts/data)")
+    parser.add_argument("--previous", type=Path, default=None, help="an older algorithms/ folder to choose from")
+    args = parser.parse_args(argv)
+    began = time.perf_counter()
+    if args.from_csv:
+        body = render([r for path in args.from_csv_files or [args.csv] for r in read_csv(path)], None)
+    else:
+        rows: list[tuple] = []
+        for name in filter(None, args.topologies.split(",")):
+            for nodes in (int(n) for n in args.nodes.split(",") if n):
+                source = shipped_library_paths(name, nodes) if args.previous is None else ()
+                names = {p.name for p in source} or {
+                    p.name for p in (args.previous / name / f"n{nodes}").glob("*.library.json")
+                }
+                for collective in filter(None, args.collectives.split(",")):
+                    if f"{collective}.library.json" not in names:
+                        continue
+                    start = time.perf_counter()
+                    rows += instance_rows(name, nodes, collective, args.model, args.write, args.previous)
+                    _log(f"{name} x{nodes} {collective}: {time.perf_counter() - start:.0f} s")
+        records = write_csv(args.csv, CSV_HEADER, rows)
+        body = render(records, time.perf_counter() - began)
+    print(body)
+    if args.csv == CSV_PATH and not args.no_report:
+        given = list(sys.argv[1:] if argv is None else argv)
+        command = " ".join(["python scripts/rechoose_bands.py", *given])
+        update_benchmarks_section("slice-model", "Shipped bands under MSCCL's slice loop", command, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

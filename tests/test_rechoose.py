@@ -1,0 +1,77 @@
+"""Choosing a library's bands again under another execution model (issue 30)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from taccl_py.errors import ArgumentError
+from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
+from taccl_py.simulate import WHOLE_CHUNKS, simulate
+from taccl_py.synth.rechoose import band_algorithms, rechoose_bands
+from taccl_py.topology import builtin_topology_names, load_topology
+
+
+def _shipped(name: str, nodes: int, collective: str):
+    path = next(p for p in shipped_library_paths(name, nodes) if p.name == f"{collective}.library.json")
+    return read_library(path)
+
+
+def test_every_shipped_library_was_chosen_under_msccls_slice_loop():
+    root = shipped_library_dir()
+    checked = 0
+    for name in builtin_topology_names():
+        for folder in (root / name).iterdir() if (root / name).is_dir() else ():
+            for path in folder.iterdir():
+                if path.name.endswith(".library.json"):
+                    provenance = json.loads(path.read_text(encoding="utf-8"))["provenance"]
+                    assert provenance.get("execution_model") == "msccl", f"{name}/{folder.name}/{path.name}"
+                    checked += 1
+    assert checked >= 90
+
+
+def test_a_shipped_library_chosen_again_under_its_model_is_unchanged():
+    library = _shipped("ndv2", 1, "allgather")
+    again, _ = rechoose_bands(library, load_topology("ndv2"))
+    assert [(b.min_bytes, b.max_bytes) for b in again.bands] == [(b.min_bytes, b.max_bytes) for b in library.bands]
+    assert [b.algorithm.ranks for b in again.bands] == [b.algorithm.ranks for b in library.bands]
+    assert [b.algorithm.meta("source_algorithm") for b in again.bands] == [
+        b.algorithm.meta("source_algorithm") for b in library.bands
+    ]
+
+
+def test_a_band_that_loses_under_the_slice_loop_is_replaced():
+    topology = load_topology("ndv2")
+    library = _shipped("ndv2", 1, "allgather")
+    small = library.bands[0]  # tuned for latency: one piece per rank, shallow trees
+    widened = replace(library, bands=(replace(small, min_bytes=0, max_bytes=None),))
+    rechosen, choices = rechoose_bands(widened, topology)
+    assert len(rechosen.bands) > 1 and rechosen.provenance.execution_model == "msccl"
+    assert "chosen again under the msccl model" in rechosen.provenance.note
+    largest = choices[-1]
+    assert largest.chosen_result.model == "msccl"
+    assert largest.chosen_result.time_us <= simulate(small.algorithm, topology, largest.size_bytes).time_us
+    assert largest.baseline is None or largest.chosen_result.time_us <= largest.baseline.time_us
+
+
+def test_band_algorithms_keep_their_synthesized_names():
+    library = _shipped("ndv2", 1, "allgather")
+    names = [algorithm.name for algorithm in band_algorithms(library)]
+    assert len(names) == len(set(names)) == len({b.algorithm.meta("source_algorithm") for b in library.bands})
+    assert not any(name.startswith("allgather-") for name in names)
+
+
+def test_another_model_gives_other_times():
+    library = _shipped("ndv2", 1, "allgather")
+    _, choices = rechoose_bands(library, load_topology("ndv2"), model=WHOLE_CHUNKS)
+    assert {choice.chosen_result.model for choice in choices} == {"chunks"}
+
+
+def test_bad_libraries_are_refused():
+    library = _shipped("ndv2", 1, "allgather")
+    with pytest.raises(ArgumentError, match="no sizes recorded"):
+        rechoose_bands(replace(library, provenance=None), load_topology("ndv2"))
+    with pytest.raises(ArgumentError, match="8 ranks but topology"):
+        rechoose_bands(library, load_topology("ndv2", nodes=2))
