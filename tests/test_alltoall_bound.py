@@ -12,7 +12,7 @@ import pytest
 
 from taccl_py.topology import Link, LinkKind, alltoall_bound, load_topology
 from taccl_py.topology.alltoall_bound import alltoall_cut
-from taccl_py.topology.bounds import _route_links
+from taccl_py.topology.bounds_cut import route_links
 
 HASH_SEEDS = ("0", "1", "2", "3")
 SHOW_TIMEOUT_S = 60  # one `taccl topo show` takes ~0.6 s; the limit only stops a hung child
@@ -37,7 +37,7 @@ def test_topo_show_prints_the_same_bytes_under_every_hash_seed(args):
 
 def test_equal_numa_cuts_go_to_the_first_in_topology_order():
     topology = load_topology("ndv2")
-    cut = alltoall_cut(topology, _route_links(topology))
+    cut = alltoall_cut(topology, route_links(topology))
     assert cut.cut == ("gpu0", "gpu1", "gpu2", "gpu3")
     assert cut.description.startswith("NUMA cut: gpu0, gpu1, gpu2, gpu3 (4 GPUs)")
 

@@ -197,3 +197,56 @@ def test_bench_outside_torchrun_needs_nproc(
 def test_bench_bad_arguments(argv: list[str], pattern: str, capsys: pytest.CaptureFixture[str]) -> None:
     status = main(["bench", "--library", "ndv2", *argv])
     assert_one_error_line(capsys, status, pattern)
+
+
+def _measured_topology(tmp_path: Path, ranks: int) -> Path:
+    from taccl_py.topology.measured import HostProfile, ProfileProvenance, fit_alpha_beta, host_topology
+    from taccl_py.topology.schema import write_topology
+
+    sizes = (64_000, 4_000_000)
+    provenance = ProfileProvenance("0", "gloo", ranks, "cpu", sizes, 1, 0, 1, "2026-11-26")
+    pair = fit_alpha_beta(sizes, [100 + s / 2e3 for s in sizes])  # 100 µs, 2 GB/s
+    path = tmp_path / f"measured{ranks}.json"
+    write_topology(host_topology(HostProfile(provenance, pair, pair, ranks)), path)
+    return path
+
+
+@pytest.mark.multiprocess
+def test_bench_with_a_topology_prints_predictions_and_the_model_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topology = _measured_topology(tmp_path, 2)
+    argv = ["bench", "--ring", "--nproc", "2", "--sizes", "64KB,1MB", "--iters", "2", "--warmup", "1"]
+    assert main([*argv, "--topology", str(topology)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].split()[-4:] == ["ours_pred_us", "ours_meas/pred", "torch_pred_us", "torch_meas/pred"]
+    rows = [line.split() for line in lines[2:-1]]
+    assert [row[:3] for row in rows] == [
+        [collective, size, f"ring-{collective}-2x1"]
+        for collective in ("allgather", "reducescatter", "allreduce")
+        for size in ("64KB", "1MB")
+    ]
+    for row in rows:  # measured / predicted, as printed, is the ratio of the printed times
+        assert float(row[9].rstrip("x")) == pytest.approx(float(row[3]) / float(row[8]), rel=0.02, abs=0.01)
+    assert lines[-1].startswith("model error: median ") and "over 12 times" in lines[-1]
+    assert main([*argv, "--collective", "allgather", "--topology", str(topology), "--json"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert all(r["ours_predicted_us"] > 0 and r["torch_predicted_us"] > 0 for r in rows)
+    assert captured.err.startswith("model error: median ")
+    with pytest.raises(SystemExit):  # --ring and --library exclude each other
+        main([*argv, "--library", "ndv2"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "pattern"),
+    [
+        (["--topology", "ndv2"], "ndv2: --topology: 8 GPUs for 2 ranks; expected one GPU per rank (2)"),
+        (["--topology", "missing.json"], "missing.json: no such built-in topology or file"),
+        (["--write-library", "out", "--calibration", "c.json"], "--write-library: given with --ring"),
+    ],
+)
+def test_bench_with_rings_refuses_bad_input_before_starting_ranks(
+    extra: list[str], pattern: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_one_error_line(capsys, main(["bench", "--ring", "--nproc", "2", *extra]), pattern)

@@ -91,7 +91,9 @@ def test_simulate_msccl_xml_prints_a_row_per_size(mesh4, capsys):
     row = out[3].split()
     assert row[0] == "4MB"
     assert float(row[1]) == pytest.approx(3 * (ALPHA_US + 1e6 / BYTES_PER_US), abs=0.01)  # three ring steps
-    assert row[5].startswith(("ring-", "trees-"))  # on a full mesh, packed trees send directly too
+    assert row[6].startswith(("ring-", "trees-"))  # on a full mesh, packed trees send directly too
+    assert "of bound" in out[1] and "of old bound" in out[1] and "RS+AG" not in out[1] and "nvls" not in out[1]
+    assert float(row[4]) > float(row[5])  # the bound with the cut's α is above the old one
     assert len(out) == 5
 
 
@@ -102,6 +104,8 @@ def test_simulate_json_carries_the_baseline(mesh4, capsys):
     assert record["fraction_of_bound"] == pytest.approx(record["bound_time_us"] / record["time_us"])
     baseline = record["best_baseline"]
     assert baseline["speedup"] == pytest.approx(baseline["time_us"] / record["time_us"])
+    assert record["fraction_of_cut_only_bound"] == pytest.approx(record["cut_only_bound_time_us"] / record["time_us"])
+    assert record["cut_only_bound_time_us"] < record["bound_time_us"] and record["nccl_nvls"] is None
 
 
 def test_simulate_plot_and_no_baselines(mesh4, tmp_path, capsys):
@@ -195,3 +199,39 @@ def test_a_runtime_for_a_json_output_is_refused(tmp_path, capsys):
     assert main(["baseline", "ring", "-t", "ndv2", "-c", "allgather", "--runtime", "rccl", "-o", str(out)]) == 2
     assert "--runtime: runtime rccl for a JSON output; expected --runtime only with .xml" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _ring_allreduce(machine: str, folder: Path) -> Path:
+    """Write a ring AllReduce for ``machine`` (``taccl baseline``) and return its path."""
+    path = folder / f"ring-{machine}.json"
+    assert main(["baseline", "ring", "-t", machine, "-c", "allreduce", "-o", str(path)]) == 0
+    return path
+
+
+def test_simulate_allreduce_on_dgx_h100_names_the_class_bound_and_shows_nccls_nvls(tmp_path, capsys):
+    ring = _ring_allreduce("dgx-h100", tmp_path)
+    argv = ["simulate", str(ring), "-t", "dgx-h100", "--sizes", "1KB,1GB", "--no-baselines"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = out[1]
+    assert "of RS+AG bound" in header and "of old RS+AG bound" in header
+    assert header.split()[-5:] == ["nccl", "nvls", "(us)", "vs", "nvls"]
+    small, large = out[3].split(), out[4].split()
+    assert small[-2] == "4.06" and small[-1].endswith("x")  # NVLS's α alone at 1 KB, and its time over ours
+    assert float(large[-2]) == pytest.approx(4.06 + 1e9 * 9 / 8 / 308.6e3, abs=0.01)
+    assert float(large[-1].rstrip("x")) < 1  # a ring moves every byte twice: NVLS wins at 1 GB
+    assert out[-1].startswith("note: allreduce: the ReduceScatter+AllGather class bound")
+    assert main(argv + ["--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["nccl_nvls"]["algorithm"] for r in records] == ["nvls", "nvls"]
+    nvls = records[1]["nccl_nvls"]
+    assert nvls["speedup"] == pytest.approx(nvls["time_us"] / records[1]["time_us"])
+
+
+def test_simulate_allreduce_without_nvls_has_no_nvls_column(tmp_path, capsys):
+    ring = _ring_allreduce("dgx-a100", tmp_path)
+    capsys.readouterr()
+    assert main(["simulate", str(ring), "-t", "dgx-a100", "--sizes", "1MB", "--no-baselines"]) == 0
+    out = capsys.readouterr().out
+    assert "of RS+AG bound" in out and "nvls" not in out.splitlines()[1]

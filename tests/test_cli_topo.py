@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -49,10 +50,46 @@ def test_show_json(capsys):
     assert [nic["nearest_gpus"] for nic in document["nics"]] == [[0, 1, 2, 3], [8, 9, 10, 11]]
     bounds = {b["collective"]: b for b in document["lower_bounds"]}
     assert set(bounds) == {"allgather", "reducescatter", "allreduce", "alltoall"}
-    assert bounds["allgather"]["time_us"] == pytest.approx(52_500, rel=1e-6)
-    assert bounds["allreduce"]["time_us"] == pytest.approx(105_000, rel=1e-6)
-    assert bounds["alltoall"]["time_us"] == pytest.approx(420_000, rel=1e-6)  # 8 x 8 blocks of 1GB / 16 per node
+    assert bounds["allgather"]["cut_only_time_us"] == pytest.approx(52_500, rel=1e-6)  # the old figure
+    assert bounds["allreduce"]["cut_only_time_us"] == pytest.approx(105_000, rel=1e-6)
+    assert bounds["alltoall"]["cut_only_time_us"] == pytest.approx(420_000, rel=1e-6)  # 8 x 8 blocks of 1GB / 16
+    for bound in bounds.values():  # the new figure adds the α of the cheapest route across the cut
+        assert bound["cut_alpha_us"] > 0
+        assert bound["time_us"] == pytest.approx(bound["bandwidth_time_us"] + bound["cut_alpha_us"], rel=1e-12)
+    assert bounds["allreduce"]["kind"] == "reducescatter+allgather class" and bounds["allgather"]["kind"] == "cut"
+    assert document["nccl_nvls"] == [] == document["in_network_reduction_bounds"]  # NDv2's NVLinks reduce nothing
     assert sum(c["directed_links"] for c in document["link_classes"]) == len(load_topology("ndv2", nodes=2).links)
+
+
+def test_show_names_allreduces_bound_as_a_class_bound_and_keeps_the_old_figure(capsys):
+    assert main(["topo", "show", "ndv2", "--sizes", "1GB"]) == 0
+    out = capsys.readouterr().out
+    (header,) = [line for line in out.splitlines() if "old bound" in line and "binding cut" in line]
+    columns = ["collective", "size", "bound", "old bound", "cut bound", "cut alpha", "latency floor", "binding cut"]
+    assert re.split(r"\s{2,}", header.strip()) == columns
+    (line,) = [line for line in out.splitlines() if line.strip().startswith("allreduce (RS+AG class)")]
+    assert "reducescatter + allgather class bound" in line
+    assert "note: allreduce: the ReduceScatter+AllGather class bound" in out
+    assert "allreduce (in-network)" not in out and "NVLS allreduce" not in out
+
+
+def test_show_dgx_h100_adds_the_in_network_bound_and_nccls_nvls(capsys):
+    assert main(["topo", "show", "dgx-h100", "--nodes", "2", "--sizes", "1GB"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.strip().startswith("allreduce (in-network)")]
+    assert "2.503 ms" in line and "in-network reduction bound: node 0 (8 GPUs): 400 GB/s out" in line
+    assert "NCCL NVLS allreduce, modelled (NVLink SHARP on n0.nvswitch: 308.6 GB/s per GPU port" in out
+    (row,) = [line for line in out.splitlines() if line.split()[:2] == ["1GB", "nvls-tree"]]
+    assert row.split()[2:4] == ["3.655", "ms"] and "4.478 ms" in row  # beats the RS+AG class bound
+    assert main(["topo", "show", "dgx-h100", "--json", "--sizes", "1GB"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    ((nvls),) = document["nccl_nvls"]
+    assert nvls["algorithm"] == "nvls" and nvls["time_us"] == pytest.approx(4.06 + 1e9 * 9 / 8 / 308.6e3)
+    (allreduce,) = [b for b in document["lower_bounds"] if b["collective"] == "allreduce"]
+    ((in_network),) = document["in_network_reduction_bounds"]
+    assert (allreduce["kind"], in_network["kind"]) == ("reducescatter+allgather class", "in-network reduction")
+    assert in_network["time_us"] == pytest.approx(nvls["in_network_bound_us"])
+    assert in_network["time_us"] < allreduce["time_us"]  # NVLS may beat the class bound, never this one
 
 
 @pytest.mark.parametrize("fixture", sorted(p.name for p in BAD.glob("*.json")))

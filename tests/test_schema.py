@@ -171,3 +171,56 @@ def test_schema_id_is_the_documented_one():
     assert f'"schema": "{SCHEMA_ID}"' in (Path(__file__).parents[1] / "docs" / "topology-format.md").read_text(
         encoding="utf-8"
     )
+
+
+def _reducing_star(**switch: object) -> str:
+    """Return the text of two GPUs on an NVSwitch whose vertex carries ``switch``'s extra fields."""
+    document = {
+        "schema": SCHEMA_ID,
+        "name": "star",
+        "vertices": [
+            {"name": "gpu0", "kind": "gpu", "local_index": 0},
+            {"name": "gpu1", "kind": "gpu", "local_index": 1},
+            {"name": "sw", "kind": "nvswitch", **switch},
+        ],
+        "links": [
+            {"src": f"gpu{i}", "dst": "sw", "kind": "nvswitch", "alpha_us": 0.5, "bandwidth_GBps": 100} for i in (0, 1)
+        ],
+    }
+    return json.dumps(document)
+
+
+def test_a_reducing_switch_round_trips_and_old_files_load_without_it():
+    topology = parse_topology(_reducing_star(reduce_bandwidth_GBps=80, reduce_alpha_us=2))
+    switch = topology.vertex("sw")
+    assert (switch.reduce_bandwidth_GBps, switch.reduce_alpha_us, switch.reduces_in_network) == (80.0, 2.0, True)
+    text = generate_topology(topology)
+    assert '"reduce_bandwidth_GBps": 80.0, "reduce_alpha_us": 2.0' in text
+    assert parse_topology(text).vertices == topology.vertices
+    plain = parse_topology(_reducing_star())
+    assert not plain.vertex("sw").reduces_in_network and "reduce_" not in generate_topology(plain)
+    assert load_topology("dgx-h100").vertex("nvswitch").reduces_in_network
+    assert not any(v.reduces_in_network for v in load_topology("dgx-a100").vertices)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"reduce_bandwidth_GBps": 80}, r"vertices\[2\]\.reduce_alpha_us: missing field; expected reduce_alpha_us"),
+        (
+            {"reduce_bandwidth_GBps": 0, "reduce_alpha_us": 1},
+            r"vertices\[2\]\.reduce_bandwidth_GBps: bandwidth 0 is not positive",
+        ),
+        ({"reduce_bandwidth_GBps": 80, "reduce_alpha_us": -1}, r"vertices\[2\]\.reduce_alpha_us: alpha -1 is negative"),
+    ],
+)
+def test_reduction_faults_name_their_field(fields, message):
+    with pytest.raises(TopologyError, match="^mine.json: " + message):
+        parse_topology(_reducing_star(**fields), source="mine.json")
+
+
+def test_reduction_fields_belong_on_an_nvswitch():
+    document = json.loads(_reducing_star())
+    document["vertices"][0].update(reduce_bandwidth_GBps=80, reduce_alpha_us=1)
+    with pytest.raises(TopologyError, match=r"vertices\[0\]\.reduce_bandwidth_GBps: reduction field on a gpu vertex"):
+        parse_topology(json.dumps(document), source="mine.json")

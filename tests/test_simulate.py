@@ -184,8 +184,8 @@ def test_simulate_sizes_matches_single_runs_and_plans_are_reusable():
 def test_alltoall_is_measured_against_its_egress_cut():
     result = simulate(ring_algorithm(Collective.ALLTOALL, 3), full_mesh(3), 3_000_000)
     assert result.time_us == pytest.approx(ALPHA_US + 1_000_000 / BYTES_PER_US)  # one chunk per pair, all at once
-    # each GPU sends 2 MB over its 2 links: the egress cut alone, or the α floor
-    assert result.bound_time_us == pytest.approx(max(1_000_000 / BYTES_PER_US, ALPHA_US))
+    # each GPU sends 2 MB over its 2 links after one link's α: the egress cut with its α (issue 30), met exactly
+    assert result.bound_time_us == pytest.approx(ALPHA_US + 1_000_000 / BYTES_PER_US)
     assert simulation_result_to_dict(result)["fraction_of_bound"] == pytest.approx(
         result.bound_time_us / result.time_us
     )

@@ -6,9 +6,19 @@ import math
 import sys
 from collections.abc import Sequence
 
-__all__ = ["ALGORITHM_FILE_HELP", "StderrProgress", "format_ratio", "format_table", "progress_to_stderr"]
+__all__ = [
+    "ALGORITHM_FILE_HELP",
+    "NVLS_HEADERS",
+    "StderrProgress",
+    "format_ratio",
+    "format_table",
+    "nvls_cells",
+    "progress_to_stderr",
+]
 
 ALGORITHM_FILE_HELP = "algorithm file: taccl JSON or MSCCL-IR XML ('-' for stdin)"
+#: The columns AllReduce tables add on machines with NVLink SHARP: NCCL's NVLS time and its time over ours.
+NVLS_HEADERS = ("nccl nvls (us)", "vs nvls")
 _RATIO_DECIMALS = 2  # decimals of a ratio that is not close to 1
 _RATIO_MAX_DECIMALS = 6  # decimals at which a ratio still reading 1 is rounded away from it
 
@@ -29,6 +39,15 @@ def format_ratio(ratio: float) -> str:
     scale = 10**_RATIO_MAX_DECIMALS
     away = math.floor(ratio * scale) if ratio < 1 else math.ceil(ratio * scale)
     return f"{away / scale:.{_RATIO_MAX_DECIMALS}f}x"
+
+
+def nvls_cells(nvls_time_us: float, ours_us: float) -> tuple[str, str]:
+    """Return the ``NVLS_HEADERS`` cells: NCCL's NVLS time (µs) and that time over ours (above 1: ours is faster).
+
+    >>> nvls_cells(8.0, 4.0)
+    ('8.00', '2.00x')
+    """
+    return f"{nvls_time_us:.2f}", format_ratio(nvls_time_us / ours_us)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from taccl_py.cli._output import format_ratio, format_table, progress_to_stderr
+from taccl_py.cli._ranks import run_on_ranks, world_size_to_be
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
@@ -26,10 +27,18 @@ _DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 
 
 def format_rows(rows: list) -> str:
-    """Return the benchmark table: per size, our time and torch's (µs), algbw (GB/s) and speedup."""
+    """Return the benchmark table: per size, our time and torch's (µs), algbw (GB/s) and speedup.
+
+    Rows with predictions (``--topology``) also show each side's predicted time (µs) and
+    measured / predicted (above 1x: slower than the model says).
+    """
+    predicted = any(r.ours_predicted_us is not None for r in rows)
     headers = ["collective", "size", "algorithm", "ours_us", "torch_us", "ours_GBps", "torch_GBps", "speedup"]
-    body = [
-        [
+    if predicted:
+        headers += ["ours_pred_us", "ours_meas/pred", "torch_pred_us", "torch_meas/pred"]
+    body = []
+    for r in rows:
+        cells = [
             r.collective,
             format_size(r.size_bytes),
             r.algorithm,
@@ -39,8 +48,14 @@ def format_rows(rows: list) -> str:
             f"{r.torch_algbw_GBps:.3f}",
             format_ratio(r.speedup),
         ]
-        for r in rows
-    ]
+        if predicted:
+            cells += [
+                f"{r.ours_predicted_us:.0f}",
+                format_ratio(r.ours_time_us / r.ours_predicted_us),
+                f"{r.torch_predicted_us:.0f}",
+                format_ratio(r.torch_time_us / r.torch_predicted_us),
+            ]
+        body.append(cells)
     return format_table(headers, body)
 
 
@@ -57,7 +72,7 @@ def _spec(args: argparse.Namespace):
     if args.cluster is None and (args.nic_down or args.nic_speed):
         option = "--nic-down" if args.nic_down else "--nic-speed"
         raise ArgumentError(None, option, "given without --cluster", "--cluster SPEC too")
-    library = (args.algorithm,) if args.algorithm else tuple(args.library)
+    library = (args.algorithm,) if args.algorithm else tuple(args.library or ())
     collectives = tuple(Collective(c).value for c in args.collective) if args.collective else None
     return BenchSpec(
         library,
@@ -72,6 +87,8 @@ def _spec(args: argparse.Namespace):
         args.cluster,
         tuple(args.nic_down),
         tuple(args.nic_speed),
+        args.ring,
+        args.topology,
     )
 
 
@@ -79,7 +96,13 @@ def _check_inputs(spec, world_size: int) -> None:
     """Fail before starting any process when the library cannot serve ``world_size`` ranks or the calibration is bad."""
     from taccl_py.runtime.selection import collect_algorithms
 
-    collect_algorithms(list(spec.library), world_size)
+    if spec.library:
+        collect_algorithms(list(spec.library), world_size)
+    if spec.topology is not None:
+        from taccl_py.runtime.profile import check_topology_ranks
+        from taccl_py.topology.builtins import load_topology
+
+        check_topology_ranks(load_topology(spec.topology), world_size)
     if spec.cluster is not None:
         from taccl_py.runtime.live_cluster import declare_cluster
 
@@ -100,6 +123,8 @@ def _check_write_library(args: argparse.Namespace) -> None:
         return
     if args.calibration is None:
         raise ArgumentError(None, "--write-library", "given without --calibration", "--calibration FILE as well")
+    if args.ring:
+        raise ArgumentError(None, "--write-library", "given with --ring", "--library files only")
     not_libraries = [item for item in args.library or [args.algorithm] if not item.endswith(".library.json")]
     if not_libraries:
         raise ArgumentError(not_libraries[0], "--write-library", "not a *.library.json", "--library files only")
@@ -125,32 +150,21 @@ def _write_calibrated_libraries(args: argparse.Namespace) -> None:
 def _bench(args: argparse.Namespace) -> int:
     spec = _spec(args)
     _check_write_library(args)
-    under_torchrun = all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
-    if args.nproc is not None:
-        if args.nproc < 2:
-            raise ArgumentError(None, "--nproc", f"{args.nproc}", "2 or more local ranks")
-        _check_inputs(spec, args.nproc)
-        from taccl_py.runtime.bench import bench_worker
-        from taccl_py.runtime.launch import run_local
+    _check_inputs(spec, world_size_to_be("bench", args.nproc))
+    from taccl_py.runtime.bench import bench_worker, run_bench
 
-        rows = run_local(bench_worker, args.nproc, (spec,), timeout_s=args.join_timeout_s)[0]
-    elif under_torchrun:
-        from taccl_py.runtime.bench import run_bench
-
-        rows = run_bench(spec)
-        if int(os.environ["RANK"]) != 0:
-            return 0
-    else:
-        raise ArgumentError(
-            None,
-            "launch",
-            "not started by torchrun and no --nproc",
-            "torchrun --nproc-per-node N taccl bench ..., or taccl bench --nproc N ...",
-        )
+    reports, rows = run_on_ranks(bench_worker, run_bench, spec, args.nproc, args.join_timeout_s)
+    if not reports:
+        return 0
     if args.json:
         print(json.dumps([asdict(row) for row in rows], indent=2))
     else:
         print(format_rows(rows))
+    if spec.topology is not None:
+        from taccl_py.runtime.profile_model import model_error
+
+        error = model_error(rows)
+        print(error.describe(), file=sys.stderr if args.json else sys.stdout)
     if args.write_library is not None:
         _write_calibrated_libraries(args)
     return 0
@@ -168,6 +182,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--algorithm", metavar="FILE", help="one algorithm file (taccl JSON or MSCCL-IR XML)")
     source.add_argument(
         "--library", metavar="L", nargs="+", help="a built-in topology name, a *.library.json, or algorithm files"
+    )
+    source.add_argument(
+        "--ring", action="store_true", help="one-channel rings in rank order (allgather, reducescatter, allreduce)"
     )
     bench.add_argument(
         "--collective",
@@ -219,6 +236,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         help="with --cluster: a NIC's speed in GB/s per direction, e.g. 0:nic0:12.5",
+    )
+    bench.add_argument(
+        "--topology",
+        "-t",
+        metavar="TOPO",
+        help="also print each time the simulator predicts on this topology (e.g. from taccl profile; one GPU per "
+        "rank), measured / predicted, and the model error: ours as our executor runs it (whole chunks), torch's as "
+        "gloo's rank-order ring (alltoall: every pair at once); reductions and per-round Python work cost 0 there",
     )
     bench.add_argument("--json", action="store_true", help="print the rows as JSON")
     bench.add_argument("--progress", action="store_true", help="report each size on stderr as it finishes (rank 0)")

@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
+from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
 from taccl_py.baselines.ring import ring_steps_per_threadblock
-from taccl_py.cli._output import ALGORITHM_FILE_HELP, format_ratio, format_table, progress_to_stderr
+from taccl_py.cli._model import add_model_option
+from taccl_py.cli._output import (
+    ALGORITHM_FILE_HELP,
+    NVLS_HEADERS,
+    format_ratio,
+    format_table,
+    nvls_cells,
+    progress_to_stderr,
+)
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
 from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
-from taccl_py.simulate import SimulationResult, simulate, simulate_sizes, simulation_result_to_dict
+from taccl_py.simulate import SimulationResult, execution_model, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
+from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
@@ -24,39 +35,48 @@ __all__ = ["register", "format_simulation_table"]
 _PROGRESS = progress_to_stderr()
 
 DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
-_HEADERS = (
-    "size",
-    "time (us)",
-    "algbw (GB/s)",
-    "busbw (GB/s)",
-    "of bound",
-    "best baseline",
-    "baseline (us)",
-    "speedup",
-)
 
 
-def format_simulation_table(results: list[SimulationResult], baselines: list[tuple[str, float] | None]) -> str:
+def format_simulation_table(
+    results: list[SimulationResult],
+    baselines: list[tuple[str, float] | None],
+    *,
+    old_bounds_us: Sequence[float] | None = None,
+    nvls: Sequence[NvlsTime] = (),
+) -> str:
     """Return the table of ``taccl simulate``: one row per size, with the best baseline beside it.
 
-    ``speedup`` is the baseline's time over ours (above 1: ours is faster).
+    ``of bound`` is the lower bound over our time (AllReduce: the ReduceScatter+AllGather class
+    bound, ``of RS+AG bound``); ``of old bound`` the same for the cut-only bound before issue 30
+    (``old_bounds_us``, µs; ``-`` without). ``speedup`` is the baseline's time over ours (above 1:
+    ours is faster). With ``nvls`` (AllReduce on an NVLink SHARP machine), NCCL's modelled NVLS
+    time and its time over ours (``vs nvls``) close each row; AllReduce tables end with a note.
     """
+    label = bound_label(results[0].collective) if results else "bound"
+    headers = ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", f"of {label}", f"of old {label}")
+    headers += ("best baseline", "baseline (us)", "speedup") + (NVLS_HEADERS if nvls else ())
+    old = list(old_bounds_us) if old_bounds_us is not None else [None] * len(results)
     rows = []
-    for result, baseline in zip(results, baselines):
+    for index, (result, baseline) in enumerate(zip(results, baselines)):
         name, time_us = baseline if baseline is not None else ("-", None)
-        rows.append(
-            (
-                format_size(result.size_bytes),
-                f"{result.time_us:.2f}",
-                f"{result.algbw_GBps:.2f}",
-                f"{result.busbw_GBps:.2f}",
-                f"{result.fraction_of_bound:.3f}",
-                name,
-                "-" if time_us is None else f"{time_us:.2f}",
-                "-" if time_us is None else format_ratio(time_us / result.time_us),
-            )
+        row = (
+            format_size(result.size_bytes),
+            f"{result.time_us:.2f}",
+            f"{result.algbw_GBps:.2f}",
+            f"{result.busbw_GBps:.2f}",
+            f"{result.fraction_of_bound:.3f}",
+            "-" if old[index] is None else f"{old[index] / result.time_us:.3f}",
+            name,
+            "-" if time_us is None else f"{time_us:.2f}",
+            "-" if time_us is None else format_ratio(time_us / result.time_us),
         )
-    return format_table(_HEADERS, rows)
+        if nvls:
+            row += nvls_cells(nvls[index].time_us, result.time_us)
+        rows.append(row)
+    table = format_table(headers, rows)
+    if results and results[0].collective is Collective.ALLREDUCE:
+        table += f"\nnote: {ALLREDUCE_BOUND_NOTE}"
+    return table
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -72,19 +92,34 @@ def _simulate(args: argparse.Namespace) -> int:
             f"{algorithm.num_ranks} ranks but topology {topology.name} has {topology.num_ranks} GPUs",
             "an algorithm for the topology's rank count (check --topology and --nodes)",
         )
-    results = list(simulate_sizes(algorithm, topology, sizes))
+    results = list(simulate_sizes(algorithm, topology, sizes, model=args.model))
+    old_bounds = [bound.cut_only_time_us for bound in lower_bounds(topology, algorithm.collective, sizes)]
+    nvls = nvls_times_for(topology, algorithm.collective, sizes)
     baselines: list[tuple[str, float] | None] = [None] * len(results)
     if not args.no_baselines:
-        found = best_baselines(topology, algorithm.collective, sizes, progress=_PROGRESS)
+        found = best_baselines(
+            topology, algorithm.collective, sizes, progress=_PROGRESS, model=execution_model(args.model)
+        )
         baselines = [(base.name, result.time_us) for base, result in found]
     if args.plot is not None:
         largest = max(sizes)
-        plot_timeline(simulate(algorithm, topology, largest, record_timeline=True), args.plot)
+        plot_timeline(simulate(algorithm, topology, largest, record_timeline=True, model=args.model), args.plot)
         _PROGRESS(f"wrote {args.plot} (timeline at {format_size(largest)})")
     if args.json:
         out: list[dict[str, Any]] = []
-        for result, baseline in zip(results, baselines):
+        for index, (result, baseline) in enumerate(zip(results, baselines)):
             record = simulation_result_to_dict(result)
+            record["cut_only_bound_time_us"] = old_bounds[index]
+            record["fraction_of_cut_only_bound"] = old_bounds[index] / result.time_us if result.time_us > 0 else None
+            record["nccl_nvls"] = (
+                None
+                if not nvls
+                else {
+                    "algorithm": nvls[index].algorithm,
+                    "time_us": nvls[index].time_us,
+                    "speedup": nvls[index].time_us / result.time_us,
+                }
+            )
             record["best_baseline"] = (
                 None
                 if baseline is None
@@ -98,7 +133,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"{algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks on {topology.name}")
-        print(format_simulation_table(results, baselines))
+        print(format_simulation_table(results, baselines, old_bounds_us=old_bounds, nvls=nvls))
     return 0
 
 
@@ -151,6 +186,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--plot", metavar="IMAGE", help="also draw the timeline at the largest size (.png or .svg)")
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sim.add_argument("--no-baselines", action="store_true", help="skip simulating the baselines")
+    add_model_option(sim)
     sim.set_defaults(func=_simulate)
 
     base = subparsers.add_parser(

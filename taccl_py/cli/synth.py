@@ -5,32 +5,38 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 
-from taccl_py.cli._output import format_ratio, format_table
+from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
+from taccl_py.cli._model import add_model_option
+from taccl_py.cli._output import NVLS_HEADERS, format_ratio, format_table, nvls_cells
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
 from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits
 from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.jobs import available_cores
 from taccl_py.synth.sketch import read_sketch
 from taccl_py.synth.solver import SOLVERS, BudgetBound
+from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
-# The chosen algorithm first (its time, fraction of the bound and ratio to the best baseline), then
-# the best synthesized candidate (the chosen one, unless a baseline won) and the best baseline.
+# The chosen algorithm first (its time, fractions of the bound and of the old bound, ratio to the best
+# baseline), then the best synthesized candidate (the chosen one, unless a baseline won) and the best baseline.
 _HEADERS = (
     "size",
     "chosen",
     "time (us)",
-    "of bound",
+    "of {label}",
+    "of old {label}",
     "vs baseline",
     "synth (us)",
     "synth vs baseline",
@@ -48,32 +54,47 @@ def _shows_progress(args: argparse.Namespace) -> bool:
     return args.progress if args.progress is not None else sys.stderr.isatty()
 
 
-def format_synthesis_table(result: SynthesisResult) -> str:
+def format_synthesis_table(
+    result: SynthesisResult, *, old_bounds_us: Sequence[float] | None = None, nvls: Sequence[NvlsTime] = ()
+) -> str:
     """Return one row per size: the chosen algorithm against the best baseline, and the best synthesized one.
 
+    ``of bound`` is the lower bound over the chosen algorithm's time (AllReduce: ``of RS+AG bound``,
+    the ReduceScatter+AllGather class bound, with a note under the table), ``of old bound`` the same
+    for the cut-only bound before issue 30 (``old_bounds_us`` per choice, µs; ``-`` without).
     ``vs baseline`` is the best baseline's time over the chosen algorithm's (above 1: the chosen
     one is faster; 1.00x where the baseline itself is chosen); ``synth vs baseline`` is the best
     baseline's time over the best synthesized algorithm's, so a synthesis that lost to the
     baseline shows below 1 there. ``-`` marks a size without a baseline or a synthesized result.
+    With ``nvls`` (AllReduce on an NVLink SHARP machine), NCCL's modelled NVLS time and its time
+    over the chosen algorithm's close each row.
     """
+    label = bound_label(result.collective)
+    headers = tuple(header.format(label=label) for header in _HEADERS) + (NVLS_HEADERS if nvls else ())
+    old = list(old_bounds_us) if old_bounds_us is not None else [None] * len(result.choices)
     rows = []
-    for choice in result.choices:
+    for index, choice in enumerate(result.choices):
         syn, base = choice.synthesized, choice.baseline
         chosen_us = choice.chosen_result.time_us
-        rows.append(
-            (
-                format_size(choice.size_bytes),
-                choice.chosen.name,
-                f"{chosen_us:.2f}",
-                f"{choice.chosen_result.fraction_of_bound:.3f}",
-                "-" if base is None else format_ratio(base.time_us / chosen_us),
-                "-" if syn is None else f"{syn.time_us:.2f}",
-                "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
-                choice.baseline_name or "-",
-                "-" if base is None else f"{base.time_us:.2f}",
-            )
+        row = (
+            format_size(choice.size_bytes),
+            choice.chosen.name,
+            f"{chosen_us:.2f}",
+            f"{choice.chosen_result.fraction_of_bound:.3f}",
+            "-" if old[index] is None else f"{old[index] / chosen_us:.3f}",
+            "-" if base is None else format_ratio(base.time_us / chosen_us),
+            "-" if syn is None else f"{syn.time_us:.2f}",
+            "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
+            choice.baseline_name or "-",
+            "-" if base is None else f"{base.time_us:.2f}",
         )
-    return format_table(_HEADERS, rows)
+        if nvls:
+            row += nvls_cells(nvls[index].time_us, chosen_us)
+        rows.append(row)
+    table = format_table(headers, rows)
+    if result.collective is Collective.ALLREDUCE:
+        table += f"\nnote: {ALLREDUCE_BOUND_NOTE}"
+    return table
 
 
 def choose_written_algorithm(
@@ -162,6 +183,7 @@ def _synthesize(args: argparse.Namespace) -> int:
         progress=_stderr if _shows_progress(args) else None,
         node_limit=args.node_limit,
         jobs=args.jobs,
+        model=args.model,
     )
     if result.library is not None:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
@@ -182,7 +204,10 @@ def _synthesize(args: argparse.Namespace) -> int:
         f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
         f"{result.wall_s:.1f} s; candidates {', '.join(result.candidates)}"
     )
-    print(format_synthesis_table(result))
+    sizes = [choice.size_bytes for choice in result.choices]
+    old_bounds = [bound.cut_only_time_us for bound in lower_bounds(topology, result.collective, sizes)]
+    nvls = nvls_times_for(topology, result.collective, sizes)
+    print(format_synthesis_table(result, old_bounds_us=old_bounds, nvls=nvls))
     return 0
 
 
@@ -240,5 +265,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="report each stage on stderr as it goes, every few seconds inside long ones (default: when stderr is "
         "a terminal)",
     )
+    add_model_option(parser)
     add_runtime_argument(parser)
     parser.set_defaults(func=_synthesize)

@@ -6,11 +6,13 @@ import argparse
 import json
 from collections.abc import Sequence
 
+from taccl_py.baselines.nvls import NvlsTime, has_nvls, nvls_allreduce_times
 from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
 from taccl_py.cli._topology import add_topology_options, cluster_from_args, topology_from_args
 from taccl_py.ir.collectives import Collective
-from taccl_py.topology.bounds import LowerBound, lower_bounds_by_collective
+from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, LowerBound, lower_bounds_by_collective
+from taccl_py.topology.bounds_reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
 from taccl_py.topology.cluster import NodeStatus, cluster_topology, node_statuses
 from taccl_py.topology.fingerprint import cluster_fingerprint
@@ -23,6 +25,11 @@ __all__ = ["register"]
 _DEFAULT_SIZES = "1MB,64MB,1GB"
 _BOUND_COLLECTIVES = tuple(Collective)
 _DESCRIPTION_CHARS = 90  # `topo list` trims longer descriptions
+# How the bound table names AllReduce's two bounds (by ``_bound_kind``).
+_BOUND_LABELS = {
+    "reducescatter+allgather class": "allreduce (RS+AG class)",
+    "in-network reduction": "allreduce (in-network)",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -103,12 +110,22 @@ def _format_time_us(time_us: float) -> str:
     return f"{time_us:.4g} us"
 
 
+def _bound_kind(bound: LowerBound) -> str:
+    """Return what ``bound`` bounds: every algorithm (``cut``), or AllReduce's class bound."""
+    if bound.description.startswith("in-network reduction"):
+        return "in-network reduction"
+    return "reducescatter+allgather class" if bound.collective is Collective.ALLREDUCE else "cut"
+
+
 def _bound_record(bound: LowerBound) -> dict[str, object]:
     return {
         "collective": bound.collective.value,
+        "kind": _bound_kind(bound),
         "size_bytes": bound.size_bytes,
         "time_us": bound.time_us,
+        "cut_only_time_us": bound.cut_only_time_us,
         "bandwidth_time_us": bound.bandwidth_time_us,
+        "cut_alpha_us": bound.cut_alpha_us,
         "latency_floor_us": bound.latency_floor_us,
         "cut": list(bound.cut),
         "cut_gpus": bound.cut_gpus,
@@ -124,6 +141,8 @@ def _run_show(args: argparse.Namespace) -> int:
     machines = node_statuses(topology, cluster)
     by_collective = lower_bounds_by_collective(topology, _BOUND_COLLECTIVES, sizes)
     bounds = [bound for collective in _BOUND_COLLECTIVES for bound in by_collective[collective]]
+    nvls = nvls_allreduce_times(topology, sizes) if has_nvls(topology) else ()
+    in_network = in_network_reduction_bounds(topology, sizes) if nvls else ()
     affinity = nic_affinity(topology)
     nics = [
         {
@@ -149,11 +168,52 @@ def _run_show(args: argparse.Namespace) -> int:
             "nics": nics,
             "link_classes": _link_classes(topology),
             "lower_bounds": [_bound_record(bound) for bound in bounds],
+            "in_network_reduction_bounds": [_bound_record(bound) for bound in in_network],
+            "nccl_nvls": [_nvls_record(time) for time in nvls],
         }
         print(json.dumps(document, indent=2))
         return 0
-    _print_show(topology, machines, nics, bounds)
+    _print_show(topology, machines, nics, bounds + list(in_network))
+    if nvls:
+        print()
+        _print_nvls(topology, nvls, by_collective[Collective.ALLREDUCE])
     return 0
+
+
+def _nvls_record(time: NvlsTime) -> dict[str, object]:
+    return {
+        "algorithm": time.algorithm,
+        "size_bytes": time.size_bytes,
+        "time_us": time.time_us,
+        "alpha_us": time.alpha_us,
+        "switch_time_us": time.switch_time_us,
+        "network_time_us": time.network_time_us,
+        "in_network_bound_us": time.bound_time_us,
+    }
+
+
+def _print_nvls(topology: Topology, times: Sequence[NvlsTime], class_bounds: Sequence[LowerBound]) -> None:
+    """Print NCCL's modelled NVLS AllReduce per size, against the in-network bound and the RS+AG class bound."""
+    switch = reducing_switches(topology)[0]
+    print(
+        f"NCCL NVLS allreduce, modelled (NVLink SHARP on {switch.name}: {_number(switch.reduce_bandwidth_GBps)} GB/s "
+        f"per GPU port, alpha {_number(switch.reduce_alpha_us)} us; taccl_py.baselines.nvls):"
+    )
+    rows = [
+        (
+            format_size(t.size_bytes),
+            t.algorithm,
+            _format_time_us(t.time_us),
+            f"{t.algbw_GBps:.1f}",
+            f"{t.busbw_GBps:.1f}",
+            _format_time_us(t.bound_time_us),
+            f"{t.fraction_of_bound:.3f}",
+            _format_time_us(b.time_us),
+        )
+        for t, b in zip(times, class_bounds)
+    ]
+    headers = ("size", "algorithm", "time", "algbw GB/s", "busbw GB/s", "in-network bound", "of bound", "RS+AG bound")
+    print(format_table(headers, rows))
 
 
 def _machine_record(status: NodeStatus) -> dict[str, object]:
@@ -214,21 +274,24 @@ def _print_show(
     print()
     bound_rows = [
         (
-            b.collective.value,
+            _BOUND_LABELS.get(_bound_kind(b), b.collective.value),
             format_size(b.size_bytes),
             _format_time_us(b.time_us),
+            _format_time_us(b.cut_only_time_us),
             _format_time_us(b.bandwidth_time_us),
+            _format_time_us(b.cut_alpha_us),
             _format_time_us(b.latency_floor_us),
             b.description,
         )
         for b in bounds
     ]
-    print("lower bounds (time = max(cut bound, latency floor)):")
     print(
-        _left_last(
-            format_table(("collective", "size", "bound", "cut bound", "latency floor", "binding cut"), bound_rows)
-        )
+        "lower bounds (bound = max(cut bound + cut alpha, latency floor); "
+        "old bound = max(cut bound, latency floor), the figure before issue 30):"
     )
+    headers = ("collective", "size", "bound", "old bound", "cut bound", "cut alpha", "latency floor", "binding cut")
+    print(_left_last(format_table(headers, bound_rows)))
+    print(f"note: {ALLREDUCE_BOUND_NOTE}")
 
 
 def _left_last(table: str) -> str:

@@ -7,20 +7,22 @@ itself costs per round, over a transport that moves nothing.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
-from taccl_py.errors import ArgumentError
-from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import Executor, block_layout
+from taccl_py.runtime.profile_model import predict_rows, ring_algorithm
 from taccl_py.runtime.timing import DEFAULT_ITERS, BenchRow, bench_sizes
 from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.topology.builtins import load_topology
 
 __all__ = [
     "BENCH_COLLECTIVES",
@@ -37,7 +39,6 @@ __all__ = [
 #: Collectives ``taccl bench`` times.
 BENCH_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL)
 _RING_COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
-_I, _O = Buffer.INPUT, Buffer.OUTPUT
 
 
 @dataclass(frozen=True)
@@ -56,17 +57,28 @@ class BenchSpec:
     cluster: str | None = None  # the live cluster (shorthand or file); None: TACCL_CLUSTER, else no check
     nic_down: tuple[str, ...] = ()  # NODE:NIC texts on top of ``cluster``
     nic_speed: tuple[str, ...] = ()  # NODE:NIC:GBPS texts on top of ``cluster``
+    ring: bool = False  # add the rank-order rings (``ring_algorithm``) of every collective but alltoall
+    topology: str | None = None  # predict every row's times on this topology (a built-in name or file)
+
+
+def _library(spec: BenchSpec) -> list:
+    """Return the Communicator's library: ``spec.library`` and, with ``spec.ring``, the rank-order rings."""
+    if not spec.ring:
+        return list(spec.library)
+    world_size = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
+    return list(spec.library) + [ring_algorithm(c, world_size) for c in _RING_COLLECTIVES]
 
 
 def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) -> list[BenchRow]:
     """Time ``spec`` on this rank of the group torchrun's environment describes; every rank must call it.
 
     Initialises torch.distributed from the environment when needed (``Communicator.from_env``).
-    ``progress`` (default ``spec.progress``) hears about each size on rank 0.
+    ``progress`` (default ``spec.progress``) hears about each size on rank 0. With
+    ``spec.topology``, rank 0's rows carry the simulator's predictions (``predict_rows``).
     """
     progress = progress if progress is not None else spec.progress
     declared = {"cluster": spec.cluster, "nic_down": spec.nic_down, "nic_speed": spec.nic_speed}
-    comm = Communicator.from_env(list(spec.library), timeout_s=spec.timeout_s, **(declared if spec.cluster else {}))
+    comm = Communicator.from_env(_library(spec), timeout_s=spec.timeout_s, **(declared if spec.cluster else {}))
     if spec.calibration is not None:  # measured at the sizes benched, when not cached yet
         comm.load_or_calibrate(spec.calibration, spec.sizes, iters=spec.iters, warmup=spec.warmup)
     if spec.collectives is not None:
@@ -85,47 +97,15 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) ->
             warmup=spec.warmup,
             progress=progress if comm.rank == 0 else None,
         )
+    if spec.topology is not None and comm.rank == 0:  # the other ranks' rows are not reported
+        ran = [comm.algorithm_for(Collective(row.collective), row.size_bytes) for row in rows]
+        rows = predict_rows(rows, ran, load_topology(spec.topology))
     return rows
 
 
 def bench_worker(rank: int, world_size: int, spec: BenchSpec) -> list[BenchRow]:
     """Entry point of one local rank started by :func:`taccl_py.runtime.launch.launch_local`."""
     return run_bench(spec)
-
-
-def ring_algorithm(collective: Collective, num_ranks: int, chunks_per_rank: int = 1) -> Algorithm:
-    """Return a one-channel ring over ranks 0..N-1 in rank order (allreduce in place: RS then AG).
-
-    Each rank's block is cut into ``chunks_per_rank`` chunks that travel as separate messages.
-
-    >>> from taccl_py.verify import verify_algorithm
-    >>> verify_algorithm(ring_algorithm(Collective.ALLREDUCE, 4, 2)).ok
-    True
-    """
-    if collective not in _RING_COLLECTIVES:
-        raise ArgumentError(None, "collective", f"{collective.value}", "allgather, reducescatter or allreduce")
-    n, k = num_ranks, chunks_per_rank
-    items: list[Transfer | LocalCopy] = []
-    buffer = _O if collective is Collective.ALLGATHER else _I
-    if collective is Collective.ALLGATHER:
-        items += [LocalCopy(r, (_I, j), (_O, r * k + j)) for r in range(n) for j in range(k)]
-    if collective in (Collective.REDUCESCATTER, Collective.ALLREDUCE):
-        for step in range(n - 1):
-            for r in range(n):
-                block = (r - step - 1) % n
-                items += [
-                    Transfer(r, (r + 1) % n, (_I, block * k + j), (_I, block * k + j), reduce=True) for j in range(k)
-                ]
-    if collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
-        # rank r holds block r whole (its own, or the reduce-scatter's result) and passes it on
-        for step in range(n - 1):
-            for r in range(n):
-                block = (r - step) % n
-                items += [Transfer(r, (r + 1) % n, (buffer, block * k + j), (buffer, block * k + j)) for j in range(k)]
-    if collective is Collective.REDUCESCATTER:
-        items += [LocalCopy(r, (_I, r * k + j), (_O, j)) for r in range(n) for j in range(k)]
-    inplace = collective is Collective.ALLREDUCE
-    return lower_plan(f"ring-{collective.value}-{n}x{k}", collective, n, n * k, items, inplace=inplace)
 
 
 class _Done(Pending):

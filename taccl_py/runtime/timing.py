@@ -27,13 +27,19 @@ DEFAULT_ITERS = 10
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One size: the median time (µs, slowest rank) of our collective and of torch's."""
+    """One size: the median time (µs, slowest rank) of our collective and of torch's.
+
+    The predicted times (µs) are the simulator's on a given topology, when one was given
+    (:mod:`taccl_py.runtime.profile_model`).
+    """
 
     collective: str
     size_bytes: int
     algorithm: str
     ours_time_us: float
     torch_time_us: float
+    ours_predicted_us: float | None = None
+    torch_predicted_us: float | None = None
 
     @property
     def ours_algbw_GBps(self) -> float:

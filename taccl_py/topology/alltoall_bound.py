@@ -12,7 +12,7 @@ the best S. The bound takes the best of the sets that bind on real machines: one
 sockets), one machine, and the union of the j machines with the least capacity for
 j = 1 .. machines - 1 (the bisection on a non-blocking network). Each set's
 capacity is the minimum cut between its GPUs and the other GPUs over the links some route
-holds (``bounds._route_links``), so a NIC's PCIe link binds where it is slower than the NIC.
+holds (``bounds_cut.route_links``), so a NIC's PCIe link binds where it is slower than the NIC.
 A union's capacity is the sum of its machines' cuts, which is at least its own minimum cut:
 the bound stays valid and is exact when the network is non-blocking.
 """

@@ -68,6 +68,9 @@ class Vertex:
 
     NICs carry the rate and latency of their network port (``net_bandwidth_GBps`` per
     direction, ``net_alpha_us``), used when machines are joined through a network switch.
+    A switch that reduces in the network (NVLink SHARP on NVSwitch 3) carries the rate of its
+    reduction traffic per GPU port (``reduce_bandwidth_GBps``, per direction) and the α of one
+    reduction (``reduce_alpha_us``); point-to-point transfers and the cut bounds ignore them.
     """
 
     name: str
@@ -80,6 +83,13 @@ class Vertex:
     net_kind: LinkKind | None = None
     net_bandwidth_GBps: float | None = None
     net_alpha_us: float | None = None
+    reduce_bandwidth_GBps: float | None = None
+    reduce_alpha_us: float | None = None
+
+    @property
+    def reduces_in_network(self) -> bool:
+        """Return True for a switch that reduces data passing through it (NVLink SHARP)."""
+        return self.reduce_bandwidth_GBps is not None
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ Vertices: ``name`` (unique), ``kind`` (``gpu``, ``nic``, ``nvswitch``, ``pcie_sw
 its rank, numbered 0..G-1 once each; a NIC's is its port number), optional ``pci_bus_id``
 and ``numa``. NICs may carry their network port: ``net_kind`` (``ib`` or ``ethernet``),
 ``net_bandwidth_GBps`` (> 0, per direction) and ``net_alpha_us`` (>= 0); ``compose_nodes``
-needs them to join machines.
+needs them to join machines. An NVSwitch that reduces (NVLink SHARP) carries ``reduce_bandwidth_GBps``
+(> 0, per GPU port and direction) and ``reduce_alpha_us`` (>= 0), both or neither; written only when set.
 
 Links: ``src`` and ``dst`` (vertex names), ``kind`` (``nvlink``, ``nvswitch``, ``pcie``,
 ``host``, ``ib``, ``ethernet``, ``xgmi``), ``alpha_us`` (>= 0), ``bandwidth_GBps`` (> 0, GB/s
@@ -49,13 +50,12 @@ Every fault raises ``TopologyError`` naming the file and the field, e.g.
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from taccl_py._io import read_text, write_text_atomic
 from taccl_py.errors import ArgumentError, TopologyError
+from taccl_py.topology._json_fields import FieldReader, reject_constant
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
 __all__ = ["SCHEMA_ID", "parse_topology", "read_topology", "generate_topology", "write_topology"]
@@ -63,63 +63,12 @@ __all__ = ["SCHEMA_ID", "parse_topology", "read_topology", "generate_topology", 
 SCHEMA_ID = "taccl-topology/1"
 
 _TOP_FIELDS = ("schema", "name", "description", "sources", "vertices", "links")
-_VERTEX_FIELDS = ("name", "kind", "local_index", "pci_bus_id", "numa", "net_kind", "net_bandwidth_GBps", "net_alpha_us")
+_NET_FIELDS = ("net_kind", "net_bandwidth_GBps", "net_alpha_us")
+_REDUCE_FIELDS = ("reduce_bandwidth_GBps", "reduce_alpha_us")
+_VERTEX_FIELDS = ("name", "kind", "local_index", "pci_bus_id", "numa", *_NET_FIELDS, *_REDUCE_FIELDS)
 _LINK_FIELDS = ("src", "dst", "kind", "alpha_us", "bandwidth_GBps", "count", "bidirectional")
 _NET_KINDS = (LinkKind.IB, LinkKind.ETHERNET)
 _INDEXED_KINDS = (VertexKind.GPU, VertexKind.NIC)
-
-
-class _Reader:
-    """Typed field access that raises ``TopologyError`` naming the file and the field."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, field: str | None, fault: str, expected: str) -> TopologyError:
-        return TopologyError(self.source, field, fault, expected)
-
-    def check_fields(self, obj: Any, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
-        if not isinstance(obj, dict):
-            raise self.fail(where or None, f"found {type(obj).__name__}", "a JSON object")
-        for key in obj:
-            if key not in allowed:
-                raise self.fail(_join(where, key), f"unknown field {key!r}", "one of " + ", ".join(allowed))
-        return obj
-
-    def required(self, obj: Mapping[str, Any], where: str, key: str) -> Any:
-        if key not in obj:
-            raise self.fail(_join(where, key), "missing field", f"a value for {key!r}")
-        return obj[key]
-
-    def string(self, value: Any, field: str) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.fail(field, f"found {value!r}", "a non-empty string")
-        return value
-
-    def integer(self, value: Any, field: str, minimum: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise self.fail(field, f"found {value!r}", f"an integer >= {minimum}")
-        return value
-
-    def number(self, value: Any, field: str, what: str, positive: bool) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
-            raise self.fail(field, f"found {value!r}", "a finite number")
-        if positive and not value > 0:
-            raise self.fail(field, f"{what} {value} is not positive", "a number > 0")
-        if not positive and value < 0:
-            raise self.fail(field, f"{what} {value} is negative", "a number >= 0")
-        return float(value)
-
-    def enum(self, value: Any, field: str, enum: type, what: str, allowed: tuple = ()) -> Any:
-        choices = allowed or tuple(enum)
-        for member in choices:
-            if value == member.value:
-                return member
-        raise self.fail(field, f"unknown {what} {value!r}", "one of " + ", ".join(m.value for m in choices))
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
 
 
 def parse_topology(text: str, source: str = "<string>") -> Topology:
@@ -154,9 +103,9 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
     >>> topology.num_ranks, len(topology.links), topology.link("gpu1", "gpu0").bandwidth_GBps
     (2, 2, 25.0)
     """
-    reader = _Reader(source)
+    reader = FieldReader(source)
     try:
-        document = json.loads(text, parse_constant=_reject_constant)
+        document = json.loads(text, parse_constant=reject_constant)
     except json.JSONDecodeError as exc:
         raise reader.fail(
             f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}", f"a {SCHEMA_ID} JSON document"
@@ -183,19 +132,7 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
     return make_topology(name, vertices, links, nodes=1, description=description, sources=sources, source=source)
 
 
-def _finite(value: int | float) -> bool:
-    """Return True when ``value`` is a finite float or an int a float can hold (json reads 10**400 exactly)."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _reject_constant(token: str) -> float:
-    raise ValueError(f"{token} is not a JSON number")
-
-
-def _parse_vertices(reader: _Reader, items: Any) -> tuple[Vertex, ...]:
+def _parse_vertices(reader: FieldReader, items: Any) -> tuple[Vertex, ...]:
     if not isinstance(items, list):
         raise reader.fail("vertices", f"found {type(items).__name__}", "a list of vertex objects")
     vertices: list[Vertex] = []
@@ -230,7 +167,7 @@ def _parse_vertices(reader: _Reader, items: Any) -> tuple[Vertex, ...]:
     return tuple(vertices)
 
 
-def _parse_vertex(reader: _Reader, item: Any, where: str) -> Vertex:
+def _parse_vertex(reader: FieldReader, item: Any, where: str) -> Vertex:
     item = reader.check_fields(item, where, _VERTEX_FIELDS)
     name = reader.string(reader.required(item, where, "name"), f"{where}.name")
     kind = reader.enum(reader.required(item, where, "kind"), f"{where}.kind", VertexKind, "vertex kind")
@@ -242,7 +179,7 @@ def _parse_vertex(reader: _Reader, item: Any, where: str) -> Vertex:
         local_index = None
     pci_bus_id = reader.string(item["pci_bus_id"], f"{where}.pci_bus_id") if "pci_bus_id" in item else None
     numa = reader.integer(item["numa"], f"{where}.numa", 0) if "numa" in item else None
-    net = {key: item[key] for key in ("net_kind", "net_bandwidth_GBps", "net_alpha_us") if key in item}
+    net = {key: item[key] for key in _NET_FIELDS if key in item}
     if net and kind is not VertexKind.NIC:
         raise reader.fail(
             f"{where}.{next(iter(net))}", f"network field on a {kind.value} vertex", "net_* fields only on NICs"
@@ -260,6 +197,7 @@ def _parse_vertex(reader: _Reader, item: Any, where: str) -> Vertex:
     net_alpha = (
         reader.number(net["net_alpha_us"], f"{where}.net_alpha_us", "alpha", False) if "net_alpha_us" in net else None
     )
+    reduce_bandwidth, reduce_alpha = _parse_reduction(reader, item, where, kind)
     return Vertex(
         name=name,
         kind=kind,
@@ -271,10 +209,27 @@ def _parse_vertex(reader: _Reader, item: Any, where: str) -> Vertex:
         net_kind=net_kind,
         net_bandwidth_GBps=net_bandwidth,
         net_alpha_us=net_alpha,
+        reduce_bandwidth_GBps=reduce_bandwidth,
+        reduce_alpha_us=reduce_alpha,
     )
 
 
-def _parse_links(reader: _Reader, items: Any, names: set[str]) -> tuple[Link, ...]:
+def _parse_reduction(reader: FieldReader, item: Any, where: str, kind: VertexKind) -> tuple[float | None, float | None]:
+    """Return an NVSwitch's in-network reduction rate (GB/s) and α (µs), or (None, None) when it has none."""
+    given = [key for key in _REDUCE_FIELDS if key in item]
+    if not given:
+        return None, None
+    if kind is not VertexKind.NVSWITCH:
+        raise reader.fail(f"{where}.{given[0]}", f"reduction field on a {kind.value} vertex", "reduce_* on NVSwitches")
+    if len(given) == 1:
+        missing = next(key for key in _REDUCE_FIELDS if key not in item)
+        raise reader.fail(f"{where}.{missing}", "missing field", f"{missing} beside {given[0]} (both or neither)")
+    bandwidth = reader.number(item["reduce_bandwidth_GBps"], f"{where}.reduce_bandwidth_GBps", "bandwidth", True)
+    alpha = reader.number(item["reduce_alpha_us"], f"{where}.reduce_alpha_us", "alpha", False)
+    return bandwidth, alpha
+
+
+def _parse_links(reader: FieldReader, items: Any, names: set[str]) -> tuple[Link, ...]:
     if not isinstance(items, list):
         raise reader.fail("links", f"found {type(items).__name__}", "a list of link objects")
     links: list[Link] = []
@@ -297,7 +252,7 @@ def _parse_links(reader: _Reader, items: Any, names: set[str]) -> tuple[Link, ..
     return tuple(links)
 
 
-def _parse_link(reader: _Reader, item: Any, where: str, names: set[str]) -> tuple[Link, bool]:
+def _parse_link(reader: FieldReader, item: Any, where: str, names: set[str]) -> tuple[Link, bool]:
     item = reader.check_fields(item, where, _LINK_FIELDS)
     ends = []
     for key in ("src", "dst"):
@@ -403,6 +358,8 @@ def _vertex_record(vertex: Vertex) -> dict[str, Any]:
         "net_kind": vertex.net_kind.value if vertex.net_kind is not None else None,
         "net_bandwidth_GBps": vertex.net_bandwidth_GBps,
         "net_alpha_us": vertex.net_alpha_us,
+        "reduce_bandwidth_GBps": vertex.reduce_bandwidth_GBps,
+        "reduce_alpha_us": vertex.reduce_alpha_us,
     }
     record.update((key, value) for key, value in optional.items() if value is not None)
     return record
