@@ -69,16 +69,26 @@ MSCCL_SEND_SLOTS = NCCL_STEPS // MSCCL_CHUNKSTEPS
 
 @dataclass(frozen=True)
 class ExecutionModel:
-    """How a runtime runs a program: ``slice_bytes`` per protocol (None: whole chunks) and ``send_slots``.
+    """How a runtime runs a program: ``slices`` (protocol, bytes) pairs (None: whole chunks) and ``send_slots``.
 
     ``send_slots`` None serializes a threadblock's sends (the next step waits for the bytes to
     arrive); an integer k pipelines them, with up to k sends per connection ahead of the receiver.
+    The fields are plain tuples so that a model pickles into synthesis worker processes.
     """
 
     name: str
-    slice_bytes: Mapping[str, int] | None
+    slices: tuple[tuple[str, int], ...] | None
     send_slots: int | None
     description: str
+
+    def slice_bytes(self, protocol: str) -> int | None:
+        """Return the bytes of a chunk one pass moves under ``protocol`` (None: whole chunks)."""
+        if self.slices is None:
+            return None
+        for name, size in self.slices:
+            if name == protocol:
+                return size
+        raise ArgumentError(None, "protocol", f"protocol {protocol!r}", ", ".join(name for name, _ in self.slices))
 
     @property
     def pipelined(self) -> bool:
@@ -89,10 +99,10 @@ class ExecutionModel:
 #: Whole chunks, serialized sends: our own executor, and the model every figure before issue 30 used.
 WHOLE_CHUNKS = ExecutionModel("chunks", None, None, "whole chunks, serialized sends (taccl_py's executor)")
 #: MSCCL's kernel loop over slices, serialized sends: what the synthesizer chooses bands under.
-MSCCL_LOOP = ExecutionModel("msccl", MSCCL_SLICE_BYTES, None, "MSCCL's slices, serialized sends")
+MSCCL_LOOP = ExecutionModel("msccl", tuple(MSCCL_SLICE_BYTES.items()), None, "MSCCL's slices, serialized sends")
 #: MSCCL's slices with sends pipelined through the connection's slots (NCCL's proxy).
 MSCCL_PIPELINED = ExecutionModel(
-    "pipelined", MSCCL_SLICE_BYTES, MSCCL_SEND_SLOTS, "MSCCL's slices, sends pipelined through 2 slots"
+    "pipelined", tuple(MSCCL_SLICE_BYTES.items()), MSCCL_SEND_SLOTS, "MSCCL's slices, sends pipelined through 2 slots"
 )
 EXECUTION_MODELS: Mapping[str, ExecutionModel] = MappingProxyType(
     {model.name: model for model in (WHOLE_CHUNKS, MSCCL_LOOP, MSCCL_PIPELINED)}
@@ -115,10 +125,8 @@ def slice_sizes(chunk_bytes: float, model: ExecutionModel, protocol: str) -> tup
     >>> slice_sizes(5 * 2**20, MSCCL_LOOP, SIMPLE)
     (2097152, 2097152, 1048576)
     """
-    if model.slice_bytes is None or chunk_bytes <= 0:
+    step = model.slice_bytes(protocol)
+    if step is None or chunk_bytes <= 0:
         return (chunk_bytes,)
-    step = model.slice_bytes.get(protocol)
-    if step is None:
-        raise ArgumentError(None, "protocol", f"protocol {protocol!r}", ", ".join(model.slice_bytes))
     passes = max(1, math.ceil(chunk_bytes / step))
     return (step,) * (passes - 1) + (chunk_bytes - step * (passes - 1),)
