@@ -202,7 +202,8 @@ def _synthesize(args: argparse.Namespace) -> int:
     _stderr(format_budget_line(result, args.time_limit))
     print(
         f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
-        f"{result.wall_s:.1f} s; candidates {', '.join(result.candidates)}"
+        f"model {result.choices[0].chosen_result.model}, {result.wall_s:.1f} s; "
+        f"candidates {', '.join(result.candidates)}"
     )
     sizes = [choice.size_bytes for choice in result.choices]
     old_bounds = [bound.cut_only_time_us for bound in lower_bounds(topology, result.collective, sizes)]
