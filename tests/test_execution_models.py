@@ -152,3 +152,25 @@ def test_unknown_model_is_refused():
     assert execution_model("pipelined") is MSCCL_PIPELINED
     with pytest.raises(ArgumentError, match="unknown execution model"):
         simulate(_one_send(), _pair(1.0), 1000, model="fast")
+
+
+def test_chunkings_of_one_piece_come_first_where_the_slice_loop_pipelines():
+    from taccl_py.synth.candidates import candidate_chunkings
+    from taccl_py.synth.logical import build_logical_graph
+    from taccl_py.synth.sketch import auto_sketch
+    from taccl_py.topology import load_topology, lower_bound
+
+    topology = load_topology("dgx2")
+    graph = build_logical_graph(topology, auto_sketch(topology))
+    large = lower_bound(topology, Collective.ALLGATHER, 10**9)  # 62.5 MB a rank: 30 slices
+    sliced = candidate_chunkings(graph, Collective.ALLGATHER, large, model=MSCCL_LOOP)
+    whole = candidate_chunkings(graph, Collective.ALLGATHER, large, model=WHOLE_CHUNKS)
+    assert [(c.chunkup, c.pieces) for c in sliced[:3]] == [(1, 1), (2, 1), (4, 1)]
+    assert all(c.pieces > 1 for c in whole) and not any(c.pipelined_sends for c in sliced)
+    assert all(
+        c.pipelined_sends for c in candidate_chunkings(graph, Collective.ALLGATHER, large, model=MSCCL_PIPELINED)
+    )
+    small = lower_bound(topology, Collective.ALLGATHER, 16 * 2**20)  # 1 MiB a rank: one slice
+    assert candidate_chunkings(graph, Collective.ALLGATHER, small) == candidate_chunkings(
+        graph, Collective.ALLGATHER, small, model=WHOLE_CHUNKS
+    )
