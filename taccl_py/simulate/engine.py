@@ -54,8 +54,11 @@ _START, _FINISH, _DELIVER = 0, 1, 2
 
 @dataclass(frozen=True)
 class ReplayOutcome:
-    """Raw replay output: total time (µs), per-link busy µs and bytes, and per SEND of every pass
-    (``send_actions``, ``send_bytes``) its ready/start/end µs when recorded."""
+    """Raw replay output: total time (µs), per-link busy µs and bytes, and passes run.
+
+    When recorded, ``send_actions`` (every pass's SENDs, numbered ``pass × actions + action``) with
+    their ``send_bytes`` and ready/start/end times (µs, indexed by that number).
+    """
 
     time_us: float
     link_busy_us: tuple[float, ...]
