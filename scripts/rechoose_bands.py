@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from benchmarks_md import (
@@ -39,6 +40,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.simulate import WHOLE_CHUNKS, execution_model, simulate
 from taccl_py.synth.bands import write_library
+from taccl_py.synth.candidates import exportable
 from taccl_py.synth.rechoose import rechoose_bands
 from taccl_py.topology import builtin_topology_names, load_topology, lower_bound
 
@@ -177,12 +179,34 @@ def render(records: list[dict], elapsed_s: float | None) -> str:
         "",
         markdown_table(headers, rows),
         "",
-        f"Sizes from 1 MB where a band is slower than the best baseline: **{slower}**.",
+        f"Sizes from 1 MB where a band is slower than the best baseline: **{slower}**"
+        + (f"; {_unloadable_note(records)}" if slower else "."),
     ]
     if elapsed_s is not None:
         lines.append(f"Run time: {elapsed_s:.0f} s on 2 cores.")
     lines.append(csv_pointer(CSV_PATH, len(records)))
     return "\n".join(lines)
+
+
+def _unloadable_note(records: list[dict]) -> str:
+    """Return which of the baselines that beat a band from 1 MB up MSCCL cannot load or select, by name."""
+    losing: dict[tuple, list[int]] = {}
+    for r in records:
+        if r["size_bytes"] >= REPORT_FROM_BYTES and r["vs_best_baseline"] is not None and r["vs_best_baseline"] < 1:
+            losing.setdefault((r["topology"], r["nodes"], r["collective"]), []).append(r["size_bytes"])
+    loadable, unloadable = 0, Counter()
+    for (name, nodes, collective), sizes in losing.items():
+        for baseline in best_baselines(load_topology(name, nodes), Collective(collective), sizes):
+            if exportable(baseline[0]):
+                loadable += 1
+            else:
+                unloadable[baseline[0].name] += 1
+    names = ", ".join(f"{name} ({count})" for name, count in sorted(unloadable.items()))
+    return (
+        f"{sum(unloadable.values())} of them against a baseline MSCCL cannot load or select ({names}: a 6- or "
+        f"7-channel loop divides no power-of-two count; the others need more than MSCCL's 64 threadblocks per "
+        f"GPU), **{loadable}** against one it can."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
