@@ -40,15 +40,6 @@ def _library(name: str):
     return read_library(ROOT / f"{name}.library.json")
 
 
-def _split_first_band(name: str, at_bytes: int = 32_000):
-    """Return a shipped library with its first band cut in two at ``at_bytes``: a band of small sizes only."""
-    library = _library(name)
-    first, *rest = library.bands
-    small = replace(first, max_bytes=at_bytes)
-    above = replace(first, min_bytes=at_bytes)
-    return replace(library, bands=(small, above, *rest))
-
-
 def _pair(alpha_us: float = 1.0, bandwidth_GBps: float = 10.0, kind: LinkKind = LinkKind.NVLINK):
     gpus = [Vertex(f"gpu{r}", VertexKind.GPU, rank=r) for r in range(2)]
     links = [Link("gpu0", "gpu1", kind, alpha_us, bandwidth_GBps), Link("gpu1", "gpu0", kind, alpha_us, bandwidth_GBps)]
@@ -174,7 +165,7 @@ def test_ll128_needs_nvlink_inside_a_machine_and_a_nic_off_the_cpu():
 def test_choose_protocol_reports_every_protocol_it_tried_and_why_not_the_others():
     library = _library("dgx-a100/n2/allreduce")
     topology = load_topology(library.topology, library.nodes)
-    band = replace(library.bands[0], min_bytes=64_000, max_bytes=512_000)  # LL still fits one pass; LL128 wins
+    band = library.bands[1]
     choice = choose_protocol(band.algorithm, topology, band.min_bytes, band.max_bytes, "msccl-executor-nccl")
     assert [name for name, _ in choice.times_us] == ["Simple", "LL", "LL128"]
     assert choice.protocol == "LL128" and choice.speedup > 1.0
@@ -213,7 +204,7 @@ def test_choose_protocol_keeps_simple_where_nothing_else_may_run():
 
 @pytest.mark.parametrize("runtime", ["portable", "msccl-executor-nccl", "rccl"])
 def test_band_protocols_give_the_smallest_band_ll_and_the_largest_simple(runtime):
-    protocols = band_protocols(_split_first_band("dgx-a100/n2/allreduce"), runtime)
+    protocols = band_protocols(_library("dgx-a100/n2/allreduce"), runtime)
     assert protocols[0] in ("LL", "LL128")
     assert protocols[-1] == "Simple"
 

@@ -313,7 +313,7 @@ def band_protocols(
     --------
     >>> from taccl_py.ir.library import read_library, shipped_library_dir
     >>> band_protocols(read_library(shipped_library_dir() / "ndv2" / "n1" / "allgather.library.json"))
-    ('LL', 'Simple', 'Simple', 'Simple', 'Simple')
+    ('LL', 'Simple', 'Simple', 'Simple')
     """
     choices = band_protocol_choices(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
     return tuple(

@@ -6,6 +6,12 @@ band synthesized for one size may lose to another band's algorithm or to a basel
 again needs no synthesis: every band algorithm of the library and the loadable baselines are
 simulated at the library's sizes under the new model, and the fastest per size is kept
 (``choose_bands``), so no band is slower there than its best loadable baseline.
+
+Below the first size at which the library's own band runs its chunks in more than one pass
+(``single_pass_limit``), the new model gives every band the time it had, so the choice made
+there by the synthesis stands (``keep_bands_below``): choosing again among band algorithms would
+only merge narrow bands, whose protocol (LL for the smallest: ``taccl_py.msccl.protocol``) is
+chosen per band.
 """
 
 from __future__ import annotations
@@ -16,16 +22,17 @@ from dataclasses import replace
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate
+from taccl_py.simulate.model import slice_sizes
 from taccl_py.synth.bands import SizeChoice, build_library
-from taccl_py.synth.candidates import simulate_at
+from taccl_py.synth.candidates import geometric_middle, simulate_at
 from taccl_py.synth.outcome import best_baselines_per_size, choose_bands
 from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 
-__all__ = ["rechoose_bands", "band_algorithms"]
+__all__ = ["rechoose_bands", "band_algorithms", "single_pass_limit", "keep_bands_below"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +84,7 @@ def rechoose_bands(
         topology, library.collective, sizes, SolverOptions(), True, progress, model=model
     )
     choices, _ = choose_bands(sizes, True, pool, baselines)
+    limit = single_pass_limit(library, model)
     note = f"bands chosen again under the {model.name} model from the library's band algorithms and the baselines"
     earlier = library.provenance.note
     provenance = replace(
@@ -95,6 +103,10 @@ def rechoose_bands(
         provenance,
         library.cluster,
     )
+    if limit is None:  # every band runs one pass at every size: the model changes no band's time
+        rechosen = replace(rechosen, bands=library.bands)
+    else:
+        rechosen = keep_bands_below(library, rechosen, limit, topology, model)
     logger.info(
         "%s x%d %s: %d bands under the %s model (was %d)",
         library.topology,
@@ -105,3 +117,70 @@ def rechoose_bands(
         len(library.bands),
     )
     return rechosen, choices
+
+
+def single_pass_limit(library: AlgorithmLibrary, model: ExecutionModel) -> int | None:
+    """Return the smallest of the library's sizes (bytes) at which its band there runs more than one pass.
+
+    None: at every size each band runs its chunks in one pass of ``model``'s slice loop.
+    """
+    for size in library.provenance.sizes:
+        algorithm = library.select(size)
+        if algorithm is not None and len(slice_sizes(size / algorithm.chunks_per_loop, model, algorithm.protocol)) > 1:
+            return size
+    return None
+
+
+def keep_bands_below(
+    previous: AlgorithmLibrary, rechosen: AlgorithmLibrary, limit: int, topology: Topology, model: ExecutionModel
+) -> AlgorithmLibrary:
+    """Return ``previous``'s bands below ``limit``'s band boundary and ``rechosen``'s from there, renumbered.
+
+    The boundary is the geometric middle between ``limit`` and the library size before it, where
+    band boundaries always lie. A band cut at its low end gets the simulated time (µs, under
+    ``model`` on ``topology``) of the first library size it now covers, as every band records.
+    """
+    sizes = previous.provenance.sizes
+    index = sizes.index(limit)
+    if index == 0:
+        return rechosen
+    boundary = geometric_middle(sizes[index - 1], limit)
+    below = [_clipped(band, band.min_bytes, min(band.max_bytes or boundary, boundary)) for band in previous.bands]
+    above = []
+    for band in rechosen.bands:
+        if band.max_bytes is not None and band.max_bytes <= boundary:
+            continue
+        clipped = _clipped(band, max(band.min_bytes, boundary), band.max_bytes)
+        if clipped.min_bytes != band.min_bytes and clipped.algorithm is not None:
+            first = next(size for size in sizes if clipped.covers(size))
+            time_us = simulate(clipped.algorithm, topology, first, bound_time_us=0.0, model=model).time_us
+            clipped = replace(clipped, simulated_time_us=time_us)
+        above.append(clipped)
+    bands = [band for band in below if band.min_bytes < boundary]
+    if above and bands and _same_program(bands[-1], above[0]):  # one band, not two of one algorithm
+        bands[-1] = _clipped(bands[-1], bands[-1].min_bytes, above[0].max_bytes)
+        above = above[1:]
+    bands += above
+    numbered = tuple(
+        replace(
+            band,
+            algorithm=band.algorithm.with_metadata(band=str(i)) if band.algorithm is not None else None,
+        )
+        for i, band in enumerate(bands)
+    )
+    return replace(rechosen, bands=numbered)
+
+
+def _same_program(band: SizeBand, other: SizeBand) -> bool:
+    """Return True when two bands run the same program (native bands: both native)."""
+    if band.algorithm is None or other.algorithm is None:
+        return band.algorithm is other.algorithm
+    return band.algorithm.ranks == other.algorithm.ranks and band.algorithm.protocol == other.algorithm.protocol
+
+
+def _clipped(band: SizeBand, low: int, high: int | None) -> SizeBand:
+    """Return ``band`` over ``low`` <= size < ``high`` (its algorithm's own range too)."""
+    algorithm = band.algorithm
+    if algorithm is not None:
+        algorithm = replace(algorithm, min_bytes=low, max_bytes=high)
+    return replace(band, min_bytes=low, max_bytes=high, algorithm=algorithm)
