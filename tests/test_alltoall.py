@@ -112,9 +112,12 @@ def test_hierarchical_pieces_follow_the_size():
     large = hierarchical_alltoall_algorithm(topology, 1)
     assert simulate_sizes(large, topology, [2**30])[0].fraction_of_bound > 0.99
     # over whole chunks (our executor) the 8-piece pipeline is the one that reaches the bound
-    assert simulate_sizes(hierarchical_alltoall_algorithm(topology, 8), topology, [2**30], model="chunks")[
-        0
-    ].fraction_of_bound > 0.99
+    assert (
+        simulate_sizes(hierarchical_alltoall_algorithm(topology, 8), topology, [2**30], model="chunks")[
+            0
+        ].fraction_of_bound
+        > 0.99
+    )
 
 
 def test_hierarchical_computes_the_alltoall():
