@@ -67,6 +67,17 @@ def test_a_closed_pipe_is_quiet() -> None:
     assert stderr == ""
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """Give the child SIGINT as a terminal's foreground job has it: default action, not blocked.
+
+    A child inherits an ignored or blocked SIGINT across exec; an earlier test's library (native
+    thread pools, a solver's interrupt handler) can leave the test process so, and the child would
+    then never see the Ctrl-C this test sends.
+    """
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path, jobs: str) -> None:
     target = tmp_path / "ag.json"
@@ -78,6 +89,7 @@ def test_ctrl_c_during_synthesis_is_one_line_and_status_130(tmp_path: Path, jobs
         text=True,
         cwd=REPO,
         start_new_session=True,  # its own process group, as a terminal's Ctrl-C reaches the workers too
+        preexec_fn=_ctrl_c_as_in_a_terminal,
     )
     started = time.monotonic()
     for line in process.stderr:  # interrupt once synthesis is under way
