@@ -62,7 +62,9 @@ def rechoose_bands(
     """Return ``library`` with its bands chosen under ``model``, and the choice at each of its sizes.
 
     The candidates are the library's band algorithms and the baselines that load in MSCCL,
-    simulated on ``topology`` at the sizes in the library's provenance.
+    simulated on ``topology`` at the sizes in the library's provenance. ``choices`` hold the
+    fastest candidate at every size; below ``single_pass_limit`` the returned library keeps its
+    own bands instead (``keep_bands_below``), whose times the model does not change.
 
     Raises ``ArgumentError`` when the library records no sizes or was made for another rank count.
     """
