@@ -35,6 +35,7 @@ __all__ = [
     "order_sends",
     "remaining_path_us",
     "occupy_resources",
+    "lane_free_us",
     "is_slow_link",
     "lacks_machine_rotation",
     "send_lane",
@@ -218,6 +219,14 @@ def occupy_resources(
     return end + alpha_us if pipelined else end
 
 
+def lane_free_us(link: LogicalLink, delivered_us: float, pipelined: bool) -> float:
+    """Return when a lane may start its next send (µs) after one on ``link`` delivered at ``delivered_us``.
+
+    Serialized, when the bytes arrive; pipelined, when they have left: α before the delivery.
+    """
+    return delivered_us - link.alpha_us if pipelined else delivered_us
+
+
 def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item], piece_bytes: float) -> list[Send]:
     """Time ``items`` (all on one link) as one transfer in ``lane`` and record their sends."""
     l = items[0][4]
@@ -225,7 +234,7 @@ def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item],
     start = max(max(item[0] for item in items), queue.free)
     link = graph.links[l]
     end = occupy_resources(link, start, piece_bytes * len(items), state.res_free, state.pipelined)
-    queue.free = end - link.alpha_us if state.pipelined else end
+    queue.free = lane_free_us(link, end, state.pipelined)
     first = len(state.sends)
     sends = [
         Send(chunk, piece, l, start, end, None if parent < 0 else parent, lane, first)

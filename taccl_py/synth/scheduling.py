@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 import pulp
 
-from taccl_py.synth.ordering import Ordering, is_slow_link, occupy_resources
+from taccl_py.synth.ordering import Ordering, is_slow_link, lane_free_us, occupy_resources
 from taccl_py.synth.routing import Routing
 from taccl_py.synth.solver import SolverOptions, solve_model
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -167,7 +167,7 @@ def replay_groups(
         ready = max((end[sends[i].parent] if sends[i].parent is not None else 0.0) for i in group)
         t0 = max(ready, tb_free.get(sends[group[0]].lane, 0.0))
         t1 = occupy_resources(link, t0, ordering.piece_bytes * len(group), res_free, ordering.pipelined)
-        tb_free[sends[group[0]].lane] = t1 - link.alpha_us if ordering.pipelined else t1
+        tb_free[sends[group[0]].lane] = lane_free_us(link, t1, ordering.pipelined)
         for i in group:
             start[i], end[i] = t0, t1
     return tuple(start), tuple(end)
