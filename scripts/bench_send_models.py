@@ -28,6 +28,7 @@ from benchmarks_md import (
     csv_pointer,
     markdown_table,
     read_csv,
+    row_bound_us,
     update_benchmarks_section,
     write_csv,
 )
@@ -36,7 +37,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.simulate import MSCCL_LOOP, MSCCL_PIPELINED, simulate
 from taccl_py.synth import synthesize
-from taccl_py.topology import builtin_topology_names, load_topology, lower_bound
+from taccl_py.topology import builtin_topology_names, load_topology
 from taccl_py.units import format_size
 
 SHIPPED_CSV = DATA_DIR / "send_models_shipped.csv"
@@ -115,15 +116,6 @@ def _chosen_label(name: str) -> str:
     return "+".join(labels) + ("-barrier" if "barrier" in parts else "") if labels else name
 
 
-def _bound_us(row: dict, cache: dict) -> float:
-    """Return the lower bound (µs) of a row's machine, collective and size, as the code computes it now."""
-    key = (row["topology"], row["nodes"], row["collective"], row["size_bytes"])
-    if key not in cache:
-        topology = load_topology(row["topology"], row["nodes"])
-        cache[key] = lower_bound(topology, row["collective"], row["size_bytes"]).time_us
-    return cache[key]
-
-
 def render(shipped: list[dict], synthesized: list[dict]) -> str:
     """Return the section: shipped bands under both models, and the 4-node syntheses under each.
 
@@ -131,10 +123,14 @@ def render(shipped: list[dict], synthesized: list[dict]) -> str:
     """
     bounds: dict = {}
     for row in shipped + synthesized:
-        row["bound_us"] = _bound_us(row, bounds)
+        row["bound_us"] = row_bound_us(row, bounds)
     for row in synthesized:
         row["of_bound"] = row["bound_us"] / row["ours_us"]
     lines = [
+        "Parts, each writing its CSV before `--render`: `python scripts/bench_send_models.py --part shipped`, and "
+        "`--part synthesis --topologies T [--collectives C,...]` one process per machine (the synthesis table "
+        "shows which collectives each machine ran).",
+        "",
         "Shipped bands (`msccl`: MSCCL's 2 MiB slice loop with serialized sends; `pipelined`: the same "
         "loop with a connection's sends overlapping their α through 2 slots), as the fraction of the "
         "lower bound over 16 MB–1 GiB (min / median over the sizes and collectives):",

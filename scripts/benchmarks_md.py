@@ -27,6 +27,7 @@ __all__ = [
     "write_csv",
     "COLLECTIVES",
     "collective_order",
+    "row_bound_us",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +45,20 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 def collective_order(collective: str) -> tuple[int, str]:
     """Return a sort key that puts ``collective`` in ``COLLECTIVES`` order (unknown names last, by name)."""
     return (COLLECTIVES.index(collective) if collective in COLLECTIVES else len(COLLECTIVES), collective)
+
+
+def row_bound_us(row: dict[str, Any], cache: dict[tuple, float]) -> float:
+    """Return the lower bound (µs) of a CSV row's ``topology`` x ``nodes``, ``collective`` and ``size_bytes``.
+
+    Computed as the code computes it now, so a table rendered from older CSV rows shows today's bound;
+    ``cache`` keeps one per distinct row key.
+    """
+    from taccl_py.topology import load_topology, lower_bound  # only the scripts that render bounds need it
+
+    key = (row["topology"], row["nodes"], row["collective"], row["size_bytes"])
+    if key not in cache:
+        cache[key] = lower_bound(load_topology(key[0], key[1]), key[2], key[3]).time_us
+    return cache[key]
 
 
 def update_benchmarks_section(

@@ -32,6 +32,7 @@ from benchmarks_md import (
     csv_pointer,
     markdown_table,
     read_csv,
+    row_bound_us,
     update_benchmarks_section,
     write_csv,
 )
@@ -43,7 +44,7 @@ from taccl_py.simulate import WHOLE_CHUNKS, execution_model, simulate
 from taccl_py.synth.bands import write_library
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.rechoose import rechoose_bands
-from taccl_py.topology import builtin_topology_names, load_topology, lower_bound
+from taccl_py.topology import builtin_topology_names, load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 CSV_PATH = DATA_DIR / "slice_model.csv"
@@ -122,14 +123,6 @@ def _shipped_band_count(name: str, nodes: int, collective: str) -> int:
     return len(json.loads(path.read_text(encoding="utf-8"))["bands"])
 
 
-def _bound_us(row: dict, cache: dict) -> float:
-    """Return the lower bound (µs) of a row's machine, collective and size, as the code computes it now."""
-    key = (row["topology"], row["nodes"], row["collective"], row["size_bytes"])
-    if key not in cache:
-        cache[key] = lower_bound(load_topology(row["topology"], row["nodes"]), row["collective"], key[3]).time_us
-    return cache[key]
-
-
 def render(records: list[dict], elapsed_s: float | None) -> str:
     """Return the section: per library, bands before and after, and the worst band against the best baseline.
 
@@ -162,7 +155,7 @@ def render(records: list[dict], elapsed_s: float | None) -> str:
                 f"{old_worst:.3f}" if old_worst is not None else "",
                 f"{worst['vs_best_baseline']:.3f}" if worst else "",
                 worst["best_baseline"] if worst else "",
-                f"{min(_bound_us(r, bounds) / r['ours_us'] for r in large):.3f}" if large else "",
+                f"{min(row_bound_us(r, bounds) / r['ours_us'] for r in large):.3f}" if large else "",
             )
         )
     headers = (
