@@ -1,200 +1,140 @@
-"""GPU check: our collectives over both NCCL transports against NCCL's own, then times, DDP and FSDP2.
+"""GPU check: every collective of a library, bit for bit against NCCL's own, then times, DDP and FSDP2.
 
     torchrun --nproc-per-node 8 scripts/gpu_check.py --library ndv2
     torchrun --nproc-per-node 4 scripts/gpu_check.py --share-gpu        # one GPU, 4 ranks
+    torchrun --nproc-per-node 2 scripts/gpu_check.py --device cpu       # gloo, no GPU: the correctness parts
 
-Every rank needs a CUDA device. Four parts, rank 0 prints each as a table:
+Rank 0 prints Markdown tables to paste into BENCHMARKS.md (collective, dtype, op, entry point,
+transport, result). Every collective the library holds is checked (allgather, reducescatter,
+allreduce, alltoall), each with tensors shaped by ``block_layout``, in float32, float16,
+bfloat16, float64, int32 and int64, reducing ones with sum, avg, max and min, on small random
+integers so that every order of reduction gives the same bits:
 
-1. exactness: every algorithm of ``--library`` (and rings for the world size) through the torch
-   NCCL transport and the CuPy NCCL transport, on the current stream and on a side stream, in
-   float32/float16/bfloat16 with sum (and max), against NCCL's own collective on the same
-   integer-valued random data (so every order of summation gives the same bits); then each
-   algorithm three times through one CUDA graph on the torch NCCL transport (eager, captured, replayed);
-2. the ``taccl`` backend's all_reduce / all_gather_single / reduce_scatter_single, likewise;
-3. times in the nccl-tests format (algbw, busbw) of our Communicator and of NCCL, alternated;
-4. a DDP step with the hook and with the ``taccl`` backend, and an FSDP2 step on the ``taccl``
-   backend, against default DDP on NCCL: the largest parameter difference after the steps.
+1. executor: each algorithm through its own Executor on the torch NCCL and CuPy NCCL transports
+   (gloo on CPU); on CUDA also on a side stream and three calls through one CUDA graph;
+2. communicator: a Communicator (no calibration) at a size in each band of the library, so every
+   band's algorithm answers a real ``all_gather`` / ``reduce_scatter`` / ``all_reduce`` / ``all_to_all``;
+3. backend: the ``taccl`` torch.distributed group: the single-tensor calls per band, all_reduce
+   with PRODUCT (delegated to the inner backend), the list calls (``all_gather``,
+   ``reduce_scatter``, ``all_to_all``), two calls coalesced in ``_coalescing_manager``, and an
+   async mix of routed and delegated calls; then a table of the group's routed / delegated counters
+   (a call the library has an algorithm for must have been routed, and no other);
+4. times in the nccl-tests format (algbw, busbw) of our Communicator and of NCCL, alternated;
+5. training (CUDA only): a DDP step with the hook and with the ``taccl`` backend, and an FSDP2
+   step on the ``taccl`` backend, against default DDP on NCCL: the largest parameter difference.
 
-``--share-gpu`` puts every rank on device 0 and gives each its own NCCL host id, so NCCL links
-them through its socket transport over loopback (NCCL refuses two ranks of one host on one GPU).
-That checks correctness and stream ordering; its times are loopback-socket times, not NVLink's.
-Exit status 0 when everything agrees, 1 otherwise.
+The reference is the same collective on a plain NCCL group (gloo with ``--device cpu``); avg is
+compared with its sum divided by the rank count, the executor's rule (integers truncate toward
+zero, as NCCL's ncclAvg does). ``--share-gpu`` puts every rank on device 0 and gives each its own
+NCCL host id, so NCCL links them through its socket transport over loopback (NCCL refuses two
+ranks of one host on one GPU): that checks correctness and stream ordering; its times are
+loopback-socket times. Without CUDA (``--device cpu``) the CUDA-only parts are listed as skipped.
+Exit status 0 when everything agrees, 1 when anything differs or was not routed as expected.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from ddp_example import init_taccl, make_model, resolve_library  # noqa: E402
+from ddp_example import make_model, ring_library  # noqa: E402
+from gpu_check_backend import check_backend  # noqa: E402
+from gpu_check_cases import MAX_CHECK_BYTES  # noqa: E402
+from gpu_check_exact import check_algorithms, check_communicator, check_graphs  # noqa: E402
+from gpu_check_report import all_exact, merge_ranks, report_lines, routing_lines, summarize  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from taccl_py.ir.algorithm import Algorithm  # noqa: E402
+from taccl_py.baselines.alltoall import direct_alltoall_algorithm  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
+from taccl_py.runtime.backend import register_backend  # noqa: E402
 from taccl_py.runtime.bench import BenchRow, bench_sizes  # noqa: E402
 from taccl_py.runtime.communicator import Communicator  # noqa: E402
 from taccl_py.runtime.ddp import register  # noqa: E402
-from taccl_py.runtime.executor import Executor  # noqa: E402
-from taccl_py.runtime.selection import collect_algorithms  # noqa: E402
-from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport  # noqa: E402
+from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms  # noqa: E402
 from taccl_py.runtime.transports.torch_dist import TorchDistTransport  # noqa: E402
+from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology  # noqa: E402
 
-#: Shard lengths (elements) every algorithm is checked at: odd (padded chunks) and > 64 KiB of fp32.
-NUMELS = (1001, 65539)
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The parts ``--parts`` picks from, in the order they run.
+PARTS = ("executor", "communicator", "backend", "times", "training")
 #: nccl-tests' bus-bandwidth factor per collective, for n ranks.
-BUS_FACTOR = {
-    Collective.ALLGATHER: lambda n: (n - 1) / n,
-    Collective.REDUCESCATTER: lambda n: (n - 1) / n,
-    Collective.ALLREDUCE: lambda n: 2 * (n - 1) / n,
-}
+BUS_FACTOR = MappingProxyType(
+    {
+        Collective.ALLGATHER: lambda n: (n - 1) / n,
+        Collective.REDUCESCATTER: lambda n: (n - 1) / n,
+        Collective.ALLREDUCE: lambda n: 2 * (n - 1) / n,
+        Collective.ALLTOALL: lambda n: (n - 1) / n,
+    }
+)
 #: Parameters after training must agree with default DDP on NCCL within this (fp32, GPU sums).
 AGREEMENT = 1e-5
 
 
-def setup(share_gpu: bool, library_specs: Sequence[str], timeout_s: float) -> tuple[int, int, torch.device, Any]:
-    """Initialise the default group as ``taccl`` over this rank's GPU; return (rank, world, device, library)."""
+def check_library(spec: str, world: int) -> list[Any]:
+    """Return what ``--library`` names: ``ring`` is the rank-order rings and the direct alltoall; else the spec."""
+    if spec != "ring":
+        return [spec]
+    gpus = [Vertex(f"gpu{r}", VertexKind.GPU, local_index=r, rank=r) for r in range(world)]
+    links = [
+        Link(f"gpu{a}", f"gpu{b}", LinkKind.ETHERNET, 10.0, 1.0) for a in range(world) for b in range(world) if a != b
+    ]
+    mesh = make_topology(f"loopback{world}", gpus, links, description="uniform full mesh for the direct alltoall")
+    return [*ring_library(world), direct_alltoall_algorithm(mesh)]
+
+
+def setup(device_kind: str, share_gpu: bool, specs: Sequence[str], timeout_s: float) -> tuple[int, int, Any, list]:
+    """Make the default group ``taccl`` on this rank's device; return (rank, world, device, library)."""
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
-    if share_gpu:
-        # NCCL matches a GPU to a host by host id: distinct ids make one GPU look like one per host.
-        os.environ["NCCL_HOSTID"] = f"taccl-gpu-check-{rank}"
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_IB_DISABLE", "1")
-    device = torch.device("cuda", 0 if share_gpu else local_rank)
-    torch.cuda.set_device(device)
+    device = torch.device("cpu")
+    if device_kind == "cuda":
+        if share_gpu:
+            # NCCL matches a GPU to a host by host id: distinct ids make one GPU look like one per host.
+            os.environ["NCCL_HOSTID"] = f"taccl-gpu-check-{rank}"
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+            os.environ.setdefault("NCCL_IB_DISABLE", "1")
+        device = torch.device("cuda", 0 if share_gpu else local_rank)
+        torch.cuda.set_device(device)
     world = int(os.environ["WORLD_SIZE"])
-    library = [item for spec in library_specs for item in _as_list(resolve_library(spec, world))]
-    init_taccl(library, timeout_s=timeout_s)
+    library = [item for spec in specs for item in check_library(spec, world)]
+    # The check is of our algorithms: no calibration may send a size to the group's own collective.
+    register_backend(library, calibration=False)
+    dist.init_process_group("taccl", timeout=datetime.timedelta(seconds=timeout_s))
     return rank, world, device, library
 
 
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, list) else [value]
+def plain_communicator(group: Any, library: Any, timeout_s: float) -> Communicator:
+    """Return a Communicator on ``group`` that runs the library's algorithm wherever a band has one: no calibration."""
+    return Communicator(group, library, timeout_s=timeout_s, calibration=False)
 
 
-def integer_data(shape: int, dtype: torch.dtype, seed: int, device: torch.device) -> torch.Tensor:
-    """Return small random integers (-4..4) as ``dtype``: exact under any order of summation."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-    return torch.randint(-4, 5, (shape,), generator=generator, device=device).to(dtype)
+def make_transports(device: torch.device) -> tuple[dict[str, Any], list[str]]:
+    """Return the executor check's transports by name, and a note on each one skipped, with the reason."""
+    if device.type != "cuda":
+        return {"torch-gloo": TorchDistTransport(dist.new_group(backend="gloo"))}, []
+    transports: dict[str, Any] = {"torch-nccl": TorchDistTransport(dist.new_group(backend="nccl"), device)}
+    if importlib.util.find_spec("cupy") is None:  # every rank alike: one environment
+        return transports, ["skipped: the cupy-nccl transport: CuPy is not installed"]
+    from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport
+
+    transports["cupy-nccl"] = CupyNcclTransport(dist.new_group(backend="nccl"), device.index)
+    return transports, []
 
 
-def group_result(collective: Collective, data: torch.Tensor, numel: int, op: str, group: Any) -> torch.Tensor:
-    """Return torch.distributed's ``collective`` of ``data`` on ``group`` (None: the default ``taccl`` group)."""
-    reduce_op = getattr(dist.ReduceOp, op.upper())
-    world = dist.get_world_size(group)
-    if collective is Collective.ALLGATHER:
-        out = torch.empty(world * numel, dtype=data.dtype, device=data.device)
-        dist.all_gather_into_tensor(out, data, group=group)
-    elif collective is Collective.REDUCESCATTER:
-        out = torch.empty(numel, dtype=data.dtype, device=data.device)
-        dist.reduce_scatter_tensor(out, data, op=reduce_op, group=group)
-    else:
-        out = data.clone()
-        dist.all_reduce(out, op=reduce_op, group=group)
-    return out
-
-
-def run_ours(
-    algorithm: Algorithm, transport: Any, data: torch.Tensor, numel: int, op: str, side: torch.cuda.Stream | None
-) -> torch.Tensor:
-    """Return ``algorithm``'s result on ``data`` through ``transport``, run on stream ``side`` (None: current).
-
-    On a side stream the caller's stream is ordered after it by an event, as a user would do.
-    """
-    caller = torch.cuda.current_stream()
-    stream = side or caller
-    stream.wait_stream(caller)
-    with torch.cuda.stream(stream):
-        executor = Executor(algorithm, transport.rank, data.dtype, numel, transport.device)
-        _inputs, outputs = executor.expected_numels()
-        output = data.clone() if algorithm.collective is Collective.ALLREDUCE else data.new_empty(outputs)
-        executor.run(output, output if algorithm.collective is Collective.ALLREDUCE else data, transport, op=op)
-    if side is not None:
-        caller.wait_stream(side)
-        output.record_stream(caller)
-        data.record_stream(side)
-    return output
-
-
-def check_algorithms(algorithms: Sequence[Algorithm], transports: dict[str, Any], reference: Any, rank: int) -> list:
-    """Return rows (algorithm, transport, cases, failures) of every algorithm against NCCL's results."""
-    rows = []
-    side = torch.cuda.Stream()
-    for algorithm in algorithms:
-        world = algorithm.num_ranks
-        ops = ("sum", "max") if algorithm.collective.reduces else ("sum",)
-        for name, transport in transports.items():
-            cases, failures = 0, []
-            for seed, (numel, dtype, op, stream) in enumerate(
-                (n, d, o, s) for n in NUMELS for d in DTYPES for o in ops for s in (None, side)
-            ):
-                if stream is side and dtype is not torch.float32:
-                    continue
-                length = numel * (world if algorithm.collective is Collective.REDUCESCATTER else 1)
-                data = integer_data(length, dtype, 1000 * seed + rank, transport.device)
-                expected = group_result(algorithm.collective, data, numel, op, reference)
-                got = run_ours(algorithm, transport, data, numel, op, stream)
-                cases += 1
-                if not torch.equal(got, expected):
-                    where = "side stream" if stream is side else "current stream"
-                    failures.append(f"{numel} x {str(dtype)[6:]} {op} on the {where}")
-            rows.append((algorithm.name, name, cases, failures))
-    return rows
-
-
-def check_graphs(algorithms: Sequence[Algorithm], transport: Any, reference: Any, rank: int) -> list:
-    """Return rows (algorithm, transport, cases, failures) of three calls through one CUDA graph against NCCL.
-
-    The same tensors take fresh data each call: the first runs eagerly, the second is captured and
-    replayed, the third only replays (``Executor.run(cuda_graph=True)``).
-    """
-    rows = []
-    for algorithm in algorithms:
-        numel = NUMELS[0]
-        executor = Executor(algorithm, transport.rank, torch.float32, numel, transport.device)
-        inputs, outputs = executor.expected_numels()
-        data = torch.empty(inputs, device=transport.device)
-        in_place = algorithm.collective is Collective.ALLREDUCE
-        output = data if in_place else torch.empty(outputs, device=transport.device)
-        failures = []
-        for call, how in enumerate(("eager", "captured", "replayed")):
-            fresh = integer_data(inputs, torch.float32, 5000 + 10 * call + rank, transport.device)
-            data.copy_(fresh)
-            expected = group_result(algorithm.collective, fresh, numel, "sum", reference)
-            executor.run(output, data, transport, cuda_graph=True)
-            if not torch.equal(output, expected):
-                failures.append(f"call {call + 1} ({how})")
-        rows.append((algorithm.name, f"{transport.name} graph", 3, failures))
-    return rows
-
-
-def check_backend(world: int, rank: int, device: torch.device, reference: Any) -> list:
-    """Return rows (collective, cases, failures) of the default ``taccl`` group against NCCL's own."""
-    rows = []
-    for collective in BUS_FACTOR:
-        cases, failures = 0, []
-        for seed, (numel, dtype) in enumerate((n, d) for n in NUMELS for d in DTYPES):
-            length = numel * (world if collective is Collective.REDUCESCATTER else 1)
-            data = integer_data(length, dtype, 7000 + 100 * seed + rank, device)
-            expected = group_result(collective, data, numel, "sum", reference)
-            cases += 1
-            if not torch.equal(group_result(collective, data, numel, "sum", None), expected):
-                failures.append(f"{numel} x {str(dtype)[6:]}")
-        rows.append((collective.value, cases, failures))
-    return rows
-
-
-def time_collectives(comm: Communicator, sizes: Sequence[int], iters: int) -> list[BenchRow]:
-    """Return ``taccl bench``'s rows for every collective: ours against NCCL's own on ``comm``'s group."""
-    return [row for collective in BUS_FACTOR for row in bench_sizes(comm, collective, sizes, iters=iters)]
+def time_collectives(comm: Communicator, choices: AlgorithmChoices, sizes: Sequence[int], iters: int) -> list[BenchRow]:
+    """Return ``taccl bench``'s rows for every collective of the library: ours against the group's own."""
+    collectives = sorted(choices.collectives, key=list(Collective).index)
+    return [row for collective in collectives for row in bench_sizes(comm, collective, sizes, iters=iters)]
 
 
 def train_step_check(rank: int, device: torch.device, library: Any, reference: Any, steps: int = 5) -> dict:
@@ -245,72 +185,151 @@ def _full(parameter: torch.Tensor) -> torch.Tensor:
     return parameter.full_tensor().detach() if hasattr(parameter, "full_tensor") else parameter.detach()
 
 
-def print_report(world: int, share_gpu: bool, exact: list, backend: list, times: list, training: dict) -> bool:
-    """Print the four tables on rank 0; return True when everything agreed."""
-    gpus = "one GPU shared (NCCL over loopback sockets)" if share_gpu else "one GPU per rank"
-    print(f"# gpu_check: {world} ranks, {gpus}, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("\n## exactness against NCCL's own collective")
-    print(f"{'algorithm':<44} {'transport':<11} {'cases':>5}  result")
-    for name, transport, cases, failures in exact:
-        print(f"{name:<44} {transport:<11} {cases:>5}  {'exact' if not failures else 'DIFFER: ' + '; '.join(failures)}")
-    print("\n## taccl backend (default group) against NCCL's own")
-    for call, cases, failures in backend:
-        print(f"{call:<44} {cases:>5}  {'exact' if not failures else 'DIFFER: ' + '; '.join(failures)}")
-    print("\n## times: median of the slowest rank; algbw = size / time, busbw as nccl-tests")
-    header = ("collective", "size", "algorithm", "ours us", "NCCL us", "ours busbw", "NCCL busbw", "x")
-    print("{:<14} {:>10} {:<36} {:>9} {:>9} {:>10} {:>10} {:>6}".format(*header))
-    for row in times:
-        factor = BUS_FACTOR[Collective(row.collective)](world)
-        print(
-            f"{row.collective:<14} {row.size_bytes:>10} {row.algorithm[:36]:<36} {row.ours_time_us:>9.1f} "
-            f"{row.torch_time_us:>9.1f} {row.ours_algbw_GBps * factor:>10.2f} {row.torch_algbw_GBps * factor:>10.2f} "
-            f"{row.speedup:>6.2f}"
-        )
-    print(f"\n## training: largest |param - default DDP on NCCL| after the steps (agree within {AGREEMENT:g})")
-    for name, difference in training.items():
-        print(f"{name:<44} {difference:.2e}  {'agree' if difference <= AGREEMENT else 'DIFFER'}")
-    return (
-        not any(row[3] for row in exact)
-        and not any(row[2] for row in backend)
-        and all(d <= AGREEMENT for d in training.values())
-    )
+def print_report(header: str, outcomes: list, routing: list, times: list, training: dict, notes: list) -> bool:
+    """Print the tables on rank 0 (Markdown); return True when everything agreed."""
+    print(header)
+    print("\n## exactness against the reference group's own collective\n")
+    rows = summarize(outcomes)
+    print("\n".join(report_lines(rows)))
+    ok = all_exact(rows)
+    if routing:
+        lines, routed_ok = routing_lines(routing)
+        print("\n## taccl backend: calls routed to our algorithms (every rank)\n")
+        print("\n".join(lines))
+        ok = ok and routed_ok
+    if times:
+        world = int(os.environ["WORLD_SIZE"])
+        print("\n## times: median of the slowest rank; algbw = size / time, busbw as nccl-tests\n")
+        print("| collective | size B | algorithm | ours us | reference us | ours busbw | reference busbw | x |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|")
+        for row in times:
+            factor = BUS_FACTOR[Collective(row.collective)](world)
+            print(
+                f"| {row.collective} | {row.size_bytes} | {row.algorithm} | {row.ours_time_us:.1f} "
+                f"| {row.torch_time_us:.1f} | {row.ours_algbw_GBps * factor:.2f} | {row.torch_algbw_GBps * factor:.2f} "
+                f"| {row.speedup:.2f} |"
+            )
+    if training:
+        print(f"\n## training: largest |param - default DDP on NCCL| after the steps (agree within {AGREEMENT:g})\n")
+        print("| variant | difference | result |\n|---|---:|---|")
+        for name, difference in training.items():
+            print(f"| {name} | {difference:.2e} | {'agree' if difference <= AGREEMENT else 'DIFFER'} |")
+        ok = ok and all(d <= AGREEMENT for d in training.values())
+    print()
+    for note in notes:
+        print(f"- {note}")
+    print(f"\nresult: {'everything agrees' if ok else 'MISMATCH'}")
+    return ok
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _gather(value: Any, rank: int, world: int, group: Any) -> list[Any]:
+    """Return every rank's ``value`` on rank 0 (an empty list elsewhere)."""
+    gathered: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(value, gathered if rank == 0 else None, dst=0, group=group)
+    return gathered
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--library",
         action="append",
         default=None,
-        help="'ring', a *.library.json, an algorithm file or a topology name; repeatable (default: ring)",
+        help="'ring' (rings and the direct alltoall for the world size), a *.library.json, an algorithm file "
+        "or a topology name; repeatable (default: ring)",
     )
-    parser.add_argument("--share-gpu", action="store_true", help="every rank on device 0 (see the module notes)")
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda: NCCL, every part; cpu: gloo, the correctness parts (default: cuda where available)",
+    )
+    parser.add_argument("--share-gpu", action="store_true", help="every rank on device 0 (see the notes above)")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (default: all)"
+    )
     parser.add_argument("--sizes", default="1048576,4194304,16777216,67108864", help="bytes per timed call")
     parser.add_argument("--iters", type=int, default=10, help="timed calls per size and side (default 10)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="longest wait for one message (seconds)")
-    args = parser.parse_args(argv)
-    if "WORLD_SIZE" not in os.environ or not torch.cuda.is_available():
-        parser.error("run under torchrun on CUDA, e.g. torchrun --nproc-per-node 2 scripts/gpu_check.py")
-    rank, world, device, library = setup(args.share_gpu, args.library or ["ring"], args.timeout_s)
-    reference = dist.new_group(backend="nccl")
+    return parser
+
+
+@dataclass
+class Findings:
+    """What this rank found: outcomes of the exactness cases, routing counts, times, training, notes (skipped parts)."""
+
+    outcomes: list = field(default_factory=list)
+    routing: list = field(default_factory=list)  # every rank's counts, on rank 0
+    times: list = field(default_factory=list)
+    training: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+
+def run_parts(parts: Sequence[str], args: argparse.Namespace, device: torch.device, library: list) -> Findings:
+    """Run the chosen parts on this rank (every rank alike); return what it found."""
+    rank, world, cuda = dist.get_rank(), dist.get_world_size(), device.type == "cuda"
+    reference = dist.new_group(backend="nccl" if cuda else "gloo")
     dist.all_reduce(torch.ones(1, device=device), group=reference)  # NCCL's first call is a collective
-    transports = {
-        "torch-nccl": TorchDistTransport(dist.new_group(backend="nccl"), device),
-        "cupy-nccl": CupyNcclTransport(dist.new_group(backend="nccl"), device.index),
-    }
-    algorithms = {id(c.algorithm): c.algorithm for c in collect_algorithms(library, world).candidates}
-    exact = check_algorithms(list(algorithms.values()), transports, reference, rank)
-    exact += check_graphs(list(algorithms.values()), transports["torch-nccl"], reference, rank)
-    backend = check_backend(world, rank, device, reference)
-    comm = Communicator(dist.new_group(backend="nccl"), library)
-    times = time_collectives(comm, [int(s) for s in args.sizes.split(",")], args.iters)
-    training = train_step_check(rank, device, library, reference)
-    ok = print_report(world, args.share_gpu, exact, backend, times, training) if rank == 0 else True
-    for transport in transports.values():
-        transport.close()
-    dist.barrier(group=reference)
+    choices = collect_algorithms(library, world)
+    algorithms = list({id(c.algorithm): c.algorithm for c in choices.candidates if c.algorithm}.values())
+    comm = plain_communicator(dist.new_group(backend="nccl" if cuda else "gloo"), library, args.timeout_s)
+    found = Findings()
+    if "executor" in parts:
+        transports, found.notes = make_transports(device)
+        found.outcomes += check_algorithms(algorithms, transports, reference, rank)
+        if cuda:
+            found.outcomes += check_graphs(algorithms, transports["torch-nccl"], reference, rank)
+        for transport in transports.values():
+            transport.close()
+    if "communicator" in parts:
+        found.outcomes += check_communicator(comm, choices, reference, rank)
+    if "backend" in parts:
+        outcomes, counts = check_backend(choices, rank, device, reference)
+        found.outcomes += outcomes
+        found.routing = _gather(counts, rank, world, reference)
+    if "times" in parts:
+        found.times = time_collectives(comm, choices, [int(s) for s in args.sizes.split(",")], args.iters)
+    if "training" in parts and cuda:
+        found.training = train_step_check(rank, device, library, reference)
+    if not cuda:
+        found.notes.append("skipped: side streams, CUDA graphs, the CuPy transport and training: they need CUDA")
+    if any(c.algorithm is not None and c.min_bytes > MAX_CHECK_BYTES for c in choices.candidates):
+        found.notes.append(f"skipped: bands that start above {MAX_CHECK_BYTES} B, the check's largest call")
+    found.outcomes = _gather(found.outcomes, rank, world, reference)
+    names = ", ".join(f"{a.collective.value} {a.name}" for a in algorithms)
+    found.notes.insert(0, f"algorithms checked ({len(algorithms)}): {names}")
+    return found
+
+
+def _header(args: argparse.Namespace, world: int, cuda: bool) -> str:
+    where = f"{torch.cuda.get_device_name()}, " if cuda else ""
+    gpus = ("one GPU shared (NCCL over loopback)" if args.share_gpu else "one GPU per rank") if cuda else "gloo"
+    named = ", ".join(args.library or ["ring"])
+    return f"# gpu_check: {world} ranks, {gpus}, {where}torch {torch.__version__}, library {named}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    parts = [p for p in args.parts.split(",") if p]
+    if "WORLD_SIZE" not in os.environ:
+        parser.error("run under torchrun, e.g. torchrun --nproc-per-node 2 scripts/gpu_check.py")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: CUDA is not available (use --device cpu for the correctness parts)")
+    if args.share_gpu and args.device != "cuda" or not set(parts) <= set(PARTS) or args.iters < 1:
+        parser.error(f"--share-gpu needs --device cuda; --parts takes {', '.join(PARTS)}; --iters at least 1")
+    rank, world, device, library = setup(args.device, args.share_gpu, args.library or ["ring"], args.timeout_s)
+    found = run_parts(parts, args, device, library)
+    ok = True
+    if rank == 0:
+        header = _header(args, world, device.type == "cuda")
+        merged = merge_ranks(found.outcomes)
+        ok = print_report(header, merged, found.routing, found.times, found.training, found.notes)
+    verdict = torch.tensor([int(ok)], device=device)
+    dist.broadcast(verdict, src=0)  # every rank exits alike
+    dist.barrier()
     dist.destroy_process_group()
-    return 0 if ok else 1
+    return 0 if int(verdict.item()) else 1
 
 
 if __name__ == "__main__":

@@ -1,8 +1,19 @@
-"""Test policy: tests marked ``slow`` run only with ``--runslow`` (the default run stays under 10 minutes)."""
+"""Test policy: tests marked ``slow`` run only with ``--runslow`` (the default run stays under 10 minutes).
+
+The suite runs with the Communicator's automatic calibration off (TACCL_CALIBRATION=off), set here
+at import, before any rank process starts, so the fork server and every rank inherit it: otherwise
+each Communicator's first call would time 64 KB-64 MB collectives. tests/test_calibration.py
+turns it back on inside the ranks that test it.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# taccl_py.runtime.calibration_cache.CALIBRATION_ENV, spelled out: importing it here would import torch
+os.environ["TACCL_CALIBRATION"] = "off"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -41,6 +41,22 @@ def ring_library(world_size: int = WORLD_SIZE) -> list[Any]:
     ]
 
 
+def run_on_shared_store(fn: Any, world_size: int, *args: Any) -> list[Any]:
+    """Run ``fn(rank, world_size, port, *args)`` on ``world_size`` ranks sharing a store at ``port``; return the values.
+
+    The ranks' :func:`init_taccl_group` makes its group on that store.
+    """
+    import torch.distributed as dist
+
+    from mp_utils import run_ranks
+
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, wait_for_workers=False)
+    try:
+        return run_ranks(fn, world_size, store.port, *args)
+    finally:
+        del store
+
+
 def init_taccl_group(rank: int, world_size: int, port: int, library: Any) -> Any:
     """Replace the launcher's gloo group by a ``taccl`` one on ``library``, on the parent's store; return it."""
     import datetime

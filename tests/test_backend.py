@@ -17,8 +17,16 @@ import pytest
 
 from taccl_py.errors import ArgumentError
 
-from ddp_helpers import BUCKET_CAP_MB, WORLD_SIZE, init_taccl_group, make_mlp, max_difference, ring_library, train
-from mp_utils import run_ranks
+from ddp_helpers import (
+    BUCKET_CAP_MB,
+    WORLD_SIZE,
+    init_taccl_group,
+    make_mlp,
+    max_difference,
+    ring_library,
+    run_on_shared_store,
+    train,
+)
 
 torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
 dist = pytest.importorskip("torch.distributed", reason="the taccl backend needs torch.distributed")
@@ -331,11 +339,7 @@ def _backend_scenarios(rank: int, world_size: int, port: int, folder: str) -> di
 
 @pytest.fixture(scope="module")
 def backend_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
-    try:
-        return run_ranks(_backend_scenarios, WORLD_SIZE, store.port, str(tmp_path_factory.mktemp("backend")))
-    finally:
-        del store
+    return run_on_shared_store(_backend_scenarios, WORLD_SIZE, str(tmp_path_factory.mktemp("backend")))
 
 
 # -- multi-process tests --------------------------------------------------------------------------

@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from ddp_helpers import WORLD_SIZE, init_taccl_group
+from ddp_helpers import WORLD_SIZE, init_taccl_group, run_on_shared_store
 from helpers import LogLines, chunked_alltoall_algorithm
-from mp_utils import run_ranks
 
 torch = pytest.importorskip("torch", reason="the taccl backend needs torch")
 dist = pytest.importorskip("torch.distributed", reason="the taccl backend needs torch.distributed")
@@ -116,11 +115,7 @@ def _alltoall_scenarios(rank: int, world_size: int, port: int) -> dict[str, Any]
 
 @pytest.fixture(scope="module")
 def alltoall_results() -> list[dict[str, Any]]:
-    store = dist.TCPStore("127.0.0.1", 0, WORLD_SIZE + 1, True, wait_for_workers=False)
-    try:
-        return run_ranks(_alltoall_scenarios, WORLD_SIZE, store.port)
-    finally:
-        del store
+    return run_on_shared_store(_alltoall_scenarios, WORLD_SIZE)
 
 
 @pytest.mark.multiprocess

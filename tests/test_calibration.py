@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -244,3 +246,228 @@ def test_a_calibrated_library_has_native_bands_exactly_where_the_calibration_run
         original = library.select(size)
         expected = None if cal.native_faster(AR, size, original.name) else original
         assert out.select(size) is expected, size
+
+
+# -- the automatic calibration (default) ------------------------------------------------------------
+
+
+def _automatic_calibration_on(folder: str) -> str | None:
+    """In a rank: turn the suite's TACCL_CALIBRATION=off back on, cache in ``folder``, measure small; return it."""
+    from taccl_py.runtime import calibration_cache
+
+    seen = os.environ.pop("TACCL_CALIBRATION", None)
+    os.environ["TACCL_CACHE_DIR"] = folder
+    calibration_cache.LAZY_CALIBRATION_SIZES = (4096, 65536)
+    calibration_cache.LAZY_CALIBRATION_ITERS = 2
+    calibration_cache.LAZY_CALIBRATION_WARMUP = 0
+    return seen
+
+
+def _listen() -> LogLines:
+    lines = LogLines()
+    logger = logging.getLogger("taccl_py.runtime.communicator")
+    logger.addHandler(lines)
+    logger.setLevel(logging.INFO)
+    return lines
+
+
+def _count(lines: LogLines, text: str) -> int:
+    return sum(text in line for line in lines.messages)
+
+
+def _native_all_reduces(comm: Communicator, numel: int, rank: int) -> tuple[int, str | None]:
+    """Return how many torch all_reduce calls ``comm`` made for one all_reduce of ``numel`` floats, and a mismatch."""
+    data = torch.randn(numel, generator=torch.Generator().manual_seed(numel + rank))
+    want = data.clone()
+    calls = []
+    real = torch.distributed.all_reduce
+    torch.distributed.all_reduce = lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs)
+    try:
+        comm.all_reduce(data)
+    finally:
+        torch.distributed.all_reduce = real
+    real(want)
+    good = torch.allclose(data, want, rtol=1e-5, atol=1e-5)
+    return len(calls), None if good else f"{numel * 4} B all_reduce differs from torch's"
+
+
+def automatic_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
+    """Worker: a default Communicator measures on each collective's first call; a second reads the cache."""
+    problems = []
+    if _automatic_calibration_on(folder) != "off":
+        problems.append("tests/conftest.py's TACCL_CALIBRATION=off did not reach the rank")
+    lines = _listen()
+    library = [ring_algorithm(AR, world), ring_algorithm(Collective.ALLGATHER, world)]
+    first = Communicator(None, library, timeout_s=30)
+    if first.automatic_calibration is not None or list(Path(folder).iterdir()):
+        problems.append("measured before the first call")
+    for collective in (AR, AR, Collective.ALLGATHER):  # the second all_reduce measures nothing
+        problems += filter(None, [run_collective(first, collective, Case("auto", "float32", 1024, seed=1), rank)])
+    measured = first.automatic_calibration
+    if sorted((p.collective, p.size_bytes) for p in measured.points) != [
+        ("allgather", 4096),
+        ("allgather", 65536),
+        ("allreduce", 4096),
+        ("allreduce", 65536),
+    ]:
+        problems.append(f"measured {measured.points}")
+    if _count(lines, "calibrated at 2 sizes") != 2 or _count(lines, "calibration read from") != 0:
+        problems.append(f"measured other than once per collective: {lines.messages}")
+    files = sorted(Path(folder).glob("calibration-2ranks-torch-gloo-cpu-*.json"))
+    cached = read_calibration(files[0]) if len(files) == 1 else None
+    if cached is None or set(cached.points) != set(measured.points) or cached.key != measured.key:
+        problems.append(f"the cache holds {cached} in {files}")
+    elif cached.key.hosts != ",".join([socket.gethostname()] * world):
+        problems.append(f"hosts {cached.key.hosts!r}")
+    second = Communicator(None, library, timeout_s=30)
+    for collective in (Collective.ALLGATHER, AR):
+        problems += filter(None, [run_collective(second, collective, Case("auto", "float32", 1024, seed=2), rank)])
+    if _count(lines, "calibrated at") != 2 or _count(lines, "calibration read from") != 2:
+        problems.append(f"the second Communicator did not read the cache: {lines.messages}")
+    if set(second.automatic_calibration.points) != set(measured.points):
+        problems.append("the second Communicator read other points")
+    if rank == 0 and cached is not None:  # now the cache says: native is 10x faster everywhere
+        slower = [replace(p, ours_us=10 * p.native_us) for p in cached.points]
+        write_calibration(replace(cached, points=tuple(slower)), files[0])
+    torch.distributed.barrier()
+    third = Communicator(None, library, timeout_s=30)
+    for numel in (1024, 16384):
+        calls, problem = _native_all_reduces(third, numel, rank)
+        problems += [problem] if problem else []
+        if calls != 1:
+            problems.append(f"{numel * 4} B all_reduce made {calls} torch all_reduce calls; the cache says native")
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_a_default_communicator_calibrates_on_each_first_call_and_a_second_one_reads_the_cache(tmp_path: Path) -> None:
+    assert_no_mismatches(run_ranks(automatic_calibration_worker, 2, str(tmp_path)))
+
+
+def calibration_off_and_other_hosts_worker(rank: int, world: int, folder: str) -> list[str]:
+    """Worker: other hosts measure again; calibration=False and TACCL_CALIBRATION=off measure nothing."""
+    _automatic_calibration_on(folder)
+    lines = _listen()
+    library = [ring_algorithm(AR, world)]
+    problems = []
+    problems += filter(None, [_native_all_reduces(Communicator(None, library, timeout_s=30), 1024, rank)[1]])
+    real = socket.gethostname
+    socket.gethostname = lambda: f"elsewhere-{rank}"
+    try:
+        problems += filter(None, [_native_all_reduces(Communicator(None, library, timeout_s=30), 1024, rank)[1]])
+    finally:
+        socket.gethostname = real
+    if _count(lines, "calibrated at") != 2 or len(list(Path(folder).glob("*.json"))) != 2:
+        problems.append(f"other hosts did not measure again into their own file: {lines.messages}")
+    given_none = Communicator(None, library, timeout_s=30, calibration=None)  # None: not given, the default
+    problems += filter(None, [_native_all_reduces(given_none, 1024, rank)[1]])
+    if given_none.automatic_calibration is None or _count(lines, "calibration read from") != 1:
+        problems.append(f"calibration=None did not calibrate automatically: {lines.messages}")
+    with pytest.raises(ArgumentError, match="calibration: 0; expected True, None or False, a file path"):
+        Communicator(None, library, calibration=0)
+    off = Communicator(None, library, timeout_s=30, calibration=False)
+    os.environ["TACCL_CALIBRATION"] = "off"
+    off_by_env = Communicator(None, library, timeout_s=30)
+    for comm in (off, off_by_env):
+        calls, problem = _native_all_reduces(comm, 16384, rank)
+        problems += [problem] if problem else []
+        if calls or comm.automatic_calibration is not None:
+            problems.append(f"calibration off ran torch's all_reduce {calls} times or calibrated")
+    if _count(lines, "calibrat") != 3:
+        problems.append(f"calibration off logged a calibration: {lines.messages}")
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_other_hosts_measure_again_and_calibration_false_or_off_measures_nothing(tmp_path: Path) -> None:
+    assert_no_mismatches(run_ranks(calibration_off_and_other_hosts_worker, 2, str(tmp_path)))
+
+
+# -- its cache, in one process ---------------------------------------------------------------------
+
+
+def test_the_cache_folder_is_taccl_cache_dir_then_xdg_cache_home_then_home() -> None:
+    from taccl_py.runtime.calibration_cache import cache_dir
+
+    assert cache_dir({"TACCL_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/b"}) == Path("/a")
+    assert cache_dir({"TACCL_CACHE_DIR": "", "XDG_CACHE_HOME": "/b"}) == Path("/b/taccl_py")
+    assert cache_dir({}) == Path.home() / ".cache" / "taccl_py"
+
+
+def test_every_field_of_the_key_names_its_own_cache_file() -> None:
+    from taccl_py.runtime.calibration_cache import cache_path
+
+    key = replace(KEY, hosts="a,b")
+    others = [
+        replace(key, world_size=4),
+        replace(key, transport="cupy-nccl"),
+        replace(key, device="cuda"),
+        replace(key, library="fedcba9876543210"),
+        replace(key, hosts="a,c"),
+        replace(key, hosts="b,a"),
+    ]
+    names = {cache_path(k, "/c") for k in [key, *others]}
+    assert len(names) == 7 and cache_path(key, "/c") == cache_path(replace(key), "/c")
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("off", False), ("OFF", False), ("0", False), ("false", False), ("no", False), ("on", True)]
+)
+def test_taccl_calibration_turns_the_automatic_calibration_off(value: str, on: bool) -> None:
+    from taccl_py.runtime.calibration_cache import automatic_calibration_on
+
+    assert automatic_calibration_on({"TACCL_CALIBRATION": value}) is on
+    assert automatic_calibration_on({}) is True
+
+
+def test_an_unknown_taccl_calibration_is_one_error_naming_it() -> None:
+    from taccl_py.runtime.calibration_cache import automatic_calibration_on
+
+    with pytest.raises(ArgumentError, match="TACCL_CALIBRATION: 'sometimes'; expected 'on' or 'off'"):
+        automatic_calibration_on({"TACCL_CALIBRATION": "sometimes"})
+
+
+def test_the_automatic_calibration_measures_only_where_an_algorithm_runs() -> None:
+    from taccl_py.runtime.calibration_cache import lazy_sizes
+    from taccl_py.runtime.selection import AlgorithmChoices, Candidate
+
+    ring = ring_algorithm(AR, 2)
+    bands = (
+        Candidate(None, 0, 1024, "lib", AR, 2),  # native
+        Candidate(ring, 1024, 16384, "lib", AR, 2),  # no default size inside: its geometric middle
+        Candidate(None, 16384, 1 << 20, "lib", AR, 2),
+        Candidate(ring, 1 << 20, None, "lib", AR, 2),
+    )
+    sizes = (65536, 1 << 20, 4 << 20, 16 << 20)
+    assert lazy_sizes(AlgorithmChoices(2, bands), AR, sizes) == (4096, 1 << 20, 4 << 20, 16 << 20)
+    assert lazy_sizes(AlgorithmChoices(2, bands), Collective.ALLGATHER, sizes) == ()
+
+
+def test_a_key_without_hosts_is_written_as_before_hosts(tmp_path: Path) -> None:
+    cal = calibration((65536, "ring", 900.0, 300.0))
+    write_calibration(cal, tmp_path / "old.json")
+    assert "hosts" not in json.loads((tmp_path / "old.json").read_text())["key"]
+    assert read_calibration(tmp_path / "old.json") == cal
+    with_hosts = replace(cal, key=replace(KEY, hosts="a,b"))
+    write_calibration(with_hosts, tmp_path / "new.json")
+    assert read_calibration(tmp_path / "new.json") == with_hosts
+
+
+def test_the_cache_adds_collectives_and_a_bad_or_unwritable_one_is_only_a_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from taccl_py.runtime.calibration_cache import read_cached, write_cached
+
+    path = tmp_path / "cache" / "cal.json"
+    reduce = calibration((65536, "ring", 900.0, 300.0))
+    gather = calibration((4096, "ring", 1.0, 2.0), collective="allgather")
+    write_cached(path, reduce, AR)
+    write_cached(path, replace(reduce, points=reduce.points + gather.points), Collective.ALLGATHER)
+    assert set(read_cached(path, KEY).points) == set(reduce.points + gather.points)
+    assert read_cached(path, replace(KEY, hosts="x")) is None  # another group's file
+    path.write_text("{")
+    assert read_cached(path, KEY) is None
+    (tmp_path / "file").write_text("")
+    with caplog.at_level(logging.WARNING, logger="taccl_py.runtime.calibration_cache"):
+        write_cached(tmp_path / "file" / "cal.json", reduce, AR)  # its folder is a file
+    assert "could not cache the calibration" in caplog.text

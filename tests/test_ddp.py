@@ -325,15 +325,11 @@ def test_ordered_worker_runs_a_job_inside_its_context() -> None:
 
 
 def test_stream_helpers_leave_cpu_work_alone() -> None:
-    from taccl_py.runtime.backend_transport import FutureWork
     from taccl_py.runtime.ordered_worker import caller_stream, on_stream, wait_for_stream
 
     assert caller_stream(torch.ones(3)) is None
     with on_stream(None):
         wait_for_stream(None)
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result([torch.ones(2)])
-    assert FutureWork(future, caller_stream(torch.ones(2))).wait() is True
 
 
 def test_a_job_runs_on_the_stream_its_caller_was_on() -> None:

@@ -7,6 +7,7 @@ so a plan that lets a send's source change too early computes wrong results here
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
 from pathlib import Path
 
@@ -269,14 +270,19 @@ def test_inplace_allreduce_reduces_the_callers_tensor() -> None:
     assert tensors[0].tolist() == tensors[1].tolist() == [10.0, 12.0, 14.0, 16.0, 18.0, 20.0]
 
 
-def test_repeated_runs_reuse_bindings_and_follow_new_tensors() -> None:
+def test_bindings_are_reused_while_the_callers_tensors_live_and_dropped_with_them() -> None:
     algorithm = ring_algorithm(Collective.ALLGATHER, 2)
     executors = [Executor(algorithm, r, torch.float32, 4) for r in range(2)]
+    held = []
     for seed in range(3):
         inputs = make_inputs(algorithm, 4, torch.float32, seed)
         outputs = run_threads(algorithm, inputs, 4, executors=executors)
         assert torch.equal(outputs[0], torch.cat(inputs))
-    assert all(len(e._bindings) == 2 for e in executors)
+        held.append((inputs, outputs))
+    assert all(len(e._bindings) == 2 for e in executors)  # the last two of three live pairs
+    del held, inputs, outputs
+    gc.collect()
+    assert all(len(e._bindings) == 0 for e in executors)
 
 
 def aliased_pair(collective: Collective, data: torch.Tensor, rank: int, num_ranks: int) -> tuple[torch.Tensor, ...]:

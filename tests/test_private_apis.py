@@ -26,6 +26,7 @@ TESTED_TORCH = ("2.11", "2.13")
 PRIVATE_USES = {
     "_Highs": ("highspy._core", "", "synth/solver_highs.py consume_highs_banner: a bare instance for the banner"),
     "_core": ("highspy", "", "synth/solver_highs.py: the module holding _Highs"),
+    "_base": ("torch", "Tensor", "runtime/binding_cache.py owner_of: a view's base decides its binding's life"),
     "_get_backend": ("torch.distributed", "ProcessGroup", "runtime/ddp.py: the gloo backend of a group"),
     "_register_backend": ("torch.distributed", "ProcessGroup", "runtime/backend_group.py: inner backends"),
     "_set_default_backend": ("torch.distributed", "ProcessGroup", "runtime/backend_group.py"),

@@ -19,17 +19,24 @@ a method the subclass lacks with the GIL held, and gloo's worker thread frees fi
 the Python tensors it holds) under its queue lock, so an inherited method can deadlock the process
 against gloo (seen with DTensor's ``full_tensor``). The inner backend's Python bindings release the GIL.
 
-Threads and ordering: a routed collective is queued on the group's
-:class:`~taccl_py.runtime.ordered_worker.OrderedWorker` and returns a Work at once, so DDP's
-bucket all-reduces overlap backward. Its messages travel on a second backend of the same kind
-(its own store prefix and connections), used by that worker thread alone, so they never pair up
-with the inner backend's collectives or with user send/recv. ``barrier`` waits for the routed
-collectives queued before it. As with gloo, wait on a Work before touching its tensors.
+Threads and ordering: the group runs its calls in the order they were issued, routed and
+delegated alike, as ProcessGroupNCCL does (see :mod:`taccl_py.runtime.issue_order`). On a GPU a
+routed collective is issued on the calling thread's current stream and its Work's ``wait`` makes
+the waiter's stream wait, not the host; on CPU it is queued on the group's worker thread, so DDP's
+bucket all-reduces overlap backward, and delegated collectives queue behind it. A call made while
+the thread captures a CUDA graph runs on the inner NCCL backend, whose calls can be captured. A
+routed call's messages travel on a second backend of the same kind (its own store prefix and
+connections), so they never pair up with the inner backend's collectives or with user
+send/recv. ``barrier`` waits for the calls issued before it (NCCL's barrier on a group with
+GPUs). As with gloo and NCCL, wait on a Work before touching its tensors. The group and its
+executors never keep a caller's tensors alive once the caller dropped them.
 
-Calibration: ``group.calibrate(path)`` (every rank, once the group exists) times each routed
-collective against the inner backend's own on the live group and from then on routes a size only
-where ours measured faster by the calibration's margin; the other sizes go straight to the inner
-backend, with no worker thread (see :mod:`taccl_py.runtime.calibration`).
+Calibration: by default the first routed call of each collective times ours against the inner
+backend's own on the live group, or reads that from the user's cache (see
+:mod:`taccl_py.runtime.calibration_cache`); ``register_backend(calibration=False)`` turns that off.
+``group.calibrate(path)`` (every rank, once the group exists) measures every routed collective on
+request. Either way, a size where ours did not measure faster by the calibration's margin goes
+straight to the inner backend (see :mod:`taccl_py.runtime.calibration`).
 
 Cluster: given the live cluster (``register_backend(cluster=...)``, or TACCL_CLUSTER, TACCL_NIC_DOWN,
 TACCL_NIC_SPEED, TACCL_SYSFS_ROOT and TACCL_NIC_PROBE in each process's environment; see
@@ -79,6 +86,7 @@ def register_backend(
     nic_down: Any = (),
     nic_speed: Any = (),
     sysfs_root: str | os.PathLike | None = "/",
+    calibration: bool = True,
 ) -> None:
     """Register the ``taccl`` backend with torch.distributed, running algorithms from ``library``.
 
@@ -99,6 +107,11 @@ def register_backend(
         The live cluster, as for :class:`Communicator`; ``cluster`` None takes TACCL_CLUSTER (and
         TACCL_NIC_DOWN, TACCL_NIC_SPEED, TACCL_SYSFS_ROOT, TACCL_NIC_PROBE) from each process's
         environment when the group is made, and without it checks no cluster.
+    calibration : bool
+        True (default): the group's first routed call of each collective times ours against the
+        inner backend's own, or reads that from the user's cache, as a Communicator does by
+        default; sizes where the inner backend's measured faster then go to it. False: never
+        (``group.calibrate(path)`` still measures on request).
 
     Raises
     ------
@@ -119,6 +132,7 @@ def register_backend(
         "nic_down": nic_down,
         "nic_speed": nic_speed,
         "sysfs_root": sysfs_root,
+        "calibration": calibration,
     }
     creator = partial(_create_group, settings)
     # torch keeps one creator per name: registering again replaces it for groups made afterwards.

@@ -21,9 +21,8 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.backend_transport import FutureWork
+from taccl_py.runtime.backend_transport import FutureWork, StreamWork
 from taccl_py.runtime.communicator import Communicator
-from taccl_py.runtime.ordered_worker import caller_stream
 
 __all__ = ["CollectiveEntryPoints"]
 
@@ -52,12 +51,12 @@ def _first_tensor(value: Any) -> torch.Tensor | None:
 
 
 def _on_inner_backend(name: str) -> Callable[..., Any]:
-    """Return a method that runs the inner backend's ``name`` on the device of the call's first tensor."""
+    """Return a method that runs the inner backend's ``name`` on its first tensor's device, in issue order."""
 
     def delegated(self: CollectiveEntryPoints, *args: Any, **kwargs: Any) -> Any:
         tensor = _first_tensor(args)
         device = tensor.device if tensor is not None else torch.device("cpu")
-        return getattr(self._get_backend(device), name)(*args, **kwargs)
+        return self._call_inner(device, name, args, kwargs)
 
     delegated.__name__ = delegated.__qualname__ = name
     delegated.__doc__ = f"Run the inner gloo/NCCL backend's ``{name}`` with these arguments; return its Work."
@@ -70,14 +69,14 @@ class CollectiveEntryPoints:
     A base of :class:`~taccl_py.runtime.backend_group.TacclProcessGroup` (before
     ``dist.ProcessGroup``, so that its methods are the ones torch finds), which provides
     ``_communicator`` (the Communicator that runs a call, or None), ``_submit`` (queue a routed
-    job), ``_delegate`` (run on the inner backend, counted), ``_log_split_sizes``, ``_get_backend``
-    and ``size``.
+    job), ``_delegate`` (run on the inner backend, counted), ``_call_inner`` (run on the inner
+    backend after the routed calls before it), ``_log_split_sizes`` and ``size``.
     """
 
     _communicator: Callable[..., Communicator | None]
     _submit: Callable[..., Any]
     _delegate: Callable[..., Any]
-    _get_backend: Callable[..., Any]
+    _call_inner: Callable[..., Any]
     _log_split_sizes: Callable[[torch.Tensor], None]
     size: Callable[[], int]
 
@@ -256,9 +255,12 @@ def _all_of(works: list[Any], outputs: list[torch.Tensor]) -> Any:
     """Return one Work that completes when all ``works`` have; ``wait`` raises the first failure."""
     if len(works) == 1:
         return works[0]
+    if outputs[0].device.type == "cuda":
+        for work in works:  # each orders this thread's stream after it; the host goes on
+            work.wait()
+        return StreamWork(list(outputs), torch.cuda.current_stream(outputs[0].device))
     done = torch.futures.collect_all([work.get_future() for work in works])
-    # the parts were queued from this thread, on its current stream: order the waiter after it too
-    return FutureWork(done.then(partial(_outputs_after, outputs)), caller_stream(outputs[0]))
+    return FutureWork(done.then(partial(_outputs_after, outputs)))
 
 
 def _outputs_after(outputs: list[torch.Tensor], done: torch.futures.Future) -> list[torch.Tensor]:

@@ -25,13 +25,13 @@ import torch.distributed as dist
 from taccl_py.errors import ArgumentError, TacclError
 from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend_collectives import CollectiveEntryPoints
-from taccl_py.runtime.backend_transport import BackendTransport, FutureWork, make_backend
+from taccl_py.runtime.backend_transport import BackendTransport, make_backend
 from taccl_py.runtime.calibration import Calibration
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
 from taccl_py.runtime.group_log import group_warning_level
+from taccl_py.runtime.issue_order import IssueOrder
 from taccl_py.runtime.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
-from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream
 from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms, match_cluster
 
 __all__ = ["BACKEND_NAME", "TacclProcessGroup"]
@@ -72,6 +72,8 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         Where the algorithms come from, as for :class:`Communicator`.
     cluster, nic_down, nic_speed, sysfs_root
         The live cluster, as for :class:`Communicator` (None: no cluster check).
+    calibration : bool
+        Whether the Communicator calibrates on each collective's first call (see ``register_backend``).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         nic_down: Any = (),
         nic_speed: Any = (),
         sysfs_root: str | os.PathLike | None = "/",
+        calibration: bool = True,
     ) -> None:
         super().__init__(rank, world_size)
         self._timeout_s = float(timeout.total_seconds())
@@ -103,7 +106,9 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
                     raise
                 logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
                 subgroup = True
-        self._spec = (library, topology, nodes, self._cluster)
+        if not isinstance(calibration, bool):  # a file is measured on request: group.calibrate(path)
+            raise ArgumentError(BACKEND_NAME, "calibration", repr(calibration), "True or False")
+        self._spec = (library, topology, nodes, self._cluster, calibration)
         self._choices = None if subgroup else _group_choices(library, topology, nodes, world_size, self._cluster)
         self._has_algorithms = self._choices is not None and bool(self._choices.candidates)
         self._links: dict[str, BackendTransport] = {}
@@ -111,7 +116,9 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         self.routed: Counter = Counter()
         self.delegated: Counter = Counter()
         default_type = None
-        for device_type, (kind, device) in _device_kinds().items():
+        kinds = _device_kinds()
+        self._has_cuda_backend = "cuda" in kinds
+        for device_type, (kind, device) in kinds.items():
             inner_type, inner = make_backend(
                 kind, dist.PrefixStore(f"{device_type}/inner/", store), rank, world_size, timeout
             )
@@ -125,7 +132,7 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
                 if kind == "nccl":  # every rank makes the group together: the one moment all take part
                     self._links[device_type].warm_up()
         self._set_default_backend(default_type)
-        self._worker = OrderedWorker(f"taccl-pg-rank{rank}")
+        self._order = IssueOrder(f"taccl-pg-rank{rank}", self._has_algorithms)
 
     def getBackendName(self) -> str:  # noqa: N802 - the name torch calls
         """Return ``"taccl"``."""
@@ -144,9 +151,12 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         ``size_bytes`` is the call's nccl-tests size (all-gather: output, reduce-scatter: input).
         """
         link = self._links.get(tensors[0].device.type)
-        if link is None or size_bytes == 0 or self._worker.in_worker_thread():
+        if link is None or size_bytes == 0 or self._order.in_routed_call():
             if link is None and size_bytes:
                 self._warn_other_cluster(collective, size_bytes)
+            return None
+        if link.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            self._log_capture(collective)
             return None
         if any(
             t.layout != torch.strided
@@ -157,8 +167,15 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         ):
             return None
         communicator = self._communicator_on(link)
-        if communicator.algorithm_for(collective, size_bytes) is None:
+        algorithm = communicator.algorithm_for(collective, size_bytes)
+        if algorithm is None:
             self._warn_other_cluster(collective, size_bytes)
+            return None
+        # Once the automatic calibration settled the collective, a size it gives to the inner
+        # backend goes there directly. Ranks may see it settle at different calls; the call then
+        # runs the inner backend's collective either way, in the same place of the worker's order.
+        measured = communicator.automatic_calibration
+        if measured is not None and measured.native_faster(collective, size_bytes, algorithm.name):
             return None
         return communicator
 
@@ -186,7 +203,7 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         """Return the group's Communicator for ``link``'s device, made on first use."""
         communicator = self._communicators.get(link.device.type)
         if communicator is None:
-            library, topology, nodes, cluster = self._spec
+            library, topology, nodes, cluster, calibration = self._spec
             communicator = Communicator(
                 self,
                 library,
@@ -195,6 +212,7 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
                 transport=link,
                 timeout_s=self._timeout_s,
                 cluster=cluster,
+                calibration=calibration,
             )
             self._communicators[link.device.type] = communicator
         return communicator
@@ -220,33 +238,51 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         communicator = self._communicator_on(link)
         # On the worker thread the native side's dist.* calls on this group reach the inner backend
         # (see _communicator); errors come back as values so a bad file does not stop the worker.
-        measured = self._worker.submit(partial(_calibrate_or_error, communicator, path, options)).wait()
+        measured = self._order.worker.submit(partial(_calibrate_or_error, communicator, path, options)).wait()
         if isinstance(measured, BaseException):
             raise measured
         return measured
 
+    def _log_capture(self, collective: Collective) -> None:
+        """Say once per collective that calls captured into a CUDA graph run on the inner NCCL backend."""
+        key = (collective, "capture")
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.info(
+                "%s called while a CUDA graph is captured: it runs on the inner NCCL backend, whose calls "
+                "can be captured (logged once)",
+                collective.value,
+            )
+
     def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]], tensor: torch.Tensor) -> Any:
-        """Queue ``job`` on the worker, on the caller's CUDA stream where ``tensor`` is on a GPU; return its Work."""
+        """Run ``job`` for a routed call in the group's issue order; return its Work."""
         self.routed[collective.value] += 1
-        stream = caller_stream(tensor)
-        return FutureWork(self._worker.submit_on(job, stream), stream)
+        return self._order.routed(job, tensor)
 
     def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
         self.delegated[collective.value] += 1
-        return getattr(self._get_backend(tensor.device), method)(*args)
+        return self._call_inner(tensor.device, method, args)
+
+    def _call_inner(self, device: torch.device, method: str, args: tuple, kwargs: dict[str, Any] | None = None) -> Any:
+        """Run the inner backend's ``method`` after the calls issued before it (see IssueOrder); return its Work."""
+        return self._order.inner(getattr(self._get_backend(device), method), method, device, args, kwargs or {})
 
     # -- ordering and lifetime --------------------------------------------------------------------
 
     def barrier(self, opts: Any = None) -> Any:
-        """Wait for the routed collectives queued so far, then run the inner backend's barrier."""
-        if not self._worker.in_worker_thread():  # on it (calibrating), everything before has run
-            self._worker.flush().wait()
+        """Wait for the routed collectives queued so far, then run the inner backend's barrier.
+
+        On a group with GPUs that is NCCL's, on the device (after the routed calls on the stream);
+        else gloo's.
+        """
+        self._order.flush()
         opts = dist.BarrierOptions() if opts is None else opts
-        return self._get_backend(torch.device("cpu")).barrier(opts)  # gloo: no device to choose
+        device = torch.device("cuda") if self._has_cuda_backend else torch.device("cpu")
+        return self._get_backend(device).barrier(opts)
 
     def shutdown(self) -> None:
         """Stop the worker, close the routed collectives' links and shut the inner backends down."""
-        self._worker.close()
+        self._order.close()
         for link in self._links.values():
             link.close()
         self._links.clear()

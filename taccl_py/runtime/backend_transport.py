@@ -1,6 +1,7 @@
 """The pieces under the ``taccl`` process group: its Work, its message transport, its backends.
 
-:class:`FutureWork` is what a routed collective returns; :class:`BackendTransport` moves the
+:class:`FutureWork` is what a call run on the group's worker thread returns (CPU), :class:`StreamWork`
+what a routed collective on a GPU returns; :class:`BackendTransport` moves the
 Communicator's messages over a gloo or NCCL backend object that belongs to the ``taccl`` group
 alone (the torch.distributed registry does not know it, so ``dist.isend(group=...)`` cannot
 reach it); :func:`make_backend` builds such backends.
@@ -17,50 +18,101 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.errors import TransportError
-from taccl_py.runtime.ordered_worker import wait_for_stream
 from taccl_py.runtime.transport import Message, Pending, Transport
 from taccl_py.runtime.transports.torch_dist import WorkPending
 
-__all__ = ["FutureWork", "BackendTransport", "make_backend"]
+__all__ = ["FutureWork", "StreamWork", "BackendTransport", "make_backend"]
 
 
 class FutureWork(dist.Work):
-    """The Work of a routed collective: ``wait`` raises when the collective failed.
+    """The Work of a call that runs on the group's worker thread (CPU): ``wait`` blocks the host until it ran.
 
     (The Work of ``_create_work_from_future`` returns from ``wait`` even when its future holds an
     error, so a failed collective would pass silently.) The Communicator's per-message timeout,
-    the group's, bounds every collective; ``wait(timeout)`` can give up sooner. ``stream`` is the
-    CUDA stream the collective was queued on (see :func:`~taccl_py.runtime.ordered_worker.caller_stream`):
-    ``wait`` orders the waiter's current stream after it, as NCCL's Work does.
+    the group's, bounds every collective; ``wait(timeout)`` can give up sooner, and the timeout
+    is then the work's :meth:`exception` too, as ProcessGroupNCCL reports one.
     """
 
-    def __init__(self, future: torch.futures.Future, stream: Any = None) -> None:
+    def __init__(self, future: torch.futures.Future) -> None:
         super().__init__()
         self._future = future
-        self._stream = stream
+        self._timed_out: BaseException | None = None
         self._done = threading.Event()
         future.add_done_callback(lambda _: self._done.set())
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        """Return True once the collective finished; raise its error if it failed (a RuntimeError through c10d).
+        """Return True once the call finished; raise its error if it failed (a RuntimeError through c10d).
 
-        With ``timeout``, raise TransportError when the collective has not finished by then (it
-        keeps running: the group's own timeout ends it).
+        With ``timeout``, raise TransportError when the call has not finished by then (it keeps
+        running: the group's own timeout ends it).
         """
         limit_s = None if timeout is None or timeout.total_seconds() <= 0 else timeout.total_seconds()
         if not self._done.wait(limit_s):
-            raise TransportError(f"a routed collective did not finish within {limit_s:g} s (Work.wait timeout)")
+            self._timed_out = TransportError(f"a collective did not finish within {limit_s:g} s (Work.wait timeout)")
+            raise self._timed_out
         self._future.wait()
-        wait_for_stream(self._stream)
         return True
 
     def get_future(self) -> torch.futures.Future:
-        """Return the future of the collective's output tensors."""
+        """Return the future of the call's output tensors."""
         return self._future
 
     def is_completed(self) -> bool:
-        """Return whether the collective finished (successfully or not)."""
+        """Return whether the call finished (successfully or not)."""
         return self._future.done()
+
+    def is_success(self) -> bool:
+        """Return whether the call finished without error."""
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """Return the call's error, the timeout of a ``wait`` that gave up, or None."""
+        if self._future.done():
+            try:
+                self._future.wait()
+            except RuntimeError as error:
+                return error
+        return self._timed_out
+
+
+class StreamWork(dist.Work):
+    """The Work of a routed collective issued on a CUDA stream, as ProcessGroupNCCL's: the host never waits.
+
+    ``wait`` orders the waiter's current stream after the collective; ``is_completed`` is True once
+    the GPU has run it; the future holds the outputs and is CUDA-aware (its waiters' streams wait
+    too). Errors surface when the call is issued; a collective stuck on the device is ended by the
+    link's NCCL watchdog, whose error the group's next call raises.
+    """
+
+    def __init__(self, outputs: list[torch.Tensor], stream: Any) -> None:
+        super().__init__()
+        self._stream = stream
+        self._event = torch.cuda.Event()
+        self._event.record(stream)
+        self._future = torch.futures.Future(devices=[stream.device])
+        with torch.cuda.stream(stream):  # a CUDA-aware future records the current stream at set_result
+            self._future.set_result(outputs)
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        """Order the current stream after the collective and return True at once (``timeout``: NCCL's watchdog's)."""
+        torch.cuda.current_stream(self._stream.device).wait_event(self._event)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        """Return the CUDA-aware future of the collective's output tensors."""
+        return self._future
+
+    def is_completed(self) -> bool:
+        """Return whether the GPU has run the collective."""
+        return self._event.query()
+
+    def is_success(self) -> bool:
+        """Return whether the GPU has run the collective (errors were raised when it was issued)."""
+        return self.is_completed()
+
+    def exception(self) -> BaseException | None:
+        """Return None: a routed collective on a GPU fails when it is issued, or through NCCL's watchdog."""
+        return None
 
 
 class BackendTransport(Transport):

@@ -78,7 +78,10 @@ def run_bench(spec: BenchSpec, progress: Callable[[str], None] | None = None) ->
     """
     progress = progress if progress is not None else spec.progress
     declared = {"cluster": spec.cluster, "nic_down": spec.nic_down, "nic_speed": spec.nic_speed}
-    comm = Communicator.from_env(_library(spec), timeout_s=spec.timeout_s, **(declared if spec.cluster else {}))
+    # The library's algorithms as they are: the automatic calibration would swap in the native side.
+    comm = Communicator.from_env(
+        _library(spec), timeout_s=spec.timeout_s, calibration=False, **(declared if spec.cluster else {})
+    )
     if spec.calibration is not None:  # measured at the sizes benched, when not cached yet
         comm.load_or_calibrate(spec.calibration, spec.sizes, iters=spec.iters, warmup=spec.warmup)
     if spec.collectives is not None:

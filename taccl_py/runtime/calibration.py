@@ -8,8 +8,10 @@ medians of a handful of calls differ by a few percent on a busy machine even whe
 the same code, and a user who plugs taccl_py in should never pay for that noise.
 
 The file form (``read_calibration``/``write_calibration``) caches it; it is keyed by what the times
-depend on (world size, transport, device, the library's bands), and a key that does not match the
-live group means "measure again".
+depend on (world size, transport, device, the library's bands and, for the automatic calibration's
+cache, the ranks' hosts), and a key that does not match the live group means "measure again". The
+automatic calibration a Communicator runs by default, and its cache folder, are in
+:mod:`taccl_py.runtime.calibration_cache`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +63,16 @@ DEFAULT_MARGIN = 0.05
 class CalibrationKey:
     """What measured times depend on; a calibration applies only to a group with the same key.
 
-    ``library`` is :func:`library_fingerprint` of the Communicator's algorithm choices.
+    ``library`` is :func:`library_fingerprint` of the Communicator's algorithm choices; ``hosts``
+    the ranks' hostnames in rank order, comma-separated ("": not recorded, as in a calibration
+    given by path or measured by ``Communicator.calibrate``).
     """
 
     world_size: int
     transport: str
     device: str
     library: str
+    hosts: str = ""
 
 
 @dataclass(frozen=True)
@@ -200,6 +205,8 @@ def measure_points(
 def write_calibration(calibration: Calibration, path: str | Path) -> None:
     """Write ``calibration`` as JSON to ``path`` (whole or not at all)."""
     body = {"format": CALIBRATION_FORMAT, **asdict(calibration)}
+    if not calibration.key.hosts:  # a key without hosts reads in taccl_py versions from before hosts
+        del body["key"]["hosts"]
     write_text_atomic(path, json.dumps(body, indent=1) + "\n")
 
 
@@ -234,11 +241,14 @@ _TYPES = {"int": int, "float": float, "str": str}
 
 
 def _fields(obj: Any, cls: type, source: str) -> dict[str, Any]:
-    """Return ``obj``'s values for ``cls``'s fields, each checked against the field's type."""
+    """Return ``obj``'s values for ``cls``'s fields, each checked against its type (those with defaults optional)."""
     if not isinstance(obj, dict):
         raise FormatError(source, cls.__name__, type(obj).__name__, "an object")
     out = {}
+    optional = {field.name for field in fields(cls) if field.default is not MISSING}
     for name, kind in cls.__annotations__.items():
+        if name not in obj and name in optional:
+            continue
         if name not in obj:
             raise FormatError(source, f"{cls.__name__}.{name}", "missing", "every field of a calibration")
         value, want = obj[name], _TYPES[kind]

@@ -3,9 +3,11 @@
 Built on an initialised torch.distributed process group. For each call it picks an algorithm by
 collective, world size and message size from its library, compiles an :class:`Executor` once per
 (algorithm, dtype, element count) and replays it over the transport; when no algorithm fits it
-runs torch.distributed's own collective on the same group and says so in one log line. With a
-calibration (``calibration=``, :meth:`Communicator.calibrate`) it also runs the own collective
-("native") wherever that measured faster on this group. Given the live cluster (``cluster=``, or
+runs torch.distributed's own collective on the same group and says so in one log line. It also
+runs the own collective ("native") wherever that measured faster on this group: by default it
+times both on each collective's first call, or reads that from its cache (see
+:mod:`taccl_py.runtime.calibration_cache`); ``calibration=`` and :meth:`Communicator.calibrate`
+give or measure a calibration instead. Given the live cluster (``cluster=``, or
 TACCL_CLUSTER for ``from_env``; see :mod:`taccl_py.runtime.live_cluster`) it runs only algorithms
 made for that cluster, and the own collective, with one warning per collective, where none was.
 
@@ -106,11 +108,12 @@ class Communicator(AlgorithmChoice):
     verify : bool
         Prove every algorithm correct (``taccl_py.verify.check_algorithm``) before it may run.
         An algorithm's in-place variant is verified either way, once, on its first in-place call.
-    calibration : str, PathLike or Calibration, optional
-        Run the group's own collective wherever it measured faster than the library's algorithm.
-        A path is a cache: read when it holds a calibration of this group's key (world size,
-        transport, device, library), otherwise measured now (every rank takes part, a few seconds
-        to a minute) and written there by rank 0. See :meth:`calibrate`.
+    calibration : bool, None, str, PathLike or Calibration
+        Run the group's own collective wherever it measured more than 5% faster than the library's
+        algorithm. True (default) or None: measured on each collective's first call (see Notes)
+        unless TACCL_CALIBRATION=off. False: never. A path is a cache: read when it holds a
+        calibration of this group's key (world size, transport, device, library), otherwise
+        measured now for every collective and written there by rank 0. See :meth:`calibrate`.
     cuda_graphs : bool
         Capture each call into a CUDA graph on its second run with the same tensors and replay it
         after (see :mod:`taccl_py.runtime.graphs`); every rank must pass the same value. Where
@@ -152,6 +155,12 @@ class Communicator(AlgorithmChoice):
     reduce_scatter runs on a copy, leaving the input's other blocks as torch's backends do. Every
     rank must alias alike: the two forms may differ in rounds.
     The Communicator must be the only user of its group while a call runs.
+
+    What the first call costs: with the automatic calibration, the first call of each collective
+    the library has algorithms for times ours against the group's own (5 pairs of calls at each
+    size of 64 KB-64 MB, steps of 4x, that an algorithm runs; 3-5 s on 4 gloo CPU ranks), or reads
+    rank 0's cache (see :mod:`~taccl_py.runtime.calibration_cache`). Every rank must make that
+    first call alike. :meth:`algorithm_for` ignores this calibration (``automatic_calibration``).
     """
 
     __slots__ = (
@@ -175,7 +184,7 @@ class Communicator(AlgorithmChoice):
         transport: Any = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         verify: bool = True,
-        calibration: Any = None,
+        calibration: Any = True,
         cuda_graphs: bool = False,
         cluster: Any = None,
         nic_down: Any = (),
@@ -360,7 +369,7 @@ class Communicator(AlgorithmChoice):
         size_bytes = collective_size_bytes(
             collective, input.numel() * input.element_size(), output.numel() * output.element_size()
         )
-        candidate, algorithm = self._choose(collective, size_bytes)
+        candidate, algorithm = self._choose_for_call(collective, size_bytes)
         if algorithm is None:
             if candidate is None:  # a band or calibration that chose "native" needs no word
                 self._log_fallback(collective, size_bytes)

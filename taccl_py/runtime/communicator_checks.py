@@ -33,7 +33,19 @@ def op_name(op: Any) -> str:
 
 
 def check_tensors(what: str, output: Any, input: Any, device: Any, transport: str) -> None:
-    """Raise ArgumentError unless both are contiguous tensors of one supported dtype on ``device``."""
+    """Raise ArgumentError unless both are contiguous tensors of one supported dtype on ``device``.
+
+    A call on a GPU while the calling thread captures a CUDA graph is refused too: the executor's
+    host-side rounds cannot be replayed by the graph (``cuda_graphs=True`` captures whole calls).
+    """
+    if torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ArgumentError(
+            _SOURCE,
+            what,
+            "called while this thread captures a CUDA graph",
+            "a call outside the capture (Communicator(cuda_graphs=True) captures its own calls; the taccl "
+            "backend's calls run NCCL's own during a capture)",
+        )
     for role, tensor in (("output", output), ("input", input)):
         if not isinstance(tensor, torch.Tensor):
             raise ArgumentError(_SOURCE, f"{what}.{role}", f"{type(tensor).__name__} is not a tensor", "a torch.Tensor")

@@ -5,7 +5,8 @@ decides, per call, between a library algorithm and torch.distributed's own colle
 the library's size band for the collective (see :mod:`taccl_py.runtime.selection`), with the bands
 made for another cluster than the live one set aside and warned about once per collective (see
 :mod:`taccl_py.runtime.live_cluster`), then the calibration's verdict where one was measured or
-read (see :mod:`taccl_py.runtime.calibration`); a call whose tensors alias runs the algorithm's
+read (see :mod:`taccl_py.runtime.calibration`), or measured on the collective's first call by
+default (see :mod:`taccl_py.runtime.calibration_cache`); a call whose tensors alias runs the algorithm's
 in-place form (see :mod:`taccl_py.runtime.inplace_calls`). The Communicator's construction,
 executors and collective methods are in :mod:`taccl_py.runtime.communicator`.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +28,7 @@ import torch.distributed as dist
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.runtime import calibration_cache
 from taccl_py.runtime.calibration import (
     DEFAULT_CALIBRATION_ITERS,
     DEFAULT_CALIBRATION_SIZES,
@@ -35,6 +39,15 @@ from taccl_py.runtime.calibration import (
     measure_points,
     read_calibration,
     write_calibration,
+)
+from taccl_py.runtime.calibration_cache import (
+    LazyCalibration,
+    automatic_calibration_on,
+    cache_dir,
+    cache_path,
+    lazy_sizes,
+    read_cached,
+    write_cached,
 )
 from taccl_py.runtime.group_log import group_warning_level
 from taccl_py.runtime.inplace_calls import INPLACE_COLLECTIVES, InplaceForms
@@ -56,7 +69,7 @@ class AlgorithmChoice:
     transport and :meth:`_use_calibration` after.
     """
 
-    __slots__ = ("choices", "calibration", "cluster", "_logged", "_inplace_forms")
+    __slots__ = ("choices", "calibration", "cluster", "_logged", "_inplace_forms", "_lazy")
 
     group: Any
     rank: int
@@ -100,16 +113,29 @@ class AlgorithmChoice:
         return [str(item) for item in gathered]
 
     def _use_calibration(self, calibration: Any) -> None:
-        """Take ``calibration`` (see the Communicator's parameter): a Calibration of this group, or a cache path."""
+        """Take ``calibration`` (see the Communicator's parameter): True or None, False, a Calibration or a path."""
         self.calibration: Calibration | None = None
-        if isinstance(calibration, Calibration):
+        self._lazy: LazyCalibration | None = None
+        if calibration is True or calibration is None:
+            if automatic_calibration_on(os.environ):
+                self._lazy = LazyCalibration()
+        elif isinstance(calibration, Calibration):
             if calibration.key != self.calibration_key():
                 raise ArgumentError(
                     _SOURCE, "calibration", f"measured on {calibration.key}", f"one of {self.calibration_key()}"
                 )
             self.calibration = calibration
-        elif calibration is not None:
+        elif isinstance(calibration, (str, os.PathLike)):
             self.load_or_calibrate(calibration)
+        elif calibration is not False:
+            raise ArgumentError(
+                _SOURCE, "calibration", repr(calibration), "True, None or False, a file path, or a Calibration"
+            )
+
+    @property
+    def automatic_calibration(self) -> Calibration | None:
+        """Return what the automatic calibration measured or read so far (None: nothing yet, or it is off)."""
+        return None if self._lazy is None else self._lazy.calibration
 
     # -- selection --------------------------------------------------------------------------------
 
@@ -119,7 +145,9 @@ class AlgorithmChoice:
         """Return the algorithm a call of ``collective`` with nccl-tests size ``size_bytes`` runs (None: torch's).
 
         None where no band covers the size, where the band is a library's "native" one, and where
-        the calibration measured torch's collective faster. With ``inplace``, the schedule an
+        the calibration given or made by :meth:`calibrate` measured torch's collective faster (not
+        the automatic one: it is measured inside a call, perhaps on another thread, so a caller
+        that routes by this answer gets the same one on every rank). With ``inplace``, the schedule an
         in-place call runs (see :func:`~taccl_py.runtime.inplace_calls.is_inplace_call`): the
         algorithm when it is in place, its verified in-place variant (``inplace`` True, metadata
         ``inplace_of``), or the out-of-place algorithm where no variant verifies (run on a copy).
@@ -135,6 +163,17 @@ class AlgorithmChoice:
             return algorithm
         form = self._inplace_forms.form(algorithm)
         return algorithm if form is None else form
+
+    def _choose_for_call(self, collective: Collective, size_bytes: int) -> tuple[Candidate | None, Algorithm | None]:
+        """Return what a call runs, as :meth:`_choose`, then the automatic calibration's verdict (measured if due)."""
+        lazy = self._lazy
+        if lazy is None:
+            return self._choose(collective, size_bytes)
+        self._calibrate_lazily(collective)
+        candidate, algorithm = self._choose(collective, size_bytes)
+        if algorithm is None or lazy.calibration is None:
+            return candidate, algorithm
+        return candidate, None if lazy.calibration.native_faster(collective, size_bytes, algorithm.name) else algorithm
 
     def _choose(self, collective: Collective, size_bytes: int) -> tuple[Candidate | None, Algorithm | None]:
         """Return the band covering the size (None: none) and the algorithm to run (None: torch's)."""
@@ -171,12 +210,13 @@ class AlgorithmChoice:
         the slowest rank's, medians over ``iters`` float32 calls each). ``collectives`` defaults to
         those the library has algorithms for. An algorithm keeps a size only where it measured
         faster than native by more than ``margin`` (a fraction). Rank 0 writes the result to
-        ``path`` when given.
+        ``path`` when given. The result replaces the automatic calibration, which stops.
         """
         if not 0.0 <= margin < 1.0:
             raise ArgumentError(_SOURCE, "margin", f"{margin!r}", "a fraction in [0, 1)")
         if collectives is None:
             collectives = [c for c in Collective if c in self.choices.collectives]
+        self._lazy = None  # this calibration replaces the automatic one, which must not start inside it
         self.calibration = None  # time the library's algorithms, not an earlier calibration's choice
         points = measure_points(self, [Collective(c) for c in collectives], sizes, iters, warmup)
         self.calibration = Calibration(self.calibration_key(), "float32", iters, points, margin=margin)
@@ -193,28 +233,81 @@ class AlgorithmChoice:
         Every rank must call this alike. Rank 0 reads the file and hands it to every rank, so all
         ranks choose alike even without a shared file system. ``sizes`` and ``options`` go to
         :meth:`calibrate` when measuring; a ``margin`` among them also applies to a cached file.
+        The result replaces the automatic calibration, which stops.
         """
         path = Path(path)
-        found: list[Any] = [None]
+        self._lazy = None  # the file (or its measurement) replaces the automatic calibration
+        found: Any = None
         if self.rank == 0 and path.exists():
             try:
                 cached = read_calibration(path)
             except FormatError as error:  # every rank raises it, instead of waiting for rank 0
-                found[0] = error
+                found = error
             else:
-                found[0] = cached if cached.key == self.calibration_key() else None
-                if found[0] is None:
+                found = cached if cached.key == self.calibration_key() else None
+                if found is None:
                     logger.info("%s was measured on another group or library (%s); measuring again", path, cached.key)
-        if self.world_size > 1:
-            source = 0 if self.group is None else dist.get_global_rank(self.group, 0)
-            dist.broadcast_object_list(found, src=source, group=self.group)
-        if isinstance(found[0], FormatError):
-            raise found[0]
-        if found[0] is None:
+        found = self._from_rank0(found)
+        if isinstance(found, FormatError):
+            raise found
+        if found is None:
             return self.calibrate(sizes, path=path, **options)
-        self.calibration = found[0] if "margin" not in options else replace(found[0], margin=options["margin"])
+        self.calibration = found if "margin" not in options else replace(found, margin=options["margin"])
         logger.info("calibration from %s: %s", path, self.calibration.summary())
         return self.calibration
+
+    def _from_rank0(self, value: Any) -> Any:
+        """Return group rank 0's ``value`` on every rank (a broadcast on the group; all ranks call it alike)."""
+        if self.world_size == 1:
+            return value
+        box = [value]
+        source = 0 if self.group is None else dist.get_global_rank(self.group, 0)
+        dist.broadcast_object_list(box, src=source, group=self.group)
+        return box[0]
+
+    def _calibrate_lazily(self, collective: Collective) -> None:
+        """Settle ``collective`` for the automatic calibration on its first call: read rank 0's cache, or measure.
+
+        Every rank reaches this at the same call (the first of ``collective``) and makes the same
+        group calls: the hosts' exchange (once), rank 0's broadcast of what it read, and the
+        measurement. The collective is settled first, so the measurement's own calls of it do
+        not start another.
+        """
+        lazy = self._lazy
+        if lazy is None or collective in lazy.settled:
+            return
+        lazy.settled.add(collective)
+        sizes = lazy_sizes(self.choices, collective, calibration_cache.LAZY_CALIBRATION_SIZES)
+        if not sizes:  # the library runs no algorithm for it: nothing to weigh
+            return
+        if lazy.hosts is None:
+            lazy.hosts = ",".join(self._exchange_texts(socket.gethostname()))
+        key = replace(self.calibration_key(), hosts=lazy.hosts)
+        path = cache_path(key, cache_dir(os.environ))
+        cached = read_cached(path, key) if self.rank == 0 else None
+        points = self._from_rank0(
+            None if cached is None else tuple(p for p in cached.points if p.collective == collective.value) or None
+        )
+        measured = points is None
+        start = time.perf_counter()
+        if measured:
+            iters, warmup = calibration_cache.LAZY_CALIBRATION_ITERS, calibration_cache.LAZY_CALIBRATION_WARMUP
+            points = measure_points(self, [collective], sizes, iters, warmup)
+        calibration = lazy.add(key, collective, points)
+        if measured and self.rank == 0:
+            write_cached(path, calibration, collective)
+        logger.info(
+            "%s on %d ranks (%s, %s): %s %s; %s",
+            collective.value,
+            self.world_size,
+            self.transport.name,
+            key.device,
+            f"calibrated at {len(points)} sizes in {time.perf_counter() - start:.1f} s, cached in"
+            if measured
+            else "calibration read from",
+            path if self.rank == 0 else f"rank 0's {path.name}",
+            replace(calibration, points=tuple(points)).summary(),
+        )
 
     def _log_fallback(self, collective: Collective, size_bytes: int) -> None:
         if self.cluster is not None:

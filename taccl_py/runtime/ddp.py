@@ -209,11 +209,12 @@ def register(
         file, Algorithm, ...); None runs torch's own all-reduce for every bucket, on DDP's group.
     background : bool, default True
         Serve buckets on a worker thread that overlaps backward (see :class:`HookState`).
-    calibration : optional
-        Passed to :class:`Communicator` when ``communicator`` is None: a calibration file (read,
-        or measured on the dedicated group and written) so buckets run torch's own all-reduce
-        at the sizes where it measured faster. With ``communicator`` None, such buckets go to
-        DDP's own group directly, as DDP's default hook sends them (``HookState.native_group``).
+    calibration : bool, None, str or PathLike
+        For the Communicator made when ``communicator`` is None: None or True (default) measures
+        on the first bucket as the Communicator does by default, False never; a calibration file
+        is read, or measured on the dedicated group and written, before training, and buckets
+        that run torch's own all-reduce then go to DDP's own group directly, as DDP's default hook
+        sends them (``HookState.native_group``).
 
     Returns
     -------
@@ -232,10 +233,13 @@ def register(
     owned_group = None
     if communicator is None:
         owned_group, transport = _dedicated_group(model)
-        communicator = Communicator(owned_group, library, transport=transport)
-        if calibration is not None:  # buckets are only ever all-reduced: measure that alone
+        automatic = calibration is None or isinstance(calibration, bool)
+        communicator = Communicator(
+            owned_group, library, transport=transport, calibration=calibration if automatic else False
+        )
+        if not automatic:  # buckets are only ever all-reduced: measure that alone
             communicator.load_or_calibrate(calibration, collectives=[Collective.ALLREDUCE])
-    elif library is not None or calibration is not None:
+    elif library is not None or calibration not in (None, True):
         raise ArgumentError(
             _SOURCE, "library/calibration", "given together with a communicator", "a communicator, or these"
         )

@@ -39,6 +39,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow
 from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
+from taccl_py.runtime.binding_cache import BindingCache, unowned_alias
 from taccl_py.runtime.graphs import GraphedCalls
 from taccl_py.runtime.inplace_calls import is_inplace_call
 from taccl_py.runtime.rank_plan import RankPlan, Storage, compile_rank_plan
@@ -76,9 +77,12 @@ def block_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -
 
 @dataclass
 class _Binding:
-    """The plan bound to one pair of user tensors, and the CUDA graphs of its calls (see ``run``)."""
+    """The plan bound to one pair of user tensors, and the CUDA graphs of its calls (see ``run``).
 
-    keep: tuple[Any, ...]  # the user tensors, held so their addresses stay theirs
+    It reaches the tensors' memory only through aliases that do not hold the tensors
+    (:func:`~taccl_py.runtime.binding_cache.unowned_alias`), so it dies with them (see :class:`BindingCache`).
+    """
+
     copy_in: list[tuple[Any, Any]]
     rounds: list[BoundRound]
     copy_out: list[tuple[Any, Any]]
@@ -122,8 +126,9 @@ class Executor:
     Notes
     -----
     Scratch, per-step temporaries and send snapshots are allocated once, here. The views of the
-    user's tensors are built on the first run with a given (output, input) pair and reused; the
-    executor keeps the last two pairs alive for that (their addresses then stay theirs).
+    user's tensors are built on the first run with a given (output, input) pair and reused for the
+    last two pairs while the caller keeps those tensors; they never keep the caller's memory alive
+    (see :mod:`taccl_py.runtime.binding_cache`).
     Temporaries are not shared between steps: a plan needs as many temporary chunks as its
     reducing receives carry.
 
@@ -206,7 +211,7 @@ class Executor:
             for storage in (Storage.SCRATCH, Storage.TEMP, Storage.SNAP)
         }
         self._scratch_stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        self._bindings: list[_Binding] = []
+        self._bindings = BindingCache(limit=2)  # the last two pairs: a DDP bucket alternates
 
     # -- shapes -----------------------------------------------------------------------------------
 
@@ -235,11 +240,10 @@ class Executor:
 
     def _binding(self, output: Any, input: Any) -> _Binding:
         key = (output.data_ptr(), input.data_ptr())
-        for binding in self._bindings:
-            if (binding.keep[0].data_ptr(), binding.keep[1].data_ptr()) == key:
-                return binding
-        binding = self._bind(output, input)
-        self._bindings = [binding] + self._bindings[:1]  # the last two pairs (a DDP bucket alternates)
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._bind(unowned_alias(output), unowned_alias(input))
+            self._bindings.put(key, (output, input), binding)
         return binding
 
     def _user_blocks(self, tensor: Any, blocks: int) -> list[Any]:
@@ -282,7 +286,7 @@ class Executor:
             len(copy_in),
             len(copy_out),
         )
-        return _Binding((output, input), copy_in, rounds, copy_out, list(plan.final_send_waits))
+        return _Binding(copy_in, rounds, copy_out, list(plan.final_send_waits))
 
     def _bind_copies(self, output: Any, input: Any) -> tuple[dict[Storage, Any], list, list]:
         """Return the user storages and the (dst, src) copies of a call not in the plan's in-place form."""

@@ -28,7 +28,8 @@ __all__ = ["GraphedCalls", "MAX_GRAPHS", "MIN_NCCL_FOR_CAPTURE", "capture_cuda_g
 
 logger = logging.getLogger(__name__)
 
-#: Graphs kept per holder; each pins its tensors and its share of the graph memory pool.
+#: Graphs kept per holder (an executor's binding of one pair of tensors, which dies with them);
+#: each holds its share of the graph memory pool.
 MAX_GRAPHS = 8
 #: The first NCCL release whose point-to-point calls can be captured.
 MIN_NCCL_FOR_CAPTURE = (2, 9, 6)

@@ -71,7 +71,7 @@ class OrderedWorker:
     >>> worker.close()
     """
 
-    __slots__ = ("_name", "_queue", "_thread", "_lock", "_failure", "_closed")
+    __slots__ = ("_name", "_queue", "_thread", "_lock", "_failure", "_closed", "_unfinished")
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -79,6 +79,7 @@ class OrderedWorker:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self._closed = False
+        self._unfinished = 0  # jobs submitted and not yet run to the end
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -93,6 +94,11 @@ class OrderedWorker:
     def in_worker_thread(self) -> bool:
         """Return whether the caller is this worker's thread (a job calling back into its owner)."""
         return threading.current_thread() is self._thread
+
+    def idle(self) -> bool:
+        """Return whether every job submitted so far has run (a call made now runs after all of them)."""
+        with self._lock:
+            return self._unfinished == 0
 
     @property
     def closed(self) -> bool:
@@ -130,6 +136,7 @@ class OrderedWorker:
                 raise ArgumentError(self._name, "submit", "the worker is closed", "a job before close()")
             failure = self._failure
             if failure is None:
+                self._unfinished += 1
                 self._queue.put((job, future, around))
         if failure is not None:
             future.set_exception(_after_failure(self._name, failure))
@@ -164,23 +171,30 @@ class OrderedWorker:
             item = self._queue.get()
             if item is _STOP:
                 return
-            job, future, around = item
-            failure = self._failure
-            if failure is not None:
-                future.set_exception(_after_failure(self._name, failure))
-                continue
-            with around if around is not None else contextlib.nullcontext():
-                # A CUDA-aware future records the current stream at set_result: the job's stream.
-                try:
-                    result = job()
-                except Exception as exc:  # noqa: BLE001 - every failure must reach the waiting rank
-                    error = _as_taccl_error(self._name, exc)
-                    with self._lock:
-                        self._failure = error
-                    logger.error("%s: job failed: %s", self._name, error)
-                    future.set_exception(error)
-                else:
-                    future.set_result(result)
+            self._run_one(*item)
+            # the job's references (its caller's tensors) went with _run_one's frame: a tensor the
+            # caller drops is freed now, not when the next job comes (idle() is True only after this)
+            del item
+            with self._lock:
+                self._unfinished -= 1
+
+    def _run_one(self, job: Callable[[], Any], future: torch.futures.Future, around: Any) -> None:
+        failure = self._failure
+        if failure is not None:
+            future.set_exception(_after_failure(self._name, failure))
+            return
+        with around if around is not None else contextlib.nullcontext():
+            # A CUDA-aware future records the current stream at set_result: the job's stream.
+            try:
+                result = job()
+            except Exception as exc:  # noqa: BLE001 - every failure must reach the waiting rank
+                error = _as_taccl_error(self._name, exc)
+                with self._lock:
+                    self._failure = error
+                logger.error("%s: job failed: %s", self._name, error)
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
 
 def caller_stream(tensor: torch.Tensor) -> Any:

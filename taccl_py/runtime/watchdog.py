@@ -37,7 +37,9 @@ class Watchdog:
     """Expire, once, when a watched item is not done by its deadline.
 
     ``expire`` runs on the watchdog's thread after the first missed deadline (e.g. abort the NCCL
-    communicator); every later :meth:`check` raises the error that names the item.
+    communicator); every later :meth:`check` raises the error that names the item. The error is
+    set before ``expire`` runs, so ``expire`` may wait (the CuPy transport waits for a post in
+    flight to leave NCCL) without delaying it; the thread ends after ``expire``.
     """
 
     def __init__(self, expire: Callable[[], None], name: str = "taccl-watchdog", poll_s: float = POLL_S) -> None:

@@ -8,10 +8,21 @@ given back in the form the local CuPy accepts. Messages run on the current torch
 the executor's reductions on that stream are ordered after them without host waits; a
 :class:`~taccl_py.runtime.watchdog.Watchdog` holds each round to the caller's timeout (a CUDA event
 queried from its thread) and aborts the communicator when one is late, so the next call raises.
+
+Posting and aborting share one lock: NCCL lets another thread abort a communicator while a call is
+inside it only for non-blocking communicators (``ncclCommInitRankConfig`` with ``blocking = 0``,
+which CuPy does not expose), so the watchdog waits for the groupStart…groupEnd in flight to
+return. A blocking groupEnd normally returns once the round is enqueued, but it can block on a
+dead peer (the first message to a peer sets up the connection with it) or on a CUDA launch queue
+full behind kernels that wait for that peer, and only an abort frees either. So the watchdog waits
+at most ``ABORT_LOCK_WAIT_S`` for the lock, then aborts anyway with an error line: a possible
+use-after-free in a process that is already failing, against a certain hang.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -20,8 +31,19 @@ from taccl_py.errors import TransportError
 from taccl_py.runtime.transport import Message, Pending, Transport
 from taccl_py.runtime.watchdog import Watchdog
 
-__all__ = ["CupyNcclTransport", "unique_id_to_bytes", "unique_id_candidates", "NCCL_UNIQUE_ID_BYTES"]
+__all__ = [
+    "ABORT_LOCK_WAIT_S",
+    "CupyNcclTransport",
+    "unique_id_to_bytes",
+    "unique_id_candidates",
+    "NCCL_UNIQUE_ID_BYTES",
+]
 
+logger = logging.getLogger(__name__)
+
+#: Longest wait (s) of an abort for the post in flight to leave groupEnd: an enqueue takes
+#: microseconds, a first connection with a live peer well under this; longer means a stuck peer.
+ABORT_LOCK_WAIT_S = 10.0
 #: Size of ncclUniqueId (nccl.h: NCCL_UNIQUE_ID_BYTES).
 NCCL_UNIQUE_ID_BYTES = 128
 _DTYPE_NAMES = MappingProxyType(
@@ -161,6 +183,7 @@ class CupyNcclTransport(Transport):
         self._comm = self._communicator(nccl, raw, index)
         self._rounds = 0
         self._aborted = False
+        self._post_lock = threading.Lock()  # one groupStart…groupEnd, or the abort, at a time
         self._watchdog = Watchdog(self._abort, name=f"taccl-cupy-nccl-{self.rank}")
 
     def _communicator(self, nccl: Any, raw: bytes, index: int) -> Any:
@@ -190,17 +213,21 @@ class CupyNcclTransport(Transport):
         self._watchdog.check()
         stream = torch.cuda.current_stream(self.device).cuda_stream
         nccl = self._nccl
-        try:
-            nccl.groupStart()
+        with self._post_lock:
+            self._watchdog.check()  # the watchdog may have aborted while this call waited for the lock
+            if self._aborted:
+                raise TransportError(f"rank {self.rank}: the NCCL communicator was aborted")
             try:
-                for m in sends:
-                    self._comm.send(m.tensor.data_ptr(), m.tensor.numel(), self._dtype(m.tensor), m.peer, stream)
-                for m in recvs:
-                    self._comm.recv(m.tensor.data_ptr(), m.tensor.numel(), self._dtype(m.tensor), m.peer, stream)
-            finally:
-                nccl.groupEnd()
-        except nccl.NcclError as error:
-            raise TransportError(f"NCCL: {error}") from error
+                nccl.groupStart()
+                try:
+                    for m in sends:
+                        self._comm.send(m.tensor.data_ptr(), m.tensor.numel(), self._dtype(m.tensor), m.peer, stream)
+                    for m in recvs:
+                        self._comm.recv(m.tensor.data_ptr(), m.tensor.numel(), self._dtype(m.tensor), m.peer, stream)
+                finally:
+                    nccl.groupEnd()
+            except nccl.NcclError as error:
+                raise TransportError(f"NCCL: {error}") from error
         finished = cupy.cuda.Event(disable_timing=True)
         finished.record(cupy.cuda.ExternalStream(stream))
         self._rounds += 1
@@ -222,11 +249,26 @@ class CupyNcclTransport(Transport):
         return wait
 
     def _abort(self) -> None:
-        """End the communicator's stuck kernels (the watchdog's thread calls this)."""
-        comm = self._comm
-        if comm is not None:
-            self._aborted = True
-            comm.abort()
+        """End the communicator's stuck kernels (the watchdog's thread calls this), between posts.
+
+        Waits up to ``ABORT_LOCK_WAIT_S`` for a post in flight (see the module notes), then aborts anyway.
+        """
+        locked = self._post_lock.acquire(timeout=ABORT_LOCK_WAIT_S)
+        if not locked:
+            logger.error(
+                "rank %d: a post has been inside NCCL's groupStart/groupEnd for %g s; aborting the "
+                "communicator under it, the only way to free a groupEnd stuck on a failed peer",
+                self.rank,
+                ABORT_LOCK_WAIT_S,
+            )
+        try:
+            comm = self._comm
+            if comm is not None and not self._aborted:
+                self._aborted = True
+                comm.abort()
+        finally:
+            if locked:
+                self._post_lock.release()
 
     def close(self) -> None:
         """Stop the watchdog and destroy the NCCL communicator."""
