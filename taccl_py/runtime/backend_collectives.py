@@ -4,8 +4,9 @@
 :class:`~taccl_py.runtime.backend_group.TacclProcessGroup` that torch calls: ``allreduce``,
 ``allgather`` / ``all_gather_single``, ``reduce_scatter`` / ``reduce_scatter_single`` (and their
 coalesced forms), ``alltoall`` and ``alltoall_base`` / ``all_to_all_single`` (equal blocks) check
-whether the call can run on a Communicator and queue it as a job on the group's worker;
-everything else, and whatever cannot be routed, runs on the inner gloo/NCCL backend. Every entry
+whether the call can run on a Communicator and run it in the group's issue order (see
+:mod:`taccl_py.runtime.issue_order`); everything else, and whatever cannot be routed, runs on the
+inner gloo/NCCL backend, in the same order. Every entry
 point torch has is a Python method here (see :mod:`taccl_py.runtime.backend` for why). The group
 itself (inner backends, links, the routing decision, ordering) is in
 :mod:`taccl_py.runtime.backend_group`.

@@ -2,11 +2,12 @@
 
 The group makes an inner gloo/NCCL backend per device for the calls it does not route, a second
 backend of the same kind per device (a :class:`~taccl_py.runtime.backend_transport.BackendTransport`)
-for the Communicator's messages, and the worker thread its routed collectives queue on; it
-resolves the live cluster and decides per call whether a Communicator runs it, calibrates, and
-orders ``barrier`` after the routed calls. Its collective methods, the ones torch calls, are in
-:mod:`taccl_py.runtime.backend_collectives`; the backend's registration and its notes on routing,
-threads, calibration and the cluster are in :mod:`taccl_py.runtime.backend`.
+for the Communicator's messages, and the :class:`~taccl_py.runtime.issue_order.IssueOrder` that
+runs its calls in the order they were issued; it resolves the live cluster and decides per call
+whether a Communicator runs it, calibrates, and orders ``barrier`` after the calls before it.
+Its collective methods, the ones torch calls, are in :mod:`taccl_py.runtime.backend_collectives`;
+the backend's registration and its notes on routing, threads, calibration and the cluster are in
+:mod:`taccl_py.runtime.backend`.
 """
 
 from __future__ import annotations
