@@ -29,17 +29,14 @@ from gpu_check_cases import (
     first_band_numel,
     integer_data,
     reduce_op,
-    reduce_scatter_single,
     reference_result,
     shape_of,
-)
-from gpu_check_cases import (
-    all_gather_single as gather_single,
 )
 from gpu_check_exact import difference
 from gpu_check_report import Outcome
 
 from taccl_py.ir.collectives import Collective
+from taccl_py.runtime.native import all_gather_single, reduce_scatter_single
 from taccl_py.runtime.selection import AlgorithmChoices
 
 __all__ = ["RoutingCounts", "check_backend", "run_mix"]
@@ -56,7 +53,7 @@ def _tensor_call(case: EntryCase, data: list[torch.Tensor], group: Any) -> list[
         dist.all_reduce(output, op=reduce_op(case.op), group=group)
     elif case.collective is Collective.ALLGATHER:
         output = tensor.new_empty(world * case.numel)
-        gather_single(output, tensor, group)
+        all_gather_single(output, tensor, group)
     elif case.collective is Collective.REDUCESCATTER:
         output = tensor.new_empty(case.numel)
         reduce_scatter_single(output, tensor, reduce_op(case.op), group)
@@ -95,7 +92,7 @@ def _coalesced_call(case: EntryCase, data: list[torch.Tensor], group: Any) -> li
     with dist._coalescing_manager(group, async_ops=True) as manager:
         for output, tensor in zip(outputs, data, strict=True):
             if gathers:
-                gather_single(output, tensor, group)
+                all_gather_single(output, tensor, group)
             else:
                 reduce_scatter_single(output, tensor, reduce_op(case.op), group)
     manager.wait()
@@ -129,7 +126,7 @@ def run_mix(data: list[torch.Tensor], group: Any, async_op: bool) -> list[torch.
     scatter_out = scattered.new_empty(scattered.numel() // world)
     works = [dist.all_reduce(summed, group=group, async_op=async_op)]
     dist.broadcast(broadcast, src=0, group=group)
-    works.append(gather_single(gather_out, gathered, group, async_op=async_op))
+    works.append(all_gather_single(gather_out, gathered, group, async_op=async_op))
     works.append(dist.all_reduce(multiplied, op=dist.ReduceOp.PRODUCT, group=group, async_op=async_op))
     works.append(dist.all_to_all_single(exchange_out, exchanged, group=group, async_op=async_op))
     works.append(reduce_scatter_single(scatter_out, scattered, dist.ReduceOp.SUM, group, async_op=async_op))

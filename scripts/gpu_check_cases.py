@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, block_layout
+from taccl_py.runtime.native import REDUCE_OP_NAMES, native_collective
 from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collective_size_bytes
 
 __all__ = [
@@ -36,10 +37,8 @@ __all__ = [
     "EntryCase",
     "ExecutorCase",
     "Shape",
-    "all_gather_single",
     "backend_cases",
     "band_numel",
-    "divide_for_avg",
     "dtype_name",
     "executor_cases",
     "expects_routing",
@@ -47,7 +46,6 @@ __all__ = [
     "integer_data",
     "ops_for",
     "reduce_op",
-    "reduce_scatter_single",
     "reference_result",
     "routed_bands",
     "shape_of",
@@ -91,7 +89,6 @@ COALESCED_ENTRIES = MappingProxyType(
 #: Routed and delegated calls in flight together (see gpu_check_backend.run_mix).
 MIX_ENTRY = "async mix, routed + delegated"
 _MIX_ROUTED = (Collective.ALLREDUCE, Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLTOALL)
-_TORCH_OPS = MappingProxyType({"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN", "prod": "PRODUCT"})
 
 
 # -- shapes and sizes ---------------------------------------------------------------------------------
@@ -274,51 +271,27 @@ def integer_data(numel: int, dtype: torch.dtype, seed: int, device: Any, op: str
 
 def reduce_op(op: str) -> Any:
     """Return the torch ReduceOp of ``op`` as the ``taccl`` group takes it (avg: AVG)."""
-    return getattr(dist.ReduceOp, "AVG" if op == "avg" else _TORCH_OPS.get(op, "SUM"))
-
-
-def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
-    """Run torch's single-tensor all-gather (``all_gather_into_tensor`` where torch lacks that name)."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(output, input, group=group, async_op=async_op)
-
-
-def reduce_scatter_single(
-    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any = None, async_op: bool = False
-) -> Any:
-    """Run torch's single-tensor reduce-scatter (``reduce_scatter_tensor`` where torch lacks that name)."""
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return scatter(output, input, op=op, group=group, async_op=async_op)
+    return getattr(dist.ReduceOp, "AVG" if op == "avg" else REDUCE_OP_NAMES.get(op, "SUM"))
 
 
 def reference_result(collective: Collective, data: torch.Tensor, numel: int, op: str, group: Any) -> torch.Tensor:
     """Return ``collective`` of ``data`` (shard length ``numel``) by ``group``'s own backend.
 
     avg is the sum divided by the rank count (integers truncate toward zero, as NCCL's ncclAvg
-    does): the executor's rule, where NCCL's float avg would premultiply each input by 1/n.
+    does): the executor's rule (:func:`~taccl_py.runtime.native.native_collective`), where NCCL's
+    float avg would premultiply each input by 1/n.
     """
     world = dist.get_world_size(group)
-    torch_op = getattr(dist.ReduceOp, _TORCH_OPS.get(op, "SUM"))
     if collective is Collective.ALLGATHER:
         out = data.new_empty(world * numel)
-        all_gather_single(out, data, group)
     elif collective is Collective.REDUCESCATTER:
         out = data.new_empty(numel)
-        reduce_scatter_single(out, data, torch_op, group)
     elif collective is Collective.ALLTOALL:
         out = torch.empty_like(data)
-        dist.all_to_all_single(out, data, group=group)
     else:
-        out = data.clone()
-        dist.all_reduce(out, op=torch_op, group=group)
-    return divide_for_avg(out, world) if op == "avg" else out
-
-
-def divide_for_avg(tensor: torch.Tensor, world: int) -> torch.Tensor:
-    """Return ``tensor`` / ``world`` in its dtype; integers truncate toward zero."""
-    if tensor.dtype.is_floating_point:
-        return tensor / world
-    return torch.div(tensor, world, rounding_mode="trunc")
+        out = data.clone()  # reduced in place
+    native_collective(collective, out, data, op if collective.reduces else "sum", group)
+    return out
 
 
 def dtype_name(dtype: torch.dtype) -> str:

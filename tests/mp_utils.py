@@ -124,32 +124,19 @@ def random_input(case: Case, rank: int, numel: int) -> Any:
 def torch_collective(collective: str, input: Any, op: str, world_size: int) -> Any:
     """Return torch.distributed's result of ``collective`` on the default group (avg: sum, then divide)."""
     import torch
-    import torch.distributed as dist
 
-    reduce_op = {
-        "sum": dist.ReduceOp.SUM,
-        "avg": dist.ReduceOp.SUM,
-        "max": dist.ReduceOp.MAX,
-        "min": dist.ReduceOp.MIN,
-    }[op]
+    from taccl_py.ir.collectives import Collective
+    from taccl_py.runtime.native import native_collective
+
     if collective == "allgather":
         output = torch.empty(input.numel() * world_size, dtype=input.dtype)
-        dist.all_gather_into_tensor(output, input)
     elif collective == "reducescatter":
         output = torch.empty(input.numel() // world_size, dtype=input.dtype)
-        dist.reduce_scatter_tensor(output, input, op=reduce_op)
     elif collective == "allreduce":
-        output = input.clone()
-        dist.all_reduce(output, op=reduce_op)
+        output = input.clone()  # reduced in place
     else:
         output = torch.empty_like(input)
-        dist.all_to_all_single(output, input)
-    if op == "avg" and collective in ("reducescatter", "allreduce"):
-        output = (
-            output / world_size
-            if output.dtype.is_floating_point
-            else torch.div(output, world_size, rounding_mode="trunc")
-        )
+    native_collective(Collective(collective), output, input, op, None)
     return output
 
 

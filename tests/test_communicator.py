@@ -19,6 +19,7 @@ from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import block_layout
+from taccl_py.runtime.native import all_gather_single, reduce_scatter_single
 from taccl_py.runtime.selection import collect_algorithms
 
 from helpers import LogLines, ring_algorithm
@@ -333,13 +334,12 @@ def inplace_call(comm: Communicator, collective: Collective, case: Case, rank: i
         ours.chunk(world)[rank].copy_(random_input(case, rank, case.numel))
         theirs = ours.clone()
         comm.all_gather(ours, ours.chunk(world)[rank])
-        (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(theirs, theirs.chunk(world)[rank])
+        all_gather_single(theirs, theirs.chunk(world)[rank])
         return ours, theirs
     ours = random_input(case, rank, world * case.numel)
     theirs = ours.clone()
     comm.reduce_scatter(ours.chunk(world)[rank], ours, op=case.op)
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    scatter(theirs.chunk(world)[rank], theirs, op=op)
+    reduce_scatter_single(theirs.chunk(world)[rank], theirs, op)
     return ours, theirs  # the whole input: its other blocks must stay as gloo leaves them
 
 

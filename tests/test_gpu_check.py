@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from taccl_py.ir.collectives import Collective
+from taccl_py.runtime.native import divide_for_avg
 from taccl_py.runtime.selection import collect_algorithms
 
 from mp_utils import run_ranks
@@ -126,7 +127,7 @@ def test_integer_data_stays_exact_for_every_op() -> None:
     assert data.abs().max() <= 4 and (data != 0).any()
     factors = cases.integer_data(4096, torch.float16, 3, "cpu", op="prod")
     assert set(factors.tolist()) <= {-2.0, -1.0, 1.0, 2.0}
-    assert torch.equal(cases.divide_for_avg(torch.tensor([-7, 7]), 2), torch.tensor([-3, 3]))
+    assert torch.equal(divide_for_avg(torch.tensor([-7, 7]), 2), torch.tensor([-3, 3]))  # the reference's avg
 
 
 def _outcome(dtype: str, failure: str | None = None, transport: str = "torch-gloo") -> Any:
@@ -191,8 +192,14 @@ def _run_check(rank: int, world_size: int, argv: list[str], bad_avg: bool = Fals
     import gpu_check_cases
 
     if bad_avg:  # a reference one off for float64 averages: the check must notice and fail
-        divide = gpu_check_cases.divide_for_avg
-        gpu_check_cases.divide_for_avg = lambda t, world: divide(t, world) + (t.dtype == torch.float64)
+        native = gpu_check_cases.native_collective
+
+        def one_off(collective: Collective, output: Any, input: Any, op: str, group: Any) -> None:
+            native(collective, output, input, op, group)
+            if op == "avg" and output.dtype == torch.float64:
+                output.add_(1)
+
+        gpu_check_cases.native_collective = one_off
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         status = gpu_check.main(argv)

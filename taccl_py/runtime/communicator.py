@@ -24,7 +24,6 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -41,6 +40,7 @@ from taccl_py.runtime.executor import Executor
 from taccl_py.runtime.graphs import graph_support
 from taccl_py.runtime.inplace_calls import describe_form, is_inplace_call
 from taccl_py.runtime.live_cluster import declared_from_env, sysfs_root_from_env
+from taccl_py.runtime.native import native_collective
 from taccl_py.runtime.selection import collective_size_bytes
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 #: Compiled executors kept per Communicator (least recently used dropped first): enough for
 #: every gradient bucket size of a large DDP model.
 MAX_CACHED_EXECUTORS = 64
-_TORCH_OPS = MappingProxyType({"sum": "SUM", "avg": "SUM", "max": "MAX", "min": "MIN"})
 _ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -384,19 +383,4 @@ class Communicator(AlgorithmChoice):
 
     def _torch_collective(self, collective: Collective, output: Any, input: Any, op: str) -> None:
         """Run torch.distributed's own collective on the group (avg as sum then divide, like the executor)."""
-        reduce_op = getattr(dist.ReduceOp, _TORCH_OPS[op])
-        if collective is Collective.ALLGATHER:
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            gather(output, input, group=self.group)
-        elif collective is Collective.REDUCESCATTER:
-            scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            scatter(output, input, op=reduce_op, group=self.group)
-        elif collective is Collective.ALLTOALL:
-            dist.all_to_all_single(output, input, group=self.group)
-        else:
-            dist.all_reduce(output, op=reduce_op, group=self.group)
-        if op == "avg":
-            if output.dtype.is_floating_point:
-                output.div_(self.world_size)
-            else:
-                output.div_(self.world_size, rounding_mode="trunc")
+        native_collective(collective, output, input, op, self.group)

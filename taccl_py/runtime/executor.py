@@ -42,6 +42,7 @@ from taccl_py.runtime.binding import BoundRound, bind_rounds, overlaps
 from taccl_py.runtime.binding_cache import BindingCache, unowned_alias
 from taccl_py.runtime.graphs import GraphedCalls
 from taccl_py.runtime.inplace_calls import is_inplace_call
+from taccl_py.runtime.native import divide_for_avg
 from taccl_py.runtime.rank_plan import RankPlan, Storage, compile_rank_plan
 from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Transport
 
@@ -375,10 +376,7 @@ class Executor:
         for dst, src in binding.copy_out:
             dst.copy_(src)
         if op == "avg" and self.algorithm.collective.reduces:
-            if self.dtype.is_floating_point:
-                output.div_(self.algorithm.num_ranks)
-            else:  # integer average truncates toward zero, as NCCL's ncclAvg does
-                output.div_(self.algorithm.num_ranks, rounding_mode="trunc")
+            divide_for_avg(output, self.algorithm.num_ranks)
 
     def _mark_scratch_in_use(self) -> None:
         """Tell the CUDA caching allocator that the scratch is used on the current stream, too.
