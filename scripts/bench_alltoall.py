@@ -14,20 +14,32 @@ synthesis wall time.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_baselines import bench_case
+from bench_harness import (
+    DATA_DIR,
+    add_no_write_argument,
+    add_nodes_argument,
+    add_sizes_argument,
+    add_topologies_argument,
+    argument_parser,
+    command_line,
+    csv_output,
+    csv_pointer,
+    group_records,
+    log,
+    machine_cases,
+    markdown_table,
+    update_benchmarks_section,
+    value_span,
+)
 
-from bench_baselines import bench_case  # noqa: E402
-from benchmarks_md import DATA_DIR, csv_pointer, csv_records, markdown_table, update_benchmarks_section, write_csv  # noqa: E402
-
-from taccl_py.synth import synthesize  # noqa: E402
-from taccl_py.topology import builtin_topology_names, load_topology  # noqa: E402
-from taccl_py.units import format_size, parse_sizes  # noqa: E402
+from taccl_py.synth import synthesize
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size, parse_sizes
 
 DEFAULT_SIZES = "1MB,4MB,16MB,64MB,256MB,1GB"
 DEFAULT_NODES = "1,2,4"
@@ -51,10 +63,6 @@ CSV_HEADER = (
     "vs_best_fitting",
     "synth_wall_s",
 )
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def instance_rows(name: str, nodes: int, sizes: Sequence[int]) -> list[tuple]:
@@ -93,18 +101,10 @@ def instance_rows(name: str, nodes: int, sizes: Sequence[int]) -> list[tuple]:
     return rows
 
 
-def _span(values: Sequence[float], digits: int = 3) -> str:
-    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
-    return low if low == high else f"{low}-{high}"
-
-
 def summary_table(records: Sequence[dict]) -> str:
     """Return one markdown row per machine x node count: bound fractions, speed-ups and synthesis time."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["topology"], record["nodes"]), []).append(record)
     rows = []
-    for (name, nodes), group in groups.items():
+    for (name, nodes), group in group_records(records, "topology", "nodes").items():
         large = [r["of_bound"] for r in group if r["size_bytes"] >= TARGET_FROM_BYTES]
         fitting = [r["vs_best_fitting"] for r in group if r["vs_best_fitting"] is not None]
         rows.append(
@@ -114,8 +114,8 @@ def summary_table(records: Sequence[dict]) -> str:
                 group[0]["gpus"],
                 f"{min(large):.3f}" if large else "-",
                 ("yes" if min(large) >= TARGET_FRACTION else "no") if large else "-",
-                _span([r["vs_best_baseline"] for r in group]),
-                _span(fitting) if fitting else "-",
+                value_span([r["vs_best_baseline"] for r in group], 3),
+                value_span(fitting, 3) if fitting else "-",
                 sum(1 for r in group if not r["chosen"].startswith(("direct", "hierarchical"))),
                 group[0]["synth_wall_s"],
             )
@@ -150,30 +150,27 @@ def render(records: Sequence[dict], elapsed_s: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the summary; write the CSV and BENCHMARKS.md unless ``--no-write``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="built-in names")
-    parser.add_argument("--nodes", default=DEFAULT_NODES, help=f"machine counts (default {DEFAULT_NODES})")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes (default {DEFAULT_SIZES})")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV alone")
+    parser = argument_parser(__doc__)
+    add_topologies_argument(parser)
+    add_nodes_argument(parser, DEFAULT_NODES)
+    add_sizes_argument(parser, DEFAULT_SIZES)
+    add_no_write_argument(parser)
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
-    cases = [(name, int(n)) for name in args.topologies.split(",") if name for n in args.nodes.split(",") if n]
+    cases = machine_cases(args.topologies, args.nodes)
     began = time.perf_counter()
     rows: list[tuple] = []
     for index, (name, nodes) in enumerate(cases, 1):
-        _log(f"[{index}/{len(cases)}] {name} x{nodes}")
+        log(f"[{index}/{len(cases)}] {name} x{nodes}")
         rows += instance_rows(name, nodes, sizes)
     elapsed = time.perf_counter() - began
-    records = csv_records(CSV_HEADER, rows) if args.no_write else write_csv(CSV_PATH, CSV_HEADER, rows)
+    records = csv_output(CSV_PATH, CSV_HEADER, rows, write=not args.no_write)
     body = render(records, elapsed)
     print(body)
     if not args.no_write:
-        given = list(sys.argv[1:] if argv is None else argv)
-        command = " ".join(["python scripts/bench_alltoall.py", *given])
-        update_benchmarks_section(
-            "alltoall", "AlltoAll: synthesized against direct and hierarchical (simulated)", command, body
-        )
-        _log("wrote the alltoall section of BENCHMARKS.md")
+        title = "AlltoAll: synthesized against direct and hierarchical (simulated)"
+        update_benchmarks_section("alltoall", title, command_line(__file__, argv), body)
+        log("wrote the alltoall section of BENCHMARKS.md")
     return 0
 
 

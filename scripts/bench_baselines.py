@@ -12,31 +12,37 @@ of BENCHMARKS.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmarks_md import (  # noqa: E402
-    COLLECTIVES,
+from bench_harness import (
     DATA_DIR,
+    add_collectives_argument,
+    add_no_write_argument,
+    add_nodes_argument,
+    add_sizes_argument,
+    add_topologies_argument,
+    argument_parser,
     collective_order,
+    command_line,
+    csv_output,
     csv_pointer,
-    csv_records,
+    group_records,
+    log,
+    machine_cases,
     markdown_table,
+    split_names,
     update_benchmarks_section,
-    write_csv,
+    value_span,
 )
 
-from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, size_groups  # noqa: E402
-from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan  # noqa: E402
-from taccl_py.topology import builtin_topology_names, load_topology  # noqa: E402
-from taccl_py.topology.bounds import lower_bounds  # noqa: E402
-from taccl_py.topology.model import Topology  # noqa: E402
-from taccl_py.units import format_size, parse_sizes  # noqa: E402
+from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, size_groups
+from taccl_py.bounds import lower_bounds
+from taccl_py.simulate import SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.topology import load_topology
+from taccl_py.topology.model import Topology
+from taccl_py.units import format_size, parse_sizes
 
 DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
 DEFAULT_NODES = "1,2,4"
@@ -62,10 +68,6 @@ CSV_HEADER = (
 )
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def bench_case(
     topology: Topology, collective: str, sizes: Sequence[int]
 ) -> dict[str, dict[int, tuple[str, SimulationResult]]]:
@@ -82,7 +84,7 @@ def bench_case(
             plan = prepare_simulation(algorithm, topology)
             for size in group:
                 out[kind.value][size] = (algorithm.name, simulate_plan(plan, size, bound_time_us=bounds[size]))
-            _log(
+            log(
                 f"  {topology.name} {collective} {algorithm.name}: {plan.num_transfers} transfers, "
                 f"built+verified {built - began:.1f}s, simulated {len(group)} sizes {time.perf_counter() - built:.1f}s"
             )
@@ -134,12 +136,6 @@ def _row_key(row: Sequence) -> tuple:
     )
 
 
-def _span(values: Sequence[float]) -> str:
-    """Return ``worst-best`` of fractions of the bound (one value when they agree at two decimals)."""
-    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
-    return low if low == high else f"{low}-{high}"
-
-
 def summary_table(records: Sequence[dict]) -> str:
     """Return the markdown summary of CSV records (``read_csv`` of ``CSV_PATH``): one row per topology x collective.
 
@@ -147,16 +143,13 @@ def summary_table(records: Sequence[dict]) -> str:
     ``best baseline`` counts which kind is fastest over all machine counts and sizes.
     """
     sizes = sorted({(r["size_bytes"], r["size"]) for r in records})
-    groups: dict[tuple[str, str], list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["topology"], record["collective"]), []).append(record)
     rows = []
-    for (topology, collective), group in groups.items():
+    for (topology, collective), group in group_records(records, "topology", "collective").items():
         nodes = sorted({r["nodes"] for r in group})
         cells = []
         for size_bytes, _label in sizes:
             at_size = [r["best_of_bound"] for r in group if r["size_bytes"] == size_bytes]
-            cells.append(_span(at_size) if at_size else "-")
+            cells.append(value_span(at_size, 2) if at_size else "-")
         wins = {kind: sum(1 for r in group if str(r["best"]).split("-")[0] == kind) for kind in KINDS}
         rows.append(
             (
@@ -193,51 +186,40 @@ def render(records: Sequence[dict], elapsed_s: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the summary; write the CSV and BENCHMARKS.md unless ``--no-write``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--topologies", default=",".join(builtin_topology_names()), help="comma-separated built-in names (default: all)"
-    )
-    parser.add_argument(
-        "--nodes", default=DEFAULT_NODES, help=f"comma-separated machine counts (default {DEFAULT_NODES})"
-    )
-    parser.add_argument(
-        "--collectives", default=",".join(COLLECTIVES), help="comma-separated collectives (default: all three)"
-    )
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"nccl-tests sizes (default {DEFAULT_SIZES})")
-    parser.add_argument(
-        "--no-write", action="store_true", help=f"print only; leave BENCHMARKS.md and {CSV_PATH.name} alone"
-    )
+    parser = argument_parser(__doc__)
+    add_topologies_argument(parser)
+    add_nodes_argument(parser, DEFAULT_NODES)
+    add_collectives_argument(parser)
+    add_sizes_argument(parser, DEFAULT_SIZES)
+    add_no_write_argument(parser, f"BENCHMARKS.md and {CSV_PATH.name}")
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
-    names = [n for n in args.topologies.split(",") if n]
-    node_counts = [int(n) for n in args.nodes.split(",") if n]
-    collectives = [c for c in args.collectives.split(",") if c]
     began = time.perf_counter()
     rows: list[tuple] = []
-    cases = [(name, nodes, c) for name in names for nodes in node_counts for c in collectives]
+    cases = [
+        (name, nodes, c)
+        for name, nodes in machine_cases(args.topologies, args.nodes)
+        for c in split_names(args.collectives)
+    ]
     for index, (name, nodes, collective) in enumerate(cases, 1):
         topology = load_topology(name, nodes=nodes)
-        _log(f"[{index}/{len(cases)}] {topology.name} ({topology.num_ranks} ranks) {collective}")
+        log(f"[{index}/{len(cases)}] {topology.name} ({topology.num_ranks} ranks) {collective}")
         rows += table_rows(name, nodes, topology, collective, sizes, bench_case(topology, collective, sizes))
     elapsed = time.perf_counter() - began
-    if args.no_write:
-        records = csv_records(CSV_HEADER, rows, key=_row_key)
-    else:
-        records = write_csv(CSV_PATH, CSV_HEADER, rows, key=_row_key)
-        _log(f"wrote {CSV_PATH}")
+    records = csv_output(CSV_PATH, CSV_HEADER, rows, key=_row_key, write=not args.no_write)
+    if not args.no_write:
+        log(f"wrote {CSV_PATH}")
     body = render(records, elapsed)
     print(body)
     if not args.no_write:
-        given = list(sys.argv[1:] if argv is None else argv)
-        command = " ".join(["python scripts/bench_baselines.py", *given])
         update_benchmarks_section(
             "baselines",
             "Baselines: rings, double binary trees, hierarchical rings, packed trees (simulated)",
-            command,
+            command_line(__file__, argv),
             body,
         )
-        _log("wrote the baselines section of BENCHMARKS.md")
-    _log(f"done in {elapsed:.0f} s")
+        log("wrote the baselines section of BENCHMARKS.md")
+    log(f"done in {elapsed:.0f} s")
     return 0
 
 

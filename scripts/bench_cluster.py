@@ -13,29 +13,33 @@ how much re-synthesis buys (``resynth gain``: that algorithm's time over ours).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmarks_md import (  # noqa: E402
+from bench_harness import (
     COLLECTIVES,
     DATA_DIR,
+    add_collectives_argument,
+    add_jobs_argument,
+    add_no_write_argument,
+    add_sizes_argument,
+    argument_parser,
+    command_line,
+    csv_output,
     csv_pointer,
-    csv_records,
+    log,
     markdown_table,
+    speedup,
+    split_names,
     update_benchmarks_section,
-    write_csv,
 )
 
-from taccl_py.baselines.shipped import shipped_alternatives  # noqa: E402
-from taccl_py.ir.collectives import Collective  # noqa: E402
-from taccl_py.synth import synthesize  # noqa: E402
-from taccl_py.topology.cluster import load_cluster  # noqa: E402
-from taccl_py.units import format_size, parse_sizes  # noqa: E402
+from taccl_py.baselines.shipped import shipped_alternatives
+from taccl_py.ir.collectives import Collective
+from taccl_py.synth import synthesize
+from taccl_py.topology.cluster import load_cluster
+from taccl_py.units import format_size, parse_sizes
 
 
 @dataclass(frozen=True)
@@ -86,10 +90,6 @@ CSV_HEADER = (
 )
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _cell(value: object) -> str:
     return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
@@ -119,9 +119,9 @@ def bench_case(case: ClusterCase, collective: Collective, sizes: tuple[int, ...]
                 choice.synthesized.time_us if choice.synthesized else None,
                 choice.baseline_name,
                 baseline_us,
-                None if baseline_us is None else baseline_us / ours.time_us,
+                speedup(baseline_us, ours.time_us),
                 healthy_us,
-                None if healthy_us is None else healthy_us / ours.time_us,
+                speedup(healthy_us, ours.time_us),
                 round(wall_s, 1),
             )
         )
@@ -154,32 +154,32 @@ def summary_rows(records: list[dict]) -> list[tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--clusters", default=",".join(case.key for case in CASES), help="comma-separated keys")
-    parser.add_argument("--collectives", default=",".join(COLLECTIVES))
-    parser.add_argument("--sizes", default=DEFAULT_SIZES)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md and the CSV")
+    add_collectives_argument(parser)
+    add_sizes_argument(parser, DEFAULT_SIZES)
+    add_jobs_argument(parser)
+    add_no_write_argument(parser)
     args = parser.parse_args(argv)
     sizes = tuple(parse_sizes(args.sizes))
     wanted = args.clusters.split(",")
     rows = []
     for case in (c for c in CASES if c.key in wanted):
-        for name in args.collectives.split(","):
-            _log(f"== {case.label} {name} {args.sizes}")
+        for name in split_names(args.collectives):
+            log(f"== {case.label} {name} {args.sizes}")
             case_rows = bench_case(case, Collective(name), sizes, args.jobs)
             for row in case_rows:
-                _log("   " + " | ".join(_cell(value) for value in row))
+                log("   " + " | ".join(_cell(value) for value in row))
             rows.extend(case_rows)
-    records = csv_records(CSV_HEADER, rows) if args.no_write else write_csv(CSV_PATH, CSV_HEADER, rows)
+    records = csv_output(CSV_PATH, CSV_HEADER, rows, write=not args.no_write)
     headers = ("cluster", "collective", "min of bound >=16MB", ">= 0.9", "vs best baseline", "resynth gain", "synth s")
     body = markdown_table(headers, summary_rows(records))
     if not args.no_write:
         body += "\n\n" + csv_pointer(CSV_PATH, len(records), "Per size")
     print(body)
     if not args.no_write:
-        command = " ".join(["python scripts/bench_cluster.py", *(argv if argv is not None else sys.argv[1:])])
-        update_benchmarks_section("cluster", "Heterogeneous and degraded clusters (simulated)", command, body)
+        title = "Heterogeneous and degraded clusters (simulated)"
+        update_benchmarks_section("cluster", title, command_line(__file__, argv), body)
     return 0
 
 

@@ -9,22 +9,16 @@ parameter difference from it.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_harness import add_write_argument, argument_parser, print_table, update_benchmarks_section
+from ddp_example import VARIANTS, init_taccl, make_model, resolve_library, run_variants
 
-from benchmarks_md import update_benchmarks_section  # noqa: E402
-from ddp_example import VARIANTS, init_taccl, make_model, resolve_library, run_variants  # noqa: E402
-
-from taccl_py.cli._output import format_table  # noqa: E402
-from taccl_py.runtime.launch import run_local  # noqa: E402
-from taccl_py.units import format_size  # noqa: E402
+from taccl_py.runtime.launch import run_local
+from taccl_py.units import format_size
 
 WORLD_SIZE = 4
 WIDTHS = (256, 1024, 2048)
@@ -71,13 +65,12 @@ HEADERS = ("width", "gradients", "default ms", *(f"{name}/default" for name in V
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update the ddp section of BENCHMARKS.md")
+    parser = argument_parser(__doc__)
+    add_write_argument(parser, "ddp")
     parser.add_argument("--steps", type=int, default=STEPS, help=f"timed steps per variant (default {STEPS})")
     parser.add_argument("--library", default="ring", help="'ring' (default), a *.library.json or a topology name")
     args = parser.parse_args(argv)
-    table = format_table(HEADERS, run_benchmark(WIDTHS, args.steps, args.library))
-    print(table)
+    table = print_table(HEADERS, run_benchmark(WIDTHS, args.steps, args.library))
     if args.write:
         cores, load = os.cpu_count(), os.getloadavg()[0]
         body = (

@@ -27,33 +27,36 @@ that miss 0.95 of the bound at some size >= 16 MB, with their smallest and large
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmarks_md import (  # noqa: E402
+from bench_harness import (
     DATA_DIR,
+    add_no_write_argument,
+    add_nodes_argument,
+    add_topologies_argument,
+    argument_parser,
     collective_order,
+    command_line,
+    csv_output,
     csv_pointer,
-    csv_records,
-    markdown_table,
+    group_records,
+    log,
+    print_table,
+    split_names,
     update_benchmarks_section,
-    write_csv,
 )
 
-from taccl_py.ir.library import read_library  # noqa: E402
-from taccl_py.simulate import simulate_plan  # noqa: E402
-from taccl_py.simulate.plan import prepare_simulation  # noqa: E402
-from taccl_py.synth.logical import build_logical_graph  # noqa: E402
-from taccl_py.synth.sketch import auto_sketch  # noqa: E402
-from taccl_py.synth.tree_packing import pack_trees  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.topology.bounds import lower_bounds  # noqa: E402
-from taccl_py.units import format_size  # noqa: E402
+from taccl_py.bounds import lower_bounds
+from taccl_py.ir.library import read_library
+from taccl_py.simulate import simulate_plan
+from taccl_py.simulate.plan import prepare_simulation
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.stages.tree_packing import pack_trees
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size
 
 REPO = Path(__file__).resolve().parents[1]
 GAP_CSV = DATA_DIR / "gap.csv"
@@ -78,10 +81,6 @@ HEADER = (
 )
 FACTORS = {"ceiling": "tree ceiling", "bandwidth_schedule": "bandwidth schedule", "alpha": "α"}
 USAGE = "    python scripts/bench_gap.py"
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 @cache
@@ -151,11 +150,8 @@ def _largest_loss(record: dict) -> str:
 
 def miss_table(records: list[dict]) -> list[tuple]:
     """Return one row per instance missing ``TARGET`` at some size >= 16 MB: its smallest and largest sizes."""
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["topology"], record["nodes"], record["collective"]), []).append(record)
     rows = []
-    for (topology, nodes, collective), group in groups.items():
+    for (topology, nodes, collective), group in group_records(records, "topology", "nodes", "collective").items():
         if min(r["of_bound"] for r in group) >= TARGET:
             continue
         group.sort(key=lambda r: r["size_bytes"])
@@ -175,19 +171,19 @@ def miss_table(records: list[dict]) -> list[tuple]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument(
         "--algorithms",
         type=Path,
         action="append",
         help="a tree of libraries, repeatable (default: the shipped ones, algorithms/)",
     )
-    parser.add_argument("--topologies", help="comma-separated machines (default: every library)")
-    parser.add_argument("--nodes", help="comma-separated node counts (default: every library)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV alone")
+    add_topologies_argument(parser, unset="every library")
+    add_nodes_argument(parser, None, unset="every library")
+    add_no_write_argument(parser)
     args = parser.parse_args(argv)
-    topologies = set(args.topologies.split(",")) if args.topologies else None
-    nodes = {int(n) for n in args.nodes.split(",")} if args.nodes else None
+    topologies = set(split_names(args.topologies)) or None
+    nodes = {int(n) for n in split_names(args.nodes)} or None
     roots = args.algorithms or [REPO / "algorithms"]
     # An instance in two trees is taken from the first that has it.
     by_instance: dict[tuple[str, ...], Path] = {}
@@ -197,13 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     paths = list(by_instance.values())
     rows = []
     for index, path in enumerate(paths, 1):
-        _log(f"[{index}/{len(paths)}] {path}")
+        log(f"[{index}/{len(paths)}] {path}")
         rows.extend(library_rows(path))
 
     def key(row):
         return (row[0], row[1], *collective_order(row[2]), row[4])
 
-    records = csv_records(HEADER, rows, key) if args.no_write else write_csv(GAP_CSV, HEADER, rows, key)
+    records = csv_output(GAP_CSV, HEADER, rows, key, write=not args.no_write)
     headers = (
         "instance",
         "collective",
@@ -214,8 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         "largest loss (16 MB / 1 GB)",
     )
     misses = miss_table(records)
-    table = markdown_table(headers, misses)
-    print(table)
+    table = print_table(headers, misses, markdown=True)
     if not args.no_write:
         instances = len({(r["topology"], r["nodes"], r["collective"]) for r in records})
         body = (
@@ -223,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(misses)} of {instances} instances miss {TARGET} of the bound at some size >= 16 MB:\n\n"
             f"{table}\n\n{csv_pointer(GAP_CSV, len(records), 'Every size')}\n"
         )
-        command = " ".join(["python scripts/bench_gap.py", *(argv if argv is not None else sys.argv[1:])])
-        update_benchmarks_section("gap", "Where the bound is missed, and why", command, body)
+        update_benchmarks_section("gap", "Where the bound is missed, and why", command_line(__file__, argv), body)
     return 0
 
 

@@ -20,27 +20,33 @@ time / predicted time); ``hier s`` is the hierarchical routes' own time (local M
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_harness import (
+    add_instances_argument,
+    add_no_write_argument,
+    add_sizes_argument,
+    argument_parser,
+    format_or_dash,
+    log,
+    of_bound,
+    parse_instances,
+    print_table,
+    update_benchmarks_section,
+)
 
-from benchmarks_md import markdown_table, update_benchmarks_section  # noqa: E402
-
-from taccl_py.synth.candidates import candidate_chunkings  # noqa: E402
-from taccl_py.synth.hierarchy import hierarchical_routing  # noqa: E402
-from taccl_py.synth.logical import build_logical_graph  # noqa: E402
-from taccl_py.synth.ordering import order_sends  # noqa: E402
-from taccl_py.synth.routing import route_candidates  # noqa: E402
-from taccl_py.synth.scheduling import schedule_sends  # noqa: E402
-from taccl_py.synth.sketch import auto_sketch  # noqa: E402
-from taccl_py.synth.solver import SolverOptions  # noqa: E402
-from taccl_py.synth.tree_packing import pack_trees, packed_routing  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.topology.bounds import lower_bounds  # noqa: E402
-from taccl_py.units import format_size, parse_size  # noqa: E402
+from taccl_py.bounds import lower_bounds
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.hierarchy import hierarchical_routing
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.ordering import order_sends
+from taccl_py.stages.routing import route_candidates
+from taccl_py.stages.scheduling import schedule_sends
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.stages.tree_packing import pack_trees, packed_routing
+from taccl_py.synth.candidates import candidate_chunkings
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size, parse_sizes
 
 DEFAULT_INSTANCES = "dgx1:2,dgx1:4,dgx2:2,dgx2:4,ndv2:2,ndv2:4,pcie-8gpu:2,dgx-a100:4,dgx-h100:4,dgx-a100:8"
 DEFAULT_SIZES = "16MB,64MB,1GB"
@@ -48,10 +54,6 @@ PHASES = ("allgather", "reducescatter")
 USAGE = "    python scripts/bench_hierarchy.py"
 GAIN_NOTE = "`gain`: the whole graph's best predicted time over the best of both (above 1: hierarchical routes help)."
 HEADERS = ("instance", "phase", "size", "whole graph", "hierarchical", "both", "gain", "hier s")
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _makespan_us(routing, pieces: int, piece_bytes: float, options: SolverOptions) -> float:
@@ -87,7 +89,7 @@ def run(instances: list[tuple[str, int]], sizes: list[int], options: SolverOptio
         graph = build_logical_graph(topology, auto_sketch(topology))
         for collective, phase_graph in zip(PHASES, (graph, graph.reverse())):
             for size, bound in zip(sizes, lower_bounds(topology, collective, sizes)):
-                _log(f"== {name} x{nodes} {collective} {format_size(size)}")
+                log(f"== {name} x{nodes} {collective} {format_size(size)}")
                 best = [float("inf"), float("inf"), float("inf")]
                 hier_s = 0.0
                 for chunking in candidate_chunkings(phase_graph, collective, bound):
@@ -96,29 +98,26 @@ def run(instances: list[tuple[str, int]], sizes: list[int], options: SolverOptio
                     for i, value in enumerate((whole_us, hier_us, both_us)):
                         if value is not None:
                             best[i] = min(best[i], value)
-                fractions = [bound.time_us / t if t < float("inf") else None for t in best]
+                fractions = [of_bound(bound.time_us, t) for t in best]
                 rows.append((f"{name} x{nodes}", collective, format_size(size), *fractions, best[0] / best[2], hier_s))
     return rows
 
 
 def _format(rows: list[tuple]) -> list[tuple]:
-    def fraction(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
-
-    return [(*row[:3], *(fraction(v) for v in row[3:6]), f"{row[6]:.3f}x", f"{row[7]:.1f}") for row in rows]
+    return [
+        (*row[:3], *(format_or_dash(v, ".3f") for v in row[3:6]), f"{row[6]:.3f}x", f"{row[7]:.1f}") for row in rows
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", default=DEFAULT_INSTANCES, help="machine:nodes, comma-separated")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    parser = argument_parser(__doc__)
+    add_instances_argument(parser, DEFAULT_INSTANCES)
+    add_sizes_argument(parser, DEFAULT_SIZES)
+    add_no_write_argument(parser, "BENCHMARKS.md")
     args = parser.parse_args(argv)
-    instances = [(item.split(":")[0], int(item.split(":")[1])) for item in args.instances.split(",")]
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
-    rows = _format(run(instances, sizes, SolverOptions()))
-    table = markdown_table(HEADERS, rows)
-    print(table)
+    sizes = list(parse_sizes(args.sizes))
+    rows = _format(run(parse_instances(args.instances), sizes, SolverOptions()))
+    table = print_table(HEADERS, rows, markdown=True)
     if not args.no_write:
         command = "python scripts/bench_hierarchy.py" + "".join(
             f" --{name} {value}"

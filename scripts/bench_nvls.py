@@ -14,23 +14,31 @@ cut-only one), ours and NVLS's of the in-network reduction bound, which holds fo
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_harness import (
+    DATA_DIR,
+    add_no_write_argument,
+    add_nodes_argument,
+    add_sizes_argument,
+    argument_parser,
+    csv_pointer,
+    log,
+    print_table,
+    split_names,
+    update_benchmarks_section,
+    write_csv,
+)
 
-from benchmarks_md import DATA_DIR, csv_pointer, markdown_table, update_benchmarks_section, write_csv  # noqa: E402
-
-from taccl_py.baselines.nvls import nvls_allreduce_times  # noqa: E402
-from taccl_py.ir.library import read_library, shipped_library_paths  # noqa: E402
-from taccl_py.simulate import simulate  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.topology.bounds import lower_bounds  # noqa: E402
-from taccl_py.topology.bounds_reduction import in_network_reduction_bounds  # noqa: E402
-from taccl_py.units import format_size, parse_sizes  # noqa: E402
+from taccl_py.baselines.nvls import nvls_allreduce_times
+from taccl_py.bounds import lower_bounds
+from taccl_py.bounds.reduction import in_network_reduction_bounds
+from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.simulate import simulate
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size, parse_sizes
 
 MACHINE = "dgx-h100"
 DEFAULT_NODES = "1,2,4,8"
@@ -68,10 +76,6 @@ TABLE_HEADER = (
 )
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def instance_rows(nodes: int, sizes: Sequence[int]) -> list[tuple]:
     """Return the CSV rows (``CSV_HEADER``) of ``nodes`` DGX-H100 machines, one per size."""
     topology = load_topology(MACHINE, nodes=nodes)
@@ -105,7 +109,7 @@ def instance_rows(nodes: int, sizes: Sequence[int]) -> list[tuple]:
                 ours.model,
             )
         )
-        _log(f"{MACHINE} x{nodes} {format_size(size)}: ours {ours.time_us:.1f}, NVLS {modelled.time_us:.1f} us")
+        log(f"{MACHINE} x{nodes} {format_size(size)}: ours {ours.time_us:.1f}, NVLS {modelled.time_us:.1f} us")
     return rows
 
 
@@ -147,7 +151,7 @@ Its switch figures come from NVIDIA's published ~480 GB/s busbw on 8 H100s (`top
 sources). `vs nvls` = NVLS time / our time (above 1: ours is faster). Our fractions are of AllReduce's
 ReduceScatter+AllGather class bound (new: with the α of the cheapest route across the binding cut;
 `(old bound)`: the cut-only bound before issue 30), which NVLS is not held to; both columns of the
-in-network reduction bound (`taccl_py.topology.bounds_reduction`) hold for every AllReduce, NVLS
+in-network reduction bound (`taccl_py.bounds.reduction`) hold for every AllReduce, NVLS
 included.
 
 {table}
@@ -166,22 +170,20 @@ Runtime: {runtime_s:.0f} s."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", default=DEFAULT_NODES, help=f"node counts (default {DEFAULT_NODES})")
-    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"AllReduce sizes (default {DEFAULT_SIZES})")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV")
+    parser = argument_parser(__doc__, full_doc=True)
+    add_nodes_argument(parser, DEFAULT_NODES)
+    add_sizes_argument(parser, DEFAULT_SIZES, what="AllReduce sizes")
+    add_no_write_argument(parser)
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes, "--sizes")
     began = time.perf_counter()
-    rows = [row for nodes in (int(n) for n in args.nodes.split(",")) for row in instance_rows(nodes, sizes)]
+    rows = [row for nodes in (int(n) for n in split_names(args.nodes)) for row in instance_rows(nodes, sizes)]
     runtime_s = time.perf_counter() - began
     if args.no_write:
-        records = [dict(zip(CSV_HEADER, row)) for row in rows]
-        print(markdown_table(TABLE_HEADER, table_rows(records)))
+        print_table(TABLE_HEADER, table_rows([dict(zip(CSV_HEADER, row)) for row in rows]), markdown=True)
         return 0
     records = write_csv(CSV_PATH, CSV_HEADER, rows)
-    table = markdown_table(TABLE_HEADER, table_rows(records))
-    print(table)
+    table = print_table(TABLE_HEADER, table_rows(records), markdown=True)
     update_benchmarks_section(
         "nvls",
         "Our AllReduce against NCCL NVLS on DGX-H100 (simulated against modelled)",

@@ -5,20 +5,13 @@ Writes the ``placement`` section of BENCHMARKS.md. Run: ``python scripts/bench_p
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_harness import add_write_argument, argument_parser, print_table, update_benchmarks_section
 
-from benchmarks_md import update_benchmarks_section  # noqa: E402
-
-from taccl_py.cli._output import format_table  # noqa: E402
-from taccl_py.placement import place_pipeline  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.units import format_size  # noqa: E402
+from taccl_py.placement import place_pipeline
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size
 
 # (topology, nodes, stage counts): the machines the issue names.
 INSTANCES = (
@@ -61,14 +54,13 @@ def run_benchmark() -> tuple[list[tuple], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the table; with ``--write`` also record it in BENCHMARKS.md."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="update the placement section of BENCHMARKS.md")
+    parser = argument_parser(__doc__)
+    add_write_argument(parser, "placement")
     args = parser.parse_args(argv)
     rows, orders = run_benchmark()
-    table = format_table(
+    table = print_table(
         ("topology", "nodes", "stages", "activation", "naive us", "placed us", "gain", "method", "place ms"), rows
     )
-    print(table)
     print("\n".join(orders))
     if args.write:
         body = (

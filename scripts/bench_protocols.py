@@ -17,36 +17,38 @@ Simple's total time over the chosen protocol's, in the same run.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks_md import (  # noqa: E402
+from bench_harness import (
     DATA_DIR,
+    add_no_write_argument,
+    add_nodes_argument,
+    add_topologies_argument,
+    argument_parser,
     collective_order,
+    command_line,
+    csv_output,
     csv_pointer,
-    csv_records,
+    group_records,
+    log,
     markdown_table,
+    print_table,
+    split_names,
     update_benchmarks_section,
-    write_csv,
 )
 
-from taccl_py.cli._output import format_table  # noqa: E402
-from taccl_py.ir.library import read_library  # noqa: E402
-from taccl_py.msccl.limits import protocol_limits  # noqa: E402
-from taccl_py.msccl.protocol import choose_protocols  # noqa: E402
-from taccl_py.topology import builtin_topology_names, load_topology  # noqa: E402
-from taccl_py.units import format_size  # noqa: E402
+from taccl_py.ir.library import read_library
+from taccl_py.msccl.limits import protocol_limits
+from taccl_py.msccl.protocol import choose_protocols
+from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.units import format_size
 
 REPO = Path(__file__).resolve().parents[1]
 CSV_PATH = DATA_DIR / "protocols.csv"
 USAGE = "    python scripts/bench_protocols.py "
-DEFAULT_NODES = (1, 2, 4)
+DEFAULT_NODES = "1,2,4"
 # (column label, runtime, rccl_gpu_arch): the runtimes compared, portable first.
 RUNTIMES = (
     ("portable", "portable", None),
@@ -71,10 +73,6 @@ CSV_HEADER = (
     "gain",
     "refused",
 )
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _joined(values) -> str:
@@ -149,11 +147,8 @@ def band_table(records: list[dict]) -> list[tuple]:
 
 def summary_table(records: list[dict]) -> list[tuple]:
     """Return one row per machine and node count: bands, protocol counts per runtime, best gain per runtime."""
-    groups: dict[tuple, list[dict]] = {}
-    for record in records:
-        groups.setdefault((record["topology"], record["nodes"]), []).append(record)
     rows = []
-    for (topology, nodes), group in groups.items():
+    for (topology, nodes), group in group_records(records, "topology", "nodes").items():
         cells = []
         for label, _, _ in RUNTIMES:
             mine = [r for r in group if r["runtime"] == label]
@@ -167,13 +162,13 @@ def summary_table(records: list[dict]) -> list[tuple]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the per-band table; unless ``--no-write``, write the CSV and the BENCHMARKS.md section."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", help="comma-separated machines (default: every shipped one)")
-    parser.add_argument("--nodes", default="1,2,4", help="comma-separated node counts (default 1,2,4)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV alone")
+    parser = argument_parser(__doc__)
+    add_topologies_argument(parser, unset="every shipped one")
+    add_nodes_argument(parser, DEFAULT_NODES)
+    add_no_write_argument(parser)
     args = parser.parse_args(argv)
-    topologies = set(args.topologies.split(",")) if args.topologies else None
-    nodes = {int(n) for n in args.nodes.split(",")}
+    topologies = set(split_names(args.topologies)) or None
+    nodes = {int(n) for n in split_names(args.nodes)}
     paths = _libraries(topologies, nodes)
     start = time.perf_counter()
     rows = []
@@ -181,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         began = time.perf_counter()
         new = library_rows(path)
         rows.extend(new)
-        _log(
+        log(
             f"[{index}/{len(paths)}] {path.relative_to(REPO)}: {len(new) // len(RUNTIMES)} bands, "
             f"{time.perf_counter() - began:.1f} s"
         )
@@ -190,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     def key(row):
         return (row[0], row[1], *collective_order(row[2]), row[3], [r[0] for r in RUNTIMES].index(row[7]))
 
-    records = csv_records(CSV_HEADER, rows, key) if args.no_write else write_csv(CSV_PATH, CSV_HEADER, rows, key)
+    records = csv_output(CSV_PATH, CSV_HEADER, rows, key, write=not args.no_write)
     labels = [label for label, _, _ in RUNTIMES]
-    print(format_table(("instance", "collective", "band", "chunks", *labels), band_table(records)))
+    print_table(("instance", "collective", "band", "chunks", *labels), band_table(records))
     summary = markdown_table(
         ("instance", "bands", *(f"{label}: LL / LL128 / Simple" for label in labels)), summary_table(records)
     )
@@ -207,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             + (f"; no shipped libraries for {', '.join(unshipped)}" if unshipped else "")
             + f"):\n\n{summary}\n\n{csv_pointer(CSV_PATH, len(records), 'Every band and runtime')}\n"
         )
-        command = " ".join(["python scripts/bench_protocols.py", *(argv if argv is not None else sys.argv[1:])])
-        update_benchmarks_section("protocols", "Wire protocol per size band (simulated)", command, body)
+        title = "Wire protocol per size band (simulated)"
+        update_benchmarks_section("protocols", title, command_line(__file__, argv), body)
     return 0
 
 

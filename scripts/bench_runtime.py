@@ -25,28 +25,32 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_harness import (
+    add_collectives_argument,
+    add_no_write_argument,
+    add_sizes_argument,
+    argument_parser,
+    log,
+    print_table,
+    split_names,
+    text_table,
+    update_benchmarks_section,
+)
 
-from benchmarks_md import update_benchmarks_section  # noqa: E402
-
-from taccl_py.ir.algorithm import Algorithm, Buffer  # noqa: E402
-from taccl_py.ir.collectives import Collective  # noqa: E402
-from taccl_py.ir.library import read_library, shipped_library_dir  # noqa: E402
-from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan  # noqa: E402
-from taccl_py.runtime.bench import BenchRow, bench_sizes, executor_overhead_us, ring_algorithm  # noqa: E402
-from taccl_py.runtime.launch import run_local  # noqa: E402
-from taccl_py.units import format_size, parse_sizes  # noqa: E402
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import read_library, shipped_library_dir
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
+from taccl_py.runtime.launch import run_local
+from taccl_py.runtime.measure.bench import BenchRow, bench_sizes, executor_overhead_us, ring_algorithm
+from taccl_py.units import format_size, parse_sizes
 
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE, Collective.ALLTOALL)
 DEFAULT_COLLECTIVES = ",".join(c.value for c in COLLECTIVES)
+DEFAULT_SIZES = "64KB-64MB"
 CALIBRATED = "calibrated"  # results key of the calibrated Communicator's rows
 I, O = Buffer.INPUT, Buffer.OUTPUT
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def direct_algorithm(collective: Collective, n: int, chunks_per_block: int = 1) -> Algorithm:
@@ -126,7 +130,7 @@ def bench_worker(
         found = candidates(collective, world, shipped)
         for algorithm in found:
             comm = Communicator(None, algorithm, timeout_s=120, calibration=False)  # the algorithm itself
-            rows = bench_sizes(comm, collective, sizes, iters=iters, warmup=1, progress=_log if rank == 0 else None)
+            rows = bench_sizes(comm, collective, sizes, iters=iters, warmup=1, progress=log if rank == 0 else None)
             results[(collective.value, label(algorithm))] = rows
         comm = Communicator(None, found[0], timeout_s=120)  # the ring (alltoall: the direct schedule)
         comm.calibrate(sizes, collectives=[collective], iters=iters, warmup=1)
@@ -179,12 +183,6 @@ def overhead_rows() -> list[list[str]]:
     return rows
 
 
-def format_rows(headers: list[str], rows: list[list[str]]) -> str:
-    from taccl_py.cli._output import format_table
-
-    return format_table(headers, rows)
-
-
 def write_section(args: argparse.Namespace, load: str, main_table: str, overhead: str) -> None:
     """Write the ``runtime`` section of BENCHMARKS.md from its tables; ``load`` says how busy the machine was."""
     body = (
@@ -204,7 +202,7 @@ def write_section(args: argparse.Namespace, load: str, main_table: str, overhead
         "each ratio "
         "divides the gloo time measured alternately with that algorithm by the algorithm's own. chosen = what a "
         "Communicator on the ring library runs after `Communicator.calibrate` on the same group (the ring, or "
-        "gloo's own unless the ring measured more than 5% faster: `taccl_py.runtime.calibration`), "
+        "gloo's own unless the ring measured more than 5% faster: `taccl_py.runtime.communicator.calibration`), "
         "timed in a second pass.\n\n"
         f"```\n{main_table}\n```\n\n"
         "Our side runs as the Communicator runs it on gloo: receives posted a round early, messages cut into 1 MB "
@@ -222,7 +220,7 @@ def _command(args: argparse.Namespace) -> str:
     return (
         "python scripts/bench_runtime.py"
         + (f" --ranks {args.ranks}" if args.ranks != "4,8" else "")
-        + (f" --sizes {args.sizes}" if args.sizes != "64KB-64MB" else "")
+        + (f" --sizes {args.sizes}" if args.sizes != DEFAULT_SIZES else "")
         + (f" --collectives {args.collectives}" if args.collectives != DEFAULT_COLLECTIVES else "")
         + (" --no-shipped" if args.no_shipped else "")
     )
@@ -247,26 +245,24 @@ def write_alltoall_section(args: argparse.Namespace, load: str, table: str) -> N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argument_parser(__doc__, full_doc=True)
     parser.add_argument("--ranks", default="4,8", help="world sizes to run (default 4,8)")
-    parser.add_argument("--sizes", default="64KB-64MB", help="sizes, nccl-tests convention (default 64KB-64MB)")
+    add_sizes_argument(parser, DEFAULT_SIZES)
     parser.add_argument("--iters", type=int, default=7, help="timed iterations per size (default 7)")
-    parser.add_argument(
-        "--collectives", default=DEFAULT_COLLECTIVES, help=f"collectives to time (default {DEFAULT_COLLECTIVES})"
-    )
+    add_collectives_argument(parser, DEFAULT_COLLECTIVES, what="collectives to time")
     parser.add_argument(
         "--no-shipped",
         action="store_true",
         help="time only the rings and the direct schedule, not the shipped libraries and baselines (faster)",
     )
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    add_no_write_argument(parser, "BENCHMARKS.md")
     args = parser.parse_args(argv)
     sizes = parse_sizes(args.sizes)
-    collectives = tuple(Collective(name) for name in args.collectives.split(","))
+    collectives = tuple(Collective(name) for name in split_names(args.collectives))
     load_at_start = os.getloadavg()[0]
     table: list[list[str]] = []
     for world in (int(text) for text in args.ranks.split(",")):
-        _log(f"{world} ranks ...")
+        log(f"{world} ranks ...")
         options = (sizes, args.iters, not args.no_shipped, collectives)
         results = run_local(bench_worker, world, options, timeout_s=3600)[0]
         table += summarize(world, results, collectives)
@@ -276,15 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     main_rows = [row for row in table if row[1] != Collective.ALLTOALL.value]
     alltoall_rows = [row for row in table if row[1] == Collective.ALLTOALL.value]
     if main_rows:
-        main_table = format_rows(headers, main_rows)
-        overhead = format_rows(["algorithm", "ranks", "us_per_round", "us_per_message"], overhead_rows())
+        main_table = text_table(headers, main_rows)
+        overhead = text_table(["algorithm", "ranks", "us_per_round", "us_per_message"], overhead_rows())
         print(main_table, overhead, sep="\n\n")
         if not args.no_write:
             write_section(args, load, main_table, overhead)
     if alltoall_rows:
         alltoall_headers = [h.replace("ring", "direct") for h in headers]
-        alltoall_table = format_rows(alltoall_headers, alltoall_rows)
-        print(alltoall_table)
+        alltoall_table = print_table(alltoall_headers, alltoall_rows)
         if not args.no_write:
             write_alltoall_section(args, load, alltoall_table)
     return 0

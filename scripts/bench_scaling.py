@@ -20,14 +20,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_harness import (
+    add_collectives_argument,
+    add_instances_argument,
+    add_jobs_argument,
+    add_no_write_argument,
+    argument_parser,
+    command_line,
+    format_or_dash,
+    log,
+    markdown_table,
+    parse_instances,
+    speedup,
+    split_names,
+    update_benchmarks_section,
+)
+from build_algorithms import run_instance
 
-from benchmarks_md import markdown_table, update_benchmarks_section  # noqa: E402
-from build_algorithms import run_instance  # noqa: E402
-
-from taccl_py.units import format_size, parse_size  # noqa: E402
+from taccl_py.units import format_size, parse_size
 
 DEFAULT_INSTANCES = (
     "ndv2:2,dgx-a100:2,dgx2:2,dgx-a100:4,dgx-h100:4,dgx2:4,dgx-a100:8,dgx-h100:8,ndv2:8,"
@@ -57,10 +68,6 @@ PEAK_NOTE = (
 )
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def target_s(num_ranks: int) -> float:
     """Return the wall-time target (s) of a one-size synthesis over ``num_ranks`` GPUs."""
     for ranks, target in TARGET_S:
@@ -80,7 +87,7 @@ def instance_row(metrics: dict) -> tuple:
         f"{metrics['peak_tree_MB']:.0f}",
         f"{metrics['peak_process_MB']:.0f}",
         f"{row['bound_us'] / row['chosen_us']:.3f}",
-        f"{row['baseline_us'] / row['chosen_us']:.2f}x" if row["baseline_us"] else "-",
+        format_or_dash(speedup(row["baseline_us"], row["chosen_us"]), ".2f", "x"),
         row["chosen"].replace(f"-{metrics['collective']}-", "-", 1),
         metrics["budget_bound"] or "none",
         f"{metrics['greedy_bands']} ({metrics.get('greedy_stall_bands', '-')})",
@@ -88,29 +95,28 @@ def instance_row(metrics: dict) -> tuple:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", default=DEFAULT_INSTANCES, help="topology:nodes, comma-separated")
-    parser.add_argument("--collectives", default="allgather,allreduce", help="comma-separated")
+    parser = argument_parser(__doc__)
+    add_instances_argument(parser, DEFAULT_INSTANCES)
+    add_collectives_argument(parser, "allgather,allreduce")
     parser.add_argument("--size", default="64MB")
-    parser.add_argument("--jobs", type=int, default=2)
+    add_jobs_argument(parser)
     parser.add_argument("--repeat", action="store_true", help="run the first instance twice and compare the bytes")
-    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md")
+    add_no_write_argument(parser, "BENCHMARKS.md")
     args = parser.parse_args(argv)
     size = format_size(parse_size(args.size))
     run_args = argparse.Namespace(sizes=size, time_limit=None, jobs=args.jobs, no_write=True)
-    collectives = args.collectives.split(",")
+    collectives = split_names(args.collectives)
     rows, first = [], None
     for collective in collectives:
-        for spec in args.instances.split(","):
-            name, nodes = spec.split(":")
-            _log(f"== {name} x{nodes} {collective} {size}")
-            metrics = run_instance(name, int(nodes), collective, run_args)
+        for name, nodes in parse_instances(args.instances):
+            log(f"== {name} x{nodes} {collective} {size}")
+            metrics = run_instance(name, nodes, collective, run_args)
             if metrics is None:
                 rows.append((f"{name} x{nodes} {collective}", "-", "failed", *("-",) * (len(HEADERS) - 3)))
                 continue
-            first = first or (name, int(nodes), collective, metrics)
+            first = first or (name, nodes, collective, metrics)
             rows.append(instance_row(metrics))
-            _log("   " + " | ".join(str(cell) for cell in rows[-1]))
+            log("   " + " | ".join(str(cell) for cell in rows[-1]))
     body = markdown_table(HEADERS, rows) + PEAK_NOTE
     if args.repeat and first is not None:
         name, nodes, collective, metrics = first
@@ -122,11 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(body)
     if not args.no_write:
-        command = "python scripts/bench_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
         update_benchmarks_section(
             "scaling",
             f"One-size synthesis at scale ({', '.join(collectives)}, {size}, --jobs {args.jobs})",
-            command,
+            command_line(__file__, argv),
             body,
         )
     return 0

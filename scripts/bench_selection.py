@@ -14,20 +14,32 @@ power-of-two size in bf16 and fp32. A call no file serves falls back to NCCL's o
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks_md import DATA_DIR, csv_pointer, csv_records, markdown_table, update_benchmarks_section, write_csv
+from bench_harness import (
+    DATA_DIR,
+    add_no_write_argument,
+    add_nodes_argument,
+    add_topologies_argument,
+    argument_parser,
+    command_line,
+    csv_output,
+    csv_pointer,
+    log,
+    machine_cases,
+    markdown_table,
+    update_benchmarks_section,
+)
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.msccl import generate_library_xml
 from taccl_py.msccl.selection import power_of_two_sizes, selectable_for_powers_of_two, selection_report
 from taccl_py.simulate import simulate
-from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.topology import load_topology
 
 CSV_PATH = DATA_DIR / "selection.csv"
 CSV_HEADER = ("topology", "nodes", "collective", "placement", "dtype_bytes", "size_bytes", "selected", "matches")
@@ -41,10 +53,6 @@ CALLS = (
     (Collective.ALLTOALL, False),
 )
 SIZES = power_of_two_sizes(1 << 20, 1 << 30)
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def instance_rows(name: str, nodes: int) -> list[tuple]:
@@ -132,30 +140,29 @@ def _previous_text(previous: list[list[str]] | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the check; print the summary; write the CSV and BENCHMARKS.md unless ``--no-write``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="built-in names")
-    parser.add_argument("--nodes", default="1,2,4", help="machine counts (default 1,2,4)")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV alone")
+    parser = argument_parser(__doc__)
+    add_topologies_argument(parser)
+    add_nodes_argument(parser, "1,2,4")
+    add_no_write_argument(parser)
     parser.add_argument(
         "--previous", type=Path, default=None, help="an older algorithms/ folder: compare the libraries that changed"
     )
     args = parser.parse_args(argv)
-    cases = [(name, int(n)) for name in args.topologies.split(",") if name for n in args.nodes.split(",") if n]
+    cases = machine_cases(args.topologies, args.nodes)
     began = time.perf_counter()
     rows: list[tuple] = []
     for index, (name, nodes) in enumerate(cases, 1):
-        _log(f"[{index}/{len(cases)}] {name} x{nodes}")
+        log(f"[{index}/{len(cases)}] {name} x{nodes}")
         rows += instance_rows(name, nodes)
     previous = None if args.previous is None else previous_rows(args.previous, cases)
     elapsed = time.perf_counter() - began
-    records = csv_records(CSV_HEADER, rows) if args.no_write else write_csv(CSV_PATH, CSV_HEADER, rows)
+    records = csv_output(CSV_PATH, CSV_HEADER, rows, write=not args.no_write)
     body = render(records, elapsed, previous)
     print(body)
     if not args.no_write:
-        given = list(sys.argv[1:] if argv is None else argv)
-        command = " ".join(["python scripts/bench_selection.py", *given])
-        update_benchmarks_section("selection", "MSCCL selection of the shipped libraries", command, body)
-        _log("wrote the selection section of BENCHMARKS.md")
+        title = "MSCCL selection of the shipped libraries"
+        update_benchmarks_section("selection", title, command_line(__file__, argv), body)
+        log("wrote the selection section of BENCHMARKS.md")
     return 0
 
 

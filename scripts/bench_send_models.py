@@ -5,7 +5,7 @@ rendered from both (``--render``):
 
 * ``shipped``: every shipped library's band at each size from 1 MB to 1 GB, simulated under MSCCL's
   slice loop with serialized sends (``msccl``) and with pipelined sends (``pipelined``), as a
-  fraction of the lower bound (α-aware where ``taccl_py.topology.bounds`` is).
+  fraction of the lower bound (α-aware where ``taccl_py.bounds`` is).
 * ``synthesis``: every built-in machine at 4 nodes, synthesized at 16 MB and 64 MB under each model
   (``synthesize(..., model=...)``); which candidate wins, its fraction of the bound, and the best
   baseline, simulated under the same model.
@@ -17,18 +17,26 @@ rendered from both (``--render``):
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
-from pathlib import Path
 
-from benchmarks_md import (
+from bench_harness import (
+    COLLECTIVES,
     DATA_DIR,
+    add_collectives_argument,
+    add_csv_argument,
+    add_nodes_argument,
+    add_topologies_argument,
+    argument_parser,
     collective_order,
     csv_pointer,
+    group_records,
+    log,
+    machine_cases,
     markdown_table,
     read_csv,
     row_bound_us,
+    split_names,
     update_benchmarks_section,
     write_csv,
 )
@@ -37,7 +45,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.simulate import MSCCL_LOOP, MSCCL_PIPELINED, simulate
 from taccl_py.synth import synthesize
-from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.topology import load_topology
 from taccl_py.units import format_size
 
 SHIPPED_CSV = DATA_DIR / "send_models_shipped.csv"
@@ -58,12 +66,7 @@ SYNTHESIS_HEADER = (
 SHIPPED_SIZES = tuple(2**20 * 4**k for k in range(6))  # 1 MiB to 1 GiB
 SYNTHESIS_SIZES = (16_000_000, 64_000_000)
 SYNTHESIS_NODES = 4
-COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 MODELS = (MSCCL_LOOP, MSCCL_PIPELINED)
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def shipped_rows(name: str, nodes: int) -> list[tuple]:
@@ -137,10 +140,7 @@ def render(shipped: list[dict], synthesized: list[dict]) -> str:
         "",
     ]
     table = []
-    by_machine: dict[tuple, list[dict]] = {}
-    for row in shipped:
-        by_machine.setdefault((row["topology"], row["nodes"]), []).append(row)
-    for (name, nodes), group in sorted(by_machine.items()):
+    for (name, nodes), group in sorted(group_records(shipped, "topology", "nodes").items()):
         large = [r for r in group if r["size_bytes"] >= 16 * 2**20]
         serial = sorted(r["bound_us"] / r["msccl_us"] for r in large)
         piped = sorted(r["bound_us"] / r["pipelined_us"] for r in large)
@@ -243,28 +243,26 @@ def _vs(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one part (writing its CSV) or render the section from both CSVs."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--part", choices=("shipped", "synthesis"), help="which part to run")
     parser.add_argument("--render", action="store_true", help="write the BENCHMARKS.md section from the CSVs")
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="built-in names")
-    parser.add_argument("--nodes", default="1,2,4,8", help="machine counts for --part shipped")
-    parser.add_argument("--collectives", default=",".join(COLLECTIVES), help="collectives for --part synthesis")
-    parser.add_argument("--csv", type=Path, default=None, help="where the part's rows go (default scripts/data)")
+    add_topologies_argument(parser)
+    add_nodes_argument(parser, "1,2,4,8", what="machine counts for --part shipped")
+    add_collectives_argument(parser, what="collectives for --part synthesis")
+    add_csv_argument(parser, None, rows="the part's rows")
     args = parser.parse_args(argv)
-    names = [name for name in args.topologies.split(",") if name]
     if args.part == "shipped":
         rows = []
-        for name in names:
-            for nodes in (int(n) for n in args.nodes.split(",") if n):
-                if shipped_library_paths(name, nodes):
-                    _log(f"{name} x{nodes}")
-                    rows += shipped_rows(name, nodes)
+        for name, nodes in machine_cases(args.topologies, args.nodes):
+            if shipped_library_paths(name, nodes):
+                log(f"{name} x{nodes}")
+                rows += shipped_rows(name, nodes)
         write_csv(args.csv or SHIPPED_CSV, SHIPPED_HEADER, rows)
     elif args.part == "synthesis":
         rows = []
-        for name in names:
-            for collective in (c for c in args.collectives.split(",") if c):
-                _log(f"{name} x{SYNTHESIS_NODES} {collective}")
+        for name in split_names(args.topologies):
+            for collective in split_names(args.collectives):
+                log(f"{name} x{SYNTHESIS_NODES} {collective}")
                 rows += synthesis_rows(name, Collective(collective).value)
         write_csv(args.csv or SYNTHESIS_CSV, SYNTHESIS_HEADER, rows)
     if args.render:

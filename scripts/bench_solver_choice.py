@@ -20,20 +20,29 @@ import argparse
 import math
 import sys
 from collections import Counter
-from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_harness import (
+    add_collectives_argument,
+    add_instances_argument,
+    add_jobs_argument,
+    add_no_write_argument,
+    argument_parser,
+    command_line,
+    log,
+    markdown_table,
+    parse_instances,
+    split_names,
+    update_benchmarks_section,
+)
+from bench_scaling import target_s
 
-from bench_scaling import target_s  # noqa: E402
-from benchmarks_md import markdown_table, update_benchmarks_section  # noqa: E402
-
-import taccl_py.synth.routing as routing_module  # noqa: E402
-from taccl_py.synth import synthesize  # noqa: E402
-from taccl_py.synth.milp_matrix import milp_matrix  # noqa: E402
-from taccl_py.synth.solver import SolveOutcome, SolverOptions, SolveStatus, describe_solver, solve_model  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.units import format_size, parse_size  # noqa: E402
+import taccl_py.stages.routing as routing_module
+from taccl_py.solvers import SolveOutcome, SolverOptions, SolveStatus, describe_solver, solve_model
+from taccl_py.solvers.matrix import milp_matrix
+from taccl_py.synth import synthesize
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size, parse_size
 
 DEFAULT_INSTANCES = "ndv2:2,dgx2:2,dgx-a100:4,dgx1:2,dgx2:4"
 DEFAULT_COLLECTIVES = "allgather,allreduce"
@@ -60,10 +69,6 @@ HEADERS = (
     "highs greedy/packed",
     "cpsat greedy/packed",
 )
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def _kept_starts(candidates: tuple[str, ...]) -> str:
@@ -130,18 +135,17 @@ def run_comparison(args: argparse.Namespace) -> str:
     """Run every instance with both solvers and return the markdown body of the section."""
     size = parse_size(args.size)
     rows, pairs = [], []
-    for spec in args.instances.split(","):
-        name, nodes = spec.split(":")
-        for collective in args.collectives.split(","):
+    for name, nodes in parse_instances(args.instances):
+        for collective in split_names(args.collectives):
             label = f"{name} x{nodes} {collective}"
             metrics = {}
             for solver in ("highs", "cpsat"):
-                _log(f"== {label} {format_size(size)} {solver}")
-                metrics[solver] = run_one(name, int(nodes), collective, size, solver, args.jobs)
-                _log(f"   {metrics[solver]}")
+                log(f"== {label} {format_size(size)} {solver}")
+                metrics[solver] = run_one(name, nodes, collective, size, solver, args.jobs)
+                log(f"   {metrics[solver]}")
             pairs.append(metrics)
             rows.append(compare_row(label, metrics["highs"], metrics["cpsat"]))
-            _log("   " + " | ".join(str(cell) for cell in rows[-1]))
+            log("   " + " | ".join(str(cell) for cell in rows[-1]))
     solvers = ", ".join(describe_solver(SolverOptions(solver=s)) for s in ("highs", "cpsat"))
     return (
         f"Solvers: {solvers}; each with its default work budget (HiGHS: nodes by model size; CP-SAT: "
@@ -157,7 +161,7 @@ def _captured_routing_models(name: str, nodes: int, collective: str, size_bytes:
     """Return (model, start) of every routing MILP a synthesis builds (the MILPs themselves not solved)."""
     kept = []
 
-    def keep(prob, options, time_limit_s=None, start=None):
+    def keep(prob, options, time_limit_s=None, start=None, *, progress=None):
         kept.append((prob, dict(start or {})))
         return SolveOutcome(SolveStatus.NO_SOLUTION, None, 0.0)
 
@@ -170,17 +174,16 @@ def run_ladder(args: argparse.Namespace) -> str:
     """Solve each instance's routing MILPs at ``LADDER_BUDGETS_S`` and return the table (objective per budget)."""
     size_bytes = parse_size(args.size)
     rows = []
-    for spec in args.ladder_instances.split(","):
-        name, nodes = spec.split(":")
-        _log(f"== ladder {name} x{nodes}")
-        for index, (prob, start) in enumerate(_captured_routing_models(name, int(nodes), "allgather", size_bytes)):
+    for name, nodes in parse_instances(args.ladder_instances):
+        log(f"== ladder {name} x{nodes}")
+        for index, (prob, start) in enumerate(_captured_routing_models(name, nodes, "allgather", size_bytes)):
             cells = []
             for budget_s in LADDER_BUDGETS_S:
                 outcome = solve_model(prob, SolverOptions(solver="cpsat", deterministic_time_s=budget_s), start=start)
                 objective = "-" if outcome.objective is None else f"{outcome.objective:.2f}"
                 cells.append(f"{objective} ({outcome.status.value}, {outcome.wall_s:.2f} s)")
             rows.append((f"{name} x{nodes} #{index}", milp_matrix(prob).num_constrained_columns, *cells))
-            _log("   " + " | ".join(str(cell) for cell in rows[-1]))
+            log("   " + " | ".join(str(cell) for cell in rows[-1]))
     headers = ("routing model", "columns", *(f"{budget_s:g} work s" for budget_s in LADDER_BUDGETS_S))
     return (
         f"CP-SAT's routing objective (µs; status, wall s) by deterministic-time budget, on the routing MILPs of "
@@ -190,16 +193,16 @@ def run_ladder(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--instances", default=DEFAULT_INSTANCES, help="topology:nodes, comma-separated")
-    parser.add_argument("--collectives", default=DEFAULT_COLLECTIVES, help="comma-separated")
+    parser = argument_parser(__doc__)
+    add_instances_argument(parser, DEFAULT_INSTANCES)
+    add_collectives_argument(parser, DEFAULT_COLLECTIVES)
     parser.add_argument("--size", default="64MB")
-    parser.add_argument("--jobs", type=int, default=2)
+    add_jobs_argument(parser)
     parser.add_argument("--ladder", action="store_true", help="also table CP-SAT's routing objectives by budget")
     parser.add_argument("--ladder-only", action="store_true", help="print that table alone; no write")
     parser.add_argument("--ladder-instances", default=LADDER_INSTANCES, help="topology:nodes, comma-separated")
     parser.add_argument("--date", default=None, help="the date written in BENCHMARKS.md (default today)")
-    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md")
+    add_no_write_argument(parser, "BENCHMARKS.md")
     args = parser.parse_args(argv)
     if args.ladder_only:
         print(run_ladder(args))
@@ -209,9 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         body += "\n" + run_ladder(args)
     print(body)
     if not args.no_write:
-        command = "python scripts/bench_solver_choice.py " + " ".join(argv if argv is not None else sys.argv[1:])
         update_benchmarks_section(
-            "solver-choice", "Whole syntheses: CP-SAT against HiGHS", command, body, date=args.date
+            "solver-choice", "Whole syntheses: CP-SAT against HiGHS", command_line(__file__, argv), body, date=args.date
         )
     return 0
 

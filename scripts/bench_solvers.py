@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,31 +22,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmarks_md import (  # noqa: E402
+from bench_harness import (
     DATA_DIR,
+    add_no_write_argument,
+    argument_parser,
     csv_records,
+    format_or_dash,
+    log,
+    print_table,
     read_csv,
     update_benchmarks_section,
     write_csv,
 )
-from milp_model import MpsModel, check_solution, complete_start, read_mps  # noqa: E402
-from milp_solvers import SOLVERS, SolveLimits, SolveRecord, run_solver, solver_availability, solver_versions  # noqa: E402
-from solvers_report import GAP_REL, SUMMARY_HEADER, instance_rows, load_text, render_section, summary_rows  # noqa: E402
+from milp_model import MpsModel, check_solution, complete_start, read_mps
+from milp_solvers import SOLVERS, SolveLimits, SolveRecord, run_solver, solver_availability, solver_versions
+from solvers_report import GAP_REL, SUMMARY_HEADER, instance_rows, load_text, render_section, summary_rows
 
-import taccl_py.synth.routing as routing_module  # noqa: E402
-import taccl_py.synth.scheduling as scheduling_module  # noqa: E402
-from taccl_py.cli._output import format_table  # noqa: E402
-from taccl_py.ir.collectives import Collective  # noqa: E402
-from taccl_py.synth.candidates import candidate_chunkings  # noqa: E402
-from taccl_py.synth.compose import Chunking, _schedule_phase  # noqa: E402
-from taccl_py.synth.logical import LogicalGraph, build_logical_graph  # noqa: E402
-from taccl_py.synth.sketch import auto_sketch  # noqa: E402
-from taccl_py.synth.solver import SolveOutcome, SolverOptions, SolveStatus  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.topology.bounds import lower_bounds  # noqa: E402
-from taccl_py.units import format_size  # noqa: E402
+import taccl_py.stages.routing as routing_module
+import taccl_py.stages.scheduling as scheduling_module
+from taccl_py.bounds import lower_bounds
+from taccl_py.ir.collectives import Collective
+from taccl_py.solvers import SolveOutcome, SolverOptions, SolveStatus
+from taccl_py.stages.logical import LogicalGraph, build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.synth.candidates import candidate_chunkings
+from taccl_py.synth.compose import Chunking, _schedule_phase
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size
 
 COMMAND = "python scripts/bench_solvers.py"
 CSV_PATH = DATA_DIR / "solvers.csv"
@@ -143,7 +144,7 @@ def _captured_model(instance: Instance, solver_options: SolverOptions):
     chunking = _chunking(graph, topology, instance, sketch.chunkup)
     kept = []
 
-    def keep(prob, options, time_limit_s=None, start=None):
+    def keep(prob, options, time_limit_s=None, start=None, *, progress=None):
         kept.append((prob, dict(start or {})))
         return SolveOutcome(SolveStatus.NO_SOLUTION, None, 0.0)
 
@@ -198,11 +199,9 @@ def solve_all(built: BuiltModel, solvers: Sequence[str], limits: SolveLimits, pr
             record = SolveRecord(solver, "error", None, None, None, None, 0.0, None, "none", f"{error}")
         objective, violation = _objective(record, built)
         records.append((record, objective, violation, load1))
-        print(
-            f"{progress} {inst.label}: {solver} {record.status}, objective {_fmt(objective)}, "
-            f"bound {_fmt(record.bound)}, {record.stop_s:.1f} s (load {load1:.2f})",
-            file=sys.stderr,
-            flush=True,
+        log(
+            f"{progress} {inst.label}: {solver} {record.status}, objective {format_or_dash(objective, '.6g')}, "
+            f"bound {format_or_dash(record.bound, '.6g')}, {record.stop_s:.1f} s (load {load1:.2f})"
         )
     highs = next((obj for rec, obj, _, _ in records if rec.solver == "highs"), None)
     rows = []
@@ -239,10 +238,6 @@ def solve_all(built: BuiltModel, solvers: Sequence[str], limits: SolveLimits, pr
     return rows
 
 
-def _fmt(value: float | None, digits: int = 6) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"
-
-
 def run_benchmark(instances: Sequence[Instance], solvers: Sequence[str], limits: SolveLimits) -> list[tuple]:
     """Return the CSV rows of every instance and solver, building each model in a temporary folder."""
     rows = []
@@ -251,12 +246,10 @@ def run_benchmark(instances: Sequence[Instance], solvers: Sequence[str], limits:
             progress = f"[{index}/{len(instances)}]"
             began = time.perf_counter()
             built = build_model(instance, Path(folder))
-            print(
+            log(
                 f"{progress} {instance.label}: {built.mps.num_cols} columns ({built.mps.num_integer} binary), "
-                f"{built.mps.num_rows} rows, start objective {_fmt(built.start_objective)}, "
-                f"built in {time.perf_counter() - began:.1f} s",
-                file=sys.stderr,
-                flush=True,
+                f"{built.mps.num_rows} rows, start objective {format_or_dash(built.start_objective, '.6g')}, "
+                f"built in {time.perf_counter() - began:.1f} s"
             )
             rows += solve_all(built, solvers, limits, progress)
     return rows
@@ -278,14 +271,14 @@ def _chosen_solvers(wanted: Sequence[str]) -> list[str]:
         if available[solver] is None:
             chosen.append(solver)
         else:
-            print(f"skipping {solver}: {available[solver]}", file=sys.stderr)
+            log(f"skipping {solver}: {available[solver]}")
     return chosen
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--quick", action="store_true", help="one small routing model, 10 s cap, writes nothing")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md and the CSV alone")
+    add_no_write_argument(parser)
     parser.add_argument("--time-limit", type=float, default=None, help=f"cap per solve, s (default {TIME_LIMIT_S:g})")
     parser.add_argument("--solvers", default=",".join(SOLVERS), help="comma-separated subset of " + ",".join(SOLVERS))
     parser.add_argument(
@@ -311,12 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         instances = tuple(Instance(*q) for q in QUICK) if args.quick else default_instances()
         began = time.perf_counter()
         rows = run_benchmark(instances, solvers, SolveLimits(args.time_limit, GAP_REL))
-        print(f"{len(rows)} solves in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+        log(f"{len(rows)} solves in {time.perf_counter() - began:.0f} s")
         records = csv_records(HEADER, rows)
-    print(format_table(SUMMARY_HEADER, summary_rows(records, solvers)))
+    print_table(SUMMARY_HEADER, summary_rows(records, solvers))
     print()
     instance_header = ("model", "cols/int/rows", "start") + tuple(solvers)
-    print(format_table(instance_header, instance_rows(records, solvers)))
+    print_table(instance_header, instance_rows(records, solvers))
     print(load_text(records))
     if not (args.quick or args.no_write):
         _write_outputs(rows, records, solvers, args)

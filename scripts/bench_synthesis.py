@@ -22,23 +22,29 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from benchmarks_md import (  # noqa: E402
+from bench_harness import (
     DATA_DIR,
+    add_no_write_argument,
+    argument_parser,
     collective_order,
+    command_line,
+    csv_output,
     csv_pointer,
-    csv_records,
+    format_or_dash,
+    group_records,
+    of_bound,
     read_csv,
+    speedup,
+    text_table,
     update_benchmarks_section,
     write_csv,
 )
-from build_algorithms import add_sweep_arguments, library_path, sweep_instances  # noqa: E402
+from build_algorithms import add_sweep_arguments, library_path, sweep_instances
 
-from taccl_py.ir.library import read_library  # noqa: E402
-from taccl_py.simulate import simulate  # noqa: E402
-from taccl_py.topology import load_topology  # noqa: E402
-from taccl_py.units import format_size  # noqa: E402
+from taccl_py.ir.library import read_library
+from taccl_py.simulate import simulate
+from taccl_py.topology import load_topology
+from taccl_py.units import format_size
 
 TACCL_CSV = Path(__file__).resolve().parent / "data" / "TACCL_NDv2_2_chassis_AllGather.csv"
 # Row order of the TE-CCL file (decimal sizes: algbw x time = size).
@@ -94,10 +100,6 @@ PER_SIZE_HEADER = (
 )
 
 
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def _instance_key(row: tuple) -> tuple:
     """CSV order of both files: topology, nodes, collective (allgather, reducescatter, allreduce)."""
     collective = row[3]
@@ -120,7 +122,8 @@ def instance_rows(metrics: list[dict]) -> list[tuple]:
         large = [r for r in m["rows"] if r["size_bytes"] >= LARGE_BYTES]
         frac = [r["bound_us"] / r["chosen_us"] for r in large]
         syn_frac = [r["bound_us"] / r["synthesized_us"] for r in large if r["synthesized_us"]]
-        speed = [r["baseline_us"] / r["synthesized_us"] for r in m["rows"] if r["synthesized_us"] and r["baseline_us"]]
+        speed = [speedup(r["baseline_us"], r["synthesized_us"]) for r in m["rows"]]
+        speed = [s for s in speed if s is not None]
         top = m["rows"][-1]
         synthesized_bands = sum(1 for r in m["rows"] if r["chosen"].startswith("taccl-"))
         out.append(
@@ -160,20 +163,16 @@ def per_size_rows(metrics: list[dict]) -> list[tuple]:
                     format_size(r["size_bytes"]),
                     r["size_bytes"],
                     r["chosen_us"],
-                    r["bound_us"] / r["chosen_us"],
+                    of_bound(r["bound_us"], r["chosen_us"]),
                     r["chosen"],
                     syn,
                     base,
                     r["baseline"],
                     r["bound_us"],
-                    base / syn if syn and base else None,
+                    speedup(base, syn),
                 )
             )
     return out
-
-
-def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 def summary_table(instances: list[dict]) -> str:
@@ -183,16 +182,13 @@ def summary_table(instances: list[dict]) -> str:
     bound at >= 16MB (chosen, and synthesized alone) and at the largest size, the range of synth speedups,
     how many size bands the synthesized algorithms win, and how many of those have greedy routes.
     """
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for record in instances:
-        groups.setdefault((record["topology"], record["nodes"]), []).append(record)
 
     def worst(group: list[dict], column: str, pick=min) -> float | None:
         values = [r[column] for r in group if r[column] is not None]
         return pick(values) if values else None
 
     rows = []
-    for (topology, nodes), group in groups.items():
+    for (topology, nodes), group in group_records(instances, "topology", "nodes").items():
         low, high = worst(group, "min_synth_speedup"), worst(group, "max_synth_speedup", max)
         rows.append(
             (
@@ -200,11 +196,11 @@ def summary_table(instances: list[dict]) -> str:
                 nodes,
                 group[0]["gpus"],
                 len(group),
-                _fmt(sum(r["synth_s"] for r in group), ".1f"),
-                _fmt(worst(group, "peak_mb", max), ".0f"),
-                _fmt(worst(group, "min_of_bound_ge16mb"), ".3f"),
-                _fmt(worst(group, "synth_only_min_of_bound_ge16mb"), ".3f"),
-                _fmt(worst(group, "of_bound_largest"), ".3f"),
+                format_or_dash(sum(r["synth_s"] for r in group), ".1f"),
+                format_or_dash(worst(group, "peak_mb", max), ".0f"),
+                format_or_dash(worst(group, "min_of_bound_ge16mb"), ".3f"),
+                format_or_dash(worst(group, "synth_only_min_of_bound_ge16mb"), ".3f"),
+                format_or_dash(worst(group, "of_bound_largest"), ".3f"),
                 "-" if low is None else f"{low:.2f}x-{high:.2f}x",
                 f"{sum(r['synth_bands'] for r in group)}/{sum(r['bands'] for r in group)}",
                 _greedy_total(group),
@@ -224,21 +220,13 @@ def summary_table(instances: list[dict]) -> str:
         "synth bands",
         "greedy",
     )
-    return _table(headers, rows)
+    return text_table(headers, rows)
 
 
 def _greedy_total(group: list[dict]) -> str:
     """Return the sizes over ``group`` whose chosen algorithm has greedy routes ("-" if not recorded)."""
     counts = [r.get("greedy_bands") for r in group]
     return "-" if any(c is None for c in counts) else str(sum(counts))
-
-
-def _table(headers: tuple, rows: list[tuple]) -> str:
-    cells = [tuple(str(h) for h in headers)] + [tuple(str(c) for c in row) for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _teccl_section() -> str:
@@ -265,7 +253,7 @@ def _teccl_section() -> str:
                 "-" if float(solver_s) < 0 else solver_s,
             )
         )
-    return _table(
+    return text_table(
         ("size", "TACCL us (published)", "ours us", "ours faster by", "ours of bound", "TACCL solver s"), rows
     )
 
@@ -320,11 +308,11 @@ def render(instances: list[dict], per_size_count: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     add_sweep_arguments(parser)
     parser.add_argument("--write-library", action="store_true", help="also write the shipped libraries")
     parser.add_argument("--from-metrics", type=Path, help="render from a metrics file instead of synthesizing")
-    parser.add_argument("--no-write", action="store_true", help="print, do not update BENCHMARKS.md or the CSVs")
+    add_no_write_argument(parser, "BENCHMARKS.md and the CSVs")
     parser.add_argument(
         "--merge", action="store_true", help="keep the CSV rows of instances the metrics do not cover (partial rebuild)"
     )
@@ -345,10 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         instances = merge_rows(INSTANCES_CSV, INSTANCE_HEADER, instances)
         per_size = merge_rows(PER_SIZE_CSV, PER_SIZE_HEADER, per_size)
-    if args.no_write:
-        instance_records = csv_records(INSTANCE_HEADER, instances, key=_instance_key)
-    else:
-        instance_records = write_csv(INSTANCES_CSV, INSTANCE_HEADER, instances, key=_instance_key)
+    instance_records = csv_output(INSTANCES_CSV, INSTANCE_HEADER, instances, key=_instance_key, write=not args.no_write)
+    if not args.no_write:
         write_csv(PER_SIZE_CSV, PER_SIZE_HEADER, per_size, key=_per_size_key)
     body = render(instance_records, len(per_size))
     print(body)
@@ -359,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.metrics_command:
                 command = f"{args.metrics_command} && {command}"
         else:
-            command = "python scripts/bench_synthesis.py " + " ".join(argv if argv is not None else sys.argv[1:])
+            command = command_line(__file__, argv)
         update_benchmarks_section(
             "synthesis", "Synthesized algorithms against baselines and the lower bound", command, body
         )

@@ -31,11 +31,21 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench_harness import (
+    add_collectives_argument,
+    add_jobs_argument,
+    add_nodes_argument,
+    add_sizes_argument,
+    add_topologies_argument,
+    argument_parser,
+    log,
+    split_names,
+)
 from process_memory import TreeMemory
 
+from taccl_py.stages.routing import ALTERNATIVE_STATUS
 from taccl_py.synth import SynthesisResult, synthesize, write_library
-from taccl_py.synth.routing import ALTERNATIVE_STATUS
-from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.topology import load_topology
 from taccl_py.units import parse_sizes
 
 DEFAULT_SIZES = "1KB-1GB"
@@ -45,10 +55,6 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
 INSTANCE_TIMEOUT_S = 3600
 REPO = Path(__file__).resolve().parents[1]
 ALGORITHMS_DIR = REPO / "algorithms"
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def library_path(topology: str, nodes: int, collective: str) -> Path:
@@ -109,7 +115,7 @@ def build_instance(
     topology = load_topology(topology_name, nodes=nodes)
     began = time.perf_counter()
     result = synthesize(
-        topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=_log, jobs=jobs
+        topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=log, jobs=jobs
     )
     wall = time.perf_counter() - began
     provenance = replace(
@@ -173,12 +179,12 @@ def run_instance(topology: str, nodes: int, collective: str, args: argparse.Name
         except subprocess.TimeoutExpired:
             child.kill()
             child.communicate()
-            _log(f"{topology} n{nodes} {collective}: timed out after {INSTANCE_TIMEOUT_S} s")
+            log(f"{topology} n{nodes} {collective}: timed out after {INSTANCE_TIMEOUT_S} s")
             return None
         finally:
             memory.stop()
     if child.returncode != 0:
-        _log(f"{topology} n{nodes} {collective}: failed\n{stderr[-4000:]}")
+        log(f"{topology} n{nodes} {collective}: failed\n{stderr[-4000:]}")
         return None
     metrics = json.loads(stdout.strip().splitlines()[-1])
     # The instance's own figure misses its forkserver workers; the sampled tree does not.
@@ -189,16 +195,14 @@ def run_instance(topology: str, nodes: int, collective: str, args: argparse.Name
 
 def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options naming which instances a sweep runs and where their metrics go."""
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()))
-    parser.add_argument("--nodes", default=DEFAULT_NODES)
-    parser.add_argument("--collectives", default=",".join(COLLECTIVES))
-    parser.add_argument("--sizes", default=DEFAULT_SIZES)
+    add_topologies_argument(parser)
+    add_nodes_argument(parser, DEFAULT_NODES)
+    add_collectives_argument(parser, ",".join(COLLECTIVES))
+    add_sizes_argument(parser, DEFAULT_SIZES)
     parser.add_argument(
         "--time-limit", type=float, default=None, help="wall-clock safety cap per instance (default by GPU count)"
     )
-    parser.add_argument(
-        "--jobs", type=int, default=None, help="worker processes per instance (default: the cores; same result)"
-    )
+    add_jobs_argument(parser, None, per="instance")
     parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
 
 
@@ -208,17 +212,17 @@ def sweep_instances(
     """Run every (topology, nodes, collective) instance ``args`` names; return the metrics and the failure count."""
     metrics: list[dict] = []
     failures = 0
-    for name in args.topologies.split(","):
-        for nodes in (int(n) for n in args.nodes.split(",")):
-            for collective in args.collectives.split(","):
+    for name in split_names(args.topologies):
+        for nodes in (int(n) for n in split_names(args.nodes)):
+            for collective in split_names(args.collectives):
                 if skip_existing and library_path(name, nodes, collective).exists():
                     continue
-                _log(f"== {name} n{nodes} {collective}")
+                log(f"== {name} n{nodes} {collective}")
                 found = run_instance(name, nodes, collective, run_args)
                 if found is None:
                     failures += 1
                     continue
-                _log(f"   {found['wall_s']:.1f} s, {found['peak_tree_MB']:.0f} MB (all processes)")
+                log(f"   {found['wall_s']:.1f} s, {found['peak_tree_MB']:.0f} MB (all processes)")
                 metrics.append(found)
                 if args.metrics is not None:
                     with args.metrics.open("a", encoding="utf-8") as handle:
@@ -227,7 +231,7 @@ def sweep_instances(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argument_parser(__doc__)
     add_sweep_arguments(parser)
     parser.add_argument("--skip-existing", action="store_true", help="keep libraries already built")
     parser.add_argument("--no-write", action="store_true", help="synthesize and report, write no library")

@@ -59,10 +59,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from taccl_py.baselines.alltoall import direct_alltoall_algorithm  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
 from taccl_py.runtime.backend import register_backend  # noqa: E402
-from taccl_py.runtime.bench import BenchRow, bench_sizes  # noqa: E402
 from taccl_py.runtime.communicator import Communicator  # noqa: E402
+from taccl_py.runtime.communicator.selection import AlgorithmChoices, collect_algorithms  # noqa: E402
 from taccl_py.runtime.ddp import register  # noqa: E402
-from taccl_py.runtime.selection import AlgorithmChoices, collect_algorithms  # noqa: E402
+from taccl_py.runtime.measure.bench import BenchRow, bench_sizes  # noqa: E402
 from taccl_py.runtime.transports.torch_dist import TorchDistTransport  # noqa: E402
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology  # noqa: E402
 

@@ -36,8 +36,8 @@ from gpu_check_exact import difference
 from gpu_check_report import Outcome
 
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.native import all_gather_single, reduce_scatter_single
-from taccl_py.runtime.selection import AlgorithmChoices
+from taccl_py.runtime.communicator.selection import AlgorithmChoices
+from taccl_py.runtime.executor.native import all_gather_single, reduce_scatter_single
 
 __all__ = ["RoutingCounts", "check_backend", "run_mix"]
 

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.ir.collectives import Collective
+from taccl_py.runtime.communicator.selection import AlgorithmChoices, Candidate, collective_size_bytes
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, block_layout
-from taccl_py.runtime.native import REDUCE_OP_NAMES, native_collective
-from taccl_py.runtime.selection import AlgorithmChoices, Candidate, collective_size_bytes
+from taccl_py.runtime.executor.native import REDUCE_OP_NAMES, native_collective
 
 __all__ = [
     "BAND_NUMEL",
@@ -278,7 +278,7 @@ def reference_result(collective: Collective, data: torch.Tensor, numel: int, op:
     """Return ``collective`` of ``data`` (shard length ``numel``) by ``group``'s own backend.
 
     avg is the sum divided by the rank count (integers truncate toward zero, as NCCL's ncclAvg
-    does): the executor's rule (:func:`~taccl_py.runtime.native.native_collective`), where NCCL's
+    does): the executor's rule (:func:`~taccl_py.runtime.executor.native.native_collective`), where NCCL's
     float avg would premultiply each input by 1/n.
     """
     world = dist.get_world_size(group)

@@ -31,10 +31,10 @@ from gpu_check_report import Outcome
 
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.binding import DEFAULT_SEGMENT_BYTES
 from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.communicator.selection import AlgorithmChoices
 from taccl_py.runtime.executor import Executor
-from taccl_py.runtime.selection import AlgorithmChoices
+from taccl_py.runtime.executor.binding import DEFAULT_SEGMENT_BYTES
 
 __all__ = ["check_algorithms", "check_communicator", "check_graphs", "difference"]
 

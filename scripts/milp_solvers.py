@@ -6,7 +6,7 @@ gap and thread count, and, where the solver takes one, the same complete startin
 to its final incumbent and to its stop, and the variable values, which ``milp_model.check_solution``
 re-evaluates on the model as HiGHS reads it (so every solver's objective is computed the same way).
 
-Only HiGHS (highspy) and CBC (taccl_py.synth.solver_cbc.find_cbc) are dependencies of the package; pyscipopt and ortools
+Only HiGHS (highspy) and CBC (taccl_py.solvers.cbc.find_cbc) are dependencies of the package; pyscipopt and ortools
 are optional here: ``solver_availability`` names the reason a runner cannot run.
 """
 
@@ -117,7 +117,7 @@ def _solve_highs(model: MpsModel, start: Mapping[str, float] | None, limits: Sol
 
 
 def _cbc_path() -> Path:
-    from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, find_cbc
+    from taccl_py.solvers.cbc import CBC_INSTALL_HINT, find_cbc
 
     binary = find_cbc()
     if binary is None:
@@ -323,7 +323,7 @@ def solver_availability() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for solver in SOLVERS:
         if solver == "cbc":
-            from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, find_cbc
+            from taccl_py.solvers.cbc import CBC_INSTALL_HINT, find_cbc
 
             out[solver] = None if find_cbc() is not None else f"no CBC program found ({CBC_INSTALL_HINT})"
         else:

@@ -19,7 +19,6 @@ of all stages together and prints the top functions.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import io
 import json
@@ -30,17 +29,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_harness import add_collectives_argument, add_sizes_argument, argument_parser, parse_instances, split_names
+
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import prepare_simulation, simulate_plan
-from taccl_py.synth.compose import Chunking, phase_graphs
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.lower_schedule import lower_schedule
-from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.routing import greedy_routing
-from taccl_py.synth.scheduling import schedule_sends
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.solver import SolverOptions
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.logical import build_logical_graph, phase_graphs
+from taccl_py.stages.lower_schedule import lower_schedule
+from taccl_py.stages.ordering import order_sends
+from taccl_py.stages.routing import greedy_routing
+from taccl_py.stages.scheduling import schedule_sends
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.synth.compose import Chunking
 from taccl_py.topology import load_topology
 from taccl_py.units import format_size, parse_size, parse_sizes
 from taccl_py.verify import check_algorithm
@@ -135,12 +136,12 @@ def _save(run: InstanceRun, directory: Path) -> None:
 
 
 def _parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--machines", default=",".join(DEFAULT_MACHINES), help="NAME:NODES list")
-    parser.add_argument("--collectives", default=",".join(DEFAULT_COLLECTIVES))
+    add_collectives_argument(parser, ",".join(DEFAULT_COLLECTIVES))
     parser.add_argument("--chunkings", default=",".join(DEFAULT_CHUNKINGS), help="CHUNKUPxPIECES list")
     parser.add_argument("--design", default=DEFAULT_DESIGN, help="size the routes and orders are tuned for")
-    parser.add_argument("--sizes", default=DEFAULT_SIM_SIZES, help="sizes to simulate at")
+    add_sizes_argument(parser, DEFAULT_SIM_SIZES, what="sizes to simulate at")
     parser.add_argument("--save", type=Path, help="write every instance's outputs under this folder")
     parser.add_argument("--compare", type=Path, help="compare every instance's outputs with this folder")
     parser.add_argument("--profile", type=Path, help="write cProfile statistics of all instances here")
@@ -165,13 +166,12 @@ def main(argv=None) -> int:
     print(f"{'instance':<36}" + "".join(f"{stage:>11}" for stage in STAGES) + f"{'total':>11}  outputs")
     failed = False
     totals: dict[str, float] = {}
-    for machine in args.machines.split(","):
-        name, nodes = machine.split(":")
-        for collective in args.collectives.split(","):
+    for name, nodes in parse_instances(args.machines):
+        for collective in split_names(args.collectives):
             for chunking in chunkings:
                 if profiler is not None:
                     profiler.enable()
-                run = run_instance(name, int(nodes), Collective(collective), chunking, sizes, args.clock)
+                run = run_instance(name, nodes, Collective(collective), chunking, sizes, args.clock)
                 if profiler is not None:
                     profiler.disable()
                 note = ""

@@ -19,20 +19,29 @@ the shipped ones), so a rerun after ``--write`` starts again from the same band 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks_md import (
+from bench_harness import (
     DATA_DIR,
+    add_collectives_argument,
+    add_csv_argument,
+    add_nodes_argument,
+    add_topologies_argument,
+    argument_parser,
     collective_order,
+    command_line,
     csv_pointer,
+    group_records,
+    log,
+    machine_cases,
     markdown_table,
     read_csv,
     row_bound_us,
+    split_names,
     update_benchmarks_section,
     write_csv,
 )
@@ -44,7 +53,7 @@ from taccl_py.simulate import WHOLE_CHUNKS, execution_model, simulate
 from taccl_py.synth.bands import write_library
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.rechoose import rechoose_bands
-from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 CSV_PATH = DATA_DIR / "slice_model.csv"
@@ -63,10 +72,6 @@ CSV_HEADER = (
     "vs_best_baseline",
 )
 REPORT_FROM_BYTES = 1_000_000
-
-
-def _log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def instance_rows(
@@ -129,9 +134,7 @@ def render(records: list[dict], elapsed_s: float | None) -> str:
     Fractions of the bound are computed here (the CSV holds times), so they follow the current bounds.
     """
     bounds: dict = {}
-    by_instance: dict[tuple, list[dict]] = {}
-    for record in records:
-        by_instance.setdefault((record["topology"], record["nodes"], record["collective"]), []).append(record)
+    by_instance = group_records(records, "topology", "nodes", "collective")
     rows = []
     slower = 0
     for (name, nodes, collective), group in sorted(
@@ -214,16 +217,16 @@ def _unloadable_note(records: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Re-choose the libraries named, write the CSV and BENCHMARKS.md section (``--from-csv``: only render)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--topologies", default=",".join(builtin_topology_names()), help="built-in names")
-    parser.add_argument("--nodes", default="1,2,4,8", help="machine counts with shipped libraries")
-    parser.add_argument("--collectives", default="allgather,reducescatter,allreduce,alltoall")
+    parser = argument_parser(__doc__)
+    add_topologies_argument(parser)
+    add_nodes_argument(parser, "1,2,4,8", what="machine counts with shipped libraries")
+    add_collectives_argument(parser, "allgather,reducescatter,allreduce,alltoall")
     parser.add_argument("--model", default="msccl", help="execution model to choose under (default msccl)")
     parser.add_argument("--write", action="store_true", help="write the re-chosen libraries into algorithms/")
     parser.add_argument("--from-csv", action="store_true", help="render the existing CSV; choose nothing")
     parser.add_argument("from_csv_files", nargs="*", type=Path, help="with --from-csv: the CSVs to merge")
     parser.add_argument("--no-report", action="store_true", help="leave BENCHMARKS.md alone")
-    parser.add_argument("--csv", type=Path, default=CSV_PATH, help="where the rows go (default scripts/data)")
+    add_csv_argument(parser, CSV_PATH)
     parser.add_argument("--previous", type=Path, default=None, help="an older algorithms/ folder to choose from")
     args = parser.parse_args(argv)
     began = time.perf_counter()
@@ -231,25 +234,23 @@ def main(argv: list[str] | None = None) -> int:
         body = render([r for path in args.from_csv_files or [args.csv] for r in read_csv(path)], None)
     else:
         rows: list[tuple] = []
-        for name in filter(None, args.topologies.split(",")):
-            for nodes in (int(n) for n in args.nodes.split(",") if n):
-                source = shipped_library_paths(name, nodes) if args.previous is None else ()
-                names = {p.name for p in source} or {
-                    p.name for p in (args.previous / name / f"n{nodes}").glob("*.library.json")
-                }
-                for collective in filter(None, args.collectives.split(",")):
-                    if f"{collective}.library.json" not in names:
-                        continue
-                    start = time.perf_counter()
-                    rows += instance_rows(name, nodes, collective, args.model, args.write, args.previous)
-                    _log(f"{name} x{nodes} {collective}: {time.perf_counter() - start:.0f} s")
+        for name, nodes in machine_cases(args.topologies, args.nodes):
+            source = shipped_library_paths(name, nodes) if args.previous is None else ()
+            names = {p.name for p in source} or {
+                p.name for p in (args.previous / name / f"n{nodes}").glob("*.library.json")
+            }
+            for collective in split_names(args.collectives):
+                if f"{collective}.library.json" not in names:
+                    continue
+                start = time.perf_counter()
+                rows += instance_rows(name, nodes, collective, args.model, args.write, args.previous)
+                log(f"{name} x{nodes} {collective}: {time.perf_counter() - start:.0f} s")
         records = write_csv(args.csv, CSV_HEADER, rows)
         body = render(records, time.perf_counter() - began)
     print(body)
     if args.csv == CSV_PATH and not args.no_report:
-        given = list(sys.argv[1:] if argv is None else argv)
-        command = " ".join(["python scripts/rechoose_bands.py", *given])
-        update_benchmarks_section("slice-model", "Shipped bands under MSCCL's slice loop", command, body)
+        title = "Shipped bands under MSCCL's slice loop"
+        update_benchmarks_section("slice-model", title, command_line(__file__, argv), body)
     return 0
 
 

@@ -46,7 +46,7 @@ set +e
 status=$?
 set -e
 if [ $status -eq 0 ]; then
-    say "CBC ran: $("$venv/bin/python" -c 'from taccl_py.synth.solver import SolverOptions as O, describe_solver as d
+    say "CBC ran: $("$venv/bin/python" -c 'from taccl_py.solvers import SolverOptions as O, describe_solver as d
 print(d(O("cbc")))')"
 elif [ $status -eq 2 ] && [ "$(wc -l <"$out/cbc.err")" -eq 1 ] && grep -q "no CBC program found" "$out/cbc.err"; then
     say "no CBC here, and one line says how to get it: $(cat "$out/cbc.err")"

@@ -1,6 +1,6 @@
 """Summaries of ``bench_solvers.py``'s rows (per solver, per model, the conclusion) for the terminal and BENCHMARKS.md.
 
-Rows are dictionaries as ``benchmarks_md.read_csv`` returns them (columns of ``bench_solvers.HEADER``).
+Rows are dictionaries as ``bench_harness.read_csv`` returns them (columns of ``bench_solvers.HEADER``).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks_md import csv_pointer, markdown_table
+from bench_harness import csv_pointer, format_or_dash, markdown_table
 from milp_solvers import CPSAT_VAR_SCALING
 
-from taccl_py.synth.solver import DEFAULT_GAP_REL as GAP_REL
+from taccl_py.solvers import DEFAULT_GAP_REL as GAP_REL
 from taccl_py.units import format_size
 
 __all__ = ["SUMMARY_HEADER", "GAP_REL", "instance_rows", "load_text", "render_section", "summary_rows", "verdict"]
@@ -103,13 +103,17 @@ def instance_rows(rows: Sequence[dict], solvers: Sequence[str]) -> list[tuple]:
         first = next(iter(per_solver.values()))
         label = f"{first['topology']}x{first['nodes']} c{first['chunkup']}p{first['pieces']} "
         label += f"{format_size(first['design_bytes'])} {first['model']}"
-        cells = [label, f"{first['cols']}/{first['int_cols']}/{first['rows']}", _fmt(first["start_objective"], 7)]
+        cells = [
+            label,
+            f"{first['cols']}/{first['int_cols']}/{first['rows']}",
+            format_or_dash(first["start_objective"], ".7g"),
+        ]
         for solver in solvers:
             row = per_solver.get(solver)
             if row is None:
                 cells.append("-")
             elif solver == "highs":
-                cells.append(f"{_fmt(row['objective'], 7)} ({_gap_text(row)}, {row['stop_s']:.1f} s)")
+                cells.append(f"{format_or_dash(row['objective'], '.7g')} ({_gap_text(row)}, {row['stop_s']:.1f} s)")
             else:
                 ratio = "none" if row["ratio_to_highs"] is None else f"{row['ratio_to_highs']:.4f}"
                 cells.append(f"{ratio} ({_gap_text(row)}, {row['stop_s']:.1f} s)")
@@ -254,7 +258,3 @@ def verdict(records: Sequence[dict], solvers: Sequence[str]) -> str:
     else:
         advice = "Switch: no; HiGHS stays."
     return "**Conclusion.** " + " ".join(sentences) + "\n\n" + rule + " " + advice
-
-
-def _fmt(value: float | None, digits: int = 6) -> str:
-    return "-" if value is None else f"{value:.{digits}g}"

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from taccl_py.ir.algorithm_json import write_algorithm  # noqa: E402
 from taccl_py.ir.collectives import Collective  # noqa: E402
-from taccl_py.runtime.bench import ring_algorithm  # noqa: E402
+from taccl_py.runtime.measure.bench import ring_algorithm  # noqa: E402
 
 #: How torchrun's failure summary names a rank killed by a signal ("exitcode  : -6 (pid: ...)").
 _SIGNAL = re.compile(r"exitcode\s*:\s*-(\d+)")

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-# taccl_py.runtime.calibration_cache.CALIBRATION_ENV, spelled out: importing it here would import torch
+# taccl_py.runtime.communicator.calibration_cache.CALIBRATION_ENV, spelled out: importing it here would import torch
 os.environ["TACCL_CALIBRATION"] = "off"
 
 

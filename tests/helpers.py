@@ -14,7 +14,7 @@ import pytest
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
-from taccl_py.synth.solver_cbc import CBC_INSTALL_HINT, find_cbc
+from taccl_py.solvers.cbc import CBC_INSTALL_HINT, find_cbc
 from taccl_py.verify import VerificationReport, verify_algorithm
 
 __all__ = [

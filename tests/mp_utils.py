@@ -126,7 +126,7 @@ def torch_collective(collective: str, input: Any, op: str, world_size: int) -> A
     import torch
 
     from taccl_py.ir.collectives import Collective
-    from taccl_py.runtime.native import native_collective
+    from taccl_py.runtime.executor.native import native_collective
 
     if collective == "allgather":
         output = torch.empty(input.numel() * world_size, dtype=input.dtype)

@@ -7,11 +7,11 @@ from test_executor import assert_runs_correctly
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import simulate
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
 from taccl_py.synth import synthesize
 from taccl_py.synth.compose import Chunking, gather_after_reduce, mixed_allreduce, synthesize_chunking
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology import load_topology
 
 from helpers import assert_valid_algorithm

@@ -14,13 +14,13 @@ from taccl_py.baselines.alltoall import (
     hierarchical_alltoall_algorithm,
     hierarchical_alltoall_pieces_by_size,
 )
+from taccl_py.bounds import lower_bound
 from taccl_py.cli import main
 from taccl_py.errors import ArgumentError
 from taccl_py.files import read_any_algorithm
 from taccl_py.msccl import generate_msccl_xml, parse_msccl_xml
 from taccl_py.simulate import simulate_sizes
 from taccl_py.topology import builtin_topology_names, load_topology
-from taccl_py.topology.bounds import lower_bound
 from taccl_py.topology.cluster import load_cluster
 
 from helpers import assert_valid_algorithm

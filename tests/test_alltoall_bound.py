@@ -1,4 +1,4 @@
-"""Tests of the AlltoAll cut bound (``taccl_py.topology.alltoall_bound``)."""
+"""Tests of the AlltoAll cut bound (``taccl_py.bounds.alltoall``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from fractions import Fraction
 
 import pytest
 
-from taccl_py.topology import Link, LinkKind, alltoall_bound, load_topology
-from taccl_py.topology.alltoall_bound import alltoall_cut
-from taccl_py.topology.bounds_cut import route_links
+from taccl_py.bounds import alltoall as alltoall_bound
+from taccl_py.bounds.alltoall import alltoall_cut
+from taccl_py.bounds.cut import route_links
+from taccl_py.topology import Link, LinkKind, load_topology
 
 HASH_SEEDS = ("0", "1", "2", "3")
 SHOW_TIMEOUT_S = 60  # one `taccl topo show` takes ~0.6 s; the limit only stops a hung child

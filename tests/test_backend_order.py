@@ -46,7 +46,7 @@ class RecordingInner:
 @pytest.fixture
 def group() -> Any:
     """A one-rank taccl group that believes it routes (its routed calls are the tests' jobs)."""
-    from taccl_py.runtime.backend_group import TacclProcessGroup
+    from taccl_py.runtime.backend.group import TacclProcessGroup
 
     pg = TacclProcessGroup(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30), library=None)
     pg._has_algorithms = pg._order._routes = True
@@ -167,7 +167,7 @@ def test_a_call_during_cuda_graph_capture_runs_on_the_inner_backend(
 
 def test_a_communicator_call_during_cuda_graph_capture_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     from taccl_py.errors import ArgumentError
-    from taccl_py.runtime.communicator_checks import check_tensors
+    from taccl_py.runtime.communicator.checks import check_tensors
 
     tensor = torch.ones(4)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
@@ -178,7 +178,7 @@ def test_a_communicator_call_during_cuda_graph_capture_is_one_clear_error(monkey
 
 def test_on_a_gpu_a_routed_call_runs_now_after_the_inner_backends_latest_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU branch of IssueOrder with stand-ins for the CUDA pieces (no GPU here): who waits for what."""
-    from taccl_py.runtime import issue_order
+    from taccl_py.runtime.backend import issue_order
 
     log: list[Any] = []
 
@@ -216,7 +216,7 @@ def test_on_a_gpu_a_routed_call_runs_now_after_the_inner_backends_latest_call(mo
 def test_a_routed_work_on_a_gpu_waits_on_the_stream_not_the_host() -> None:
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: a stream-ordered Work needs a GPU")
-    from taccl_py.runtime.backend_transport import StreamWork
+    from taccl_py.runtime.backend.work import StreamWork
 
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -302,7 +302,7 @@ def _calibrating_group(rank: int, folder: str) -> dict[str, Any]:
     """A taccl group left at its default calibrates on its first routed call; a size it gives gloo goes there."""
     from dataclasses import replace
 
-    from taccl_py.runtime import calibration_cache
+    from taccl_py.runtime.communicator import calibration_cache
 
     os.environ.pop("TACCL_CALIBRATION")  # the suite's "off" (tests/conftest.py), for this group only
     os.environ["TACCL_CACHE_DIR"] = folder

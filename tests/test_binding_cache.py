@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="bindings are of torch tensors")
 
 
 def test_a_binding_lives_as_long_as_the_callers_tensor_and_no_longer() -> None:
-    from taccl_py.runtime.binding_cache import BindingCache, unowned_alias
+    from taccl_py.runtime.executor.binding_cache import BindingCache, unowned_alias
 
     cache = BindingCache(limit=2)
     tensor = torch.randn(64)
@@ -25,7 +25,7 @@ def test_a_binding_lives_as_long_as_the_callers_tensor_and_no_longer() -> None:
 
 
 def test_a_view_keeps_its_binding_while_its_base_lives_and_the_least_recent_entry_goes_first() -> None:
-    from taccl_py.runtime.binding_cache import BindingCache
+    from taccl_py.runtime.executor.binding_cache import BindingCache
 
     cache = BindingCache(limit=2)
     base = torch.zeros(100)

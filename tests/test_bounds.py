@@ -8,6 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from taccl_py.bounds import binding_cut, latency_floor_us, lower_bound, lower_bounds
+from taccl_py.bounds import cut as bounds_cut
+from taccl_py.bounds.cut import route_links
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.topology import (
@@ -15,14 +18,10 @@ from taccl_py.topology import (
     LinkKind,
     Vertex,
     VertexKind,
-    bounds_cut,
     load_topology,
-    lower_bound,
     make_topology,
     route,
 )
-from taccl_py.topology.bounds import binding_cut, latency_floor_us, lower_bounds
-from taccl_py.topology.bounds_cut import route_links
 
 GB = 10**9
 REL = 1e-6
@@ -237,7 +236,7 @@ def test_one_machine_of_each_kind_is_checked_and_gives_the_same_cut(spec, nics_d
 
 @pytest.mark.parametrize(("spec", "nics_down"), [("ndv2:2", ()), ("dgx-a100:2,dgx-h100:1", ("0:nic1",))])
 def test_the_bounds_of_every_collective_at_once_are_each_collectives_bounds(spec, nics_down):
-    from taccl_py.topology.bounds import lower_bounds_by_collective
+    from taccl_py.bounds import lower_bounds_by_collective
     from taccl_py.topology.cluster import load_cluster
 
     topology, sizes = load_cluster(spec, nics_down=nics_down), (1, 10**6, GB)
@@ -293,7 +292,7 @@ def test_the_old_cut_only_bound_is_kept_beside_the_new():
 
 
 def test_allreduce_bound_is_named_as_a_class_bound():
-    from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, bound_label
+    from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label
 
     assert bound_label(Collective.ALLREDUCE) == "RS+AG bound" and bound_label("allgather") == "bound"
     assert "ReduceScatter+AllGather class bound" in ALLREDUCE_BOUND_NOTE
@@ -310,9 +309,9 @@ VALIDITY_MACHINES = [("ndv2", 1), ("ndv2", 2), ("dgx-h100", 1), ("dgx-h100", 2),
 @pytest.mark.parametrize(("name", "nodes"), VALIDITY_MACHINES, ids=[f"{n}x{k}" for n, k in VALIDITY_MACHINES])
 def test_no_shipped_algorithm_or_baseline_beats_the_bound(name, nodes):
     from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline
+    from taccl_py.bounds.reduction import in_network_reduction_bounds
     from taccl_py.ir.library import read_library, shipped_library_paths
     from taccl_py.simulate import simulate_sizes
-    from taccl_py.topology.bounds_reduction import in_network_reduction_bounds
 
     topology = load_topology(name, nodes=nodes)
     checked = 0

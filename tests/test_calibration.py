@@ -15,7 +15,8 @@ from test_communicator import run_collective
 
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.calibration import (
+from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.communicator.calibration import (
     NATIVE,
     Calibration,
     CalibrationKey,
@@ -23,7 +24,6 @@ from taccl_py.runtime.calibration import (
     read_calibration,
     write_calibration,
 )
-from taccl_py.runtime.communicator import Communicator
 
 from helpers import LogLines, ring_algorithm
 from mp_utils import Case, assert_no_mismatches, run_ranks
@@ -219,7 +219,7 @@ def test_a_calibrated_library_has_native_bands_exactly_where_the_calibration_run
     import random
 
     from taccl_py.ir.library import AlgorithmLibrary, SizeBand
-    from taccl_py.runtime.calibration import calibrated_library
+    from taccl_py.runtime.communicator.calibration import calibrated_library
 
     small, large = ring_algorithm(AR, 2), replace(ring_algorithm(AR, 2), name="large")
     library = AlgorithmLibrary(
@@ -253,7 +253,7 @@ def test_a_calibrated_library_has_native_bands_exactly_where_the_calibration_run
 
 def _automatic_calibration_on(folder: str) -> str | None:
     """In a rank: turn the suite's TACCL_CALIBRATION=off back on, cache in ``folder``, measure small; return it."""
-    from taccl_py.runtime import calibration_cache
+    from taccl_py.runtime.communicator import calibration_cache
 
     seen = os.environ.pop("TACCL_CALIBRATION", None)
     os.environ["TACCL_CACHE_DIR"] = folder
@@ -387,7 +387,7 @@ def test_other_hosts_measure_again_and_calibration_false_or_off_measures_nothing
 
 
 def test_the_cache_folder_is_taccl_cache_dir_then_xdg_cache_home_then_home() -> None:
-    from taccl_py.runtime.calibration_cache import cache_dir
+    from taccl_py.runtime.communicator.calibration_cache import cache_dir
 
     assert cache_dir({"TACCL_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/b"}) == Path("/a")
     assert cache_dir({"TACCL_CACHE_DIR": "", "XDG_CACHE_HOME": "/b"}) == Path("/b/taccl_py")
@@ -395,7 +395,7 @@ def test_the_cache_folder_is_taccl_cache_dir_then_xdg_cache_home_then_home() -> 
 
 
 def test_every_field_of_the_key_names_its_own_cache_file() -> None:
-    from taccl_py.runtime.calibration_cache import cache_path
+    from taccl_py.runtime.communicator.calibration_cache import cache_path
 
     key = replace(KEY, hosts="a,b")
     others = [
@@ -414,22 +414,22 @@ def test_every_field_of_the_key_names_its_own_cache_file() -> None:
     ("value", "on"), [("off", False), ("OFF", False), ("0", False), ("false", False), ("no", False), ("on", True)]
 )
 def test_taccl_calibration_turns_the_automatic_calibration_off(value: str, on: bool) -> None:
-    from taccl_py.runtime.calibration_cache import automatic_calibration_on
+    from taccl_py.runtime.communicator.calibration_cache import automatic_calibration_on
 
     assert automatic_calibration_on({"TACCL_CALIBRATION": value}) is on
     assert automatic_calibration_on({}) is True
 
 
 def test_an_unknown_taccl_calibration_is_one_error_naming_it() -> None:
-    from taccl_py.runtime.calibration_cache import automatic_calibration_on
+    from taccl_py.runtime.communicator.calibration_cache import automatic_calibration_on
 
     with pytest.raises(ArgumentError, match="TACCL_CALIBRATION: 'sometimes'; expected 'on' or 'off'"):
         automatic_calibration_on({"TACCL_CALIBRATION": "sometimes"})
 
 
 def test_the_automatic_calibration_measures_only_where_an_algorithm_runs() -> None:
-    from taccl_py.runtime.calibration_cache import lazy_sizes
-    from taccl_py.runtime.selection import AlgorithmChoices, Candidate
+    from taccl_py.runtime.communicator.calibration_cache import lazy_sizes
+    from taccl_py.runtime.communicator.selection import AlgorithmChoices, Candidate
 
     ring = ring_algorithm(AR, 2)
     bands = (
@@ -456,7 +456,7 @@ def test_a_key_without_hosts_is_written_as_before_hosts(tmp_path: Path) -> None:
 def test_the_cache_adds_collectives_and_a_bad_or_unwritable_one_is_only_a_miss(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from taccl_py.runtime.calibration_cache import read_cached, write_cached
+    from taccl_py.runtime.communicator.calibration_cache import read_cached, write_cached
 
     path = tmp_path / "cache" / "cal.json"
     reduce = calibration((65536, "ring", 900.0, 300.0))
@@ -468,6 +468,6 @@ def test_the_cache_adds_collectives_and_a_bad_or_unwritable_one_is_only_a_miss(
     path.write_text("{")
     assert read_cached(path, KEY) is None
     (tmp_path / "file").write_text("")
-    with caplog.at_level(logging.WARNING, logger="taccl_py.runtime.calibration_cache"):
+    with caplog.at_level(logging.WARNING, logger="taccl_py.runtime.communicator.calibration_cache"):
         write_cached(tmp_path / "file" / "cal.json", reduce, AR)  # its folder is a file
     assert "could not cache the calibration" in caplog.text

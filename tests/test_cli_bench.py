@@ -51,7 +51,7 @@ def test_bench_prints_a_row_per_size_against_torch(tmp_path: Path, capsys: pytes
 
 @pytest.mark.multiprocess
 def test_bench_calibration_is_measured_written_then_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from taccl_py.runtime.calibration import read_calibration
+    from taccl_py.runtime.communicator.calibration import read_calibration
 
     path, calibration = tmp_path / "ring.json", tmp_path / "cal.json"
     write_algorithm(ring_algorithm(Collective.ALLREDUCE, 2, inplace=True), str(path))
@@ -78,7 +78,7 @@ def test_bench_calibration_is_measured_written_then_read(tmp_path: Path, capsys:
 @pytest.mark.multiprocess
 def test_bench_writes_the_library_with_native_bands_where_gloo_won(tmp_path: Path) -> None:
     from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library
-    from taccl_py.runtime.calibration import calibrated_library, read_calibration
+    from taccl_py.runtime.communicator.calibration import calibrated_library, read_calibration
     from taccl_py.synth.bands import write_library
 
     source = tmp_path / "ar.library.json"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from taccl_py.bounds import binding_cut
 from taccl_py.cli import main
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology import load_topology
-from taccl_py.topology.bounds import binding_cut
 from taccl_py.topology.cluster import (
     MAX_CLUSTER_NODES,
     describe_cluster,

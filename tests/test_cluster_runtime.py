@@ -29,7 +29,7 @@ from taccl_py.ir.library import (
     parse_library,
     read_library,
 )
-from taccl_py.runtime.live_cluster import (
+from taccl_py.runtime.communicator.live_cluster import (
     NicPort,
     declare_cluster,
     declared_from_env,
@@ -38,7 +38,7 @@ from taccl_py.runtime.live_cluster import (
     resolve_live_cluster,
     sysfs_root_from_env,
 )
-from taccl_py.runtime.selection import collect_algorithms, match_cluster
+from taccl_py.runtime.communicator.selection import collect_algorithms, match_cluster
 from taccl_py.synth.bands import write_library
 from taccl_py.topology.builtins import load_topology
 from taccl_py.topology.cluster import load_cluster

@@ -6,18 +6,18 @@ import pytest
 import torch
 from test_executor import expected, make_inputs, run_threads
 
+from taccl_py.bounds import lower_bounds
 from taccl_py.errors import SketchError
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import simulate
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.hierarchy import machine_classes
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch, check_sketch, generate_sketch, parse_sketch
+from taccl_py.stages.sketch.auto import find_symmetry, relay_groups
+from taccl_py.stages.tree_packing import pack_trees
 from taccl_py.synth.compose import Chunking, synthesize_chunking
-from taccl_py.synth.hierarchy import machine_classes
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.sketch import auto_sketch, check_sketch, generate_sketch, parse_sketch
-from taccl_py.synth.sketch_auto import find_symmetry, relay_groups
-from taccl_py.synth.solver import SolverOptions
-from taccl_py.synth.tree_packing import pack_trees
 from taccl_py.topology import load_topology
-from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.cluster import load_cluster
 from taccl_py.topology.model import LinkKind
 

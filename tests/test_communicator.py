@@ -18,9 +18,9 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, generate_library
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.communicator.selection import collect_algorithms
 from taccl_py.runtime.executor import block_layout
-from taccl_py.runtime.native import all_gather_single, reduce_scatter_single
-from taccl_py.runtime.selection import collect_algorithms
+from taccl_py.runtime.executor.native import all_gather_single, reduce_scatter_single
 
 from helpers import LogLines, ring_algorithm
 from mp_utils import Case, assert_no_mismatches, compare, random_input, run_ranks, torch_collective
@@ -299,7 +299,8 @@ def test_from_env_initialises_from_torchrun_variables() -> None:
 
 # -- in-place calls on gloo -------------------------------------------------------------------------
 
-_DEBUG_LOGGERS = ("taccl_py.runtime.communicator", "taccl_py.runtime.executor", "taccl_py.runtime.inplace_calls")
+# The packages' loggers: their modules' lines (inplace_calls among them) propagate up to these.
+_DEBUG_LOGGERS = ("taccl_py.runtime.communicator", "taccl_py.runtime.executor")
 
 
 def debug_lines() -> LogLines:

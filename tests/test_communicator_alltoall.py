@@ -14,8 +14,8 @@ from taccl_py.baselines import direct_alltoall_algorithm
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand
-from taccl_py.runtime.calibration import CalibrationPoint
 from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.communicator.calibration import CalibrationPoint
 from taccl_py.topology import load_topology
 
 from helpers import LogLines, chunked_alltoall_algorithm, ring_algorithm

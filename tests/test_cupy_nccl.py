@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.errors import TransportError
-from taccl_py.runtime.transport import Message
 from taccl_py.runtime.transports import cupy_nccl
 from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport
+from taccl_py.runtime.transports.interface import Message
 
 
 class FakeNccl:

@@ -258,7 +258,7 @@ def test_hook_state_refuses_pickling(hook_results: list[dict[str, Any]]) -> None
 
 
 def test_ordered_worker_keeps_submission_order() -> None:
-    from taccl_py.runtime.ordered_worker import OrderedWorker
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     done: list[int] = []
 
@@ -277,7 +277,7 @@ def test_ordered_worker_keeps_submission_order() -> None:
 
 
 def test_ordered_worker_failure_reaches_later_jobs() -> None:
-    from taccl_py.runtime.ordered_worker import OrderedWorker
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     def fail() -> None:
         raise ValueError("peer vanished")
@@ -300,7 +300,7 @@ def test_ordered_worker_failure_reaches_later_jobs() -> None:
 
 
 def test_ordered_worker_runs_a_job_inside_its_context() -> None:
-    from taccl_py.runtime.ordered_worker import OrderedWorker
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     seen: list[tuple[str, str]] = []
 
@@ -325,7 +325,7 @@ def test_ordered_worker_runs_a_job_inside_its_context() -> None:
 
 
 def test_stream_helpers_leave_cpu_work_alone() -> None:
-    from taccl_py.runtime.ordered_worker import caller_stream, on_stream, wait_for_stream
+    from taccl_py.runtime.backend.ordered_worker import caller_stream, on_stream, wait_for_stream
 
     assert caller_stream(torch.ones(3)) is None
     with on_stream(None):
@@ -336,7 +336,7 @@ def test_a_job_runs_on_the_stream_its_caller_was_on() -> None:
     """The worker thread's own current stream is the default one; the job must see the caller's."""
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: CUDA streams need a GPU")
-    from taccl_py.runtime.ordered_worker import OrderedWorker, caller_stream, on_stream
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker, caller_stream, on_stream
 
     side = torch.cuda.Stream()
     worker = OrderedWorker("test-stream")
@@ -353,7 +353,7 @@ def test_a_job_result_is_set_inside_its_context() -> None:
     """A CUDA-aware future records the stream current at set_result: it must be the job's."""
     import contextlib
 
-    from taccl_py.runtime.ordered_worker import OrderedWorker
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     inside = []
 
@@ -378,7 +378,7 @@ def test_a_job_result_is_set_inside_its_context() -> None:
 def test_a_cuda_job_future_orders_the_waiters_stream() -> None:
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: CUDA-aware futures need a GPU")
-    from taccl_py.runtime.ordered_worker import OrderedWorker, on_stream
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker, on_stream
 
     side, device = torch.cuda.Stream(), torch.device("cuda", torch.cuda.current_device())
     out = torch.zeros(1 << 20, device=device)
@@ -395,7 +395,7 @@ def test_a_cuda_job_future_orders_the_waiters_stream() -> None:
 
 
 def test_ordered_worker_refuses_pickling() -> None:
-    from taccl_py.runtime.ordered_worker import OrderedWorker
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     worker = OrderedWorker("test-pickle")
     with pytest.raises(TypeError, match="cannot be pickled"):

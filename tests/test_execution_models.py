@@ -155,10 +155,11 @@ def test_unknown_model_is_refused():
 
 
 def test_chunkings_of_one_piece_come_first_where_the_slice_loop_pipelines():
+    from taccl_py.bounds import lower_bound
+    from taccl_py.stages.logical import build_logical_graph
+    from taccl_py.stages.sketch import auto_sketch
     from taccl_py.synth.candidates import candidate_chunkings
-    from taccl_py.synth.logical import build_logical_graph
-    from taccl_py.synth.sketch import auto_sketch
-    from taccl_py.topology import load_topology, lower_bound
+    from taccl_py.topology import load_topology
 
     topology = load_topology("dgx2")
     graph = build_logical_graph(topology, auto_sketch(topology))

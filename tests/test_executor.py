@@ -21,7 +21,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.inplace import inplace_variant
 from taccl_py.ir.lowering import Transfer, lower_plan
 from taccl_py.runtime.executor import Executor, block_layout
-from taccl_py.runtime.rank_plan import Storage, compile_rank_plan
+from taccl_py.runtime.executor.rank_plan import Storage, compile_rank_plan
 from taccl_py.runtime.transports.local import LocalHub
 from taccl_py.verify import verify_algorithm
 
@@ -380,8 +380,8 @@ def test_scratch_used_on_another_cuda_stream_is_recorded_there(monkeypatch: pyte
     """The caching allocator must not hand the scratch out again while another stream still uses it."""
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: streams and the caching allocator need a GPU")
-    from taccl_py.runtime.bench import _NullTransport
     from taccl_py.runtime.executor import Executor
+    from taccl_py.runtime.measure.bench import _NullTransport
 
     algorithm = ring_algorithm(Collective.ALLREDUCE, 4, inplace=True)
     executor = Executor(algorithm, 0, torch.float32, 8, "cuda")

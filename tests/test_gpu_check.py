@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.native import divide_for_avg
-from taccl_py.runtime.selection import collect_algorithms
+from taccl_py.runtime.communicator.selection import collect_algorithms
+from taccl_py.runtime.executor.native import divide_for_avg
 
 from mp_utils import run_ranks
 

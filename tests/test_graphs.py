@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="the runtime needs torch")
 
 from taccl_py.ir.collectives import Collective  # noqa: E402
 from taccl_py.runtime.executor import Executor  # noqa: E402
-from taccl_py.runtime.graphs import GraphedCalls, graph_support  # noqa: E402
+from taccl_py.runtime.executor.graphs import GraphedCalls, graph_support  # noqa: E402
 
 from helpers import LogLines, ring_algorithm  # noqa: E402
 from mp_utils import assert_no_mismatches, run_ranks  # noqa: E402

@@ -7,12 +7,12 @@ from dataclasses import replace
 import pytest
 
 from taccl_py.ir.collectives import Collective
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.hierarchy import HIERARCHICAL_STATUS, hierarchical_routing, local_graph, machine_classes
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.routing import routing_objective_us
+from taccl_py.stages.sketch import auto_sketch
 from taccl_py.synth.compose import Chunking, synthesize_chunking
-from taccl_py.synth.hierarchy import HIERARCHICAL_STATUS, hierarchical_routing, local_graph, machine_classes
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.routing import routing_objective_us
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology import load_topology
 
 from helpers import assert_arborescence

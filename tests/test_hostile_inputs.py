@@ -24,7 +24,7 @@ from taccl_py.errors import ArgumentError, FormatError, TacclError
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl import parse_msccl_xml
-from taccl_py.runtime.calibration import read_calibration
+from taccl_py.runtime.communicator.calibration import read_calibration
 from taccl_py.topology.importers import parse_nccl_topology_xml
 from taccl_py.verify import verify_algorithm
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from taccl_py.progress import heartbeat
 from taccl_py.synth.jobs import run_jobs
-from taccl_py.synth.progress import heartbeat
 
 WAIT_S = 20.0  # how long a job waits for the caller to have seen its first line
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from taccl_py.bounds import lower_bound
 from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology import (
     LinkKind,
@@ -15,7 +16,6 @@ from taccl_py.topology import (
     compose_nodes,
     import_topology,
     load_topology,
-    lower_bound,
     make_topology,
 )
 from taccl_py.topology.builtins import nic_affinity

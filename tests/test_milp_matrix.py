@@ -12,11 +12,11 @@ import numpy as np
 import pulp
 import pytest
 
-import taccl_py.synth.alltoall_routing as alltoall_routing_module
-import taccl_py.synth.routing as routing_module
-import taccl_py.synth.scheduling as scheduling_module
+import taccl_py.stages.routing as routing_module
+import taccl_py.stages.scheduling as scheduling_module
+import taccl_py.synth.alltoall.routing as alltoall_routing_module
+from taccl_py.solvers.matrix import MilpMatrix, assign_values, linear_sum, milp_matrix
 from taccl_py.synth import synthesize
-from taccl_py.synth.milp_matrix import MilpMatrix, assign_values, linear_sum, milp_matrix
 from taccl_py.topology import load_topology
 
 from helpers import FIXTURES

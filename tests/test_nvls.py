@@ -7,9 +7,10 @@ import json
 import pytest
 
 from taccl_py.baselines.nvls import NVLS, NVLS_TREE, has_nvls, nvls_allreduce_times
+from taccl_py.bounds import lower_bound
+from taccl_py.bounds.reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.errors import ArgumentError
-from taccl_py.topology import builtin_topology_names, compose_nodes, load_topology, lower_bound
-from taccl_py.topology.bounds_reduction import in_network_reduction_bounds, reducing_switches
+from taccl_py.topology import builtin_topology_names, compose_nodes, load_topology
 from taccl_py.topology.schema import SCHEMA_ID, parse_topology
 
 M = 8 * 10**6  # bytes: 8 MB, so every term below is a round number of µs

@@ -7,10 +7,10 @@ from collections import defaultdict
 import pytest
 from test_routing import ring_topology
 
-from taccl_py.synth.logical import LogicalLink, build_logical_graph
-from taccl_py.synth.ordering import is_slow_link, occupy_resources, order_sends, remaining_path_us, send_lane
-from taccl_py.synth.routing import greedy_routing
-from taccl_py.synth.sketch_model import Sketch
+from taccl_py.stages.logical import LogicalLink, build_logical_graph
+from taccl_py.stages.ordering import is_slow_link, occupy_resources, order_sends, remaining_path_us, send_lane
+from taccl_py.stages.routing import greedy_routing
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.topology import load_topology
 
 MB = 1_000_000

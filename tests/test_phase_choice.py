@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
 from taccl_py.synth import compose
 from taccl_py.synth.compose import Chunking
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.solver import SolverOptions
 from taccl_py.topology import load_topology
 
 OPTIONS = SolverOptions()

@@ -24,20 +24,24 @@ TESTED_TORCH = ("2.11", "2.13")
 
 # name -> (module, dotted path of the object that has it, where taccl_py uses it)
 PRIVATE_USES = {
-    "_Highs": ("highspy._core", "", "synth/solver_highs.py consume_highs_banner: a bare instance for the banner"),
-    "_core": ("highspy", "", "synth/solver_highs.py: the module holding _Highs"),
-    "_base": ("torch", "Tensor", "runtime/binding_cache.py owner_of: a view's base decides its binding's life"),
+    "_Highs": ("highspy._core", "", "solvers/highs.py consume_highs_banner: a bare instance for the banner"),
+    "_core": ("highspy", "", "solvers/highs.py: the module holding _Highs"),
+    "_base": (
+        "torch",
+        "Tensor",
+        "runtime/executor/binding_cache.py owner_of: a view's base decides its binding's life",
+    ),
     "_get_backend": ("torch.distributed", "ProcessGroup", "runtime/ddp.py: the gloo backend of a group"),
-    "_register_backend": ("torch.distributed", "ProcessGroup", "runtime/backend_group.py: inner backends"),
-    "_set_default_backend": ("torch.distributed", "ProcessGroup", "runtime/backend_group.py"),
-    "_start_coalescing": ("torch._C._distributed_c10d", "Backend", "runtime/backend_transport.py: NCCL rounds"),
-    "_end_coalescing": ("torch._C._distributed_c10d", "Backend", "runtime/backend_transport.py: NCCL rounds"),
+    "_register_backend": ("torch.distributed", "ProcessGroup", "runtime/backend/group.py: inner backends"),
+    "_set_default_backend": ("torch.distributed", "ProcessGroup", "runtime/backend/group.py"),
+    "_start_coalescing": ("torch._C._distributed_c10d", "Backend", "runtime/backend/work.py: NCCL rounds"),
+    "_end_coalescing": ("torch._C._distributed_c10d", "Backend", "runtime/backend/work.py: NCCL rounds"),
     "_get_default_store": ("torch.distributed.distributed_c10d", "", "runtime/transports/cupy_nccl.py (getattr)"),
     "_SubParsersAction": ("argparse", "", "cli/*.py: the type of add_subparsers()'s result"),
     "_exit": ("os", "", "synth/jobs.py: a worker leaves without running atexit hooks"),
 }
 # Private names that taccl_py reads from an object it creates itself, checked where the object exists.
-NCCL_OPTIONS_TIMEOUT = "_timeout"  # runtime/backend_transport.py make_backend: ProcessGroupNCCL.Options
+NCCL_OPTIONS_TIMEOUT = "_timeout"  # runtime/backend/work.py make_backend: ProcessGroupNCCL.Options
 
 
 def _resolve(module: str, path: str) -> object:
@@ -126,4 +130,4 @@ def test_pulp_3_still_bundles_cbc_where_we_look():
 
     if int(pulp.__version__.split(".")[0]) >= 4:
         pytest.skip(f"pulp {pulp.__version__} bundles no CBC (cbcbox or PATH instead)")
-    assert hasattr(pulp.PULP_CBC_CMD, "pulp_cbc_path"), "synth/solver_cbc.py finds pulp 3's CBC there"
+    assert hasattr(pulp.PULP_CBC_CMD, "pulp_cbc_path"), "solvers/cbc.py finds pulp 3's CBC there"

@@ -26,8 +26,8 @@ from taccl_py.topology.importers.nvidia_smi_matrix import parse_topo_matrix
 from taccl_py.topology.model import LinkKind, Topology, VertexKind
 from taccl_py.topology.nccl_export import generate_nccl_topology_xml
 from taccl_py.topology.probe import collect_nvml, probe_machine, probe_topology
-from taccl_py.topology.probe_build import nvlink_version_of_rate
-from taccl_py.topology.probe_sources import (
+from taccl_py.topology.probe.build import nvlink_version_of_rate
+from taccl_py.topology.probe.sources import (
     normalize_pci_bus_id,
     parse_gpu_query_csv,
     parse_ib_rate_gbps,

@@ -84,7 +84,7 @@ def test_a_fit_of_bad_data_is_refused(sizes: list[int], times: list[float], patt
 
 def test_the_host_model_shares_one_link_among_concurrent_transfers() -> None:
     from taccl_py.ir.collectives import Collective
-    from taccl_py.runtime.profile_model import ring_algorithm
+    from taccl_py.runtime.measure.profile_model import ring_algorithm
     from taccl_py.simulate import simulate
     from taccl_py.simulate.model import WHOLE_CHUNKS
 
@@ -218,8 +218,8 @@ def test_profile_refuses_bad_input_before_starting_ranks(
 
 def test_predictions_simulate_what_ran_and_gloos_schedule_for_torch() -> None:
     from taccl_py.ir.collectives import Collective
-    from taccl_py.runtime.profile_model import model_error, predict_rows, ring_algorithm
-    from taccl_py.runtime.timing import BenchRow
+    from taccl_py.runtime.communicator.timing import BenchRow
+    from taccl_py.runtime.measure.profile_model import model_error, predict_rows, ring_algorithm
     from taccl_py.simulate import simulate
     from taccl_py.simulate.model import WHOLE_CHUNKS
 
@@ -246,7 +246,7 @@ def test_predictions_simulate_what_ran_and_gloos_schedule_for_torch() -> None:
 
 
 def _nccl_profile(rank: int, world_size: int, topology: str | None):
-    from taccl_py.runtime.profile import ProfileSpec, run_profile
+    from taccl_py.runtime.measure.profile import ProfileSpec, run_profile
 
     return run_profile(ProfileSpec((64_000, 1_000_000, 4_000_000), repeats=2, topology=topology))
 
@@ -268,7 +268,7 @@ def test_on_two_gpus_nccl_times_the_host_and_each_link_class(tmp_path: Path) -> 
 
 
 def test_fitting_the_samples_names_the_pattern_no_line_fits() -> None:
-    from taccl_py.runtime.profile import PatternSamples, ProfileSamples, fit_profile, measured_topology
+    from taccl_py.runtime.measure.profile import PatternSamples, ProfileSamples, fit_profile, measured_topology
 
     grows = tuple((t, t * 1.1) for t in _line(400.0, 1.0))
     pair = PatternSamples("lone pair", ((0, 1),), tuple((t,) for t in _line(50.0, 3.0)))

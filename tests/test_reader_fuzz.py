@@ -28,8 +28,8 @@ from taccl_py.files import read_any_algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library
+from taccl_py.stages.sketch import generate_sketch, read_sketch
 from taccl_py.synth.bands import write_library
-from taccl_py.synth.sketch import generate_sketch, read_sketch
 from taccl_py.topology.cluster import cluster_topology, read_cluster
 from taccl_py.topology.importers import parse_nccl_topology_xml, parse_nvidia_smi_topo, parse_taccl_profile
 from taccl_py.topology.schema import read_topology

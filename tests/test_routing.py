@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from taccl_py.synth.logical import LogicalGraph, build_logical_graph
-from taccl_py.synth.routing import (
+from taccl_py.solvers import SolverOptions, SolveStatus
+from taccl_py.stages.logical import LogicalGraph, build_logical_graph
+from taccl_py.stages.routing import (
     ALTERNATIVE_STATUS,
     Routing,
     chunk_symmetry,
@@ -14,8 +15,7 @@ from taccl_py.synth.routing import (
     route_chunks,
     routing_objective_us,
 )
-from taccl_py.synth.sketch_model import Sketch
-from taccl_py.synth.solver import SolverOptions, SolveStatus
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
 

@@ -14,7 +14,7 @@ from taccl_py.errors import TransportError
 from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.launch import launch_local, run_local
-from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.transports.interface import Message, Pending, Transport
 from taccl_py.runtime.transports.torch_dist import TorchDistTransport
 
 from helpers import ring_algorithm
@@ -74,7 +74,7 @@ def hanging_backend_worker(rank: int, world: int) -> tuple[str, float]:
     """As ``hanging_worker``, over the transport of the DDP hook and the taccl backend (a gloo backend object)."""
     import torch.distributed as dist
 
-    from taccl_py.runtime.backend_transport import BackendTransport
+    from taccl_py.runtime.backend.work import BackendTransport
 
     group = dist.new_group(backend="gloo")
     link = BackendTransport(group._get_backend(torch.device("cpu")), torch.device("cpu"))

@@ -6,13 +6,13 @@ import pytest
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.simulate import simulate
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.lower_schedule import lower_schedule
-from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.routing import greedy_routing
-from taccl_py.synth.scheduling import MAX_MILP_SENDS, replay_groups, schedule_sends
-from taccl_py.synth.sketch_model import Sketch
-from taccl_py.synth.solver import SolverOptions
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.lower_schedule import lower_schedule
+from taccl_py.stages.ordering import order_sends
+from taccl_py.stages.routing import greedy_routing
+from taccl_py.stages.scheduling import MAX_MILP_SENDS, replay_groups, schedule_sends
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.topology import load_topology
 
 from helpers import assert_valid_algorithm

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
+from taccl_py.bounds import lower_bound
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, bus_factor
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan
 from taccl_py.simulate import prepare_simulation, simulate, simulate_plan, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_timeline
-from taccl_py.topology import lower_bound
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
 
 from helpers import ring_algorithm

@@ -7,11 +7,11 @@ import re
 import pytest
 
 from taccl_py.errors import InfeasibleError, SketchError
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.sketch import auto_sketch, check_sketch, generate_sketch, parse_sketch, read_sketch
-from taccl_py.synth.sketch_auto import find_symmetry, nic_relays
-from taccl_py.synth.sketch_model import IntranodeStrategy, Sketch, SwitchPolicy, rotate_rank
-from taccl_py.synth.sketch_taccl import parse_taccl_sketch
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch, check_sketch, generate_sketch, parse_sketch, read_sketch
+from taccl_py.stages.sketch.auto import find_symmetry, nic_relays
+from taccl_py.stages.sketch.model import IntranodeStrategy, Sketch, SwitchPolicy, rotate_rank
+from taccl_py.stages.sketch.taccl import parse_taccl_sketch
 from taccl_py.topology import load_topology
 
 from helpers import FIXTURES

@@ -15,11 +15,7 @@ import pytest
 from taccl_py.cli import main
 from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.ir.library import generate_library, read_library
-from taccl_py.synth import synthesize, write_library
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.routing import route_chunks
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.solver import (
+from taccl_py.solvers import (
     BudgetBound,
     SolverOptions,
     SolveStatus,
@@ -28,6 +24,10 @@ from taccl_py.synth.solver import (
     first_budget_bound,
     solver_settings,
 )
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.routing import route_chunks
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.synth import synthesize, write_library
 from taccl_py.topology import load_topology
 
 from helpers import assert_valid_algorithm
@@ -112,7 +112,7 @@ def test_a_node_limited_synthesis_reports_the_node_limit():
 
 def test_a_model_too_large_to_solve_is_reported_as_the_work_budget(monkeypatch):
     # Skipping a model for its size is a work budget of zero: the same every run, and said so.
-    monkeypatch.setattr("taccl_py.synth.solver.MAX_MILP_COLUMNS", 10)
+    monkeypatch.setattr("taccl_py.solvers.MAX_MILP_COLUMNS", 10)
     result = synthesize(load_topology("ndv2"), "allgather", size_bytes=MB, jobs=1)
     assert result.budget_bound is BudgetBound.NODE_LIMIT and not result.timed_out
     assert_valid_algorithm(result.algorithm)

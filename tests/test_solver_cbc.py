@@ -7,13 +7,13 @@ import stat
 import pulp
 import pytest
 
-import taccl_py.synth.solver as solver_module
-import taccl_py.synth.solver_cbc as cbc_module
+import taccl_py.solvers as solver_module
+import taccl_py.solvers.cbc as cbc_module
 from taccl_py.cli import main
 from taccl_py.errors import ArgumentError
-from taccl_py.synth.milp_matrix import BranchStop, linear_sum, milp_matrix
-from taccl_py.synth.solver import SolverOptions, SolveStatus, describe_solver, solve_model
-from taccl_py.synth.solver_cbc import CbcBinary, find_cbc, generate_mps
+from taccl_py.solvers import SolverOptions, SolveStatus, describe_solver, solve_model
+from taccl_py.solvers.cbc import CbcBinary, find_cbc, generate_mps
+from taccl_py.solvers.matrix import BranchStop, linear_sum, milp_matrix
 
 from helpers import one_error_line
 

@@ -8,15 +8,11 @@ from unittest import mock
 import pulp
 import pytest
 
-import taccl_py.synth.routing as routing_module
+import taccl_py.stages.routing as routing_module
 from taccl_py.cli import main
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm_json import generate_algorithm_json
-from taccl_py.synth import synthesize
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.milp_matrix import milp_matrix
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.solver import (
+from taccl_py.solvers import (
     BudgetBound,
     SolveOutcome,
     SolverOptions,
@@ -25,6 +21,10 @@ from taccl_py.synth.solver import (
     solve_model,
     solver_settings,
 )
+from taccl_py.solvers.matrix import milp_matrix
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.synth import synthesize
 from taccl_py.topology import load_topology
 
 from helpers import assert_valid_algorithm

@@ -46,7 +46,7 @@ def test_highs_log_goes_to_the_logger_at_debug(caplog, capfd):
     from taccl_py.synth import synthesize
     from taccl_py.topology import load_topology
 
-    with caplog.at_level(logging.DEBUG, logger="taccl_py.synth.solver_highs"):
+    with caplog.at_level(logging.DEBUG, logger="taccl_py.solvers.highs"):
         synthesize(load_topology("ndv2"), "allgather", size_bytes=1_000_000, jobs=1)
     captured = capfd.readouterr()
     assert "HiGHS" not in captured.out and "HiGHS" not in captured.err

@@ -11,11 +11,11 @@ from taccl_py.cli import main
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm_json import generate_algorithm_json, read_algorithm
 from taccl_py.ir.library import read_library
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth import synthesize
-from taccl_py.synth.alltoall_plan import alltoall_algorithm
-from taccl_py.synth.alltoall_routing import PathKind, path_classes, round_routing, route_alltoall
+from taccl_py.synth.alltoall.plan import alltoall_algorithm
+from taccl_py.synth.alltoall.routing import PathKind, path_classes, round_routing, route_alltoall
 from taccl_py.synth.candidates import exportable
-from taccl_py.synth.sketch_model import Sketch
 from taccl_py.topology import load_topology
 from taccl_py.topology.cluster import load_cluster
 

@@ -8,12 +8,12 @@ import time
 import pulp
 import pytest
 
+from taccl_py import progress as progress_module
+from taccl_py import solvers as solver_module
 from taccl_py.ir.algorithm_json import generate_algorithm_json
-from taccl_py.synth import progress as progress_module
-from taccl_py.synth import solver as solver_module
+from taccl_py.progress import ProgressTicker, heartbeat
+from taccl_py.solvers import SolverOptions, solve_model
 from taccl_py.synth import synthesize
-from taccl_py.synth.progress import ProgressTicker, heartbeat
-from taccl_py.synth.solver import SolverOptions, solve_model
 from taccl_py.topology import load_topology
 
 from helpers import requires_cbc

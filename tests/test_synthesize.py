@@ -9,8 +9,8 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library
 from taccl_py.simulate import simulate
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth import default_time_limit_s, synthesize, write_library
-from taccl_py.synth.sketch_model import Sketch
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Vertex, VertexKind, make_topology
 

@@ -7,12 +7,12 @@ import pytest
 
 from taccl_py.baselines import best_baselines, build_baseline
 from taccl_py.baselines.packing import default_packing_chunkup, packing_graph
+from taccl_py.bounds import lower_bound
 from taccl_py.simulate import simulate
-from taccl_py.synth.logical import build_logical_graph
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.tree_packing import integral_loads, pack_trees, packed_routing
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.stages.tree_packing import integral_loads, pack_trees, packed_routing
 from taccl_py.topology import load_topology
-from taccl_py.topology.bounds import lower_bound
 
 from helpers import assert_arborescence, assert_valid_algorithm
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from taccl_py.errors import TransportError
-from taccl_py.runtime.watchdog import Watchdog
+from taccl_py.runtime.transports.watchdog import Watchdog
 
 
 def wait_until(condition, limit_s: float = 5.0) -> bool:

@@ -21,6 +21,7 @@ from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size, phase_packings
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm, tree_parents
+from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
@@ -28,8 +29,7 @@ from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
 from taccl_py.msccl.selection import selectable_for_powers_of_two
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
-from taccl_py.synth.tree_packing import TreePacking
-from taccl_py.topology.bounds import lower_bounds
+from taccl_py.stages.tree_packing import TreePacking
 from taccl_py.topology.model import Topology
 
 __all__ = [

@@ -36,10 +36,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from taccl_py.bounds import checked_sizes
+from taccl_py.bounds.reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
-from taccl_py.topology.bounds import checked_sizes
-from taccl_py.topology.bounds_reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 

@@ -16,14 +16,13 @@ from collections.abc import Sequence
 from taccl_py.errors import ArgumentError, SketchError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.synth.compose import phase_graphs
-from taccl_py.synth.logical import LogicalGraph, build_logical_graph
-from taccl_py.synth.lower_schedule import lower_schedule
-from taccl_py.synth.ordering import order_sends
-from taccl_py.synth.scheduling import schedule_sends
-from taccl_py.synth.sketch import auto_sketch, check_sketch
-from taccl_py.synth.solver import SolverOptions
-from taccl_py.synth.tree_packing import TreePacking, integral_loads, pack_trees, packed_routing
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.logical import LogicalGraph, build_logical_graph, phase_graphs
+from taccl_py.stages.lower_schedule import lower_schedule
+from taccl_py.stages.ordering import order_sends
+from taccl_py.stages.scheduling import schedule_sends
+from taccl_py.stages.sketch import auto_sketch, check_sketch
+from taccl_py.stages.tree_packing import TreePacking, integral_loads, pack_trees, packed_routing
 from taccl_py.topology.model import Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 from taccl_py.verify import check_algorithm

@@ -60,7 +60,7 @@ def format_rows(rows: list) -> str:
 
 
 def _spec(args: argparse.Namespace):
-    from taccl_py.runtime.bench import BenchSpec
+    from taccl_py.runtime.measure.bench import BenchSpec
 
     if args.iters < 1 or args.warmup < 0:
         raise ArgumentError(
@@ -94,17 +94,17 @@ def _spec(args: argparse.Namespace):
 
 def _check_inputs(spec, world_size: int) -> None:
     """Fail before starting any process when the library cannot serve ``world_size`` ranks or the calibration is bad."""
-    from taccl_py.runtime.selection import collect_algorithms
+    from taccl_py.runtime.communicator.selection import collect_algorithms
 
     if spec.library:
         collect_algorithms(list(spec.library), world_size)
     if spec.topology is not None:
-        from taccl_py.runtime.profile import check_topology_ranks
+        from taccl_py.runtime.measure.profile import check_topology_ranks
         from taccl_py.topology.builtins import load_topology
 
         check_topology_ranks(load_topology(spec.topology), world_size)
     if spec.cluster is not None:
-        from taccl_py.runtime.live_cluster import declare_cluster
+        from taccl_py.runtime.communicator.live_cluster import declare_cluster
 
         topology = declare_cluster(spec.cluster, spec.nic_down, spec.nic_speed, origin="--cluster").topology
         if topology.num_ranks != world_size:
@@ -112,7 +112,7 @@ def _check_inputs(spec, world_size: int) -> None:
                 spec.cluster, "--cluster", f"{topology.num_ranks} GPUs", f"one GPU per rank ({world_size})"
             )
     if spec.calibration is not None and os.path.exists(spec.calibration):
-        from taccl_py.runtime.calibration import read_calibration
+        from taccl_py.runtime.communicator.calibration import read_calibration
 
         read_calibration(spec.calibration)
 
@@ -133,7 +133,7 @@ def _check_write_library(args: argparse.Namespace) -> None:
 def _write_calibrated_libraries(args: argparse.Namespace) -> None:
     """Write each ``--library`` file with native bands where the calibration ran the group's own collective."""
     from taccl_py.ir.library import read_library
-    from taccl_py.runtime.calibration import calibrated_library, read_calibration
+    from taccl_py.runtime.communicator.calibration import calibrated_library, read_calibration
     from taccl_py.synth.bands import write_library
 
     calibration = read_calibration(args.calibration)
@@ -151,7 +151,7 @@ def _bench(args: argparse.Namespace) -> int:
     spec = _spec(args)
     _check_write_library(args)
     _check_inputs(spec, world_size_to_be("bench", args.nproc))
-    from taccl_py.runtime.bench import bench_worker, run_bench
+    from taccl_py.runtime.measure.bench import bench_worker, run_bench
 
     reports, rows = run_on_ranks(bench_worker, run_bench, spec, args.nproc, args.join_timeout_s)
     if not reports:
@@ -161,7 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         print(format_rows(rows))
     if spec.topology is not None:
-        from taccl_py.runtime.profile_model import model_error
+        from taccl_py.runtime.measure.profile_model import model_error
 
         error = model_error(rows)
         print(error.describe(), file=sys.stderr if args.json else sys.stdout)

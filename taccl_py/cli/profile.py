@@ -16,7 +16,7 @@ from taccl_py.topology.measured import DEFAULT_PROFILE_REPEATS
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
 
 if TYPE_CHECKING:  # the runtime imports torch; the CLI loads it only to run
-    from taccl_py.runtime.profile import ProfileOutcome
+    from taccl_py.runtime.measure.profile import ProfileOutcome
 
 __all__ = ["DEFAULT_PROFILE_SIZES", "format_fits", "register"]
 
@@ -51,7 +51,7 @@ def format_fits(outcome: ProfileOutcome) -> str:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from taccl_py.runtime.profile import (
+    from taccl_py.runtime.measure.profile import (
         ProfileSpec,
         check_topology_ranks,
         fit_profile,

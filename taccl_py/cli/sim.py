@@ -10,6 +10,7 @@ from typing import Any
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
 from taccl_py.baselines.ring import ring_steps_per_threadblock
+from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.cli._model import add_model_option
 from taccl_py.cli._output import (
     ALGORITHM_FILE_HELP,
@@ -27,7 +28,6 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
 from taccl_py.simulate import SimulationResult, execution_model, simulate, simulate_sizes, simulation_result_to_dict
 from taccl_py.simulate.plot import plot_format, plot_timeline
-from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
+from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.cli._model import add_model_option
 from taccl_py.cli._output import NVLS_HEADERS, format_ratio, format_table, nvls_cells
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
@@ -18,12 +19,11 @@ from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits
+from taccl_py.solvers import SOLVERS, BudgetBound
+from taccl_py.stages.sketch import read_sketch
 from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.jobs import available_cores
-from taccl_py.synth.sketch import read_sketch
-from taccl_py.synth.solver import SOLVERS, BudgetBound
-from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]

@@ -7,12 +7,12 @@ import json
 from collections.abc import Sequence
 
 from taccl_py.baselines.nvls import NvlsTime, has_nvls, nvls_allreduce_times
+from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, LowerBound, lower_bounds_by_collective
+from taccl_py.bounds.reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
 from taccl_py.cli._topology import add_topology_options, cluster_from_args, topology_from_args
 from taccl_py.ir.collectives import Collective
-from taccl_py.topology.bounds import ALLREDUCE_BOUND_NOTE, LowerBound, lower_bounds_by_collective
-from taccl_py.topology.bounds_reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.topology.builtins import ALIASES, builtin_topology_names, load_topology, nic_affinity
 from taccl_py.topology.cluster import NodeStatus, cluster_topology, node_statuses
 from taccl_py.topology.fingerprint import cluster_fingerprint

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.executor import REDUCE_OPS, SUPPORTED_DTYPES, Executor
-from taccl_py.runtime.rank_plan import RankPlan, compile_rank_plan
-from taccl_py.runtime.transport import DEFAULT_TIMEOUT_S, Message, Pending, Transport
+from taccl_py.runtime.executor.rank_plan import RankPlan, compile_rank_plan
 from taccl_py.runtime.transports import CupyNcclTransport, LocalHub, LocalTransport, TorchDistTransport
+from taccl_py.runtime.transports.interface import DEFAULT_TIMEOUT_S, Message, Pending, Transport
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

@@ -10,7 +10,7 @@
 How it works: DDP calls :func:`allreduce_hook` once per gradient bucket, in bucket order, from the
 autograd thread. The hook divides the bucket's flat buffer by the world size (first, as torch's
 own ``allreduce_hook`` does, so fp16 sums cannot overflow) and queues its all-reduce on the state's
-:class:`~taccl_py.runtime.ordered_worker.OrderedWorker`; the returned future completes when the
+:class:`~taccl_py.runtime.backend.ordered_worker.OrderedWorker`; the returned future completes when the
 worker is done, so communication overlaps the rest of backward. Any bucket layout works: the
 Communicator takes a buffer of any length and any of float32, float16, bfloat16 and float64, and
 buckets are served strictly in launch order, which is the same on every rank.
@@ -37,9 +37,9 @@ import torch.distributed as dist
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.backend_transport import BackendTransport
+from taccl_py.runtime.backend.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream
+from taccl_py.runtime.backend.work import BackendTransport
 from taccl_py.runtime.communicator import Communicator
-from taccl_py.runtime.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream
 
 __all__ = ["HookState", "allreduce_hook", "register", "GRADIENT_DTYPES"]
 

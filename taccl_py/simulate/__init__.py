@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective, bus_factor
@@ -31,7 +32,6 @@ from taccl_py.simulate.result import (
     resource_label,
     simulation_result_to_dict,
 )
-from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 

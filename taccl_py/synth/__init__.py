@@ -6,13 +6,12 @@ logical topology shaped by a communication sketch, for AllGather, ReduceScatter 
 best baseline's time beside it; its ``SizeChoice`` names the baseline as chosen where that is
 faster. For several sizes it also builds a library of size bands that keeps, per size, the
 fastest of the synthesized algorithms and the baselines that load in MSCCL (``outcome``,
-``bands``). The stages
-live in ``logical``, ``routing`` (with the routes of ``tree_packing`` and ``hierarchy`` as starts
-and alternatives), ``ordering``, ``scheduling``,
-``lower_schedule`` and ``compose``; ``taccl_py.synth.sketch`` reads sketches and derives one
-automatically. AlltoAll takes its own path: an LP routes its blocks over direct and NIC-relay
-paths (``alltoall_routing``), ``alltoall_plan`` aggregates and lowers them and ``alltoall``
-keeps the candidates that fit the MSCCL limits and chooses per size.
+``bands``). The stages themselves live one per module in :mod:`taccl_py.stages` (sketch,
+logical graph, routing with packed and hierarchical trees, ordering, scheduling, lowering);
+``compose`` walks them for one chunking. AlltoAll takes its own path (``synth.alltoall``): an LP
+routes its blocks over direct and NIC-relay paths (``alltoall.routing``), ``alltoall.plan``
+aggregates and lowers them, and ``alltoall`` keeps the candidates that fit the MSCCL limits and
+chooses per size.
 """
 
 from __future__ import annotations
@@ -22,9 +21,20 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from taccl_py.bounds import LowerBound, lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
+from taccl_py.progress import prefixed
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, execution_model
+from taccl_py.solvers import (
+    BudgetBound,
+    SolverOptions,
+    first_budget_bound,
+    prepare_highs_threads,
+)
+from taccl_py.stages.logical import LogicalGraph, build_logical_graph
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.alltoall import synthesize_alltoall
 from taccl_py.synth.bands import SizeChoice, write_library
 from taccl_py.synth.candidates import candidate_chunkings, geometric_middle, simulate_at
@@ -38,18 +48,7 @@ from taccl_py.synth.compose import (
     synthesize_chunking,
 )
 from taccl_py.synth.jobs import check_jobs, run_jobs
-from taccl_py.synth.logical import LogicalGraph, build_logical_graph
 from taccl_py.synth.outcome import SynthesisResult, best_baselines_per_size, choose_bands, library_of
-from taccl_py.synth.progress import prefixed
-from taccl_py.synth.sketch import auto_sketch
-from taccl_py.synth.sketch_model import Sketch
-from taccl_py.synth.solver import (
-    BudgetBound,
-    SolverOptions,
-    first_budget_bound,
-    prepare_highs_threads,
-)
-from taccl_py.topology.bounds import LowerBound, lower_bounds
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -326,7 +325,7 @@ def synthesize(
         Several sizes (bytes): also build a library of size bands that keeps, per size, the
         fastest of the synthesized algorithms and the baselines.
     sketch : Sketch, optional
-        Hints (``taccl_py.synth.sketch``); default ``auto_sketch(topology)``.
+        Hints (``taccl_py.stages.sketch``); default ``auto_sketch(topology)``.
     time_limit_s : float, optional
         Wall-clock safety cap (s) on the MILPs of the whole synthesis; default
         ``default_time_limit_s``. When it binds, ``timed_out`` says so.
@@ -335,7 +334,7 @@ def synthesize(
     progress : callable, optional
         Called with one line per stage and, inside long stages (MILPs, ordering, verification,
         simulation), one at least every ``REPORT_INTERVAL_S`` seconds
-        (``taccl_py.synth.progress``). It runs in this process, also with ``jobs`` > 1 (workers'
+        (``taccl_py.progress``). It runs in this process, also with ``jobs`` > 1 (workers'
         lines arrive as they are written), and may be called from a helper thread while a
         solver or the verifier holds this one. Wall time decides only when a line comes, never
         what is computed.

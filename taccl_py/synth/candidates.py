@@ -17,16 +17,16 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
+from taccl_py.bounds import LowerBound
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.progress import ProgressTicker, heartbeat
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.simulate.protocol import SIMPLE
+from taccl_py.stages.logical import LogicalGraph
 from taccl_py.synth.compose import Chunking
-from taccl_py.synth.logical import LogicalGraph
-from taccl_py.synth.progress import ProgressTicker, heartbeat
-from taccl_py.topology.bounds import LowerBound
 from taccl_py.topology.model import Topology
 
 __all__ = [

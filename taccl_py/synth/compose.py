@@ -1,7 +1,7 @@
 """Compose the three stages into a verified algorithm for one collective and one chunking.
 
 AllGather runs routing -> ordering -> scheduling on the logical graph. ReduceScatter runs them on
-the reversed graph and turns the schedule around in time (``taccl_py.synth.lower_schedule``). AllReduce is
+the reversed graph and turns the schedule around in time (``taccl_py.stages.lower_schedule``). AllReduce is
 ReduceScatter followed by AllGather in one program, the reduced pieces of the first feeding the
 second; ``mixed_allreduce`` also pairs the reduce phase of one chunking with the gather phase of
 another, since the best way to cut the data differs between the phases (on DGX-2, reducing
@@ -23,21 +23,21 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl import generate_msccl_xml
-from taccl_py.synth.hierarchy import hierarchical_routing, machine_packings
-from taccl_py.synth.logical import LogicalGraph
-from taccl_py.synth.lower_schedule import lower_schedule
-from taccl_py.synth.ordering import lacks_machine_rotation, order_sends
-from taccl_py.synth.progress import heartbeat, no_progress, prefixed
-from taccl_py.synth.routing import route_candidates
-from taccl_py.synth.scheduling import Schedule, schedule_sends
-from taccl_py.synth.solver import (
+from taccl_py.progress import heartbeat, no_progress, prefixed
+from taccl_py.solvers import (
     BudgetBound,
     SolverOptions,
     budget_of_status,
     first_budget_bound,
     prepare_highs_threads,
 )
-from taccl_py.synth.tree_packing import TreePacking, pack_trees, packed_routing
+from taccl_py.stages.hierarchy import hierarchical_routing, machine_packings
+from taccl_py.stages.logical import LogicalGraph, phase_graphs
+from taccl_py.stages.lower_schedule import lower_schedule
+from taccl_py.stages.ordering import lacks_machine_rotation, order_sends
+from taccl_py.stages.routing import route_candidates
+from taccl_py.stages.scheduling import Schedule, schedule_sends
+from taccl_py.stages.tree_packing import TreePacking, pack_trees, packed_routing
 from taccl_py.verify import check_algorithm
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "PhaseStarts",
     "gather_after_reduce",
     "mixed_allreduce",
-    "phase_graphs",
     "phase_starts",
     "synthesize_chunking",
 ]
@@ -110,15 +109,6 @@ def _schedule_metadata(schedules: Sequence[Schedule]) -> dict[str, str]:
         "routing": "+".join(sorted({s.routing.status for s in schedules})),
         "contiguity": "+".join(sorted({s.status for s in schedules})),
     }
-
-
-def phase_graphs(graph: LogicalGraph, collective: Collective) -> tuple[LogicalGraph, ...]:
-    """Return the graphs the phases of ``collective`` route on: reversed for a reduction, both for AllReduce."""
-    if collective is Collective.ALLGATHER:
-        return (graph,)
-    if collective is Collective.REDUCESCATTER:
-        return (graph.reverse(),)
-    return (graph.reverse(), graph)
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel
+from taccl_py.solvers import BudgetBound, SolverOptions, describe_solver, prepare_highs_threads, solver_settings
+from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size
 from taccl_py.synth.candidates import exportable
-from taccl_py.synth.sketch_model import Sketch
-from taccl_py.synth.solver import BudgetBound, SolverOptions, describe_solver, prepare_highs_threads, solver_settings
 from taccl_py.topology.model import Topology
 
 __all__ = ["SynthesisResult", "best_baselines_per_size", "choose_bands", "library_of"]

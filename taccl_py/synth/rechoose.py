@@ -20,16 +20,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
+from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate
 from taccl_py.simulate.model import slice_sizes
+from taccl_py.solvers import SolverOptions
 from taccl_py.synth.bands import SizeChoice, build_library
 from taccl_py.synth.candidates import geometric_middle, simulate_at
 from taccl_py.synth.outcome import best_baselines_per_size, choose_bands
-from taccl_py.synth.solver import SolverOptions
-from taccl_py.topology.bounds import lower_bounds
 from taccl_py.topology.model import Topology
 
 __all__ = ["rechoose_bands", "band_algorithms", "single_pass_limit", "keep_bands_below"]

@@ -1,11 +1,14 @@
-"""Topologies: model, built-in machines, composition, importers, live probe, NCCL export, bounds.
+"""Topologies: model, built-in machines, composition, importers, live probe, NCCL export.
 
-User-facing entry points are re-exported here; see each module for the details.
+User-facing entry points are re-exported here; see each module for the details. The lower bounds
+moved to :mod:`taccl_py.bounds`; ``lower_bound`` and ``LowerBound`` still resolve here, with a
+``DeprecationWarning``.
 """
 
 from __future__ import annotations
 
-from taccl_py.topology.bounds import LowerBound, lower_bound
+import warnings
+
 from taccl_py.topology.builtins import builtin_topology_names, load_topology
 from taccl_py.topology.compose import compose_nodes
 from taccl_py.topology.importers import (
@@ -32,7 +35,6 @@ from taccl_py.topology.schema import generate_topology, parse_topology, read_top
 __all__ = [
     "Link",
     "LinkKind",
-    "LowerBound",
     "Route",
     "Topology",
     "Vertex",
@@ -43,7 +45,6 @@ __all__ = [
     "generate_topology",
     "import_topology",
     "load_topology",
-    "lower_bound",
     "make_topology",
     "parse_nccl_topology_xml",
     "parse_nvidia_smi_topo",
@@ -56,3 +57,21 @@ __all__ = [
     "write_nccl_topology_xml",
     "write_topology",
 ]
+
+# Names that moved to taccl_py.bounds (the README imported them from here): removed in 0.3.
+_MOVED_TO_BOUNDS = frozenset({"LowerBound", "lower_bound"})
+
+
+def __getattr__(name: str) -> object:
+    """Return a name that moved to :mod:`taccl_py.bounds`, with a ``DeprecationWarning``."""
+    if name in _MOVED_TO_BOUNDS:
+        warnings.warn(
+            f"taccl_py.topology.{name} moved to taccl_py.bounds.{name}; the old path goes in 0.3",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        # A lazy import: bounds sit above the topology, and this alias is the one arrow back.
+        from taccl_py import bounds
+
+        return getattr(bounds, name)
+    raise AttributeError(f"module 'taccl_py.topology' has no attribute {name!r}")

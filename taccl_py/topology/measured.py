@@ -1,6 +1,6 @@
 """Measured α-β figures: the least-squares fit, the host model of one machine, and merging into a topology.
 
-``taccl profile`` (:mod:`taccl_py.runtime.profile`) times point-to-point transfers at several
+``taccl profile`` (:mod:`taccl_py.runtime.measure.profile`) times point-to-point transfers at several
 sizes; this module turns those times into topologies the simulator reads, without torch:
 
 * :func:`fit_alpha_beta` fits ``time = α + bytes / bandwidth`` by least squares on relative

@@ -1,6 +1,8 @@
 """Transports the executor runs over: torch.distributed (gloo, NCCL), CuPy NCCL, in-process threads.
 
-Each module imports its GPU library only when a transport of that kind is built.
+``interface`` is what every transport offers the executor (``Transport``, ``Pending``, ``Message``);
+``watchdog`` gives the CuPy transport its deadlines. Each module imports its GPU library only when
+a transport of that kind is built.
 """
 
 from __future__ import annotations

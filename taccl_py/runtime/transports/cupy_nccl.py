@@ -6,7 +6,7 @@ The NCCL unique id is made on group rank 0 and handed to the others through a to
 as a tuple of signed byte values and, in some builds, as ``bytes``; it travels as bytes and is
 given back in the form the local CuPy accepts. Messages run on the current torch CUDA stream, so
 the executor's reductions on that stream are ordered after them without host waits; a
-:class:`~taccl_py.runtime.watchdog.Watchdog` holds each round to the caller's timeout (a CUDA event
+:class:`~taccl_py.runtime.transports.watchdog.Watchdog` holds each round to the caller's timeout (a CUDA event
 queried from its thread) and aborts the communicator when one is late, so the next call raises.
 
 Posting and aborting share one lock: NCCL lets another thread abort a communicator while a call is
@@ -28,8 +28,8 @@ from types import MappingProxyType
 from typing import Any
 
 from taccl_py.errors import TransportError
-from taccl_py.runtime.transport import Message, Pending, Transport
-from taccl_py.runtime.watchdog import Watchdog
+from taccl_py.runtime.transports.interface import Message, Pending, Transport
+from taccl_py.runtime.transports.watchdog import Watchdog
 
 __all__ = [
     "ABORT_LOCK_WAIT_S",

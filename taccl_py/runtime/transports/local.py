@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from taccl_py.errors import ArgumentError, TransportError
-from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.transports.interface import Message, Pending, Transport
 
 __all__ = ["LocalHub", "LocalTransport"]
 

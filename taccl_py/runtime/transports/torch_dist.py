@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from taccl_py.errors import TransportError
-from taccl_py.runtime.transport import Message, Pending, Transport
+from taccl_py.runtime.transports.interface import Message, Pending, Transport
 
 __all__ = ["SUPPORTED_BACKENDS", "TorchDistTransport", "WorkPending", "first_error_line"]
 

@@ -1,0 +1,139 @@
+"""The ``taccl`` torch.distributed backend: collectives by taccl_py algorithms, the rest by gloo/NCCL.
+
+After :func:`register_backend`, ``dist.init_process_group("taccl")`` (and ``new_group`` under it)
+makes a :class:`TacclProcessGroup`. It routes ``all_reduce``, ``all_gather`` /
+``all_gather_single``, ``reduce_scatter`` / ``reduce_scatter_single`` and ``all_to_all`` /
+``all_to_all_single`` (called without split sizes) through a :class:`~taccl_py.runtime.communicator.Communicator`
+whenever the library holds an algorithm for the call's collective, size and world size, and hands
+every other call (broadcast, barrier, send/recv, all_to_all_single with split sizes (logged
+once), the reductions the Communicator lacks, calls with no fitting algorithm) to an
+inner gloo backend (CPU tensors) or NCCL backend (CUDA tensors). DDP and FSDP2 use it unchanged::
+
+    from taccl_py.runtime.backend import register_backend
+    register_backend(library="ndv2")
+    dist.init_process_group("taccl")
+
+Every collective entry point torch has is a Python method of the group, delegated ones included
+(see :mod:`taccl_py.runtime.backend.collectives`): torch's C++ side of a Python process group runs
+a method the subclass lacks with the GIL held, and gloo's worker thread frees finished work (and
+the Python tensors it holds) under its queue lock, so an inherited method can deadlock the process
+against gloo (seen with DTensor's ``full_tensor``). The inner backend's Python bindings release the GIL.
+
+Threads and ordering: the group runs its calls in the order they were issued, routed and
+delegated alike, as ProcessGroupNCCL does (see :mod:`taccl_py.runtime.backend.issue_order`). On a GPU a
+routed collective is issued on the calling thread's current stream and its Work's ``wait`` makes
+the waiter's stream wait, not the host; on CPU it is queued on the group's worker thread, so DDP's
+bucket all-reduces overlap backward, and delegated collectives queue behind it. A call made while
+the thread captures a CUDA graph runs on the inner NCCL backend, whose calls can be captured. A
+routed call's messages travel on a second backend of the same kind (its own store prefix and
+connections), so they never pair up with the inner backend's collectives or with user
+send/recv. ``barrier`` waits for the calls issued before it (NCCL's barrier on a group with
+GPUs). As with gloo and NCCL, wait on a Work before touching its tensors. The group and its
+executors never keep a caller's tensors alive once the caller dropped them.
+
+Calibration: by default the first routed call of each collective times ours against the inner
+backend's own on the live group, or reads that from the user's cache (see
+:mod:`taccl_py.runtime.communicator.calibration_cache`); ``register_backend(calibration=False)`` turns that off.
+``group.calibrate(path)`` (every rank, once the group exists) measures every routed collective on
+request. Either way, a size where ours did not measure faster by the calibration's margin goes
+straight to the inner backend (see :mod:`taccl_py.runtime.communicator.calibration`).
+
+Cluster: given the live cluster (``register_backend(cluster=...)``, or TACCL_CLUSTER, TACCL_NIC_DOWN,
+TACCL_NIC_SPEED, TACCL_SYSFS_ROOT and TACCL_NIC_PROBE in each process's environment; see
+:mod:`taccl_py.runtime.communicator.live_cluster`), the group routes only through algorithms made for it; the
+ranks exchange what sysfs shows of their NICs through the group's store while the group is made.
+A collective whose libraries were all made for other clusters runs on the inner backend, with one
+warning per collective.
+
+This module registers the backend and makes its groups, reading the live cluster from the
+environment at that moment; the group is :class:`~taccl_py.runtime.backend.group.TacclProcessGroup`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from functools import partial
+from typing import Any
+
+import torch.distributed as dist
+
+from taccl_py.runtime.backend.group import BACKEND_NAME, TacclProcessGroup
+from taccl_py.runtime.communicator.live_cluster import declared_from_env, sysfs_root_from_env
+
+__all__ = ["BACKEND_NAME", "TacclProcessGroup", "register_backend"]
+
+_DEVICES = ["cpu", "cuda"]
+
+
+def _create_group(
+    settings: dict[str, Any], store: Any, rank: int, world_size: int, timeout: datetime.timedelta
+) -> TacclProcessGroup:
+    options = dict(settings)
+    if options["cluster"] is None:  # read in the rank's own process, at group creation
+        options["cluster"] = declared_from_env(os.environ)
+        if options["sysfs_root"] == "/":
+            options["sysfs_root"] = sysfs_root_from_env(os.environ)
+    return TacclProcessGroup(store, rank, world_size, timeout, **options)
+
+
+def register_backend(
+    library: Any = None,
+    *,
+    topology: str | None = None,
+    nodes: int | None = None,
+    cluster: Any = None,
+    nic_down: Any = (),
+    nic_speed: Any = (),
+    sysfs_root: str | os.PathLike | None = "/",
+    calibration: bool = True,
+) -> None:
+    """Register the ``taccl`` backend with torch.distributed, running algorithms from ``library``.
+
+    Call it in every process before ``init_process_group("taccl")``; calling it again replaces the
+    settings for groups created afterwards.
+
+    Parameters
+    ----------
+    library : optional
+        Algorithms, as for :class:`Communicator`: a built-in topology name, a ``*.library.json``,
+        an algorithm file, an Algorithm, or a sequence of these. None (and no ``topology``) runs
+        every collective on the inner gloo/NCCL backend.
+    topology : str, optional
+        A built-in topology whose shipped algorithms come after ``library``'s.
+    nodes : int, optional
+        The node count for a topology name.
+    cluster, nic_down, nic_speed, sysfs_root : optional
+        The live cluster, as for :class:`Communicator`; ``cluster`` None takes TACCL_CLUSTER (and
+        TACCL_NIC_DOWN, TACCL_NIC_SPEED, TACCL_SYSFS_ROOT, TACCL_NIC_PROBE) from each process's
+        environment when the group is made, and without it checks no cluster.
+    calibration : bool
+        True (default): the group's first routed call of each collective times ours against the
+        inner backend's own, or reads that from the user's cache, as a Communicator does by
+        default; sizes where the inner backend's measured faster then go to it. False: never
+        (``group.calibrate(path)`` still measures on request).
+
+    Raises
+    ------
+    ArgumentError
+        (From ``init_process_group``.) ``library`` names nothing readable, or the cluster is malformed.
+
+    Examples
+    --------
+    >>> register_backend()
+    >>> "taccl" in dist.Backend.backend_list
+    True
+    """
+    settings = {
+        "library": library,
+        "topology": topology,
+        "nodes": nodes,
+        "cluster": cluster,
+        "nic_down": nic_down,
+        "nic_speed": nic_speed,
+        "sysfs_root": sysfs_root,
+        "calibration": calibration,
+    }
+    creator = partial(_create_group, settings)
+    # torch keeps one creator per name: registering again replaces it for groups made afterwards.
+    dist.Backend.register_backend(BACKEND_NAME, creator, devices=list(_DEVICES))
