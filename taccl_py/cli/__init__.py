@@ -18,7 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from taccl_py import __version__
-from taccl_py.cli import algo, bench, place, profile, sim, synth, topo
+from taccl_py.cli import algo, bench, mscclpp, place, profile, sim, synth, topo
 from taccl_py.errors import ArgumentError, TacclError
 from taccl_py.topology.compose import checked_node_count
 
@@ -33,7 +33,7 @@ __all__ = [
     "main",
 ]
 
-_SUBCOMMAND_MODULES = (topo, algo, sim, synth, bench, profile, place)
+_SUBCOMMAND_MODULES = (topo, algo, mscclpp, sim, synth, bench, profile, place)
 #: Exit status for a fault of the input, an argument or the environment.
 EXIT_INPUT = 2
 #: Exit status after Ctrl-C (128 + SIGINT) and after the reader of stdout went away (128 + SIGPIPE).

@@ -1,4 +1,7 @@
-"""``taccl verify``, ``taccl convert`` and ``taccl export-msccl``: check, translate and export algorithms."""
+"""``taccl verify``, ``taccl convert`` and ``taccl export-msccl``: check, translate and export algorithms.
+
+``taccl verify`` also reads MSCCL++ execution plans and replays them with MSCCL++'s semantics.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ from taccl_py.msccl.selection import (
     selection_report,
     why_not_selected,
 )
+from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
+from taccl_py.mscclpp.replay import mscclpp_report
 from taccl_py.units import format_size, parse_size
 from taccl_py.verify import VerificationReport, verify_algorithm
 
@@ -43,7 +48,8 @@ def format_report(
 ) -> str:
     """Return the human-readable verdict: one ``ok`` line, or the first violations and a count."""
     if report.ok:
-        return f"ok: {report.name}: {collective}, {num_ranks} ranks, {report.rounds} rounds"
+        rounds = f", {report.rounds} rounds" if report.rounds else ""  # an MSCCL++ plan has no rounds
+        return f"ok: {report.name}: {collective}, {num_ranks} ranks{rounds}"
     count = len(report.violations)
     lines = [f"FAILED: {report.name}: {collective}, {num_ranks} ranks: {count} violation{'s' if count != 1 else ''}"]
     shown = report.violations if limit is None else report.violations[:limit]
@@ -80,18 +86,23 @@ def _report_json(report: VerificationReport, collective: str, num_ranks: int) ->
 def _verify(args: argparse.Namespace) -> int:
     # stdin can be read once, so its text is kept (read_any_algorithm tells stdin's format by content
     # too); a named file is read again for the XML check, so that its format still follows its name
-    text = read_text(args.file) if args.file == "-" else None
-    algorithm = read_any_algorithm(args.file) if text is None else parse_any_algorithm(text, args.file)
-    report = verify_algorithm(algorithm)
-    text = read_text(args.file) if text is None else text
-    if looks_like_msccl_xml(text):  # only XML names both sides of a transfer
-        mismatches = check_send_recv_fields(text, str(args.file))
-        report = replace(report, ok=report.ok and not mismatches, violations=report.violations + mismatches)
-    collective = algorithm.collective.value
-    if args.json:
-        print(_report_json(report, collective, algorithm.num_ranks))
+    # (an MSCCL++ plan is JSON: a .json file or stdin is looked at first)
+    text = read_text(args.file) if args.file == "-" or str(args.file).endswith(".json") else None
+    if text is not None and looks_like_mscclpp_plan(text):
+        plan = parse_mscclpp_plan(text, str(args.file))
+        report, collective, num_ranks = mscclpp_report(plan), plan.collective, len(plan.gpus)
     else:
-        print(format_report(report, collective, algorithm.num_ranks, None if args.all else SHOWN_VIOLATIONS))
+        algorithm = parse_any_algorithm(text, args.file) if args.file == "-" else read_any_algorithm(args.file)
+        report = verify_algorithm(algorithm)
+        text = read_text(args.file) if text is None else text
+        if looks_like_msccl_xml(text):  # only XML names both sides of a transfer
+            mismatches = check_send_recv_fields(text, str(args.file))
+            report = replace(report, ok=report.ok and not mismatches, violations=report.violations + mismatches)
+        collective, num_ranks = algorithm.collective.value, algorithm.num_ranks
+    if args.json:
+        print(_report_json(report, collective, num_ranks))
+    else:
+        print(format_report(report, collective, num_ranks, None if args.all else SHOWN_VIOLATIONS))
     return 0 if report.ok else 1
 
 
@@ -109,7 +120,7 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrary]:
+def libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrary]:
     """Return the library in file ``source``, or the shipped libraries of built-in machine ``source``."""
     if Path(source).is_file():
         return [read_library(source)]
@@ -130,7 +141,7 @@ def _libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrar
     return [read_library(path) for path in paths]
 
 
-def _band_label(library: AlgorithmLibrary, index: int) -> str:
+def band_label(library: AlgorithmLibrary, index: int) -> str:
     band = library.bands[index]
     low = format_size(band.min_bytes)
     sizes = f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
@@ -141,7 +152,7 @@ def _export_msccl(args: argparse.Namespace) -> int:
     folder = Path(args.output)  # its parent exists: taccl_py.cli checks every output first
     limits = xml_target(args.runtime, args.dialect, xml=True, path=args.output)
     check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
-    libraries = _libraries_to_export(args.library, args.nodes)
+    libraries = libraries_to_export(args.library, args.nodes)
     dialect = xml_dialect(limits, args.dialect)
     written, keys = 0, []
     for library in libraries:
@@ -152,9 +163,9 @@ def _export_msccl(args: argparse.Namespace) -> int:
         written += len(export.files)
         keys += export.keys
         for index, why in export.skipped:
-            print(f"warning: {_band_label(library, index)} has no MSCCL XML: {why}", file=sys.stderr)
+            print(f"warning: {band_label(library, index)} has no MSCCL XML: {why}", file=sys.stderr)
         for index, note in export.notes:
-            print(f"warning: {_band_label(library, index)}: {note}", file=sys.stderr)
+            print(f"warning: {band_label(library, index)}: {note}", file=sys.stderr)
     print(f"wrote {written} MSCCL XML files to {folder}", file=sys.stderr)
     if check_sizes is not None:
         print(format_selection(keys, check_sizes))
@@ -231,7 +242,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``verify``, ``convert`` and ``export-msccl`` to ``subparsers``."""
     verify = subparsers.add_parser(
         "verify",
-        help="check that an algorithm file (JSON or MSCCL XML) implements its collective",
+        help="check that an algorithm file (JSON, MSCCL XML or an MSCCL++ plan) implements its collective",
         description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, "
         "2 if the file is malformed.",
     )

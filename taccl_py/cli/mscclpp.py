@@ -1,0 +1,81 @@
+"""``taccl export-mscclpp``: a library's bands as verified MSCCL++ execution plans."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from taccl_py.cli.algo import band_label, libraries_to_export
+from taccl_py.errors import ArgumentError
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary
+from taccl_py.mscclpp.files import write_library_plans
+from taccl_py.topology.builtins import builtin_topology_name, load_topology
+from taccl_py.topology.model import Topology
+
+__all__ = ["register"]
+
+
+def _library_topology(library: AlgorithmLibrary) -> Topology | None:
+    """Return the machines a library runs on, which decide memory or port channels (None: one machine)."""
+    name = builtin_topology_name(library.topology)
+    if name is not None:
+        return load_topology(name, nodes=library.nodes)
+    if library.nodes == 1:
+        return None
+    raise ArgumentError(
+        library.topology,
+        "nodes",
+        f"{library.nodes} machines of a topology that is not built in",
+        "a library of a built-in machine, or of one machine (MSCCL++ channels depend on which ranks share one)",
+    )
+
+
+def _export_mscclpp(args: argparse.Namespace) -> int:
+    folder = Path(args.output)  # its parent exists: taccl_py.cli checks every output first
+    libraries = libraries_to_export(args.library, args.nodes)
+    if args.collective is not None:
+        libraries = [library for library in libraries if library.collective is Collective(args.collective)]
+        if not libraries:
+            raise ArgumentError(args.library, "--collective", f"no {args.collective} library", "a collective it holds")
+    written = 0
+    for library in libraries:
+        if sys.stderr.isatty():  # verifying every plan takes minutes at 32 GPUs and more
+            label = f"{library.topology} n{library.nodes} {library.collective.value}"
+            print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
+        plans = write_library_plans(library, folder, _library_topology(library))
+        written += len(plans.files)
+        for index, why in plans.skipped:
+            print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
+    print(f"wrote {written} MSCCL++ execution plans to {folder}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``export-mscclpp`` to ``subparsers``."""
+    export = subparsers.add_parser(
+        "export-mscclpp",
+        help="write every size band of a library as MSCCL++ execution plans (JSON), in and out of place",
+        description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
+        "band's sizes; a band beyond MSCCL++'s limits is reported and left out.",
+    )
+    export.add_argument(
+        "library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)"
+    )
+    export.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="with a machine name: the node count of the shipped libraries (default 1)",
+    )
+    export.add_argument(
+        "--collective",
+        choices=[collective.value for collective in Collective],
+        default=None,
+        help="export only this collective's library (default: all)",
+    )
+    export.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="folder to write the plans into (created if missing)"
+    )
+    export.set_defaults(func=_export_mscclpp, output_folders=("output",))

@@ -1,0 +1,163 @@
+"""``taccl export-mscclpp`` and ``taccl verify`` on MSCCL++ plans: every exported plan reads back and verifies."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from taccl_py.cli import main
+from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
+from taccl_py.mscclpp import check_mscclpp_plan, read_mscclpp_plan
+from taccl_py.mscclpp.files import generate_library_plans
+from taccl_py.topology import builtin_topology_names, load_topology
+
+from helpers import FIXTURES
+
+MSCCLPP_FIXTURES = FIXTURES / "mscclpp"
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_export_writes_both_placements_of_every_band_and_each_verifies(tmp_path, capsys) -> None:
+    out = tmp_path / "plans"
+    assert main(["export-mscclpp", "ndv2", "--collective", "reducescatter", "-o", str(out)]) == 0
+    library = read_library(next(p for p in shipped_library_paths("ndv2", 1) if "reducescatter" in p.name))
+    bands = [index for index, band in enumerate(library.bands) if not band.native]
+    names = sorted(path.name for path in out.iterdir())
+    expected = sorted(f"ndv2-n1-reducescatter-{i}{suffix}.json" for i in bands for suffix in ("", "-inplace"))
+    assert names == expected
+    assert capsys.readouterr().err.strip().endswith(f"wrote {len(expected)} MSCCL++ execution plans to {out}")
+    for index in bands:
+        band = library.bands[index]
+        for suffix, inplace in (("", False), ("-inplace", True)):
+            plan = json.loads((out / f"ndv2-n1-reducescatter-{index}{suffix}.json").read_text())
+            assert plan["inplace"] is inplace and plan["min_message_size"] == band.min_bytes
+            assert plan["max_message_size"] == (2**64 - 1 if band.max_bytes is None else band.max_bytes - 1)
+            assert main(["verify", str(out / f"ndv2-n1-reducescatter-{index}{suffix}.json")]) == 0
+            assert capsys.readouterr().out.startswith("ok: ndv2-n1-reducescatter-")
+
+
+def test_plans_across_machines_use_port_channels_and_verify(tmp_path) -> None:
+    out = tmp_path / "plans"
+    assert main(["export-mscclpp", "dgx-a100", "--nodes", "2", "--collective", "allgather", "-o", str(out)]) == 0
+    kinds = set()
+    for path in sorted(out.iterdir()):
+        plan = read_mscclpp_plan(path)
+        assert check_mscclpp_plan(plan) == [], path.name
+        kinds |= {channel.channel_type.value for gpu in plan.gpus for channel in gpu.channels}
+    assert kinds == {"memory", "port"}
+
+
+@pytest.mark.parametrize("name", builtin_topology_names())
+def test_every_shipped_library_of_one_machine_exports_and_verifies(name) -> None:
+    topology = load_topology(name)
+    for path in shipped_library_paths(name, 1):
+        plans = generate_library_plans(read_library(path), topology)  # each plan is read back and verified
+        assert plans.skipped == (), plans.skipped
+        assert plans.files
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", builtin_topology_names())
+def test_shipped_libraries_of_two_machines_export_and_verify(name) -> None:
+    if 2 not in shipped_node_counts(name):
+        pytest.skip(f"{name} ships no 2-node libraries")
+    topology = load_topology(name, nodes=2)
+    for path in shipped_library_paths(name, 2):
+        plans = generate_library_plans(read_library(path), topology)
+        # A band whose cut threadblocks pass MSCCL++'s 64 per GPU is the only thing left out.
+        assert all("threadblocks; expected at most 64" in why for _index, why in plans.skipped), plans.skipped
+
+
+@pytest.mark.parametrize("fixture", ["allreduce.json", "allreduce_packet.json", "allreduce_pipeline.json"])
+def test_verify_reads_mscclpps_own_plans(fixture, capsys) -> None:
+    assert main(["verify", str(MSCCLPP_FIXTURES / fixture)]) == 0
+    assert capsys.readouterr().out.startswith("ok: ")
+
+
+def test_verify_reads_a_plan_from_stdin(monkeypatch, capsys) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO((MSCCLPP_FIXTURES / "allreduce_packet.json").read_text()))
+    assert main(["verify", "-"]) == 0
+    assert capsys.readouterr().out.strip() == "ok: allreduce_pkt: allreduce, 2 ranks"
+
+
+def _without_first(plan: dict, op_name: str) -> dict:
+    """Return ``plan`` with the first op named ``op_name`` (on any GPU) removed."""
+    for gpu in plan["gpus"]:
+        for tb in gpu["threadblocks"]:
+            for index, op in enumerate(tb["ops"]):
+                if op["name"] == op_name:
+                    del tb["ops"][index]
+                    return plan
+    raise AssertionError(f"no {op_name} op")
+
+
+def test_verify_refuses_an_exported_plan_missing_one_put(tmp_path, capsys) -> None:
+    out = tmp_path / "plans"
+    assert main(["export-mscclpp", "ndv2", "--collective", "allgather", "-o", str(out)]) == 0
+    capsys.readouterr()
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(_without_first(json.loads((out / "ndv2-n1-allgather-0.json").read_text()), "put")))
+    assert main(["verify", str(broken)]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("FAILED: ndv2-n1-allgather-0: allgather, 8 ranks: ")
+    assert "chunk" in lines[1] or "never written" in lines[1], lines
+
+
+def test_verify_names_a_cycle_of_waits(tmp_path, capsys) -> None:
+    plan = json.loads((MSCCLPP_FIXTURES / "allreduce_packet.json").read_text())
+    # Both GPUs wait before they put: each waits for the other's first packet.
+    for gpu in plan["gpus"]:
+        ops = gpu["threadblocks"][0]["ops"]
+        ops.insert(0, {"name": "wait", "channel_ids": [0], "channel_type": "memory"})
+    path = tmp_path / "cycle.json"
+    path.write_text(json.dumps(plan))
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "deadlock" in out and "wait" in out
+
+
+@pytest.mark.parametrize(
+    ("edit", "fragment"),
+    [
+        (lambda plan: plan["gpus"][0].pop("input_chunks"), "gpus[0].input_chunks: missing field"),
+        (lambda plan: plan["gpus"][0]["remote_buffers"][0].update(rank=5), "rank"),
+        (lambda plan: plan.update(protocol="LL999"), "protocol"),
+    ],
+)
+def test_verify_refuses_a_malformed_plan_with_one_error_line(tmp_path, capsys, edit, fragment) -> None:
+    plan = json.loads((MSCCLPP_FIXTURES / "allreduce_packet.json").read_text())
+    edit(plan)
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(plan))
+    assert main(["verify", str(path)]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"error: {path}: ") and fragment in line
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["ndv2", "--nodes", "3"], "no shipped libraries at 3 nodes"),
+        (["no-such-machine"], "no such library file or built-in machine"),
+    ],
+)
+def test_export_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, fragment) -> None:
+    out = tmp_path / "plans"
+    assert main(["export-mscclpp", *args, "-o", str(out)]) == 2
+    assert fragment in _error_line(capsys)
+    assert not out.exists()
+
+
+def test_export_of_a_collective_the_library_lacks_is_refused(tmp_path, capsys) -> None:
+    source = next(p for p in shipped_library_paths("ndv2", 1) if "allgather" in p.name)
+    out = tmp_path / "plans"
+    assert main(["export-mscclpp", str(source), "--collective", "allreduce", "-o", str(out)]) == 2
+    assert "no allreduce library" in _error_line(capsys)
+    assert not out.exists()

@@ -1,0 +1,307 @@
+"""MSCCL++ execution plans from our schedules: structure, limits, and a symbolic run of the plan."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from collections import Counter, defaultdict
+from dataclasses import replace
+
+import pytest
+
+from taccl_py.baselines import ring_algorithm, tree_algorithm
+from taccl_py.errors import ArgumentError, VerificationError
+from taccl_py.ir.algorithm import Algorithm, input_slot, output_slot
+from taccl_py.ir.collectives import Collective, expected_output, initial_value
+from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.mscclpp.export import (
+    MAX_CHANNELS_PER_THREADBLOCK,
+    MAX_OPERATIONS_PER_THREADBLOCK,
+    MAX_THREADBLOCKS_PER_GPU,
+    generate_mscclpp_plan,
+)
+from taccl_py.mscclpp.files import write_mscclpp_plan
+from taccl_py.topology import load_topology
+
+MACHINES = (("ndv2", 1), ("dgx-a100", 2))
+COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
+SEEDS = (0, 1)
+
+
+@functools.cache
+def _topology(name: str, nodes: int):
+    return load_topology(name, nodes=nodes)
+
+
+def _baseline(name: str, nodes: int, family: str, collective: Collective) -> Algorithm:
+    topology = _topology(name, nodes)
+    if family == "ring":
+        return ring_algorithm(topology, collective)
+    return tree_algorithm(topology, channels=2)
+
+
+def _shipped_bands() -> list[tuple[str, int, str, int]]:
+    cases = []
+    for name, nodes in MACHINES:
+        for path in shipped_library_paths(name, nodes):
+            library = read_library(path)
+            if library.collective in COLLECTIVES:
+                cases += [
+                    (name, nodes, library.collective.value, i) for i, b in enumerate(library.bands) if b.algorithm
+                ]
+    return cases
+
+
+@functools.cache
+def _band(name: str, nodes: int, collective: str, index: int) -> Algorithm:
+    path = next(p for p in shipped_library_paths(name, nodes) if read_library(p).collective.value == collective)
+    return read_library(path).bands[index].algorithm
+
+
+def _channel_peers(gpu: dict) -> dict[str, list[int]]:
+    return {channel["channel_type"]: channel["connected_to"] for channel in gpu["channels"]}
+
+
+def _paired_channel(plan: dict, rank: int, kind: str, channel: int) -> tuple[int, int]:
+    """Return the (peer, channel) ``rank``'s ``channel`` meets: its k-th to a peer meets the peer's k-th back."""
+    peers = _channel_peers(plan["gpus"][rank])[kind]
+    peer = peers[channel]
+    k = peers[:channel].count(peer)
+    back = [i for i, p in enumerate(_channel_peers(plan["gpus"][peer])[kind]) if p == rank]
+    return peer, back[k]
+
+
+def _resolve(gpu: dict, tb: dict, op: dict) -> dict:
+    """Return the op's GPU-level channel ids and remote buffers (rank, type)."""
+    kind = op.get("channel_type")
+    tb_channels = {c["channel_type"]: c["channel_ids"] for c in tb["channels"]}
+    tb_remote = {r["access_channel_type"]: r["remote_buffer_ids"] for r in tb["remote_buffer_refs"]}
+    remote = [
+        gpu["remote_buffers"][tb_remote[kind][b["buffer_id"]]] for b in op.get("dst_buff", ()) if "buffer_id" in b
+    ]
+    return {"channels": [tb_channels[kind][i] for i in op.get("channel_ids", ())], "remote": remote}
+
+
+def assert_plan_structure(plan: dict, algorithm: Algorithm) -> None:
+    """Assert every reference resolves, limits hold, puts equal our sends and signals meet waits."""
+    assert json.loads(json.dumps(plan)) == plan
+    assert plan["protocol"] == "Simple" and plan["collective"] == algorithm.collective.value
+    assert [gpu["id"] for gpu in plan["gpus"]] == list(range(algorithm.num_ranks))
+    signals, waits, releases, acquires = Counter(), Counter(), Counter(), Counter()
+    puts = 0
+    for gpu in plan["gpus"]:
+        rank, peers = gpu["id"], _channel_peers(gpu)
+        assert len(gpu["threadblocks"]) <= MAX_THREADBLOCKS_PER_GPU
+        assert [tb["id"] for tb in gpu["threadblocks"]] == list(range(len(gpu["threadblocks"])))
+        for tb in gpu["threadblocks"]:
+            assert len(tb["ops"]) <= MAX_OPERATIONS_PER_THREADBLOCK
+            for channel in tb["channels"]:
+                assert len(channel["channel_ids"]) <= MAX_CHANNELS_PER_THREADBLOCK
+                assert all(0 <= i < len(peers[channel["channel_type"]]) for i in channel["channel_ids"])
+            for ref in tb["remote_buffer_refs"]:
+                assert all(0 <= i < len(gpu["remote_buffers"]) for i in ref["remote_buffer_ids"])
+            for index, op in enumerate(tb["ops"]):
+                refs = _resolve(gpu, tb, op)
+                for semaphore in op.get("semaphore_ids", ()):
+                    assert 0 <= semaphore < len(gpu["semaphores"])
+                    (releases if op["name"] == "sem_release" else acquires)[(rank, semaphore)] += 1
+                if op["name"] == "put":
+                    puts += 1
+                    target = refs["remote"][0]
+                    assert op["channel_type"] in target["access_channel_types"]
+                    following = tb["ops"][index + 1 : index + 3]
+                    assert any(o["name"] == "signal" and o["channel_type"] == op["channel_type"] for o in following)
+                for channel in refs["channels"] if op["name"] in ("signal", "wait") else ():
+                    peer, back = _paired_channel(plan, rank, op["channel_type"], channel)
+                    if op["name"] == "signal":
+                        signals[(peer, op["channel_type"], back)] += 1
+                    else:
+                        waits[(rank, op["channel_type"], channel)] += 1
+    assert puts == sum(step.op.sends for prog in algorithm.ranks for tb in prog.threadblocks for step in tb.steps)
+    assert signals == waits
+    assert releases == acquires
+
+
+def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> None:
+    """Run ``calls`` back-to-back calls of the plan symbolically in a seeded random interleaving.
+
+    A GPU starts call c + 1 once its own call c is done (stream order), while its peers may lag;
+    values carry the call's number, so a put of one call landing in a slot another call still
+    reads shows up as a wrong output.
+    """
+    rng = random.Random(seed)
+    memory: dict[tuple[int, str, int], tuple] = {}
+    tokens: Counter = Counter()  # (rank, kind, channel): signals arrived less waits done; kept across calls
+    semaphores: Counter = Counter()
+    programs = [(call, gpu, tb) for call in range(calls) for gpu in plan["gpus"] for tb in gpu["threadblocks"]]
+    counters = [0] * len(programs)
+    running = Counter((call, gpu["id"]) for call, gpu, _ in programs)
+
+    def start(call: int, rank: int) -> set[int]:
+        for index in range(algorithm.layout.input_chunks):
+            buffer, offset = input_slot(algorithm, rank, index)
+            memory[(rank, buffer.value, offset)] = tuple(pair + (call,) for pair in initial_value(rank, index))
+        return {n for n, (c, gpu, _) in enumerate(programs) if c == call and gpu["id"] == rank}
+
+    def finish(call: int, rank: int) -> None:
+        for index in range(algorithm.layout.output_chunks):
+            buffer, offset = output_slot(algorithm, rank, index)
+            expected = tuple(sorted(pair + (call,) for pair in expected_output(algorithm.layout, rank, index)))
+            assert memory.get((rank, buffer.value, offset)) == expected, (call, rank, index)
+
+    def step(number: int) -> bool:
+        _, gpu, tb = programs[number]
+        op, rank = tb["ops"][counters[number]], gpu["id"]
+        refs = _resolve(gpu, tb, op)
+        if op["name"] == "wait":
+            key = (rank, op["channel_type"], refs["channels"][0])
+            if tokens[key] == 0:
+                return False
+            tokens[key] -= 1
+        elif op["name"] == "sem_acquire":
+            if any(semaphores[(rank, s)] == 0 for s in op["semaphore_ids"]):
+                return False
+            for s in op["semaphore_ids"]:
+                semaphores[(rank, s)] -= 1
+        elif op["name"] == "sem_release":
+            for s in op["semaphore_ids"]:
+                semaphores[(rank, s)] += 1
+        elif op["name"] == "signal":
+            peer, back = _paired_channel(plan, rank, op["channel_type"], refs["channels"][0])
+            tokens[(peer, op["channel_type"], back)] += 1
+        elif op["name"] in ("put", "copy", "re"):
+            sources = [
+                [memory.get((rank, c["type"], c["index"] + i), ()) for i in range(c["size"])] for c in op["src_buff"]
+            ]
+            target = refs["remote"][0] if op["name"] == "put" else {"rank": rank, "type": op["dst_buff"][0]["type"]}
+            for i, parts in enumerate(zip(*sources)):
+                memory[(target["rank"], target["type"], op["dst_buff"][0]["index"] + i)] = tuple(sorted(sum(parts, ())))
+        counters[number] += 1
+        return True
+
+    live = set().union(*(start(0, rank) for rank in range(algorithm.num_ranks)))
+    while live:
+        order = sorted(live)
+        rng.shuffle(order)
+        moved = False
+        for number in order:
+            call, gpu, tb = programs[number]
+            if counters[number] < len(tb["ops"]):
+                moved = step(number) or moved
+                continue
+            live.discard(number)
+            running[(call, gpu["id"])] -= 1
+            if running[(call, gpu["id"])] == 0:
+                finish(call, gpu["id"])
+                live |= start(call + 1, gpu["id"]) if call + 1 < calls else set()
+            moved = True
+        assert moved or not live, "the plan deadlocks"
+    assert not +tokens and not +semaphores, "signals or releases left unconsumed"
+
+
+BASELINE_CASES = [(n, k, "ring", c) for n, k in MACHINES for c in COLLECTIVES]
+BASELINE_CASES += [(n, k, "tree", Collective.ALLREDUCE) for n, k in MACHINES]  # the tree baseline is an AllReduce
+
+
+@pytest.mark.parametrize(
+    "name,nodes,family,collective", BASELINE_CASES, ids=[f"{n}-n{k}-{f}-{c.value}" for n, k, f, c in BASELINE_CASES]
+)
+def test_baseline_plans_are_whole_and_correct(name, nodes, family, collective):
+    algorithm = _baseline(name, nodes, family, collective)
+    plan = generate_mscclpp_plan(algorithm, _topology(name, nodes))
+    assert_plan_structure(plan, algorithm)
+    for seed in SEEDS:
+        run_plan(plan, algorithm, seed)
+
+
+@pytest.mark.parametrize("case", _shipped_bands(), ids=lambda c: f"{c[0]}-n{c[1]}-{c[2]}-{c[3]}")
+def test_shipped_band_plans_are_whole_and_correct(case):
+    name, nodes, collective, index = case
+    algorithm = _band(name, nodes, collective, index)
+    plan = generate_mscclpp_plan(algorithm, _topology(name, nodes))
+    assert_plan_structure(plan, algorithm)
+    run_plan(plan, algorithm, seed=index)
+    assert plan["min_message_size"] == algorithm.min_bytes
+    assert plan["max_message_size"] == (2**64 - 1 if algorithm.max_bytes is None else algorithm.max_bytes - 1)
+
+
+def test_internode_puts_use_port_channels_and_flush():
+    topology = _topology("dgx-a100", 2)
+    algorithm = ring_algorithm(topology, Collective.ALLGATHER)
+    plan = generate_mscclpp_plan(algorithm, topology)
+    kinds = set()
+    for gpu in plan["gpus"]:
+        for tb in gpu["threadblocks"]:
+            for index, op in enumerate(tb["ops"]):
+                if op["name"] == "put":
+                    target = _resolve(gpu, tb, op)["remote"][0]["rank"]
+                    across = topology.node_of(target) != topology.node_of(gpu["id"])
+                    assert op["channel_type"] == ("port" if across else "memory")
+                    kinds.add(op["channel_type"])
+                    if across:
+                        assert "channel_ids" in op and tb["ops"][index + 2]["name"] == "flush"
+    assert kinds == {"memory", "port"}
+
+
+def test_without_topology_every_channel_is_memory():
+    algorithm = ring_algorithm(_topology("dgx-a100", 2), Collective.ALLGATHER)
+    plan = generate_mscclpp_plan(algorithm)
+    assert {c["channel_type"] for gpu in plan["gpus"] for c in gpu["channels"]} == {"memory"}
+    assert plan["num_threads_per_block"] == 1024 and plan["buffer_alignment"] == 16
+    assert plan["inplace"] is algorithm.inplace and plan["reuse_resources"] is False
+
+
+def test_long_threadblocks_are_cut_and_chained():
+    algorithm = ring_algorithm(_topology("ndv2", 1), Collective.ALLREDUCE)
+    plan = generate_mscclpp_plan(algorithm)
+    ours = max(len(prog.threadblocks) for prog in algorithm.ranks)
+    assert max(len(gpu["threadblocks"]) for gpu in plan["gpus"]) > ours
+    first = plan["gpus"][0]["threadblocks"]
+    assert any(tb["ops"][0]["name"] == "sem_acquire" for tb in first)
+
+
+def test_ll_and_unknown_protocols_are_refused():
+    algorithm = ring_algorithm(_topology("ndv2", 1), Collective.ALLGATHER)
+    with pytest.raises(ArgumentError, match="protocol: LL packets are not written yet; expected 'Simple'"):
+        generate_mscclpp_plan(algorithm, protocol="LL")
+    with pytest.raises(ArgumentError, match="protocol: protocol 'LL128'"):
+        generate_mscclpp_plan(algorithm, protocol="LL128")
+
+
+def test_topology_of_another_size_is_refused():
+    algorithm = ring_algorithm(_topology("ndv2", 1), Collective.ALLGATHER)
+    with pytest.raises(ArgumentError, match="topology: 16 GPUs; expected 8 ranks"):
+        generate_mscclpp_plan(algorithm, _topology("dgx-a100", 2))
+
+
+def test_too_many_threadblocks_are_refused():
+    topology = _topology("dgx-a100", 2)
+    with pytest.raises(ArgumentError, match=f"threadblocks; expected at most {MAX_THREADBLOCKS_PER_GPU}"):
+        generate_mscclpp_plan(tree_algorithm(topology, channels=16), topology)
+
+
+def test_write_round_trips_and_refuses_unverified(tmp_path):
+    topology = _topology("ndv2", 1)
+    algorithm = ring_algorithm(topology, Collective.REDUCESCATTER)
+    path = tmp_path / "rs.json"
+    write_mscclpp_plan(algorithm, path, topology)
+    assert json.loads(path.read_text()) == generate_mscclpp_plan(algorithm, topology)
+    broken = replace(
+        algorithm, ranks=algorithm.ranks[:1] + tuple(replace(p, threadblocks=()) for p in algorithm.ranks[1:])
+    )
+    with pytest.raises(VerificationError):
+        write_mscclpp_plan(broken, tmp_path / "broken.json", topology)
+    assert not (tmp_path / "broken.json").exists()
+
+
+def test_landing_slots_are_scratch_only_where_needed():
+    algorithm = ring_algorithm(_topology("ndv2", 1), Collective.ALLGATHER)
+    plan = generate_mscclpp_plan(algorithm)
+    targets = defaultdict(set)
+    for gpu in plan["gpus"]:
+        for tb in gpu["threadblocks"]:
+            for op in tb["ops"]:
+                if op["name"] == "put":
+                    targets[_resolve(gpu, tb, op)["remote"][0]["type"]].add(op["dst_buff"][0]["index"])
+    assert "o" in targets  # an AllGather ring's receives land straight in the output
