@@ -120,6 +120,19 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_library_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add LIBRARY and ``--nodes``, which ``libraries_to_export`` reads: a library file, or a machine's shipped ones."""
+    parser.add_argument(
+        "library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)"
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="with a machine name: the node count of the shipped libraries (default 1)",
+    )
+
+
 def libraries_to_export(source: str, nodes: int | None) -> list[AlgorithmLibrary]:
     """Return the library in file ``source``, or the shipped libraries of built-in machine ``source``."""
     if Path(source).is_file():
@@ -271,15 +284,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write one XML file per band with minBytes/maxBytes set to the band's sizes; a band beyond the "
         "MSCCL runtime limits is reported and left out.",
     )
-    export.add_argument(
-        "library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)"
-    )
-    export.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="with a machine name: the node count of the shipped libraries (default 1)",
-    )
+    add_library_source_arguments(export)
     export.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)"
     )

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from taccl_py.cli.algo import band_label, libraries_to_export
+from taccl_py.cli.algo import add_library_source_arguments, band_label, libraries_to_export
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
@@ -60,15 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
         "band's sizes; a band beyond MSCCL++'s limits is reported and left out.",
     )
-    export.add_argument(
-        "library", metavar="LIBRARY", help="a *.library.json file, or a built-in machine name (its shipped libraries)"
-    )
-    export.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="with a machine name: the node count of the shipped libraries (default 1)",
-    )
+    add_library_source_arguments(export)
     export.add_argument(
         "--collective",
         choices=[collective.value for collective in Collective],

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import chunk_layout
+from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -67,13 +68,11 @@ MAX_THREADBLOCKS_PER_GPU = 64
 # The DSL's defaults (python/mscclpp/language/program.py CollectiveProgram).
 THREADS_PER_BLOCK = 1024
 BUFFER_ALIGNMENT_BYTES = 16
-UNBOUNDED_MESSAGE_BYTES = 2**64 - 1
 _CHAIN_OPS = 4  # a cut threadblock's acquire + nop at its start and nop + release at its end
 
 Link = tuple[int, int, int]  # (sender rank, receiver rank, channel)
 Slot = tuple[Buffer, int]
 StepKey = tuple[int, int, int]  # (rank, threadblock id, step index)
-_PROTOCOLS = ("Simple", "LL")
 
 
 @dataclass(frozen=True)
@@ -443,5 +442,5 @@ def generate_mscclpp_plan(
         "buffer_alignment": BUFFER_ALIGNMENT_BYTES,
         "min_message_size": algorithm.min_bytes,
         # MSCCL++ tests the upper end inclusively (execution_plan.cc checkMessageSize); ours is exclusive
-        "max_message_size": UNBOUNDED_MESSAGE_BYTES if algorithm.max_bytes is None else algorithm.max_bytes - 1,
+        "max_message_size": MAX_MESSAGE_SIZE if algorithm.max_bytes is None else algorithm.max_bytes - 1,
     }
