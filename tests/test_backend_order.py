@@ -82,12 +82,14 @@ def test_a_delegated_collective_runs_after_the_routed_calls_issued_before_it(gro
 
 
 def test_a_send_waits_on_the_host_for_the_routed_calls_before_it(group: Any) -> None:
+    # The routed call's Work, not the worker's idle flag: the worker counts a job finished only
+    # after its Future completed, so a waiter released by that Future may still see it busy.
     class Sender:  # a send to oneself would wait for its receive: record when the caller gets there
         def send(self, *args: Any) -> None:
-            group.log.append(("send", "worker idle" if group._order.worker.idle() else "worker busy"))
+            group.log.append(("send", "after the routed call" if routed.is_completed() else "before it"))
 
     release = threading.Event()
-    _blocked_routed_call(group, release)
+    routed = _blocked_routed_call(group, release)
     group._get_backend = lambda device: Sender()
     sender = threading.Thread(target=group.send, args=([torch.ones(1)], 0, 0))
     sender.start()
@@ -95,7 +97,7 @@ def test_a_send_waits_on_the_host_for_the_routed_calls_before_it(group: Any) -> 
     assert sender.is_alive() and group.log == []
     release.set()
     sender.join(30)
-    assert group.log == ["routed all_reduce", ("send", "worker idle")]
+    assert group.log == ["routed all_reduce", ("send", "after the routed call")]
 
 
 def test_a_delegated_call_that_fails_raises_from_its_work_and_spares_later_calls(group: Any) -> None:
