@@ -18,15 +18,14 @@ from pathlib import Path
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.collectives import Collective
-from taccl_py.ir.inplace import BOTH_PLACES_KEY, inplace_variant, serves_both_placements
+from taccl_py.ir.inplace import BOTH_PLACES_KEY, serves_both_placements
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand
 from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
 from taccl_py.msccl.protocol import band_protocols
 from taccl_py.msccl.selection import SelectionKey, loop_divides_powers_of_two, selection_key
-from taccl_py.verify import verify_algorithm
+from taccl_py.verify import exported_inplace_form
 
 __all__ = ["LibraryXml", "generate_library_xml", "library_xml_name", "write_library_xml"]
 
@@ -65,15 +64,12 @@ def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
     aliased buffers, else a second, in-place file; AlltoAll (rarely called in place) exports out
     of place only.
     """
-    if algorithm.inplace or algorithm.collective is Collective.ALLTOALL:
-        return [algorithm], None
-    variant = inplace_variant(algorithm)
-    report = verify_algorithm(variant)
-    if not report.ok:
-        return [algorithm], f"no in-place file: its in-place form fails: {report.first}"
+    variant, why_not = exported_inplace_form(algorithm)
+    if variant is None:
+        return [algorithm], None if why_not is None else f"no in-place file: {why_not}"
     if serves_both_placements(algorithm, variant):
         return [algorithm.with_metadata(**{BOTH_PLACES_KEY: "1"})], None
-    return [algorithm, replace(variant, name=f"{algorithm.name}-inplace")], None
+    return [algorithm, variant], None
 
 
 def _band_files(

@@ -16,14 +16,12 @@ from pathlib import Path
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.collectives import Collective
-from taccl_py.ir.inplace import inplace_variant
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.replay import verify_mscclpp_plan
 from taccl_py.topology.model import Topology
-from taccl_py.verify import check_algorithm, verify_algorithm
+from taccl_py.verify import check_algorithm, exported_inplace_form
 
 __all__ = [
     "LibraryPlans",
@@ -70,17 +68,6 @@ def library_plan_name(library: AlgorithmLibrary, index: int, inplace: bool = Fal
     return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.json"
 
 
-def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
-    """Return the algorithms a band exports, out of place first, and why in place has no plan."""
-    if algorithm.inplace or algorithm.collective is Collective.ALLTOALL:  # AlltoAll is called out of place
-        return [algorithm], None
-    variant = inplace_variant(algorithm)
-    report = verify_algorithm(variant)
-    if not report.ok:
-        return [algorithm], f"no in-place plan: its in-place form fails: {report.first}"
-    return [algorithm, replace(variant, name=f"{algorithm.name}-inplace")], None
-
-
 def generate_library_plans(library: AlgorithmLibrary, topology: Topology | None = None) -> LibraryPlans:
     """Return the verified MSCCL++ plans of every band of ``library``, in and out of place, and what was left out.
 
@@ -94,10 +81,11 @@ def generate_library_plans(library: AlgorithmLibrary, topology: Topology | None 
         # The band's range is what MSCCL++ selects by, whatever range the algorithm was saved with.
         name = library_plan_name(library, index).removesuffix(".json")
         base = replace(band.algorithm, name=name, min_bytes=band.min_bytes, max_bytes=band.max_bytes)
-        algorithms, why_not = _placements(base)
+        # MSCCL++ selects by one inplace flag, so an in-place form is always a plan of its own.
+        variant, why_not = exported_inplace_form(base)
         if why_not is not None:
-            skipped.append((index, why_not))
-        for algorithm in algorithms:
+            skipped.append((index, f"no in-place plan: {why_not}"))
+        for algorithm in [base] if variant is None else [base, variant]:
             try:
                 text = mscclpp_plan_text(algorithm, topology)
             except (ArgumentError, VerificationError) as error:

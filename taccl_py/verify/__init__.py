@@ -7,6 +7,12 @@ order separates.
 
 from __future__ import annotations
 
-from taccl_py.verify.replay import VerificationReport, check_algorithm, describe_value, verify_algorithm
+from taccl_py.verify.replay import (
+    VerificationReport,
+    check_algorithm,
+    describe_value,
+    exported_inplace_form,
+    verify_algorithm,
+)
 
-__all__ = ["VerificationReport", "check_algorithm", "describe_value", "verify_algorithm"]
+__all__ = ["VerificationReport", "check_algorithm", "describe_value", "exported_inplace_form", "verify_algorithm"]

@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 
 from taccl_py.errors import VerificationError, Violation
 from taccl_py.ir.algorithm import Algorithm, Buffer, input_slot, output_slot
-from taccl_py.ir.collectives import Contribution, expected_output, initial_value
+from taccl_py.ir.collectives import Collective, Contribution, expected_output, initial_value
 from taccl_py.ir.dataflow import Action, ActionKind, Dataflow, Region, build_dataflow
 from taccl_py.ir.inplace import BOTH_PLACES_KEY, inplace_variant
 from taccl_py.verify.races import AccessLog, find_races
 
-__all__ = ["VerificationReport", "verify_algorithm", "check_algorithm", "describe_value"]
+__all__ = ["VerificationReport", "verify_algorithm", "check_algorithm", "describe_value", "exported_inplace_form"]
 
 logger = logging.getLogger(__name__)
 
@@ -355,3 +355,18 @@ def check_algorithm(algorithm: Algorithm) -> Algorithm:
     if not report.ok:
         raise VerificationError(algorithm.name, report.violations)
     return algorithm
+
+
+def exported_inplace_form(algorithm: Algorithm) -> tuple[Algorithm | None, str | None]:
+    """Return the verified in-place form an export writes beside ``algorithm`` (named ``<name>-inplace``), or why not.
+
+    (None, None) for an algorithm already in place and for AlltoAll, which callers make out of place;
+    (None, reason) when the in-place form fails verification. MSCCL XML and MSCCL++ plans both use it.
+    """
+    if algorithm.inplace or algorithm.collective is Collective.ALLTOALL:
+        return None, None
+    variant = inplace_variant(algorithm)
+    report = verify_algorithm(variant)
+    if not report.ok:
+        return None, f"its in-place form fails: {report.first}"
+    return replace(variant, name=f"{algorithm.name}-inplace"), None
