@@ -367,3 +367,17 @@ def test_a_broadcast_after_an_async_all_reduce_sees_its_result(results: list[dic
 def test_a_default_group_calibrates_and_sends_what_gloo_won_straight_to_gloo(results: list[dict[str, Any]]) -> None:
     for found in results:
         assert found["calibrating"] == {"measured": [4096, 65536], "then": (0, 1), "equal": True}
+
+
+def test_a_synchronous_nccl_call_without_work_is_ordered_on_the_current_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.11's ProcessGroupNCCL returns None for a call with asyncOp False (seen on an H200):
+    # the call ran on the current stream, so that stream's event marks its end
+    from taccl_py.runtime.backend import issue_order
+
+    class FakeStream:
+        def record_event(self) -> str:
+            return "after the call"
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda **kwargs: pytest.fail("no side stream for a call without Work"))
+    assert issue_order._event_after(None, torch.device("cuda", 0)) == "after the call"

@@ -130,3 +130,24 @@ def test_every_collective_of_a_process_group_is_a_python_method() -> None:
     owners = {name: next(cls for cls in TacclProcessGroup.__mro__ if name in vars(cls)) for name in collectives}
     inherited = [name for name, owner in owners.items() if not owner.__module__.startswith("taccl_py.")]
     assert inherited == [], f"collectives TacclProcessGroup inherits from torch: {inherited}"
+
+
+# torch.distributed names that only a CUDA build of torch has (used on the NCCL paths alone).
+CUDA_BUILD_ONLY = {"ProcessGroupNCCL"}
+
+
+def test_every_torch_distributed_name_the_runtime_uses_exists() -> None:
+    # the backend builds default options only on some paths (an NCCL coalescing manager passes none):
+    # dist.AllgatherOptions, which torch.distributed does not export, broke them on a GPU only
+    import ast
+    from pathlib import Path
+
+    import taccl_py.runtime
+
+    missing = []
+    for path in sorted(Path(taccl_py.runtime.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_dist = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "dist"
+            if is_dist and not hasattr(dist, node.attr) and node.attr not in CUDA_BUILD_ONLY:
+                missing.append(f"{path.name}:{node.lineno} dist.{node.attr}")
+    assert not missing

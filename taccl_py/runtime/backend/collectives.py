@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.runtime.backend.work import FutureWork, StreamWork
@@ -98,7 +99,7 @@ class CollectiveEntryPoints:
         communicator = self._communicator(Collective.ALLGATHER, (output, input), _nbytes(output))
         if communicator is None:
             return self._delegate(
-                Collective.ALLGATHER, "_allgather_base", input, output, input, opts or dist.AllgatherOptions()
+                Collective.ALLGATHER, "_allgather_base", input, output, input, opts or AllgatherOptions()
             )
         return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input), output)
 
@@ -108,7 +109,7 @@ class CollectiveEntryPoints:
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
     ) -> Any:
         """Gather ``input_tensors[0]`` of every rank into the list ``output_tensors[0]``; return the Work."""
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = AllgatherOptions() if opts is None else opts
         input = input_tensors[0]
         outputs = output_tensors[0] if len(output_tensors) == 1 else []
         routable = (
@@ -199,7 +200,7 @@ class CollectiveEntryPoints:
 
         What functional collectives (``all_gather_tensor``, DTensor) call.
         """
-        opts = dist.AllgatherOptions() if opts is None else opts
+        opts = AllgatherOptions() if opts is None else opts
         return _all_of([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced

@@ -100,11 +100,13 @@ class IssueOrder:
 
 
 def _event_after(work: Any, device: torch.device) -> Any:
-    """Return a CUDA event that completes with NCCL ``work``; it holds none of the work's tensors.
+    """Return a CUDA event that completes with NCCL ``work`` (None: a synchronous call); it holds none of its tensors.
 
     The work's ``wait`` orders the current stream after it: here a side stream of this call
     alone, so the caller's stream is not held back (an async broadcast still overlaps its compute).
     """
+    if work is None:  # torch 2.11's NCCL returns no Work for a call it ran on the current stream
+        return torch.cuda.current_stream(device).record_event()
     side = torch.cuda.Stream(device=device)
     with torch.cuda.stream(side):
         work.wait()
