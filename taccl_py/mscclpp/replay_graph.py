@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from taccl_py.errors import Violation
-from taccl_py.mscclpp.event_order import in_forced_order, topological_order
+from taccl_py.mscclpp.event_order import in_forced_order, reached_neighbours, topological_order
 from taccl_py.mscclpp.plan import BufferKind, BufferRef, ChannelKind, ExecutionPlan, Gpu, Operation, OpName
 from taccl_py.mscclpp.references import switch_channels
 
@@ -263,12 +263,17 @@ class ReplayBuilder:
         which wait meets which signal would depend on timing.
         """
         pending = self._channel_matches() + self._semaphore_matches()
+        threadblocks = [event.tb for event in self.graph.events]  # matching adds edges, never events
         while pending:
-            position = {event: place for place, event in enumerate(topological_order(self.graph.order))}
+            order = topological_order(self.graph.order)
+            position = {event: place for place, event in enumerate(order)}
+            every_sequence = [events for sequences, _match, _unordered in pending for events in sequences]
+            known = reached_neighbours(self.graph.order, order, threadblocks, every_sequence)
             left = []
             for sequences, match, unordered in pending:
-                threadblocks = [event.tb for event in self.graph.events]
-                ordered = [in_forced_order(self.graph.order, threadblocks, events, position) for events in sequences]
+                ordered = [
+                    in_forced_order(self.graph.order, threadblocks, events, position, known) for events in sequences
+                ]
                 if any(events is None for events in ordered):
                     left.append((sequences, match, unordered))
                 else:
