@@ -106,15 +106,19 @@ def assert_plan_structure(plan: dict, algorithm: Algorithm) -> None:
                 for semaphore in op.get("semaphore_ids", ()):
                     assert 0 <= semaphore < len(gpu["semaphores"])
                     (releases if op["name"] == "sem_release" else acquires)[(rank, semaphore)] += 1
-                if op["name"] == "put":
+                if op["name"] in ("put", "pwsf"):
                     puts += 1
                     target = refs["remote"][0]
                     assert op["channel_type"] in target["access_channel_types"]
                     following = tb["ops"][index + 1 : index + 3]
-                    assert any(o["name"] == "signal" and o["channel_type"] == op["channel_type"] for o in following)
-                for channel in refs["channels"] if op["name"] in ("signal", "wait") else ():
+                    # pwsf (put with signal and flush) exists for port channels only (execution_kernel.hpp handlePut)
+                    assert (op["name"] == "pwsf") == (op["channel_type"] == "port")
+                    assert op["name"] == "pwsf" or any(
+                        o["name"] == "signal" and o["channel_type"] == op["channel_type"] for o in following
+                    )
+                for channel in refs["channels"] if op["name"] in ("signal", "wait", "pwsf") else ():
                     peer, back = _paired_channel(plan, rank, op["channel_type"], channel)
-                    if op["name"] == "signal":
+                    if op["name"] in ("signal", "pwsf"):
                         signals[(peer, op["channel_type"], back)] += 1
                     else:
                         waits[(rank, op["channel_type"], channel)] += 1
@@ -167,14 +171,18 @@ def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> Non
         elif op["name"] == "sem_release":
             for s in op["semaphore_ids"]:
                 semaphores[(rank, s)] += 1
-        elif op["name"] == "signal":
+        if op["name"] in ("signal", "pwsf"):  # this step is atomic: the peer sees pwsf's data with its signal
             peer, back = _paired_channel(plan, rank, op["channel_type"], refs["channels"][0])
             tokens[(peer, op["channel_type"], back)] += 1
-        elif op["name"] in ("put", "copy", "re"):
+        if op["name"] in ("put", "pwsf", "copy", "re"):
             sources = [
                 [memory.get((rank, c["type"], c["index"] + i), ()) for i in range(c["size"])] for c in op["src_buff"]
             ]
-            target = refs["remote"][0] if op["name"] == "put" else {"rank": rank, "type": op["dst_buff"][0]["type"]}
+            target = (
+                refs["remote"][0]
+                if op["name"] in ("put", "pwsf")
+                else {"rank": rank, "type": op["dst_buff"][0]["type"]}
+            )
             for i, parts in enumerate(zip(*sources)):
                 memory[(target["rank"], target["type"], op["dst_buff"][0]["index"] + i)] = tuple(sorted(sum(parts, ())))
         counters[number] += 1
@@ -233,15 +241,65 @@ def test_internode_puts_use_port_channels_and_flush():
     kinds = set()
     for gpu in plan["gpus"]:
         for tb in gpu["threadblocks"]:
-            for index, op in enumerate(tb["ops"]):
-                if op["name"] == "put":
+            for op in tb["ops"]:
+                if op["name"] in ("put", "pwsf"):
                     target = _resolve(gpu, tb, op)["remote"][0]["rank"]
                     across = topology.node_of(target) != topology.node_of(gpu["id"])
                     assert op["channel_type"] == ("port" if across else "memory")
+                    # across machines one pwsf puts, signals and flushes (the proxy has read the source)
+                    assert (op["name"] == "pwsf") == across and ("channel_ids" in op) == across
                     kinds.add(op["channel_type"])
-                    if across:
-                        assert "channel_ids" in op and tb["ops"][index + 2]["name"] == "flush"
     assert kinds == {"memory", "port"}
+
+
+_THREAD_ZERO = {"signal", "wait", "flush", "sem_acquire", "sem_release", "pwsf"}
+_ALL_THREADS = {"copy", "re", "put"}  # memory puts; a port put would be thread 0's
+
+
+def _sync_faults(plan: dict) -> list[str]:
+    """Return where an op may run before what it needs, by the executor's __syncthreads rules (``LaneOps``)."""
+    faults = []
+    for gpu in plan["gpus"]:
+        for tb in gpu["threadblocks"]:
+            gated = busy = False  # thread 0 passed a gate / some thread may still be in a data op
+            for index, op in enumerate(tb["ops"]):
+                where = f"gpu {gpu['id']} tb {tb['id']} op {index} ({op['name']})"
+                if op["name"] == "nop":
+                    gated = busy = False
+                    continue
+                if op["name"] in _ALL_THREADS and gated:
+                    faults.append(f"{where}: after a gate without a nop")
+                if op["name"] in ("signal", "sem_release", "pwsf") and busy:
+                    faults.append(f"{where}: publishes unfinished data")
+                gated = gated or op["name"] in ("wait", "sem_acquire", "flush", "pwsf")
+                busy = busy or op["name"] in _ALL_THREADS
+    return faults
+
+
+def _needless_nops(plan: dict) -> int:
+    """Return how many nops sit between two thread-0 ops (or open or close a threadblock beside one)."""
+    count = 0
+    for gpu in plan["gpus"]:
+        for tb in gpu["threadblocks"]:
+            names = ["sem_acquire"] + [op["name"] for op in tb["ops"]] + ["sem_release"]
+            for before, op, after in zip(names, names[1:], names[2:]):
+                count += op == "nop" and before in _THREAD_ZERO and after in _THREAD_ZERO
+    return count
+
+
+@pytest.mark.parametrize("case", BASELINE_CASES, ids=[f"{n}-n{k}-{f}-{c.value}" for n, k, f, c in BASELINE_CASES])
+def test_nops_go_exactly_where_threads_must_meet(case):
+    name, nodes, family, collective = case
+    plan = generate_mscclpp_plan(_baseline(name, nodes, family, collective), _topology(name, nodes))
+    assert _sync_faults(plan) == []
+    assert _needless_nops(plan) == 0
+
+
+def test_sync_checker_sees_a_missing_nop():
+    plan = generate_mscclpp_plan(ring_algorithm(_topology("ndv2", 1), Collective.ALLREDUCE))
+    ops = next(tb["ops"] for tb in plan["gpus"][0]["threadblocks"] if any(o["name"] == "re" for o in tb["ops"]))
+    ops.pop(next(i for i, o in enumerate(ops) if o["name"] == "re") - 1)  # the nop between a wait and its reduce
+    assert any("after a gate without a nop" in fault for fault in _sync_faults(plan))
 
 
 def test_without_topology_every_channel_is_memory():
@@ -275,10 +333,20 @@ def test_topology_of_another_size_is_refused():
         generate_mscclpp_plan(algorithm, _topology("dgx-a100", 2))
 
 
-def test_too_many_threadblocks_are_refused():
+def test_too_many_threadblocks_are_refused(monkeypatch):
+    # Merging lanes fits even a 16-channel tree into 64 threadblocks; no plan fits in none.
+    monkeypatch.setattr("taccl_py.mscclpp.export.MAX_THREADBLOCKS_PER_GPU", 0)
+    with pytest.raises(ArgumentError, match=r"rank 0: \d+ threadblocks; expected at most 0"):
+        generate_mscclpp_plan(ring_algorithm(_topology("ndv2", 1), Collective.ALLGATHER))
+
+
+def test_a_16_channel_tree_fits_by_merging_lanes():
     topology = _topology("dgx-a100", 2)
-    with pytest.raises(ArgumentError, match=f"threadblocks; expected at most {MAX_THREADBLOCKS_PER_GPU}"):
-        generate_mscclpp_plan(tree_algorithm(topology, channels=16), topology)
+    algorithm = tree_algorithm(topology, channels=16)
+    plan = generate_mscclpp_plan(algorithm, topology)
+    assert_plan_structure(plan, algorithm)
+    run_plan(plan, algorithm, seed=0)
+    assert max(len(prog.threadblocks) for prog in algorithm.ranks) > MAX_THREADBLOCKS_PER_GPU
 
 
 def test_write_round_trips_and_refuses_unverified(tmp_path):

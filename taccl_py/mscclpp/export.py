@@ -6,7 +6,7 @@ receive there; that pair is a *link*, served by one channel on each side (a Memo
 GPUs of one machine, a PortChannel across machines). Per step:
 
 ======  ====================================================================================
-s       put ``src`` into the receiver's landing slot, signal (port: then flush)
+s       put ``src`` into the receiver's landing slot, signal (port: one ``pwsf``, put + signal + flush)
 r       wait; copy landing slot -> ``dst`` unless the slot is ``dst``
 rcs     wait; copy landing slot -> ``dst`` unless the slot is ``dst``; put the slot on, signal
 rrs     wait; reduce slot <- ``src`` + slot; put the slot on, signal
@@ -26,25 +26,44 @@ before its first put on the link. We chose this over letting the receiver grant 
 before its receive step because our IR's sends are buffered: a ring in which every rank sends
 before it receives would deadlock if a put had to wait for the receive step.
 
-Cross-threadblock ``depends`` become device semaphores, one per ordered pair of threadblocks:
-the depended-on step releases, the dependent step acquires; dependencies implied by an earlier
-one are dropped, so releases and acquires pair in order. A ``nop`` (``__syncthreads``) separates a
-wait or acquire from the data operation after it and a data operation from the next data
-operation, signal or release. A threadblock over ``MAX_OPERATIONS_PER_THREADBLOCK`` operations is cut
-into consecutive threadblocks chained by a semaphore; they share its channels and remote buffers.
+A rank's steps run on *lanes* (``export_packing``): at first one per threadblock of ours. Cross-lane
+``depends`` become device semaphores, one per ordered pair of lanes: the depended-on step
+releases, the dependent step acquires. Only dependencies no other path implies get one (a
+transitive reduction of program order and ``depends``, ``lane_dependencies``), so releases and
+acquires pair in order. A ``nop`` (``__syncthreads``) goes only where the executor needs one
+(``export_packing.LaneOps``): after a wait or acquire before a data operation, after a data operation before a signal,
+release or port put, and between data operations whose chunks overlap. A lane over
+``MAX_OPERATIONS_PER_THREADBLOCK`` operations is cut into consecutive threadblocks chained by a
+semaphore (``cut_threadblock``); they share its channels and remote buffers. A rank that would
+still need over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks gets lanes merged (``merge_lanes``): their
+steps interleaved in one global topological order, so no wait can close a cycle, and dependencies
+inside a lane cost nothing. Each lane opens with the entry signals of all its receiving links.
 Only the Simple protocol is written; LL (packets) is refused.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import chunk_layout
+from taccl_py.mscclpp.export_packing import (
+    MAX_OPERATIONS_PER_THREADBLOCK,
+    MAX_SEMAPHORES_PER_OPERATION,
+    Lane,
+    LaneOps,
+    Slot,
+    cut_threadblock,
+    lane_semaphores,
+    lower_step,
+    merge_lanes,
+    step_positions,
+)
 from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
 from taccl_py.topology.model import Topology
 
@@ -59,19 +78,15 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Limits of the MSCCL++ executor (microsoft/mscclpp src/core/include/execution_common.hpp).
-MAX_OPERATIONS_PER_THREADBLOCK = 64  # MAX_OPERATION; executor.cc refuses a threadblock with more
 MAX_CHANNELS_PER_THREADBLOCK = 16  # MAX_CHANNEL: channels, and remote buffers, per type per threadblock
-MAX_SEMAPHORES_PER_OPERATION = 16  # MAX_DEVICE_SEMAPHORES: semaphore ids in one sem_acquire/sem_release
 # NPKIT_MAX_NUM_GPU_THREADBLOCKS (include/mscclpp/npkit/npkit.hpp); the threadblocks spin on one
 # another, so all must be resident at once, which 64 keeps true on V100 (80 SMs) and later GPUs.
 MAX_THREADBLOCKS_PER_GPU = 64
 # The DSL's defaults (python/mscclpp/language/program.py CollectiveProgram).
 THREADS_PER_BLOCK = 1024
 BUFFER_ALIGNMENT_BYTES = 16
-_CHAIN_OPS = 4  # a cut threadblock's acquire + nop at its start and nop + release at its end
 
 Link = tuple[int, int, int]  # (sender rank, receiver rank, channel)
-Slot = tuple[Buffer, int]
 StepKey = tuple[int, int, int]  # (rank, threadblock id, step index)
 
 
@@ -179,102 +194,6 @@ def _put_targets(
     return targets
 
 
-def _semaphores(prog: RankProgram) -> tuple[dict[tuple[int, int], list[int]], dict[tuple[int, int], list[int]], int]:
-    """Return the semaphores each (threadblock, step) acquires before it and releases after it, and their count."""
-    semaphore_of: dict[tuple[int, int], int] = {}
-    acquires: dict[tuple[int, int], list[int]] = defaultdict(list)
-    releases: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for tb in sorted(prog.threadblocks, key=lambda t: t.id):
-        latest: dict[int, int] = {}
-        for index, step in enumerate(tb.steps):
-            for other, other_step in sorted(set(step.depends)):
-                # a wait on an own step, or on a step before one already waited for, is implied by program order
-                if other == tb.id or other_step <= latest.get(other, -1):
-                    continue
-                latest[other] = other_step
-                semaphore = semaphore_of.setdefault((other, tb.id), len(semaphore_of))
-                acquires[(tb.id, index)].append(semaphore)
-                releases[(other, other_step)].append(semaphore)
-    return acquires, releases, len(semaphore_of)
-
-
-class _Ops:
-    """One threadblock's operations with its channel and remote-buffer references (per channel type)."""
-
-    def __init__(self) -> None:
-        self.ops: list[dict] = []
-        self.channels: dict[str, list[int]] = {"memory": [], "port": []}
-        self.remote: dict[str, list[int]] = {"memory": [], "port": []}
-        self.pending = False  # threads may still be in a data operation or behind a wait: sync before acting
-
-    def _sync(self) -> None:
-        if self.pending:
-            self.ops.append({"name": "nop"})
-            self.pending = False
-
-    def _channel(self, kind: str, gpu_channel: int) -> int:
-        refs = self.channels[kind]
-        if gpu_channel not in refs:
-            refs.append(gpu_channel)
-        return refs.index(gpu_channel)
-
-    def control(self, name: str, kind: str, gpu_channel: int) -> None:
-        if name == "signal" and kind == "memory":  # a port put and signal are both queued by thread 0, in order
-            self._sync()
-        self.ops.append({"name": name, "channel_ids": [self._channel(kind, gpu_channel)], "channel_type": kind})
-        self.pending = self.pending or name == "wait"
-
-    def semaphores(self, name: str, ids: list[int]) -> None:
-        if name == "sem_release":
-            self._sync()
-        for start in range(0, len(ids), MAX_SEMAPHORES_PER_OPERATION):
-            self.ops.append({"name": name, "semaphore_ids": ids[start : start + MAX_SEMAPHORES_PER_OPERATION]})
-        self.pending = self.pending or name == "sem_acquire"
-
-    def data(self, op: dict) -> None:
-        self._sync()
-        self.ops.append(op)
-        self.pending = True
-
-    def put(self, source: Slot, count: int, kind: str, gpu_channel: int, remote_id: int, target: Slot) -> None:
-        refs = self.remote[kind]
-        if remote_id not in refs:
-            refs.append(remote_id)
-        op = {"name": "put", "src_buff": [_chunk(source, count)]}
-        op["dst_buff"] = [{"buffer_id": refs.index(remote_id), "index": target[1], "size": count}]
-        if kind == "port":  # the DSL names the channel of a port put; a memory put writes through the buffer
-            op["channel_ids"] = [self._channel(kind, gpu_channel)]
-        op["channel_type"] = kind
-        self.data(op)
-
-
-def _chunk(slot: Slot, count: int) -> dict:
-    return {"type": slot[0].value, "index": slot[1], "size": count}
-
-
-def _compute(ops: _Ops, step: Step, land: Slot | None) -> Slot | None:
-    """Append the local part of ``step``; return the slot its send part reads."""
-    op, count = step.op, step.count
-    src = (step.src_buffer, step.src_offset) if step.src_buffer is not None else None
-    dst = (step.dst_buffer, step.dst_offset) if step.dst_buffer is not None else None
-    if op is OpType.COPY or (op in (OpType.RECV, OpType.RECV_COPY_SEND) and land != dst):
-        source = src if op is OpType.COPY else land
-        ops.data({"name": "copy", "src_buff": [_chunk(source, count)], "dst_buff": [_chunk(dst, count)]})
-    elif op.reduces:
-        inputs, target = ((dst, src), dst) if op is OpType.REDUCE else ((src, land), land)
-        if op in (OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND):
-            target = dst
-        reduce = {"name": "re", "src_buff": [_chunk(slot, count) for slot in inputs]}
-        reduce.update({"dst_buff": [_chunk(target, count)], "reduce_op": "sum"})
-        ops.data(reduce)
-    return {
-        OpType.SEND: src,
-        OpType.RECV_COPY_SEND: land,
-        OpType.RECV_REDUCE_SEND: land,
-        OpType.RECV_REDUCE_COPY_SEND: dst,
-    }.get(op)
-
-
 class _Gpu:
     """Per-rank channel and remote-buffer tables (the GPU's ``channels`` and ``remote_buffers``)."""
 
@@ -303,72 +222,70 @@ class _Gpu:
         return channels, remote
 
 
-def _threadblock_ops(rank: int, tb: Threadblock, gpu: _Gpu, facts: _Facts, semaphores: tuple) -> _Ops:
-    """Return the operations of our threadblock ``tb`` on ``rank``."""
+def _lane_ops(rank: int, lane: Lane, tbs: dict[int, Threadblock], gpu: _Gpu, facts: _Facts, semaphores) -> LaneOps:
+    """Return the operations of one lane: the steps of our threadblocks ``tbs`` in the lane's order."""
     acquires, releases, _ = semaphores
-    ops = _Ops()
-    out_link = (rank, tb.send_peer, tb.channel)
-    in_link = (tb.recv_peer, rank, tb.channel)
-    if any(step.op.receives for step in tb.steps):  # our landing slots are free: this rank has entered the call
-        ops.control("signal", facts.kind(rank, tb.recv_peer), gpu.channel_of[in_link])
-    ready = False
-    for index, step in enumerate(tb.steps):
-        if acquires.get((tb.id, index)):
-            ops.semaphores("sem_acquire", acquires[(tb.id, index)])
-        key = (rank, tb.id, index)
+    ops = LaneOps()
+    members = list(dict.fromkeys(tb_id for tb_id, _ in lane))
+    for tb in (tbs[tb_id] for tb_id in members):  # our landing slots are free: this rank has entered the call
+        if any(step.op.receives for step in tb.steps):
+            ops.control("signal", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
+    ready: set[int] = set()
+    for tb_id, index in lane:
+        tb, step, key = tbs[tb_id], tbs[tb_id].steps[index], (rank, tb_id, index)
+        if acquires.get((tb_id, index)):
+            ops.semaphores("sem_acquire", acquires[(tb_id, index)])
         if step.op.receives:
-            ops.control("wait", facts.kind(rank, tb.recv_peer), gpu.channel_of[in_link])
-        source = _compute(ops, step, facts.landing.get(key))
+            ops.control("wait", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
+        source = lower_step(ops, step, facts.landing.get(key))
         if step.op.sends:
-            kind, channel = facts.kind(rank, tb.send_peer), gpu.channel_of[out_link]
-            if not ready:  # the receiver has entered this call, so its slots are ours to fill
+            kind, channel = facts.kind(rank, tb.send_peer), gpu.channel_of[(rank, tb.send_peer, tb.channel)]
+            if tb_id not in ready:  # the receiver has entered this call, so its slots are ours to fill
                 ops.control("wait", kind, channel)
-                ready = True
+                ready.add(tb_id)
             target = facts.targets[key]
             ops.put(source, step.count, kind, channel, gpu.remote_buffer(tb.send_peer, target[0]), target)
-            ops.control("signal", kind, channel)
-            if kind == "port":  # the proxy reads the source later; flush before it may change
-                ops.control("flush", kind, channel)
-        if releases.get((tb.id, index)):
-            ops.semaphores("sem_release", releases[(tb.id, index)])
+            if kind == "memory":  # a port pwsf signals and flushes (the proxy has read the source) itself
+                ops.control("signal", kind, channel)
+        if releases.get((tb_id, index)):
+            ops.semaphores("sem_release", releases[(tb_id, index)])
     return ops
 
 
-def _segments(ops: list[dict], first_semaphore: int) -> Iterator[list[dict]]:
-    """Yield ``ops`` cut into threadblocks under the limit, chained by semaphores from ``first_semaphore``."""
-    if len(ops) <= MAX_OPERATIONS_PER_THREADBLOCK:
-        yield ops
-        return
-    pieces, start = [], 0
-    while start < len(ops):
-        end = min(start + MAX_OPERATIONS_PER_THREADBLOCK - _CHAIN_OPS, len(ops))
-        while end < len(ops) and ops[end]["name"] in ("nop", "signal", "flush"):
-            end -= 1  # keep a put with its signal (and flush) on one threadblock
-        pieces.append(ops[start:end])
-        start = end
-    for number, piece in enumerate(pieces):
-        head = [{"name": "sem_acquire", "semaphore_ids": [first_semaphore + number - 1]}, {"name": "nop"}]
-        tail = [{"name": "nop"}, {"name": "sem_release", "semaphore_ids": [first_semaphore + number]}]
-        yield (head if number else []) + piece + (tail if number + 1 < len(pieces) else [])
-
-
-def _rank_json(algorithm: Algorithm, prog: RankProgram, facts: _Facts) -> dict:
-    """Return the ``gpus`` entry of one rank."""
-    gpu = _Gpu(prog.rank, facts)
-    semaphores = _semaphores(prog)
-    count = semaphores[2]
-    threadblocks = []
-    for tb in sorted(prog.threadblocks, key=lambda t: t.id):
-        ops = _threadblock_ops(prog.rank, tb, gpu, facts, semaphores)
+def _lane_pieces(prog: RankProgram, lanes: list[Lane], gpu: _Gpu, facts: _Facts) -> tuple[list, int] | None:
+    """Return each lane's ops and its pieces under the op limit, and the semaphore count; None past a channel limit."""
+    semaphores = lane_semaphores(prog, lanes)
+    tbs = {tb.id: tb for tb in prog.threadblocks}
+    count, pieces = semaphores[2], []
+    for lane in lanes:
+        ops = _lane_ops(prog.rank, lane, tbs, gpu, facts, semaphores)
         for kind in ("memory", "port"):
             if max(len(ops.channels[kind]), len(ops.remote[kind])) > MAX_CHANNELS_PER_THREADBLOCK:
-                raise _fault(algorithm, f"rank {prog.rank} tb {tb.id}", f"too many {kind} channels", "at most 16")
-        segments = list(_segments(ops.ops, count))
-        count += len(segments) - 1
-        if len(segments) > 1:
-            logger.debug(
-                "rank %d tb %d: %d operations cut into %d threadblocks", prog.rank, tb.id, len(ops.ops), len(segments)
-            )
+                return None
+        pieces.append((ops, cut_threadblock(ops.ops, count)))
+        count += len(pieces[-1][1]) - 1
+    return pieces, count
+
+
+def _rank_json(algorithm: Algorithm, prog: RankProgram, facts: _Facts, positions: Callable[[], dict]) -> dict:
+    """Return the ``gpus`` entry of one rank."""
+    gpu = _Gpu(prog.rank, facts)
+    lanes = [tuple((tb.id, i) for i in range(len(tb.steps))) for tb in sorted(prog.threadblocks, key=lambda t: t.id)]
+    lowered = _lane_pieces(prog, lanes, gpu, facts)
+    if lowered is None:
+        raise _fault(algorithm, f"rank {prog.rank}", "too many channels in one threadblock", "at most 16 per type")
+    if sum(len(segments) for _, segments in lowered[0]) > MAX_THREADBLOCKS_PER_GPU:
+
+        def threadblocks_of(trial: list[Lane]) -> list[int] | None:
+            result = _lane_pieces(prog, trial, gpu, facts)
+            return None if result is None else [len(segments) for _, segments in result[0]]
+
+        lanes = merge_lanes(prog, positions(), threadblocks_of, MAX_THREADBLOCKS_PER_GPU)
+        lowered = _lane_pieces(prog, lanes, gpu, facts)
+        logger.debug("rank %d: %d threadblocks merged into %d lanes", prog.rank, len(prog.threadblocks), len(lanes))
+    pieces, count = lowered
+    threadblocks = []
+    for ops, segments in pieces:
         for segment in segments:
             threadblocks.append({"id": len(threadblocks), "ops": segment})
             threadblocks[-1]["channels"] = [
@@ -414,8 +331,14 @@ def generate_mscclpp_plan(
     ------
     ArgumentError
         LL or another protocol; a topology of another rank count; two threadblocks of a rank on one
-        link; a rank over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks or a threadblock over
-        ``MAX_CHANNELS_PER_THREADBLOCK`` channels.
+        link; a rank over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks even with its lanes merged, or
+        a threadblock of ours over ``MAX_CHANNELS_PER_THREADBLOCK`` channels.
+
+    Notes
+    -----
+    A rank within the limits costs O(steps) plus a transitive reduction, O(edges x steps / 64);
+    a rank over them is lowered again for every merge tried (``export_packing.merge_lanes``),
+    seconds per rank for the largest shipped AllReduce bands.
     """
     protocol = "Simple" if protocol is None else protocol
     if protocol != "Simple":
@@ -428,6 +351,7 @@ def generate_mscclpp_plan(
     landing, scratch = _landings(algorithm)
     targets = _put_targets(algorithm, receivers, landing)
     facts = _Facts(nodes, tuple(sorted(set(senders) | set(receivers))), landing, targets, scratch)
+    positions = functools.cache(functools.partial(step_positions, algorithm))  # only a rank over the limit needs them
     if algorithm.max_bytes is not None and algorithm.max_bytes <= 1:
         raise _fault(algorithm, "max_bytes", f"{algorithm.max_bytes}", "a band holding some size above 0")
     return {
@@ -436,7 +360,7 @@ def generate_mscclpp_plan(
         "protocol": protocol,
         "inplace": algorithm.inplace,
         "reuse_resources": False,
-        "gpus": [_rank_json(algorithm, prog, facts) for prog in sorted(algorithm.ranks, key=lambda p: p.rank)],
+        "gpus": [_rank_json(algorithm, p, facts, positions) for p in sorted(algorithm.ranks, key=lambda p: p.rank)],
         "num_threads_per_block": THREADS_PER_BLOCK,
         "use_double_scratch_buffer": False,
         "buffer_alignment": BUFFER_ALIGNMENT_BYTES,
