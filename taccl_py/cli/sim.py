@@ -1,4 +1,4 @@
-"""``taccl simulate`` and ``taccl baseline``: predict an algorithm's time, build a baseline."""
+"""``taccl simulate`` and ``taccl baseline``: predict an algorithm's (or an MSCCL++ plan's) time, build a baseline."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from taccl_py._io import read_text
 from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
 from taccl_py.baselines.ring import ring_steps_per_threadblock
@@ -23,11 +24,23 @@ from taccl_py.cli._output import (
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
 from taccl_py.cli._topology import add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
-from taccl_py.files import algorithm_format, read_any_algorithm, write_any_algorithm
+from taccl_py.files import algorithm_format, parse_any_algorithm, read_any_algorithm, write_any_algorithm
+from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
-from taccl_py.simulate import SimulationResult, execution_model, simulate, simulate_sizes, simulation_result_to_dict
+from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
+from taccl_py.mscclpp.plan import ExecutionPlan
+from taccl_py.mscclpp.simulate import prepare_plan_simulation
+from taccl_py.simulate import (
+    SimulationPlan,
+    SimulationResult,
+    execution_model,
+    prepare_simulation,
+    simulate_plan,
+    simulation_result_to_dict,
+)
 from taccl_py.simulate.plot import plot_format, plot_timeline
+from taccl_py.topology.model import Topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
@@ -79,31 +92,58 @@ def format_simulation_table(
     return table
 
 
+def _read_program(args: argparse.Namespace) -> Algorithm | ExecutionPlan:
+    """Return FILE as an MSCCL++ plan (JSON that looks like one) or else as an algorithm."""
+    # an MSCCL++ plan is JSON: a .json file or stdin is looked at first (as ``taccl verify`` does)
+    text = read_text(args.file) if args.file == "-" or str(args.file).endswith(".json") else None
+    if text is not None and looks_like_mscclpp_plan(text):
+        return parse_mscclpp_plan(text, str(args.file))
+    return parse_any_algorithm(text, args.file) if args.file == "-" else read_any_algorithm(args.file)
+
+
+def _prepared(args: argparse.Namespace, program: Algorithm | ExecutionPlan, topology: Topology) -> SimulationPlan:
+    """Return the replay tables of ``program`` on ``topology`` under ``--model``."""
+    model = execution_model(args.model)
+    if isinstance(program, ExecutionPlan):
+        if len(program.gpus) != topology.num_ranks:
+            raise ArgumentError(
+                args.file,
+                "gpus",
+                f"{len(program.gpus)} GPUs but topology {topology.name} has {topology.num_ranks}",
+                "a plan for the topology's rank count (check --topology and --nodes)",
+            )
+        return prepare_plan_simulation(program, topology, model=model)
+    if program.num_ranks != topology.num_ranks:
+        raise ArgumentError(
+            args.file,
+            "num_ranks",
+            f"{program.num_ranks} ranks but topology {topology.name} has {topology.num_ranks} GPUs",
+            "an algorithm for the topology's rank count (check --topology and --nodes)",
+        )
+    return prepare_simulation(program, topology, model=model)
+
+
 def _simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_format(args.plot)
     sizes = parse_sizes(args.sizes)
-    algorithm = read_any_algorithm(args.file)
+    read = _read_program(args)
     topology = topology_from_args(args)
-    if algorithm.num_ranks != topology.num_ranks:
-        raise ArgumentError(
-            args.file,
-            "num_ranks",
-            f"{algorithm.num_ranks} ranks but topology {topology.name} has {topology.num_ranks} GPUs",
-            "an algorithm for the topology's rank count (check --topology and --nodes)",
-        )
-    results = list(simulate_sizes(algorithm, topology, sizes, model=args.model))
-    old_bounds = [bound.cut_only_time_us for bound in lower_bounds(topology, algorithm.collective, sizes)]
-    nvls = nvls_times_for(topology, algorithm.collective, sizes)
+    prepared = _prepared(args, read, topology)
+    program = prepared.algorithm
+    bounds = lower_bounds(topology, program.collective, sizes)
+    results = [simulate_plan(prepared, size, bound_time_us=bound.time_us) for size, bound in zip(sizes, bounds)]
+    old_bounds = [bound.cut_only_time_us for bound in bounds]
+    nvls = nvls_times_for(topology, program.collective, sizes)
     baselines: list[tuple[str, float] | None] = [None] * len(results)
     if not args.no_baselines:
         found = best_baselines(
-            topology, algorithm.collective, sizes, progress=_PROGRESS, model=execution_model(args.model)
+            topology, program.collective, sizes, progress=_PROGRESS, model=execution_model(args.model)
         )
         baselines = [(base.name, result.time_us) for base, result in found]
     if args.plot is not None:
         largest = max(sizes)
-        plot_timeline(simulate(algorithm, topology, largest, record_timeline=True, model=args.model), args.plot)
+        plot_timeline(simulate_plan(prepared, largest, record_timeline=True), args.plot)
         _PROGRESS(f"wrote {args.plot} (timeline at {format_size(largest)})")
     if args.json:
         out: list[dict[str, Any]] = []
@@ -132,7 +172,7 @@ def _simulate(args: argparse.Namespace) -> int:
             out.append(record)
         print(json.dumps(out, indent=2))
     else:
-        print(f"{algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks on {topology.name}")
+        print(f"{program.name}: {program.collective.value}, {program.num_ranks} ranks on {topology.name}")
         print(format_simulation_table(results, baselines, old_bounds_us=old_bounds, nvls=nvls))
     return 0
 
@@ -176,7 +216,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay the algorithm in the alpha-beta model with fair link sharing; print time, bandwidths, "
         "the fraction of the lower bound reached and the fastest baseline at each size.",
     )
-    sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
+    sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP + "; or an MSCCL++ execution plan (.json)")
     add_topology_options(sim)
     sim.add_argument(
         "--sizes",

@@ -2,23 +2,57 @@
 
 ``prepare_simulation`` builds them once (``build_dataflow``, routes, link capacities under the
 algorithm's protocol); ``taccl_py.simulate.engine.replay`` runs them at a size, once per pass of
-the execution model's slice loop (``taccl_py.simulate.passes``).
+the execution model's slice loop (``taccl_py.simulate.passes``). ``assemble_simulation_plan``
+builds the same tables for any other program given as actions (an MSCCL++ plan,
+``taccl_py.mscclpp.simulate``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import ActionKind, build_dataflow
 from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
 from taccl_py.topology.model import Route, Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["SimulationPlan", "prepare_simulation"]
+__all__ = ["ProgramSummary", "PlannedSend", "SimulationPlan", "assemble_simulation_plan", "prepare_simulation"]
+
+
+@dataclass(frozen=True)
+class ProgramSummary:
+    """What a replay reads of a program besides its actions, as an ``Algorithm`` carries it.
+
+    A chunk holds ``size_bytes / chunks_per_loop`` bytes; ``protocol`` names its cost
+    (``taccl_py.simulate.protocol``).
+    """
+
+    name: str
+    collective: Collective
+    num_ranks: int
+    chunks_per_loop: int
+    protocol: str
+
+
+@dataclass(frozen=True)
+class PlannedSend:
+    """One transfer of a program given as actions: SEND ``action`` moves ``chunks`` chunks from ``src`` to ``dst``.
+
+    ``recv`` is the action that has the bytes (it must succeed ``action``); ``connection`` (rank,
+    peer, channel) groups the sends that share a connection's slots under a pipelined model.
+    """
+
+    action: int
+    src: int
+    dst: int
+    chunks: float
+    recv: int
+    connection: tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -29,14 +63,15 @@ class SimulationPlan:
     route ``send_route[a]`` (``route_links`` index into ``link_keys``; capacities in bytes/µs) to
     RECV ``matched_recv[a]`` over connection ``send_connection[a]`` (rank, peer, channel).
     ``threadblock_spans`` hold each threadblock's first and last action, which join passes.
+    ``algorithm`` is the Algorithm simulated, or the ``ProgramSummary`` of another program.
     """
 
-    algorithm: Algorithm
+    algorithm: Algorithm | ProgramSummary
     topology: Topology
     successors: tuple[tuple[int, ...], ...]
     num_predecessors: tuple[int, ...]
     send_route: tuple[int, ...]
-    send_chunks: tuple[int, ...]
+    send_chunks: tuple[float, ...]
     send_actions: tuple[int, ...]
     route_ranks: tuple[tuple[int, int], ...]
     route_alpha_us: tuple[float, ...]
@@ -78,13 +113,54 @@ def prepare_simulation(
             f"{algorithm.num_ranks} ranks but topology {topology.name!r} has {topology.num_ranks} GPUs",
             "an algorithm for the topology's rank count",
         )
-    cost = protocol_cost(algorithm.protocol, protocol_costs, algorithm.name)
+    protocol_cost(algorithm.protocol, protocol_costs, algorithm.name)  # an unknown protocol is refused first
     flow = build_dataflow(algorithm)
     if flow.violations:
         raise VerificationError(algorithm.name, flow.violations)
-    count = len(flow.actions)
+    sends = []
+    spans: dict[tuple[int, int], list[int]] = {}
+    for action in flow.actions:
+        span = spans.setdefault((action.rank, action.threadblock), [action.id, action.id])
+        span[1] = action.id  # a threadblock's actions are numbered in program order
+        if action.kind is ActionKind.SEND:
+            connection = (action.rank, action.peer, action.channel)
+            sends.append(
+                PlannedSend(
+                    action.id, action.rank, action.peer, action.sources[0].count, flow.match[action.id], connection
+                )
+            )
+    return assemble_simulation_plan(
+        algorithm,
+        topology,
+        flow.predecessors,
+        sends,
+        tuple(tuple(span) for span in spans.values()),
+        protocol_costs=protocol_costs,
+        model=model,
+    )
+
+
+def assemble_simulation_plan(
+    program: Algorithm | ProgramSummary,
+    topology: Topology,
+    predecessors: Sequence[Sequence[int]],
+    sends: Sequence[PlannedSend],
+    threadblock_spans: Sequence[tuple[int, int]],
+    *,
+    protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
+    model: ExecutionModel = MSCCL_LOOP,
+) -> SimulationPlan:
+    """Return the replay's tables for a program given as actions; every action not in ``sends`` takes 0 µs.
+
+    ``predecessors[a]`` are the actions ``a`` waits for; ``sends`` (in increasing action order) move
+    chunks over ``route(topology, src, dst)`` at ``program.protocol``'s α (µs) and capacity
+    (bytes/µs); ``threadblock_spans`` (first, last action) join the passes of a sliced model.
+    Raises ``ArgumentError`` when the protocol is not in ``protocol_costs``.
+    """
+    cost = protocol_cost(program.protocol, protocol_costs, program.name)
+    count = len(predecessors)
     successors: list[list[int]] = [[] for _ in range(count)]
-    for action_id, preds in enumerate(flow.predecessors):
+    for action_id, preds in enumerate(predecessors):
         for pred in preds:
             successors[pred].append(action_id)
     link_index: dict[tuple[str, str], int] = {}
@@ -94,18 +170,13 @@ def prepare_simulation(
     route_links: list[tuple[int, ...]] = []
     send_route = [-1] * count
     send_chunks = [0] * count
-    send_actions = []
+    matched_recv = [-1] * count
     send_connection = {}
-    spans: dict[tuple[int, int], list[int]] = {}
-    for action in flow.actions:
-        span = spans.setdefault((action.rank, action.threadblock), [action.id, action.id])
-        span[1] = action.id  # a threadblock's actions are numbered in program order
-        if action.kind is not ActionKind.SEND:
-            continue
-        send_connection[action.id] = (action.rank, action.peer, action.channel)
-        pair = (action.rank, action.peer)
+    for send in sends:
+        send_connection[send.action] = send.connection
+        pair = (send.src, send.dst)
         if pair not in route_index:
-            path = route(topology, action.rank, action.peer)
+            path = route(topology, send.src, send.dst)
             for link in path.links:
                 if link.key not in link_index:
                     link_index[link.key] = len(link_capacity)
@@ -113,25 +184,25 @@ def prepare_simulation(
             route_index[pair] = len(route_alpha_us)
             route_alpha_us.append(_route_alpha_us(path, cost))
             route_links.append(tuple(link_index[link.key] for link in path.links))
-        send_route[action.id] = route_index[pair]
-        send_chunks[action.id] = action.sources[0].count
-        send_actions.append(action.id)
+        send_route[send.action] = route_index[pair]
+        send_chunks[send.action] = send.chunks
+        matched_recv[send.action] = send.recv
     return SimulationPlan(
-        algorithm=algorithm,
+        algorithm=program,
         topology=topology,
         successors=tuple(tuple(s) for s in successors),
-        num_predecessors=tuple(len(p) for p in flow.predecessors),
+        num_predecessors=tuple(len(p) for p in predecessors),
         send_route=tuple(send_route),
         send_chunks=tuple(send_chunks),
-        send_actions=tuple(send_actions),
+        send_actions=tuple(send.action for send in sends),
         route_ranks=tuple(sorted(route_index, key=route_index.__getitem__)),
         route_alpha_us=tuple(route_alpha_us),
         route_links=tuple(route_links),
         link_keys=tuple(sorted(link_index, key=link_index.__getitem__)),
         link_capacity=tuple(link_capacity),
-        matched_recv=tuple(flow.match[a] if a in send_connection else -1 for a in range(count)),
+        matched_recv=tuple(matched_recv),
         send_connection=send_connection,
-        threadblock_spans=tuple(tuple(span) for span in spans.values()),
+        threadblock_spans=tuple(threadblock_spans),
         model=model,
     )
 
