@@ -1,4 +1,4 @@
-"""Read and write algorithms in either file format: taccl JSON or MSCCL-IR XML.
+"""Read and write algorithms in either file format: taccl JSON or MSCCL-IR XML; read MSCCL++ plans too.
 
 Readers take the format a file's name gives (``.json``, ``.xml``, either one ``.xz``- or
 ``.gz``-compressed), so a bad ``.xml`` file is reported as bad XML; a name without either
@@ -7,6 +7,9 @@ extension, and ``-`` (stdin), are told apart by content (XML starts with ``<``).
 Writers pick the format by extension (``.json``, ``.xml``; ``-`` writes JSON to stdout, or XML
 when a dialect is given), verify the algorithm first and write atomically, so nothing is written
 for an incorrect algorithm.
+
+JSON text that is an MSCCL++ execution plan (``looks_like_mscclpp_plan``) is verified with
+MSCCL++'s semantics, lifted into our IR (``taccl_py.mscclpp.lift``) and verified again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json
 from taccl_py.msccl import Dialect, generate_msccl_xml, looks_like_msccl_xml, parse_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
+from taccl_py.mscclpp.lift import lift_mscclpp_plan
+from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
+from taccl_py.mscclpp.replay import verify_mscclpp_plan
 from taccl_py.verify import check_algorithm
 
 __all__ = [
@@ -35,11 +41,19 @@ _COMPRESSED = frozenset({".xz", ".gz"})  # the endings read_text decompresses
 
 
 def parse_any_algorithm(text: str, source: str = "<string>", fmt: str | None = None) -> Algorithm:
-    """Return the Algorithm in ``text``: MSCCL-IR XML or taccl JSON as ``fmt`` says, or by its content when None."""
+    """Return the Algorithm in ``text``: MSCCL-IR XML or taccl JSON as ``fmt`` says, or by its content when None.
+
+    JSON holding an MSCCL++ plan is verified, lifted and verified again (``VerificationError`` when
+    either check fails, ``FormatError`` for a plan our IR cannot express).
+    """
     if fmt is None:
         fmt = "xml" if looks_like_msccl_xml(text) else "json"
     if fmt == "xml":
         return parse_msccl_xml(text, source)
+    if looks_like_mscclpp_plan(text):
+        plan = parse_mscclpp_plan(text, source)
+        verify_mscclpp_plan(plan)
+        return check_algorithm(lift_mscclpp_plan(plan))
     return parse_algorithm_json(text, source)
 
 
@@ -54,16 +68,19 @@ def _input_format(path: str | Path) -> str | None:
 
 
 def read_any_algorithm(path: str | Path) -> Algorithm:
-    """Return the Algorithm in the file at ``path`` (``-`` for stdin), JSON or XML.
+    """Return the Algorithm in the file at ``path`` (``-`` for stdin), JSON, XML or an MSCCL++ plan.
 
-    A ``*.xml`` file is read as MSCCL-IR XML and a ``*.json`` file as taccl JSON (each may end in
-    ``.xz`` or ``.gz``); any other name, and stdin, by its content.
+    A ``*.xml`` file is read as MSCCL-IR XML and a ``*.json`` file as taccl JSON or, when it holds
+    one, an MSCCL++ plan (lifted; see ``parse_any_algorithm``); each may end in ``.xz`` or ``.gz``.
+    Any other name, and stdin, by its content.
 
     Raises
     ------
     FormatError
         When the file cannot be read or does not follow its format (the message names the field
-        or element at fault).
+        or element at fault), or an MSCCL++ plan holds ops our IR cannot express.
+    VerificationError
+        When an MSCCL++ plan, or the algorithm lifted from it, is incorrect.
     """
     return parse_any_algorithm(read_text(path), str(path), _input_format(path))
 

@@ -266,9 +266,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     convert = subparsers.add_parser(
         "convert",
-        help="translate an algorithm between taccl JSON and MSCCL-IR XML",
-        description="Read IN (JSON or XML), verify it, and write OUT in the format its extension names; "
-        "nothing is written on failure.",
+        help="translate an algorithm between taccl JSON and MSCCL-IR XML, or lift an MSCCL++ plan into either",
+        description="Read IN (JSON, XML or an MSCCL++ plan, which is verified and lifted into our IR), verify it, "
+        "and write OUT in the format its extension names; nothing is written on failure.",
     )
     convert.add_argument("input", metavar="IN", help=ALGORITHM_FILE_HELP)
     convert.add_argument(
