@@ -4,7 +4,9 @@
 ``write_library_plans`` write verified plan files (one per library band and placement).
 ``parse_mscclpp_plan``/``read_mscclpp_plan`` read a plan into frozen dataclasses
 (``ExecutionPlan``), ``generate_mscclpp_plan_json`` writes one back, and
-``verify_mscclpp_plan``/``check_mscclpp_plan`` replay it symbolically against its collective.
+``verify_mscclpp_plan``/``check_mscclpp_plan`` replay it symbolically against its collective,
+``simulate_mscclpp_plan`` times it on the α-β engine (µs), and ``lift_mscclpp_plan`` turns it into
+an Algorithm of our IR.
 """
 
 from taccl_py.mscclpp.export import generate_mscclpp_plan
@@ -15,6 +17,7 @@ from taccl_py.mscclpp.files import (
     write_library_plans,
     write_mscclpp_plan,
 )
+from taccl_py.mscclpp.lift import lift_mscclpp_plan
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan, read_mscclpp_plan
 from taccl_py.mscclpp.plan import (
     BufferKind,
@@ -35,11 +38,13 @@ from taccl_py.mscclpp.plan import (
     generate_mscclpp_plan_json,
 )
 from taccl_py.mscclpp.replay import check_mscclpp_plan, mscclpp_report, verify_mscclpp_plan
+from taccl_py.mscclpp.simulate import prepare_plan_simulation, simulate_mscclpp_plan
 
 __all__ = [
     "LibraryPlans",
     "generate_library_plans",
     "generate_mscclpp_plan",
+    "lift_mscclpp_plan",
     "looks_like_mscclpp_plan",
     "mscclpp_plan_text",
     "mscclpp_report",
@@ -64,5 +69,7 @@ __all__ = [
     "generate_mscclpp_plan_json",
     "parse_mscclpp_plan",
     "read_mscclpp_plan",
+    "prepare_plan_simulation",
+    "simulate_mscclpp_plan",
     "verify_mscclpp_plan",
 ]
