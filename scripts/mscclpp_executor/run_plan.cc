@@ -2,6 +2,7 @@
 // Ranks meet through MSCCL++'s TCP bootstrap; rank 0 hands its unique id to the others through a file.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -11,7 +12,6 @@
 #include <mscclpp/gpu_utils.hpp>
 #include <string>
 #include <thread>
-#include <algorithm>
 #include <vector>
 
 static std::vector<char> readFile(const std::string& path) {
@@ -51,7 +51,9 @@ int main(int argc, char* argv[]) {
   const size_t recvBytes = std::stoull(argv[7]);
   const long long sendOffset = std::stoll(argv[8]), recvOffset = std::stoll(argv[9]);
   const int iters = std::stoi(argv[10]);
-  MSCCLPP_CUDATHROW(cudaSetDevice(0));  // every rank shares the one GPU
+  int devices = 0;
+  MSCCLPP_CUDATHROW(cudaGetDeviceCount(&devices));
+  MSCCLPP_CUDATHROW(cudaSetDevice(rank % devices));  // one GPU: every rank shares it
 
   auto bootstrap = std::make_shared<mscclpp::TcpBootstrap>(rank, world);
   bootstrap->initialize(shareId(rank, idPath));

@@ -3,11 +3,12 @@
     python3 scripts/mscclpp_executor/run_plans.py BUILD PLAN.json [PLAN.json ...]
 
 BUILD holds ``run_plan`` (``build.sh`` makes it). Each plan runs once with one ``run_plan`` process
-per rank, all on GPU 0 (ranks meet over MSCCL++'s TCP bootstrap and share memory through CUDA
-IPC), at a message size inside the plan's band that its chunks split evenly. Inputs are small
-random integers in float32, so every order of reduction gives the same bits; the expected output
-is the collective's definition, computed with numpy. The per-call time ``run_plan`` prints is not a
-speed: on one shared GPU the ranks' kernels take turns.
+per rank, rank r on GPU r mod the GPU count (it ran with every rank on one GPU), at a message size
+inside the plan's band that its chunks split evenly; ranks meet over MSCCL++'s TCP bootstrap and
+share memory through CUDA IPC. Inputs are small random integers in float32, so every order of
+reduction gives the same bits; the expected output is the collective's definition, computed with
+numpy. The per-call time ``run_plan`` prints is not a speed when ranks share a GPU: their kernels
+take turns.
 """
 
 from __future__ import annotations
