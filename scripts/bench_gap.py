@@ -43,6 +43,7 @@ from bench_harness import (
     command_line,
     csv_output,
     csv_pointer,
+    doc_prose,
     group_records,
     log,
     print_table,
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         instances = len({(r["topology"], r["nodes"], r["collective"]) for r in records})
         body = (
-            f"{__doc__.split(chr(10) * 2, 1)[1].split(USAGE)[0].strip()}\n\n"
+            f"{doc_prose(__doc__, USAGE)}\n\n"
             f"{len(misses)} of {instances} instances miss {TARGET} of the bound at some size >= 16 MB:\n\n"
             f"{table}\n\n{csv_pointer(GAP_CSV, len(records), 'Every size')}\n"
         )

@@ -95,6 +95,11 @@ def command_line(script: str, argv: Sequence[str] | None) -> str:
 # -- arguments -----------------------------------------------------------------------------------------
 
 
+def doc_prose(doc: str, usage: str) -> str:
+    """Return a script docstring's prose for its BENCHMARKS.md section: after the first paragraph, before ``usage``."""
+    return doc.split("\n\n", 1)[1].split(usage)[0].strip()
+
+
 def argument_parser(doc: str, *, full_doc: bool = False) -> argparse.ArgumentParser:
     """Return a parser described by the docstring's first line, or by all of it kept as written (``full_doc``)."""
     if full_doc:

@@ -27,6 +27,7 @@ from bench_harness import (
     add_no_write_argument,
     add_sizes_argument,
     argument_parser,
+    doc_prose,
     format_or_dash,
     log,
     of_bound,
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if value != default
         )
-        body = f"{__doc__.split(chr(10) * 2, 1)[1].split(USAGE)[0].strip()}\n\n{table}\n\n{GAIN_NOTE}\n"
+        body = f"{doc_prose(__doc__, USAGE)}\n\n{table}\n\n{GAIN_NOTE}\n"
         update_benchmarks_section(
             "hierarchy", "Hierarchical routes against whole-graph routes (predicted)", command, body
         )

@@ -27,6 +27,7 @@ from bench_harness import (
     command_line,
     csv_output,
     csv_pointer,
+    doc_prose,
     group_records,
     log,
     markdown_table,
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         unshipped = sorted(set(builtin_topology_names()) - set(shipped))
         body = (
-            f"{__doc__.split(chr(10) * 2, 1)[1].split(USAGE)[0].strip()}\n\n"
+            f"{doc_prose(__doc__, USAGE)}\n\n"
             f"Per machine and model: exported plans, plan/XML over their sampled sizes, the worst at 1 MiB and "
             f"above, and the plan's fraction of the lower bound ({len(rows)} rows, {elapsed_s:.0f} s"
             + (f"; no shipped libraries for {', '.join(unshipped)}" if unshipped else "")

@@ -31,6 +31,7 @@ from bench_harness import (
     command_line,
     csv_output,
     csv_pointer,
+    doc_prose,
     group_records,
     log,
     markdown_table,
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     unshipped = sorted(set(builtin_topology_names()) - shipped)
     if not args.no_write:
         body = (
-            f"{__doc__.split(chr(10) * 2, 1)[1].split(USAGE)[0].strip()}\n\n"
+            f"{doc_prose(__doc__, USAGE)}\n\n"
             f"Bands per machine and runtime that take LL / LL128 / Simple, and the largest gain of any band "
             f"({len(rows) // len(RUNTIMES)} bands, {elapsed_s:.0f} s on one core"
             + (f"; no shipped libraries for {', '.join(unshipped)}" if unshipped else "")
