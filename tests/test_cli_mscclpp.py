@@ -77,6 +77,25 @@ def test_shipped_libraries_of_two_machines_export_and_verify(name) -> None:
         assert plans.files
 
 
+def test_export_writes_ll_where_it_simulates_faster_and_says_so(tmp_path, capsys) -> None:
+    args = ["export-mscclpp", "ndv2", "--collective", "allgather", "-o"]
+    assert main([*args, str(tmp_path / "auto")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    protocols = {p.name: json.loads(p.read_text())["protocol"] for p in (tmp_path / "auto").iterdir()}
+    ll = sorted(name for name, protocol in protocols.items() if protocol == "LL")
+    assert ll == ["ndv2-n1-allgather-0-inplace.json", "ndv2-n1-allgather-0.json"]
+    assert sorted(line.split(":")[0] for line in err[:-1]) == ll
+    assert all(" LL simulates " in line and line.endswith("x faster than Simple") for line in err[:-1])
+    for protocol in ("Simple", "LL"):
+        out = tmp_path / protocol
+        assert main([*args, str(out), "--protocol", protocol]) == 0
+        assert capsys.readouterr().err.count("\n") == 1  # only the count: nothing was chosen
+        assert {json.loads(p.read_text())["protocol"] for p in out.iterdir()} == {protocol}
+    for path in sorted((tmp_path / "LL").iterdir()):
+        assert main(["verify", str(path)]) == 0, path.name
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("fixture", ["allreduce.json", "allreduce_packet.json", "allreduce_pipeline.json"])
 def test_verify_reads_mscclpps_own_plans(fixture, capsys) -> None:
     assert main(["verify", str(MSCCLPP_FIXTURES / fixture)]) == 0
@@ -102,7 +121,7 @@ def _without_first(plan: dict, op_name: str) -> dict:
 
 def test_verify_refuses_an_exported_plan_missing_one_put(tmp_path, capsys) -> None:
     out = tmp_path / "plans"
-    assert main(["export-mscclpp", "ndv2", "--collective", "allgather", "-o", str(out)]) == 0
+    assert main(["export-mscclpp", "ndv2", "--collective", "allgather", "--protocol", "Simple", "-o", str(out)]) == 0
     capsys.readouterr()
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(_without_first(json.loads((out / "ndv2-n1-allgather-0.json").read_text()), "put")))

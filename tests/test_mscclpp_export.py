@@ -319,14 +319,6 @@ def test_long_threadblocks_are_cut_and_chained():
     assert any(tb["ops"][0]["name"] == "sem_acquire" for tb in first)
 
 
-def test_ll_and_unknown_protocols_are_refused():
-    algorithm = ring_algorithm(_topology("ndv2", 1), Collective.ALLGATHER)
-    with pytest.raises(ArgumentError, match="protocol: LL packets are not written yet; expected 'Simple'"):
-        generate_mscclpp_plan(algorithm, protocol="LL")
-    with pytest.raises(ArgumentError, match="protocol: protocol 'LL128'"):
-        generate_mscclpp_plan(algorithm, protocol="LL128")
-
-
 def test_topology_of_another_size_is_refused():
     algorithm = ring_algorithm(_topology("ndv2", 1), Collective.ALLGATHER)
     with pytest.raises(ArgumentError, match="topology: 16 GPUs; expected 8 ranks"):

@@ -180,7 +180,7 @@ def _band_cases(topology_name: str) -> list[tuple]:
     topology = load_topology(topology_name)
     cases = []
     for library in libraries_to_export(topology_name, 1):
-        for name, text in generate_library_plans(library, topology).files:
+        for name, text in generate_library_plans(library, topology, protocol="Simple").files:
             index = int(name.removesuffix(".json").removesuffix("-inplace").rsplit("-", 1)[1])
             band = library.bands[index]
             algorithm = band.algorithm

@@ -10,6 +10,7 @@ from taccl_py.cli.algo import add_library_source_arguments, band_label, librarie
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
+from taccl_py.mscclpp.export import PLAN_PROTOCOLS
 from taccl_py.mscclpp.files import write_library_plans
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import Topology
@@ -44,8 +45,12 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
         if sys.stderr.isatty():  # verifying every plan takes minutes at 32 GPUs and more
             label = f"{library.topology} n{library.nodes} {library.collective.value}"
             print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
-        plans = write_library_plans(library, folder, _library_topology(library))
+        protocol = None if args.protocol == "auto" else args.protocol
+        plans = write_library_plans(library, folder, _library_topology(library), protocol)
         written += len(plans.files)
+        for name, choice in plans.protocols:
+            if choice.protocol != "Simple" and protocol is None:
+                print(f"{name}: {choice.why}", file=sys.stderr)
         for index, why in plans.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
     print(f"wrote {written} MSCCL++ execution plans to {folder}", file=sys.stderr)
@@ -66,6 +71,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=[collective.value for collective in Collective],
         default=None,
         help="export only this collective's library (default: all)",
+    )
+    export.add_argument(
+        "--protocol",
+        choices=("auto", *PLAN_PROTOCOLS),
+        default="auto",
+        help="auto (default): per plan, LL (packets) where it simulates faster than Simple, else Simple",
     )
     export.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="folder to write the plans into (created if missing)"

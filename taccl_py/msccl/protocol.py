@@ -1,7 +1,7 @@
 """Choose the wire protocol (Simple, LL, LL128) of each size band by simulating the band under each.
 
 A band's algorithm is simulated (``taccl_py.simulate``, protocol costs in
-``taccl_py.simulate.protocol``) at a few sizes of the band under every protocol its runtime runs
+``taccl_py.simulate.protocol``) at a few sizes of the band (``band_sample_sizes``) under every protocol its runtime runs
 and may use there (``taccl_py.msccl.limits.protocol_refusal``: LL and LL128 only where every chunk
 fits one pass of the protocol's buffer, so never in an open-ended band), and under LL128 only
 where NCCL and RCCL enable it (``ll128_route_refusal``). The protocol with the smallest total time
@@ -12,17 +12,26 @@ the protocol of every band of a library, for its MSCCL XML ``proto``.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, ProtocolLimits, Runtime, protocol_limits, protocol_refusal
 from taccl_py.simulate.engine import replay
 from taccl_py.simulate.plan import prepare_simulation
-from taccl_py.simulate.protocol import LL128, PROTOCOL_COST_TABLES, PROTOCOLS, SIMPLE, ProtocolCost
+from taccl_py.simulate.protocol import (
+    LARGEST_SAMPLE_BYTES,
+    LL128,
+    NEAR_TIE,
+    OPEN_BAND_FACTORS,
+    PROTOCOL_COST_TABLES,
+    PROTOCOLS,
+    SIMPLE,
+    SMALLEST_SAMPLE_BYTES,
+    ProtocolCost,
+    band_sample_sizes,
+)
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import LinkKind, Topology, VertexKind, route
 
@@ -42,14 +51,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Another protocol must beat Simple by more than this fraction of its total to take a band (the
-# issue's rule: Simple needs no flag polling and is what every runtime tunes first).
-NEAR_TIE = 0.01
-# A band from 0 bytes is sampled from 1 KB, the smallest size the shipped libraries were built for.
-SMALLEST_SAMPLE_BYTES = 1000
-# An open-ended band is sampled at its lower edge times these factors, at most 1 GB (10^9 bytes).
-OPEN_BAND_FACTORS = (1, 4, 16)
-LARGEST_SAMPLE_BYTES = 10**9
 # Link kinds LL128 may use between two GPUs of one machine: NCCL enables LL128 only when the
 # intra-node path is NVLink (tuning.cc: typeIntra <= PATH_NVB), RCCL when it is xGMI (PATH_NVL).
 _LL128_INTRA_KINDS = frozenset({LinkKind.NVLINK, LinkKind.NVSWITCH, LinkKind.XGMI})
@@ -83,27 +84,6 @@ class ProtocolChoice:
         if self.protocol == SIMPLE:
             return 1.0
         return self.total_us(SIMPLE) / self.total_us(self.protocol)
-
-
-def band_sample_sizes(min_bytes: int, max_bytes: int | None) -> tuple[int, ...]:
-    """Return the sizes (bytes) a band is simulated at: its edges and their geometric middle.
-
-    A band from 0 starts at ``SMALLEST_SAMPLE_BYTES`` (at 1 byte when it ends below that); an open-ended
-    band (``max_bytes`` None) is sampled at ``min_bytes`` times ``OPEN_BAND_FACTORS``, at most
-    ``LARGEST_SAMPLE_BYTES``. Raises ``ArgumentError`` for a negative or empty band.
-
-    >>> band_sample_sizes(0, 32000), band_sample_sizes(2048000, None), band_sample_sizes(512_000_000, None)
-    ((1000, 5657, 32000), (2048000, 8192000, 32768000), (512000000, 1000000000))
-    """
-    if min_bytes < 0 or max_bytes is not None and max_bytes <= min_bytes:
-        band = f"[{min_bytes}, {'inf' if max_bytes is None else max_bytes})"
-        raise ArgumentError(None, "band", f"size band {band}", "0 <= min_bytes < max_bytes")
-    low = min_bytes
-    if low == 0:
-        low = SMALLEST_SAMPLE_BYTES if max_bytes is None or max_bytes > SMALLEST_SAMPLE_BYTES else 1
-    if max_bytes is None:
-        return tuple(sorted({min(low * factor, max(low, LARGEST_SAMPLE_BYTES)) for factor in OPEN_BAND_FACTORS}))
-    return tuple(sorted({low, round(math.sqrt(low * max_bytes)), max_bytes}))
 
 
 def ll128_route_refusal(algorithm: Algorithm, topology: Topology) -> str | None:

@@ -38,7 +38,9 @@ semaphore (``cut_threadblock``); they share its channels and remote buffers. A r
 still need over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks gets lanes merged (``merge_lanes``): their
 steps interleaved in one global topological order, so no wait can close a cycle, and dependencies
 inside a lane cost nothing. Each lane opens with the entry signals of all its receiving links.
-Only the Simple protocol is written; LL (packets) is refused.
+Under LL (``protocol="LL"``) steps lower to packet ops instead (``export_packets``): no signals,
+waits or entry handshake, every transfer landing in a packet slot of scratch, which the plan
+double-buffers across calls.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import chunk_layout
+from taccl_py.mscclpp.export_packets import PacketSlots, lower_packet_step, packet_slots
 from taccl_py.mscclpp.export_packing import (
     MAX_OPERATIONS_PER_THREADBLOCK,
     MAX_SEMAPHORES_PER_OPERATION,
@@ -68,6 +71,7 @@ from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
 from taccl_py.topology.model import Topology
 
 __all__ = [
+    "PLAN_PROTOCOLS",
     "generate_mscclpp_plan",
     "MAX_OPERATIONS_PER_THREADBLOCK",
     "MAX_CHANNELS_PER_THREADBLOCK",
@@ -85,6 +89,7 @@ MAX_THREADBLOCKS_PER_GPU = 64
 # The DSL's defaults (python/mscclpp/language/program.py CollectiveProgram).
 THREADS_PER_BLOCK = 1024
 BUFFER_ALIGNMENT_BYTES = 16
+PLAN_PROTOCOLS = ("Simple", "LL")  # what the exporter writes (MSCCL++ plans have no LL128)
 
 Link = tuple[int, int, int]  # (sender rank, receiver rank, channel)
 StepKey = tuple[int, int, int]  # (rank, threadblock id, step index)
@@ -99,6 +104,7 @@ class _Facts:
     landing: dict[StepKey, Slot]  # where each receiving step's data lands, on its own rank
     targets: dict[StepKey, Slot]  # where each sending step's put lands, on the receiver
     scratch: dict[int, int]  # scratch chunks per rank, landing slots included
+    packets: PacketSlots | None  # LL's slots; None under Simple
 
     def kind(self, rank: int, peer: int) -> str:
         """Return the channel type between two ranks: ``memory`` within a machine, ``port`` across."""
@@ -228,25 +234,32 @@ def _lane_ops(rank: int, lane: Lane, tbs: dict[int, Threadblock], gpu: _Gpu, fac
     ops = LaneOps()
     members = list(dict.fromkeys(tb_id for tb_id, _ in lane))
     for tb in (tbs[tb_id] for tb_id in members):  # our landing slots are free: this rank has entered the call
-        if any(step.op.receives for step in tb.steps):
+        if facts.packets is None and any(step.op.receives for step in tb.steps):
             ops.control("signal", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
     ready: set[int] = set()
     for tb_id, index in lane:
         tb, step, key = tbs[tb_id], tbs[tb_id].steps[index], (rank, tb_id, index)
         if acquires.get((tb_id, index)):
             ops.semaphores("sem_acquire", acquires[(tb_id, index)])
-        if step.op.receives:
-            ops.control("wait", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
-        source = lower_step(ops, step, facts.landing.get(key))
+        send = None
         if step.op.sends:
             kind, channel = facts.kind(rank, tb.send_peer), gpu.channel_of[(rank, tb.send_peer, tb.channel)]
-            if tb_id not in ready:  # the receiver has entered this call, so its slots are ours to fill
-                ops.control("wait", kind, channel)
-                ready.add(tb_id)
             target = facts.targets[key]
-            ops.put(source, step.count, kind, channel, gpu.remote_buffer(tb.send_peer, target[0]), target)
-            if kind == "memory":  # a port pwsf signals and flushes (the proxy has read the source) itself
-                ops.control("signal", kind, channel)
+            send = (kind, channel, gpu.remote_buffer(tb.send_peer, target[0]), target)
+        if facts.packets is not None:
+            lower_packet_step(ops, step, key, facts.packets, send)
+        else:
+            if step.op.receives:
+                ops.control("wait", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
+            source = lower_step(ops, step, facts.landing.get(key))
+            if send is not None:
+                kind, channel, remote_id, target = send
+                if tb_id not in ready:  # the receiver has entered this call, so its slots are ours to fill
+                    ops.control("wait", kind, channel)
+                    ready.add(tb_id)
+                ops.put(source, step.count, kind, channel, remote_id, target)
+                if kind == "memory":  # a port pwsf signals and flushes (the proxy has read the source) itself
+                    ops.control("signal", kind, channel)
         if releases.get((tb_id, index)):
             ops.semaphores("sem_release", releases[(tb_id, index)])
     return ops
@@ -325,12 +338,12 @@ def generate_mscclpp_plan(
         Which machine holds each rank: ranks on one machine talk over MemoryChannels, others over
         PortChannels. None: every rank on one machine.
     protocol : str, optional
-        ``"Simple"`` (the default).
+        ``"Simple"`` (the default) or ``"LL"`` (packets, ``export_packets``).
 
     Raises
     ------
     ArgumentError
-        LL or another protocol; a topology of another rank count; two threadblocks of a rank on one
+        A protocol other than Simple and LL; a topology of another rank count; two threadblocks of a rank on one
         link; a rank over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks even with its lanes merged, or
         a threadblock of ours over ``MAX_CHANNELS_PER_THREADBLOCK`` channels.
 
@@ -341,16 +354,20 @@ def generate_mscclpp_plan(
     seconds per rank for the largest shipped AllReduce bands.
     """
     protocol = "Simple" if protocol is None else protocol
-    if protocol != "Simple":
-        fault = "LL packets are not written yet" if protocol == "LL" else f"protocol {protocol!r}"
-        raise _fault(algorithm, "protocol", fault, "'Simple'")
+    if protocol not in PLAN_PROTOCOLS:
+        raise _fault(algorithm, "protocol", f"protocol {protocol!r}", " or ".join(map(repr, PLAN_PROTOCOLS)))
     if topology is not None and topology.num_ranks != algorithm.num_ranks:
         raise _fault(algorithm, "topology", f"{topology.num_ranks} GPUs", f"{algorithm.num_ranks} ranks")
     nodes = tuple(0 if topology is None else topology.node_of(rank) for rank in range(algorithm.num_ranks))
     senders, receivers = _links(algorithm)
-    landing, scratch = _landings(algorithm)
+    packets = None
+    if protocol == "LL":
+        packets = packet_slots(algorithm, lambda rank, peer: nodes[rank] != nodes[peer])
+        landing, scratch = packets.landing, packets.scratch
+    else:
+        landing, scratch = _landings(algorithm)
     targets = _put_targets(algorithm, receivers, landing)
-    facts = _Facts(nodes, tuple(sorted(set(senders) | set(receivers))), landing, targets, scratch)
+    facts = _Facts(nodes, tuple(sorted(set(senders) | set(receivers))), landing, targets, scratch, packets)
     positions = functools.cache(functools.partial(step_positions, algorithm))  # only a rank over the limit needs them
     if algorithm.max_bytes is not None and algorithm.max_bytes <= 1:
         raise _fault(algorithm, "max_bytes", f"{algorithm.max_bytes}", "a band holding some size above 0")
@@ -362,7 +379,7 @@ def generate_mscclpp_plan(
         "reuse_resources": False,
         "gpus": [_rank_json(algorithm, p, facts, positions) for p in sorted(algorithm.ranks, key=lambda p: p.rank)],
         "num_threads_per_block": THREADS_PER_BLOCK,
-        "use_double_scratch_buffer": False,
+        "use_double_scratch_buffer": packets is not None,
         "buffer_alignment": BUFFER_ALIGNMENT_BYTES,
         "min_message_size": algorithm.min_bytes,
         # MSCCL++ tests the upper end inclusively (execution_plan.cc checkMessageSize); ours is exclusive

@@ -227,8 +227,12 @@ def lane_semaphores(prog: RankProgram, lanes: list[Lane]) -> tuple[dict, dict, i
     return acquires, releases, len(semaphore_of)
 
 
+# Ops every thread of a threadblock runs, whatever the channel (the packet ops loop over threadIdx.x).
+_ALL_THREAD_OPS = frozenset({"copy", "re", "res", "cpkt", "upkt", "repkt", "recpkt", "respkt", "recspkt"})
+
+
 def _all_threads(op: dict) -> bool:
-    return op["name"] in ("copy", "re", "res") or (op["name"] == "put" and op["channel_type"] == "memory")
+    return op["name"] in _ALL_THREAD_OPS or (op["name"] in ("put", "ppkt", "rppkt") and op["channel_type"] == "memory")
 
 
 def _unsynced(ops: list[dict]) -> bool:
@@ -296,16 +300,24 @@ class LaneOps:
         self.ops.append({"name": "nop"})
         self.busy, self.gated = [], False
 
-    def _channel(self, kind: str, gpu_channel: int) -> int:
+    def channel_ref(self, kind: str, gpu_channel: int) -> int:
+        """Return the threadblock's index of the GPU's ``gpu_channel`` of type ``kind``, listing it if new."""
         refs = self.channels[kind]
         if gpu_channel not in refs:
             refs.append(gpu_channel)
         return refs.index(gpu_channel)
 
+    def remote_ref(self, kind: str, remote_id: int) -> int:
+        """Return the threadblock's index of the GPU's remote buffer ``remote_id``, listing it if new."""
+        refs = self.remote[kind]
+        if remote_id not in refs:
+            refs.append(remote_id)
+        return refs.index(remote_id)
+
     def control(self, name: str, kind: str, gpu_channel: int) -> None:
         if name == "signal" and self.busy:
             self._sync()
-        self.ops.append({"name": name, "channel_ids": [self._channel(kind, gpu_channel)], "channel_type": kind})
+        self.ops.append({"name": name, "channel_ids": [self.channel_ref(kind, gpu_channel)], "channel_type": kind})
         self.gated = self.gated or name in ("wait", "flush")
 
     def semaphores(self, name: str, ids: list[int]) -> None:
@@ -328,13 +340,10 @@ class LaneOps:
 
     def put(self, source: Slot, count: int, kind: str, gpu_channel: int, remote_id: int, target: Slot) -> None:
         """Append a put; across machines a ``pwsf`` (put, signal, flush in one op; port channels only)."""
-        refs = self.remote[kind]
-        if remote_id not in refs:
-            refs.append(remote_id)
         op = {"name": "put" if kind == "memory" else "pwsf", "src_buff": [buffer_ref(source, count)]}
-        op["dst_buff"] = [{"buffer_id": refs.index(remote_id), "index": target[1], "size": count}]
+        op["dst_buff"] = [{"buffer_id": self.remote_ref(kind, remote_id), "index": target[1], "size": count}]
         if kind == "port":  # the DSL names the channel of a port put; a memory put writes through the buffer
-            op["channel_ids"] = [self._channel(kind, gpu_channel)]
+            op["channel_ids"] = [self.channel_ref(kind, gpu_channel)]
         op["channel_type"] = kind
         self.data(op, all_threads=kind == "memory")
 

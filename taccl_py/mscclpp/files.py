@@ -5,6 +5,12 @@ back and replayed with MSCCL++'s semantics (``taccl_py.mscclpp.replay``), so a f
 translation is caught here rather than on a GPU. A library gives one plan per band and placement:
 MSCCL++ selects a plan by collective, message size (``min_message_size``..``max_message_size``,
 inclusive) and ``inplace``, so a band that is also safe in place gets a second, in-place plan.
+
+Each plan is written in the protocol that simulates faster as MSCCL++ runs it (whole chunks,
+``taccl_py.mscclpp.simulate``) at the band's sample sizes: LL (packets) must beat Simple by
+``NEAR_TIE``. LL is not tried where it cannot win (twice the bandwidth term of the lower bound, as
+packets carry half data, already exceeds Simple's time) or in an open-ended band, whose LL scratch
+(packets and a double buffer: 4x the bytes received) would have no bound.
 """
 
 from __future__ import annotations
@@ -14,17 +20,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taccl_py._io import write_text_atomic
+from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.parse import parse_mscclpp_plan
+from taccl_py.mscclpp.plan import ExecutionPlan
 from taccl_py.mscclpp.replay import verify_mscclpp_plan
+from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
+from taccl_py.simulate import WHOLE_CHUNKS
+from taccl_py.simulate.protocol import LL, LL_DATA_FRACTION, NEAR_TIE, SIMPLE, band_sample_sizes
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm, exported_inplace_form
 
 __all__ = [
     "LibraryPlans",
+    "PlanProtocol",
+    "choose_plan_protocol",
     "generate_library_plans",
     "library_plan_name",
     "mscclpp_plan_text",
@@ -34,27 +47,80 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class PlanProtocol:
+    """A plan's protocol, why, and the sizes (bytes) where each protocol simulated was timed (µs), Simple first."""
+
+    protocol: str
+    why: str
+    sizes_bytes: tuple[int, ...] = ()
+    times_us: tuple[tuple[str, tuple[float, ...]], ...] = ()
+
+
+@dataclass(frozen=True)
 class LibraryPlans:
-    """The plan files of a library as (file name, JSON text), and the placements left out as (band index, why)."""
+    """The plan files of a library as (file name, JSON text), and the placements left out as (band index, why).
+
+    ``protocols`` holds (file name, PlanProtocol) for every file, in the same order.
+    """
 
     files: tuple[tuple[str, str], ...]
     skipped: tuple[tuple[int, str], ...]
+    protocols: tuple[tuple[str, PlanProtocol], ...] = ()
 
 
-def mscclpp_plan_text(algorithm: Algorithm, topology: Topology | None = None) -> str:
+def _verified_plan(algorithm: Algorithm, topology: Topology | None, protocol: str) -> tuple[str, ExecutionPlan]:
+    text = json.dumps(generate_mscclpp_plan(algorithm, topology, protocol=protocol), indent=2) + "\n"
+    plan = parse_mscclpp_plan(text, f"{algorithm.name} (exported)")
+    verify_mscclpp_plan(plan)
+    return text, plan
+
+
+def _times_us(plan: ExecutionPlan, topology: Topology, sizes: tuple[int, ...]) -> tuple[float, ...]:
+    return tuple(result.time_us for result in simulate_mscclpp_plan(plan, topology, sizes, model=WHOLE_CHUNKS))
+
+
+def choose_plan_protocol(algorithm: Algorithm, topology: Topology | None) -> tuple[str, PlanProtocol]:
+    """Return the verified plan text of ``algorithm`` in the protocol that simulates faster, and the choice.
+
+    Raises as ``mscclpp_plan_text``.
+    """
+    algorithm = check_algorithm(algorithm)
+    simple_text, simple = _verified_plan(algorithm, topology, SIMPLE)
+    if topology is None:
+        return simple_text, PlanProtocol(SIMPLE, "no machine to time LL on")
+    if algorithm.max_bytes is None:
+        return simple_text, PlanProtocol(SIMPLE, "open-ended band: LL's scratch would have no bound")
+    sizes = band_sample_sizes(algorithm.min_bytes, algorithm.max_bytes)
+    times = ((SIMPLE, _times_us(simple, topology, sizes)),)
+    simple_total = sum(times[0][1])
+    bounds = lower_bounds(topology, algorithm.collective, sizes)
+    if sum(bound.bandwidth_time_us for bound in bounds) / LL_DATA_FRACTION >= (1 - NEAR_TIE) * simple_total:
+        return simple_text, PlanProtocol(SIMPLE, "LL cannot win: its bytes alone take longer", sizes, times)
+    ll_text, ll = _verified_plan(algorithm, topology, LL)
+    times += ((LL, _times_us(ll, topology, sizes)),)
+    speedup = simple_total / sum(times[1][1])
+    if speedup * (1 - NEAR_TIE) > 1:
+        return ll_text, PlanProtocol(LL, f"LL simulates {speedup:.2f}x faster than Simple", sizes, times)
+    return simple_text, PlanProtocol(SIMPLE, f"LL simulates {speedup:.2f}x Simple's speed", sizes, times)
+
+
+def mscclpp_plan_text(algorithm: Algorithm, topology: Topology | None = None, protocol: str | None = None) -> str:
     """Return ``algorithm`` as the JSON text of an MSCCL++ plan, both verified.
 
+    ``protocol``: ``"Simple"``, ``"LL"``, or None for the faster (``choose_plan_protocol``).
     Raises ``VerificationError`` when the algorithm, or the plan read back, is wrong, and
     ``ArgumentError`` where the plan would pass MSCCL++'s limits (``generate_mscclpp_plan``).
     """
-    text = json.dumps(generate_mscclpp_plan(check_algorithm(algorithm), topology), indent=2) + "\n"
-    verify_mscclpp_plan(parse_mscclpp_plan(text, f"{algorithm.name} (exported)"))
-    return text
+    if protocol is None:
+        return choose_plan_protocol(algorithm, topology)[0]
+    return _verified_plan(check_algorithm(algorithm), topology, protocol)[0]
 
 
-def write_mscclpp_plan(algorithm: Algorithm, path: str | Path, topology: Topology | None = None) -> None:
+def write_mscclpp_plan(
+    algorithm: Algorithm, path: str | Path, topology: Topology | None = None, protocol: str | None = None
+) -> None:
     """Write ``algorithm`` to ``path`` as a verified MSCCL++ plan; nothing is written when it fails."""
-    write_text_atomic(path, mscclpp_plan_text(algorithm, topology))
+    write_text_atomic(path, mscclpp_plan_text(algorithm, topology, protocol))
 
 
 def library_plan_name(library: AlgorithmLibrary, index: int, inplace: bool = False) -> str:
@@ -68,13 +134,17 @@ def library_plan_name(library: AlgorithmLibrary, index: int, inplace: bool = Fal
     return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.json"
 
 
-def generate_library_plans(library: AlgorithmLibrary, topology: Topology | None = None) -> LibraryPlans:
+def generate_library_plans(
+    library: AlgorithmLibrary, topology: Topology | None = None, protocol: str | None = None
+) -> LibraryPlans:
     """Return the verified MSCCL++ plans of every band of ``library``, in and out of place, and what was left out.
+
+    ``protocol``: ``"Simple"``, ``"LL"``, or None for each plan's faster (``choose_plan_protocol``).
 
     A "native" band gets no plan: where no plan covers a size, MSCCL++'s NCCL-compatible library
     runs its own collective, which is what the band asks for.
     """
-    files, skipped = [], []
+    files, skipped, protocols = [], [], []
     for index, band in enumerate(library.bands):
         if band.native:
             continue
@@ -87,23 +157,27 @@ def generate_library_plans(library: AlgorithmLibrary, topology: Topology | None 
             skipped.append((index, f"no in-place plan: {why_not}"))
         for algorithm in [base] if variant is None else [base, variant]:
             try:
-                text = mscclpp_plan_text(algorithm, topology)
+                if protocol is None:
+                    text, choice = choose_plan_protocol(algorithm, topology)
+                else:
+                    text, choice = mscclpp_plan_text(algorithm, topology, protocol), PlanProtocol(protocol, "asked for")
             except (ArgumentError, VerificationError) as error:
                 placement = "in place" if algorithm.inplace else "out of place"
                 skipped.append((index, f"{placement}: {error}"))
             else:
                 files.append((library_plan_name(library, index, algorithm.inplace), text))
-    return LibraryPlans(tuple(files), tuple(skipped))
+                protocols.append((files[-1][0], choice))
+    return LibraryPlans(tuple(files), tuple(skipped), tuple(protocols))
 
 
 def write_library_plans(
-    library: AlgorithmLibrary, folder: str | Path, topology: Topology | None = None
+    library: AlgorithmLibrary, folder: str | Path, topology: Topology | None = None, protocol: str | None = None
 ) -> LibraryPlans:
     """Write the verified plans of every band of ``library`` into ``folder``; return what was written and left out.
 
     Every text is generated and verified before the first file is written, each file through a temporary name.
     """
-    plans = generate_library_plans(library, topology)
+    plans = generate_library_plans(library, topology, protocol)
     if plans.files:
         Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in plans.files:

@@ -9,6 +9,8 @@ threadblocks arrive; a packet read after the one packet write of its location (t
 *Visibility* is order without relaxed signals and waits and without packet edges: a fence-less
 signal or a packet's flag orders, but publishes no other data. A port-channel put is a proxy
 write after its issue, chained in order with the channel's later port signals; ``flush`` waits for it.
+A port ``rppkt``'s proxy copies packets raw after every thread saw their flags, so it reads them
+after their write as a packet read does.
 
 A plan is refused (``Violation`` records) when events wait for ever (an unmatched wait, barrier
 or packet, or a cycle: ``deadlock``), when two accesses to a location, one a write, are not

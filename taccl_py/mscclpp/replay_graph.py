@@ -204,6 +204,8 @@ class ReplayBuilder:
                 return node
             proxy = self._proxy(gpu, tb, op, channel, node, False)
             self.graph.events[proxy].writes = [pair]
+            if op.name is OpName.READ_PUT_PACKETS:  # every thread saw the flags before thread 0 started the copy
+                self.graph.events[proxy].packet_reads = event.packet_reads
         if op.name is OpName.PUT_WITH_SIGNAL_AND_FLUSH:
             done = self.graph.add(Event(gpu.id, tb.id, event.step, event.label + " flush"))
             self.graph.edge(node, done)

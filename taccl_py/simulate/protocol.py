@@ -30,10 +30,14 @@ Sources: NVIDIA/nccl ``src/graph/tuning.cc`` @b6475625 (v2.20.3) ``hwLat`` (Ring
 base latencies (``baseLat``), its extra LL bandwidth penalties (Ring LL bus bandwidth x 1/3 or 1/4,
 capped by ``llMaxBws``) and the protocols' buffer sizes, which ``taccl_py.msccl.limits`` turns into
 the sizes where LL and LL128 may be chosen at all.
+
+Exporters that pick a band's protocol (``taccl_py.msccl.protocol``, ``taccl_py.mscclpp.files``)
+simulate it at ``band_sample_sizes`` and keep Simple unless another protocol wins by ``NEAR_TIE``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -56,9 +60,23 @@ __all__ = [
     "NCCL_PROTOCOL_COSTS",
     "RCCL_PROTOCOL_COSTS",
     "PROTOCOL_COST_TABLES",
+    "NEAR_TIE",
+    "SMALLEST_SAMPLE_BYTES",
+    "LARGEST_SAMPLE_BYTES",
+    "OPEN_BAND_FACTORS",
+    "band_sample_sizes",
     "latency_class",
     "protocol_cost",
 ]
+
+# Another protocol must beat Simple by more than this fraction of its total to take a band (the
+# issue's rule: Simple needs no flag polling and is what every runtime tunes first).
+NEAR_TIE = 0.01
+# A band from 0 bytes is sampled from 1 KB, the smallest size the shipped libraries were built for.
+SMALLEST_SAMPLE_BYTES = 1000
+# An open-ended band is sampled at its lower edge times these factors, at most 1 GB (10^9 bytes).
+OPEN_BAND_FACTORS = (1, 4, 16)
+LARGEST_SAMPLE_BYTES = 10**9
 
 SIMPLE, LL, LL128 = "Simple", "LL", "LL128"  # the MSCCL XML ``proto`` spellings (msccl.dialect.Protocol)
 PROTOCOLS = (SIMPLE, LL, LL128)
@@ -166,3 +184,24 @@ def protocol_cost(
         return costs[protocol]
     except KeyError:
         raise ArgumentError(name, "protocol", f"{protocol!r}", "one of " + ", ".join(PROTOCOLS)) from None
+
+
+def band_sample_sizes(min_bytes: int, max_bytes: int | None) -> tuple[int, ...]:
+    """Return the sizes (bytes) a band is simulated at: its edges and their geometric middle.
+
+    A band from 0 starts at ``SMALLEST_SAMPLE_BYTES`` (at 1 byte when it ends below that); an open-ended
+    band (``max_bytes`` None) is sampled at ``min_bytes`` times ``OPEN_BAND_FACTORS``, at most
+    ``LARGEST_SAMPLE_BYTES``. Raises ``ArgumentError`` for a negative or empty band.
+
+    >>> band_sample_sizes(0, 32000), band_sample_sizes(2048000, None), band_sample_sizes(512_000_000, None)
+    ((1000, 5657, 32000), (2048000, 8192000, 32768000), (512000000, 1000000000))
+    """
+    if min_bytes < 0 or max_bytes is not None and max_bytes <= min_bytes:
+        band = f"[{min_bytes}, {'inf' if max_bytes is None else max_bytes})"
+        raise ArgumentError(None, "band", f"size band {band}", "0 <= min_bytes < max_bytes")
+    low = min_bytes
+    if low == 0:
+        low = SMALLEST_SAMPLE_BYTES if max_bytes is None or max_bytes > SMALLEST_SAMPLE_BYTES else 1
+    if max_bytes is None:
+        return tuple(sorted({min(low * factor, max(low, LARGEST_SAMPLE_BYTES)) for factor in OPEN_BAND_FACTORS}))
+    return tuple(sorted({low, round(math.sqrt(low * max_bytes)), max_bytes}))
