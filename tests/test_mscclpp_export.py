@@ -229,6 +229,7 @@ def test_shipped_band_plans_are_whole_and_correct(case):
     algorithm = _band(name, nodes, collective, index)
     plan = generate_mscclpp_plan(algorithm, _topology(name, nodes))
     assert_plan_structure(plan, algorithm)
+    assert _sync_faults(plan) == []  # 2-node bands put over port channels right after multi-semaphore acquires
     run_plan(plan, algorithm, seed=index)
     assert plan["min_message_size"] == algorithm.min_bytes
     assert plan["max_message_size"] == (2**64 - 1 if algorithm.max_bytes is None else algorithm.max_bytes - 1)
@@ -261,29 +262,41 @@ def _sync_faults(plan: dict) -> list[str]:
     faults = []
     for gpu in plan["gpus"]:
         for tb in gpu["threadblocks"]:
-            gated = busy = False  # thread 0 passed a gate / some thread may still be in a data op
+            # thread 0 passed a gate / some thread may still be in a data op / acquiring one of several semaphores
+            gated = busy = split = False
             for index, op in enumerate(tb["ops"]):
                 where = f"gpu {gpu['id']} tb {tb['id']} op {index} ({op['name']})"
                 if op["name"] == "nop":
-                    gated = busy = False
+                    gated = busy = split = False
                     continue
                 if op["name"] in _ALL_THREADS and gated:
                     faults.append(f"{where}: after a gate without a nop")
                 if op["name"] in ("signal", "sem_release", "pwsf") and busy:
                     faults.append(f"{where}: publishes unfinished data")
+                if op["name"] not in ("wait", "sem_acquire") and split:
+                    faults.append(f"{where}: before every thread has acquired its semaphore")
                 gated = gated or op["name"] in ("wait", "sem_acquire", "flush", "pwsf")
                 busy = busy or op["name"] in _ALL_THREADS
+                split = split or op["name"] == "sem_acquire" and len(op["semaphore_ids"]) > 1
     return faults
 
 
 def _needless_nops(plan: dict) -> int:
-    """Return how many nops sit between two thread-0 ops (or open or close a threadblock beside one)."""
+    """Return how many nops sit between two thread-0 ops (or open or close a threadblock beside one).
+
+    A nop after an acquire of several semaphores (one per thread) before an op that uses data is needed.
+    """
     count = 0
     for gpu in plan["gpus"]:
         for tb in gpu["threadblocks"]:
-            names = ["sem_acquire"] + [op["name"] for op in tb["ops"]] + ["sem_release"]
-            for before, op, after in zip(names, names[1:], names[2:]):
-                count += op == "nop" and before in _THREAD_ZERO and after in _THREAD_ZERO
+            ops = [{"name": "sem_acquire"}, *tb["ops"], {"name": "sem_release"}]
+            split = False
+            for before, op, after in zip(ops, ops[1:], ops[2:]):
+                split = split or before["name"] == "sem_acquire" and len(before.get("semaphore_ids", ())) > 1
+                if op["name"] == "nop":
+                    needed = split and after["name"] not in ("wait", "sem_acquire")
+                    count += before["name"] in _THREAD_ZERO and after["name"] in _THREAD_ZERO and not needed
+                    split = False
     return count
 
 

@@ -286,7 +286,9 @@ class LaneOps:
     thread (``mscclpp::copy``/``handleReduceSend`` loop over ``threadIdx.x``). Hence a nop before an
     all-thread op after a wait, acquire, flush or port put (thread 0 passed a gate the others did not
     see), before a signal, release or port put after an all-thread op (thread 0 must publish
-    finished data), and between two all-thread ops only when their chunks overlap.
+    finished data), and between two all-thread ops only when their chunks overlap. An acquire of
+    several semaphores runs one per thread (thread i acquires the i-th), so only a nop waits for them
+    all: one goes before whatever then uses data (any data op, a signal, flush or release).
     """
 
     def __init__(self) -> None:
@@ -295,10 +297,11 @@ class LaneOps:
         self.remote: dict[str, list[int]] = {"memory": [], "port": []}
         self.busy: list[tuple[set, set]] = []  # reads and writes of all-thread ops since the last nop
         self.gated = False  # thread 0 passed a wait, acquire, flush or port put since the last nop
+        self.split = False  # threads other than 0 may still be acquiring semaphores
 
     def _sync(self) -> None:
         self.ops.append({"name": "nop"})
-        self.busy, self.gated = [], False
+        self.busy, self.gated, self.split = [], False, False
 
     def channel_ref(self, kind: str, gpu_channel: int) -> int:
         """Return the threadblock's index of the GPU's ``gpu_channel`` of type ``kind``, listing it if new."""
@@ -315,17 +318,18 @@ class LaneOps:
         return refs.index(remote_id)
 
     def control(self, name: str, kind: str, gpu_channel: int) -> None:
-        if name == "signal" and self.busy:
+        if name == "signal" and self.busy or name != "wait" and self.split:
             self._sync()
         self.ops.append({"name": name, "channel_ids": [self.channel_ref(kind, gpu_channel)], "channel_type": kind})
         self.gated = self.gated or name in ("wait", "flush")
 
     def semaphores(self, name: str, ids: list[int]) -> None:
-        if name == "sem_release" and self.busy:
+        if name == "sem_release" and (self.busy or self.split):
             self._sync()
         for start in range(0, len(ids), MAX_SEMAPHORES_PER_OPERATION):
             self.ops.append({"name": name, "semaphore_ids": ids[start : start + MAX_SEMAPHORES_PER_OPERATION]})
         self.gated = self.gated or name == "sem_acquire"
+        self.split = self.split or name == "sem_acquire" and len(ids) > 1
 
     def data(self, op: dict, all_threads: bool = True) -> None:
         reads, writes = _footprint(op)
@@ -333,7 +337,7 @@ class LaneOps:
             if self.gated or any(writes & (r | w) or reads & w for r, w in self.busy):
                 self._sync()
             self.busy.append((reads, writes))
-        elif self.busy:
+        elif self.busy or self.split:
             self._sync()
         self.ops.append(op)
         self.gated = self.gated or not all_threads
