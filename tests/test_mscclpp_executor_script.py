@@ -74,3 +74,33 @@ def test_in_place_calls_alias_the_buffer_as_nccl_does() -> None:
     assert run_plans.buffer_offsets("reducescatter", True, 3, 400, 100) == (0, 300)
     assert run_plans.buffer_offsets("allreduce", True, 3, 400, 400) == (0, 0)
     assert run_plans.buffer_offsets("allreduce", False, 3, 400, 400) == (-1, -1)
+
+
+FAKE_RUN_PLAN = """#!{python}
+# Stands in for run_plan on CPU: an AllGather of every rank's input file, the later call's output {last}.
+import sys
+from pathlib import Path
+
+import numpy as np
+
+plan, rank, world, _, inp, out = sys.argv[1:7]
+parts = [np.fromfile(Path(inp).parent / f"in{{r}}", np.float32) for r in range(int(world))]
+gathered = np.concatenate(parts)
+gathered.tofile(out)
+(gathered if "{last}" == "right" else np.zeros_like(gathered)).tofile(out + ".last")
+print(f"rank {{rank}}: ok, 5 more calls, 1.0 us each")
+"""
+
+
+@pytest.mark.parametrize("last", ["right", "stale"])
+def test_a_wrong_output_after_the_later_calls_fails_the_plan(tmp_path, capsys, last) -> None:
+    runner = tmp_path / "run_plan"
+    runner.write_text(FAKE_RUN_PLAN.format(python=sys.executable, last=last))
+    runner.chmod(0o755)
+    gpu = {"input_chunks": 1, "output_chunks": 2}
+    plan = {"name": "ag", "collective": "allgather", "inplace": False, "gpus": [gpu, gpu], "buffer_alignment": 16}
+    path = tmp_path / "ag.json"
+    path.write_text(json.dumps(plan))
+    assert run_plans.run_plan_file(tmp_path, path) is (last == "right")
+    line = capsys.readouterr().out
+    assert ("EXACT" in line) is (last == "right") and ("WRONG on ranks [0, 1]" in line) is (last == "stale")

@@ -31,6 +31,7 @@ calls ahead cannot be: it has finished a call that needed every rank to start th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step
 from taccl_py.mscclpp.export_packing import LaneOps, Slot, StepKey, buffer_ref, lower_step
@@ -41,14 +42,14 @@ __all__ = ["PacketSlots", "lower_packet_step", "packet_slots"]
 _STAGED = frozenset({OpType.SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY_SEND})
 
 
+@dataclass
 class PacketSlots:
     """Where each step's packets land and are staged, its plain result slot, and each rank's scratch (chunks)."""
 
-    def __init__(self) -> None:
-        self.landing: dict[StepKey, Slot] = {}  # packet slot a receiving step reads
-        self.staging: dict[StepKey, Slot] = {}  # packet slot a port send fills on its own rank
-        self.plain: dict[StepKey, Slot] = {}  # where an rrs step's sum goes (the reduce must write one)
-        self.scratch: dict[int, int] = {}
+    landing: dict[StepKey, Slot] = field(default_factory=dict)  # packet slot a receiving step reads
+    staging: dict[StepKey, Slot] = field(default_factory=dict)  # packet slot a port send fills on its own rank
+    plain: dict[StepKey, Slot] = field(default_factory=dict)  # where an rrs step's sum goes (the reduce writes one)
+    scratch: dict[int, int] = field(default_factory=dict)
 
 
 def packet_slots(algorithm: Algorithm, sends_over_port: Callable[[int, int], bool]) -> PacketSlots:
