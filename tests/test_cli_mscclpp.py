@@ -96,6 +96,26 @@ def test_export_writes_ll_where_it_simulates_faster_and_says_so(tmp_path, capsys
     capsys.readouterr()
 
 
+# Bands four machines cannot fit in MSCCL++'s limits: 70-71 threadblocks a GPU after merging lanes (4700 ops).
+# (machine, collective) -> the band of each refused plan (out of place, in place).
+FOUR_MACHINE_REFUSALS = {("dgx1", "allreduce"): [5, 5]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", builtin_topology_names())
+def test_shipped_libraries_of_four_machines_export_and_verify(name) -> None:
+    if 4 not in shipped_node_counts(name):
+        pytest.skip(f"{name} ships no 4-node libraries")
+    topology = load_topology(name, nodes=4)
+    for path in shipped_library_paths(name, 4):
+        library = read_library(path)
+        plans = generate_library_plans(library, topology)
+        refused = FOUR_MACHINE_REFUSALS.get((name, library.collective.value), [])
+        assert [index for index, _ in plans.skipped] == refused, plans.skipped
+        assert all("threadblocks; expected at most 64" in why for _, why in plans.skipped)
+        assert plans.files
+
+
 @pytest.mark.parametrize("fixture", ["allreduce.json", "allreduce_packet.json", "allreduce_pipeline.json"])
 def test_verify_reads_mscclpps_own_plans(fixture, capsys) -> None:
     assert main(["verify", str(MSCCLPP_FIXTURES / fixture)]) == 0

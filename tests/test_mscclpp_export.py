@@ -275,6 +275,8 @@ def _sync_faults(plan: dict) -> list[str]:
                     faults.append(f"{where}: publishes unfinished data")
                 if op["name"] not in ("wait", "sem_acquire") and split:
                     faults.append(f"{where}: before every thread has acquired its semaphore")
+                if op["name"] == "sem_release" and len(op["semaphore_ids"]) > 1 and gated:
+                    faults.append(f"{where}: threads 1.. release what only thread 0 was gated for")
                 gated = gated or op["name"] in ("wait", "sem_acquire", "flush", "pwsf")
                 busy = busy or op["name"] in _ALL_THREADS
                 split = split or op["name"] == "sem_acquire" and len(op["semaphore_ids"]) > 1

@@ -95,15 +95,12 @@ def test_size_band_and_protocol_carry_over() -> None:
     "name, fragment",
     [
         ("allreduce", "GPU 0 tb 0 op 3 (rres): reduces a peer's memory read directly"),
-        ("allreduce_packet", "GPU 0 tb 0 op 0 (ppkt): a packet (LL) op"),
         ("allreduce_pipeline", "GPU 0 tb 0 op 0 (pipeline): a pipeline cuts chunks"),
         ("reduce", "GPU 0 tb 0 op 6 (rres): reduces a peer's memory read directly"),
         ("reduce_nvls", "(glres): a switch (NVLS) reduction has no send/receive form"),
         ("reduce_nvls_pipeline", "(pipeline): a pipeline cuts chunks"),
-        ("reduce_pack", "GPU 0 tb 0 op 0 (ppkt): a packet (LL) op"),
-        ("reduce_pack_tbg", "(ppkt): a packet (LL) op"),
-        ("transfer_pack", "GPU 0 tb 0 op 0 (ppkt): a packet (LL) op"),
-        ("transfer_pack_tbg", "(ppkt): a packet (LL) op"),
+        ("reduce_pack_tbg", "GPU 0 tb 0 op 0 (ppkt): a thread-block group cuts chunks"),
+        ("transfer_pack_tbg", "GPU 0 tb 0 op 0 (ppkt): a thread-block group cuts chunks"),
     ],
 )
 def test_mscclpp_fixture_plans_without_two_sided_form_are_refused(name, fragment) -> None:

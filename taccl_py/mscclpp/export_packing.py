@@ -235,12 +235,17 @@ def _all_threads(op: dict) -> bool:
     return op["name"] in _ALL_THREAD_OPS or (op["name"] in ("put", "ppkt", "rppkt") and op["channel_type"] == "memory")
 
 
+def _several_threads(op: dict) -> bool:
+    """Return whether threads other than 0 run part of ``op``: a data op, or a control op over several ids."""
+    return _all_threads(op) or len(op.get("semaphore_ids", ())) > 1 or len(op.get("channel_ids", ())) > 1
+
+
 def _unsynced(ops: list[dict]) -> bool:
-    """Return whether an op every thread runs comes before the first nop of ``ops``."""
+    """Return whether an op that threads other than 0 run comes before the first nop of ``ops``."""
     for op in ops:
         if op["name"] == "nop":
             return False
-        if _all_threads(op):
+        if _several_threads(op):
             return True
     return False
 
@@ -248,8 +253,8 @@ def _unsynced(ops: list[dict]) -> bool:
 def cut_threadblock(ops: list[dict], first_semaphore: int) -> list[list[dict]]:
     """Return a lane's ``ops`` cut into threadblocks under the op limit, chained by semaphores from ``first_semaphore``.
 
-    A piece opens with an acquire (then a nop if an all-thread op comes before its first nop) and
-    closes with a release (after a nop if an all-thread op comes after its last nop), as ``_Ops`` rules.
+    A piece opens with an acquire (then a nop if an op other threads than 0 run comes before its first
+    nop) and closes with a release (after a nop if such an op comes after its last nop), as ``LaneOps`` rules.
     """
     if len(ops) <= MAX_OPERATIONS_PER_THREADBLOCK:
         return [ops]
@@ -288,7 +293,8 @@ class LaneOps:
     see), before a signal, release or port put after an all-thread op (thread 0 must publish
     finished data), and between two all-thread ops only when their chunks overlap. An acquire of
     several semaphores runs one per thread (thread i acquires the i-th), so only a nop waits for them
-    all: one goes before whatever then uses data (any data op, a signal, flush or release).
+    all: one goes before whatever then uses data (any data op, a signal, flush or release); and a
+    release of several semaphores after a gate waits at a nop, as its threads 1.. saw no gate.
     """
 
     def __init__(self) -> None:
@@ -324,7 +330,7 @@ class LaneOps:
         self.gated = self.gated or name in ("wait", "flush")
 
     def semaphores(self, name: str, ids: list[int]) -> None:
-        if name == "sem_release" and (self.busy or self.split):
+        if name == "sem_release" and (self.busy or self.split or self.gated and len(ids) > 1):
             self._sync()
         for start in range(0, len(ids), MAX_SEMAPHORES_PER_OPERATION):
             self.ops.append({"name": name, "semaphore_ids": ids[start : start + MAX_SEMAPHORES_PER_OPERATION]})

@@ -7,19 +7,31 @@ visible (``lift_items``); local ``copy`` and ``re`` become ``cpy`` and ``re``. A
 its threadblock by the copy, reduction or forwarding send that uses the landing chunks, when
 nothing else touches them, is fused into ``r``/``rcs``/``rrc``/``rrs``/``rrcs`` (``lift_fusion``).
 
+Packet (LL) plans lift the same way: packets written into a peer (``ppkt``, ``rppkt``, ``respkt``
+and ``recspkt`` to peers; a port ``rppkt`` through the proxy) are a send at the write and a
+receive at the peer's first packet read of them (it polls their flags); ``cpkt``, ``upkt``,
+``repkt``, ``recpkt`` and the local parts of the reduce-and-send ops are copies and reductions.
+A GPU's packet slots become scratch chunks after its plain ones, so the two never alias, and the
+staging copy a port send makes before ``rppkt`` folds into the send. The algorithm's protocol is
+the plan's.
+
 Each plan threadblock becomes one IR threadblock when it sends to at most one peer and receives
 from at most one; otherwise one per (send peer, receive peer) its steps use, and another for its
-local steps. Threadblocks joined by transfers share a channel. Order inside a GPU (program order,
-semaphores, barriers, and order that passes through other GPUs) becomes ``depends``: each step
-waits for the latest step of every other threadblock of its rank that the plan orders before it,
-less those already implied. Signals and waits that carry no data order nothing across GPUs in our
-IR, whose sends are buffered; every edge of the lifted program runs along the plan's order, so a
-plan that verifies lifts to an algorithm without deadlock and nothing runs earlier on a GPU than
-the plan lets it.
+local steps (those of an op that receives go with that receive). Where a threadblock talks to
+several threadblocks of one peer (MSCCL++'s own LL plans), ends are told apart by the plan
+threadblock at the far end too. Threadblocks joined by transfers share a channel. Order inside a
+GPU (program order, semaphores, barriers, packet flags, and order that passes through other GPUs)
+becomes ``depends``: each step waits for the latest step of every other threadblock of its rank
+that the plan orders before it, less those already implied. Signals and waits that carry no data
+order nothing across GPUs in our IR, whose sends are buffered; every edge of the lifted program
+runs along the plan's order, so a plan that verifies lifts to an algorithm without deadlock and
+nothing runs earlier on a GPU than the plan lets it.
 
-Refused, with one ``FormatError`` line naming GPU, threadblock and op: switch (NVLS) ops, packet
-(LL) ops, ``get`` and the reductions that read a peer's memory (``rre``, ``rres``, ``res`` to
-peers), pipelines and thread-block groups (they cut chunks in parts our IR cannot name).
+Refused, with one ``FormatError`` line naming GPU, threadblock and op: switch (NVLS) ops
+(``gstorepkt`` included), ``get`` and the reductions that read a peer's memory (``rre``, ``rres``,
+``res`` to peers), packet reduce-and-send over a port channel (the executor has no such path),
+packets outside scratch, pipelines and thread-block groups (they cut chunks in parts our IR
+cannot name).
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
 from taccl_py.mscclpp.lift_fusion import fuse_receives
-from taccl_py.mscclpp.lift_items import Item, LiftedEvents, lift_items
+from taccl_py.mscclpp.lift_items import Item, LiftedEvents, TbKey, key_of_threadblock, lift_items, threadblock_keys
 from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE, BufferKind, ChannelKind, ExecutionPlan, OpName
 from taccl_py.mscclpp.replay_graph import ReplayBuilder
 
@@ -56,6 +68,14 @@ LIFTED_OPS = frozenset(
         OpName.FLUSH,
         OpName.SEM_ACQUIRE,
         OpName.SEM_RELEASE,
+        OpName.PUT_PACKETS,
+        OpName.READ_PUT_PACKETS,
+        OpName.COPY_PACKETS,
+        OpName.UNPACK_PACKETS,
+        OpName.REDUCE_PACKETS,
+        OpName.REDUCE_COPY_PACKETS,
+        OpName.REDUCE_SEND_PACKETS,
+        OpName.REDUCE_COPY_SEND_PACKETS,
     }
 )
 _WHY_NOT = {
@@ -68,9 +88,9 @@ _WHY_NOT = {
     OpName.MULTI_STORE: "a switch (NVLS) multicast has no send/receive form",
     OpName.MULTI_STORE_PACKETS: "a switch (NVLS) multicast has no send/receive form",
 }
-_LIFTED_NAMES = "put/pws/pwsf, copy, re, signal/wait, flush, semaphores, barriers and nops"
-
-TbKey = tuple  # (rank, plan tb id or None, send peer, receive peer)
+_LIFTED_NAMES = "put/pws/pwsf, copy, re, packet ops but gstorepkt, signal/wait, flush, semaphores, barriers and nops"
+# Packet reductions that store into peers: the executor's handlers have no port-channel branch.
+_MEMORY_ONLY = frozenset({OpName.REDUCE_SEND_PACKETS, OpName.REDUCE_COPY_SEND_PACKETS})
 
 
 def _refuse_unliftable(plan: ExecutionPlan) -> None:
@@ -85,36 +105,19 @@ def _refuse_unliftable(plan: ExecutionPlan) -> None:
                 where = f"GPU {gpu.id} tb {tb.id} op {index} ({op.name.value})"
                 why = None
                 if op.name not in LIFTED_OPS:
-                    why = _WHY_NOT.get(op.name, "a packet (LL) op: packets are not lifted yet")
+                    why = _WHY_NOT[op.name]
                 elif op.tbg is not None and op.tbg.tbg_size > 1:
                     why = "a thread-block group cuts chunks into parts our IR cannot name"
                 elif op.channel_type is ChannelKind.SWITCH:
                     why = "a switch (NVLS) channel has no send/receive form"
+                elif op.name in _MEMORY_ONLY and op.channel_type is ChannelKind.PORT:
+                    why = "a packet reduce-and-send over a port channel, which the executor does not run"
                 elif op.name in (OpName.COPY, OpName.REDUCE) and any(
                     ref.buffer is None for ref in (op.src or ()) + (op.dst or ())
                 ):
                     why = "reads or writes a peer's memory directly"
                 if why is not None:
                     raise FormatError(plan.name, where, why, f"only {_LIFTED_NAMES}")
-
-
-def _threadblock_keys(items: tuple[Item, ...]) -> dict[int, TbKey]:
-    """Return the IR threadblock of every item (by its index in ``items``)."""
-    by_plan_tb: dict[tuple, list[int]] = defaultdict(list)
-    for index, item in enumerate(items):
-        by_plan_tb[item.tb].append(index)
-    keys: dict[int, TbKey] = {}
-    for (rank, tb), members in by_plan_tb.items():
-        sends = {items[i].peer for i in members if items[i].op is OpType.SEND}
-        recvs = {items[i].peer for i in members if items[i].op is OpType.RECV}
-        if len(sends) <= 1 and len(recvs) <= 1:
-            whole = (rank, tb, next(iter(sends), None), next(iter(recvs), None))
-            keys.update((i, whole) for i in members)
-            continue
-        for i in members:
-            op, peer = items[i].op, items[i].peer
-            keys[i] = (rank, tb, peer if op is OpType.SEND else None, peer if op is OpType.RECV else None)
-    return keys
 
 
 def _find(parent: dict, node):
@@ -124,8 +127,8 @@ def _find(parent: dict, node):
     return node
 
 
-def _channels(plan: ExecutionPlan, items: tuple[Item, ...], keys: dict[int, TbKey]) -> dict[TbKey, int]:
-    """Return a channel per IR threadblock: one per set of threadblocks joined by transfers, links unique."""
+def _components(items: tuple[Item, ...], keys: dict[int, TbKey]) -> list[list[TbKey]]:
+    """Return the sets of IR threadblocks joined by transfers (each shares one channel)."""
     parent = {key: key for key in keys.values()}
     ends: dict[int, list[TbKey]] = defaultdict(list)
     for index, item in enumerate(items):
@@ -136,11 +139,25 @@ def _channels(plan: ExecutionPlan, items: tuple[Item, ...], keys: dict[int, TbKe
     components: dict[TbKey, list[TbKey]] = defaultdict(list)
     for key in sorted(parent, key=str):
         components[_find(parent, key)].append(key)
+    return list(components.values())
+
+
+def _links(members: list[TbKey]) -> list[tuple]:
+    links = [(k[0], "send", k[2]) for k in members if k[2] is not None]
+    return links + [(k[0], "recv", k[3]) for k in members if k[3] is not None]
+
+
+def _shares_links(items: tuple[Item, ...], keys: dict[int, TbKey]) -> bool:
+    """Return True when two IR threadblocks joined by transfers would use one link."""
+    return any(len(set(links)) < len(links) for links in map(_links, _components(items, keys)))
+
+
+def _channels(plan: ExecutionPlan, items: tuple[Item, ...], keys: dict[int, TbKey]) -> dict[TbKey, int]:
+    """Return a channel per IR threadblock: one per set of threadblocks joined by transfers, links unique."""
     taken: set[tuple] = set()
     channel_of: dict[TbKey, int] = {}
-    for members in components.values():
-        links = [(k[0], "send", k[2]) for k in members if k[2] is not None]
-        links += [(k[0], "recv", k[3]) for k in members if k[3] is not None]
+    for members in _components(items, keys):
+        links = _links(members)
         if len(set(links)) < len(links):
             rank, side, peer = next(link for link in links if links.count(link) > 1)
             raise FormatError(
@@ -166,6 +183,16 @@ def _before(lifted: LiftedEvents, earlier: int | None, later: int | None) -> boo
     return earlier != later and bool(lifted.order_ancestors[later] >> earlier & 1)
 
 
+def _item_before(lifted: LiftedEvents, earlier: Item, later: Item) -> bool:
+    """Return True when item ``earlier`` runs before ``later``: an earlier event, or first in one op.
+
+    A receive lifted from a packet read sits at the op that reads, before that op's own items.
+    """
+    if earlier.position is not None and earlier.position == later.position:
+        return earlier.key < later.key
+    return _before(lifted, earlier.position, later.position)
+
+
 def _depends(lifted: LiftedEvents, programs: dict[TbKey, list[int]], ids: dict[TbKey, int]) -> dict[int, list]:
     """Return, per item, the (tb id, step) pairs of its rank it waits for, implied ones left out."""
     items = lifted.items
@@ -178,7 +205,7 @@ def _depends(lifted: LiftedEvents, programs: dict[TbKey, list[int]], ids: dict[T
     depends: dict[int, list] = defaultdict(list)
     for rank, tbs in by_rank.items():
         members = [i for key in tbs for i in programs[key]]
-        members.sort(key=lambda i: (_topo(lifted, items[i].position, infinity), place[i][1]))
+        members.sort(key=lambda i: (_topo(lifted, items[i].position, infinity), items[i].key, place[i][1]))
         for i in members:
             key, j = place[i]
             seen = dict(known[programs[key][j - 1]]) if j else {}
@@ -188,7 +215,7 @@ def _depends(lifted: LiftedEvents, programs: dict[TbKey, list[int]], ids: dict[T
                     continue
                 steps = programs[other]
                 latest = len(steps) - 1
-                while latest >= 0 and not _before(lifted, items[steps[latest]].position, items[i].position):
+                while latest >= 0 and not _item_before(lifted, items[steps[latest]], items[i]):
                     latest -= 1
                 if latest > seen.get(other, -1):
                     depends[i].append((ids[other], latest))
@@ -253,13 +280,11 @@ def lift_mscclpp_plan(plan: ExecutionPlan) -> Algorithm:
         raise FormatError(plan.name, None, str(graph.problems[0]), "a plan that verifies")
     lifted = lift_items(plan, graph)
     items = lifted.items
-    keys = _threadblock_keys(items)
-    programs: dict[TbKey, list[int]] = defaultdict(list)
-    for index in sorted(range(len(items)), key=lambda i: items[i].key):
-        programs[keys[index]].append(index)
-    for old, new in _merge_chained(plan, lifted, programs).items():
-        programs[new] += programs.pop(old)
+    programs = _programs(plan, lifted, by_partner=False)
     keys = {i: key for key, seq in programs.items() for i in seq}
+    if _shares_links(items, keys):
+        programs = _programs(plan, lifted, by_partner=True)
+        keys = {i: key for key, seq in programs.items() for i in seq}
     channel = _channels(plan, items, keys)
     _check_link_order(plan, items, programs, channel)
     order = sorted(programs, key=lambda k: (k[0], k[1] is None, k[1] or 0, str(k[2:])))
@@ -270,34 +295,79 @@ def lift_mscclpp_plan(plan: ExecutionPlan) -> Algorithm:
     for key in order:
         tb = Threadblock(ids[key], tuple(steps[key]), key[2], key[3], channel[key])
         threadblocks[key[0]].append(tb)
-    return _algorithm(plan, {rank: fuse_receives(tbs) for rank, tbs in threadblocks.items()})
+    fused = {rank: fuse_receives(tbs) for rank, tbs in threadblocks.items()}
+    return _algorithm(plan, fused, lifted.scratch_chunks)
 
 
-def _merge_chained(plan: ExecutionPlan, lifted: LiftedEvents, programs: dict[TbKey, list[int]]) -> dict:
-    """Return which IR threadblocks to append to which: pieces of one plan threadblock cut at 64 ops.
+def _programs(plan: ExecutionPlan, lifted: LiftedEvents, by_partner: bool) -> dict[TbKey, list[int]]:
+    """Return the items (indices, in order) of every IR threadblock (``threadblock_keys``)."""
+    items = lifted.items
+    keys = threadblock_keys(items, by_partner)
+    programs: dict[TbKey, list[int]] = defaultdict(list)
+    for index in sorted(range(len(items)), key=lambda i: items[i].key):
+        programs[keys[index]].append(index)
+    joined: dict[TbKey, list[int]] = {}
+    for chain in _chains(plan, lifted, programs):
+        key = _joined_key(chain)
+        if len(chain) > 1 and (key in joined or key in programs and key not in chain):
+            joined.update((piece, programs[piece]) for piece in chain)  # a name taken: leave them apart
+        else:
+            joined[key] = [i for piece in chain for i in programs[piece]]
+    return joined
+
+
+def _ends(key: TbKey) -> tuple[tuple, tuple]:
+    """Return a key's (send peer, far plan tb) and (receive peer, far plan tb)."""
+    far = key[4] or (None, None)
+    return (key[2], far[0]), (key[3], far[1])
+
+
+def _joined_key(chain: list[TbKey]) -> TbKey:
+    send = next((e[0] for e in map(_ends, chain) if e[0][0] is not None), (None, None))
+    recv = next((e[1] for e in map(_ends, chain) if e[1][0] is not None), (None, None))
+    return key_of_threadblock(chain[0][0], chain[0][1], send, recv, chain[0][4] is not None)
+
+
+def _fits(chain: list[TbKey], key: TbKey) -> bool:
+    """Return True when joining ``key`` to ``chain`` leaves one send end and one receive end."""
+    ends = [_ends(k) for k in chain + [key]]
+    return all(len({e[side] for e in ends if e[side][0] is not None}) <= 1 for side in (0, 1))
+
+
+def _chains(plan: ExecutionPlan, lifted: LiftedEvents, programs: dict[TbKey, list[int]]) -> list[list[TbKey]]:
+    """Return the IR threadblocks in chains to join: pieces of one plan threadblock cut at 64 ops.
 
     The exporter cuts a long threadblock into pieces that share its channels and run one after
     another (chained by a semaphore); lifted apart, they would put two threadblocks on one link.
-    Pieces with the same peers and the same channels, each wholly after the one before, are joined.
+    Pieces with the same channels and peers that fit together (a piece that only sends joins one
+    that also receives), joined by transfers (else they use no link in common), each wholly after
+    the one before, are joined. An LL plan's receiving threadblocks hold no channel, so the
+    transfers tell which lane they were cut from.
     """
     items = lifted.items
     infinity = len(lifted.topo_position)
+    keys_of = {i: key for key, seq in programs.items() for i in seq}
+    component = {key: number for number, members in enumerate(_components(items, keys_of)) for key in members}
     groups: dict[tuple, list[TbKey]] = defaultdict(list)
-    for key, seq in programs.items():
+    chains: list[list[TbKey]] = []
+    for key in programs:
         if key[1] is not None and (key[2] is not None or key[3] is not None):
             channels = plan.gpus[key[0]].threadblocks[key[1]].channels
-            groups[(key[0], key[2], key[3], channels)].append(key)
-    into: dict[TbKey, TbKey] = {}
+            groups[(key[0], channels, component[key])].append(key)
+        else:
+            chains.append([key])
     for keys in groups.values():
         keys.sort(key=lambda k: _topo(lifted, items[programs[k][0]].position, infinity))
-        head, last = keys[0], programs[keys[0]][-1]
+        chain, last = [keys[0]], programs[keys[0]][-1]
         for key in keys[1:]:
-            if _before(lifted, items[last].position, items[programs[key][0]].position):
-                into[key] = head
+            if _before(lifted, items[last].position, items[programs[key][0]].position) and _fits(chain, key):
+                chain.append(key)
             else:
-                head = key
+                chains.append(chain)
+                chain = [key]
             last = programs[key][-1]
-    return into
+        chains.append(chain)
+    return chains
 
 
 def _numbering(order: list[TbKey]) -> list[int]:
@@ -313,7 +383,7 @@ def _step(item: Item, depends: tuple) -> Step:
     return Step(item.op, src[0], src[1], dst[0], dst[1], item.count, depends)
 
 
-def _algorithm(plan: ExecutionPlan, threadblocks: dict[int, list[Threadblock]]) -> Algorithm:
+def _algorithm(plan: ExecutionPlan, threadblocks: dict[int, list[Threadblock]], scratch: tuple[int, ...]) -> Algorithm:
     collective = Collective(plan.collective)
     gpu0 = plan.gpus[0]
     per_loop = gpu0.output_chunks if collective is Collective.ALLGATHER else max(gpu0.input_chunks, gpu0.output_chunks)
@@ -325,7 +395,7 @@ def _algorithm(plan: ExecutionPlan, threadblocks: dict[int, list[Threadblock]]) 
         if plan.inplace:  # our IR gives the aliased view no chunks (taccl_py.ir.inplace)
             inputs, outputs = (layout.input_chunks, 0) if keeps_input else (0, layout.output_chunks)
         tbs = tuple(tb for tb in threadblocks.get(gpu.id, ()) if tb.steps)
-        ranks.append(RankProgram(gpu.id, tbs, inputs, outputs, gpu.scratch_chunks))
+        ranks.append(RankProgram(gpu.id, tbs, inputs, outputs, scratch[gpu.id]))
     max_bytes = None if plan.max_message_size >= MAX_MESSAGE_SIZE else plan.max_message_size + 1
     logger.debug("lifted %s: %d threadblocks", plan.name, sum(len(p.threadblocks) for p in ranks))
     return Algorithm(

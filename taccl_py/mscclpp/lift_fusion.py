@@ -8,12 +8,17 @@ one of the steps folded away, the group is one step of ours:
 
 ========================  ==========================================
 r L; cpy L->D             r D            (then s D: rcs D)
+r L; cpy L->D; s L        rcs D
 r L; s L                  rcs L
 r L; re D += L            rrc src D, dst D   (then s D: rrcs)
 r L; cpy X->D; re D += L  rrc src X, dst D   (then s D: rrcs)
 r L; re L += X; s L       rrs src X
 r L; re L += X            rrc src X, dst L
 ========================  ==========================================
+
+An ``rrcs`` whose sum lands in scratch that nothing else touches is an ``rrs``. Before all this,
+a copy into scratch that only the send right after it reads (an LL plan's staging slot: ``cpkt``
+or ``recpkt`` then ``rppkt``) folds into the send: ``cpy X->T; s T`` is ``s X``.
 
 Folding a write nothing else reads changes no value, and the fused step takes the place of the
 group's last step, so nothing runs earlier than before.
@@ -65,6 +70,8 @@ def _match(steps: tuple[Step, ...], i: int) -> tuple[int, Step] | None:
         return parts, fused
 
     a, b = nxt[0], nxt[1]
+    if is_op(a, OpType.COPY) and src(a) == land and is_op(b, OpType.SEND) and src(b) == land:
+        return 3, replace(recv, op=OpType.RECV_COPY_SEND, dst_buffer=a.dst_buffer, dst_offset=a.dst_offset)
     if is_op(a, OpType.COPY) and src(a) == land:
         return forward(2, OpType.RECV, replace(recv, dst_buffer=a.dst_buffer, dst_offset=a.dst_offset))
     if is_op(a, OpType.SEND) and src(a) == land:
@@ -100,17 +107,45 @@ def _fuse_one(tbs: list[Threadblock], position: int, touched: dict, waited: set)
             (tb.id, j) in waited for j in range(i, i + parts - 1)
         ):
             continue
-        depends = tuple(dict.fromkeys(d for j in range(i, i + parts) for d in tb.steps[j].depends))
-        steps = tb.steps[:i] + (replace(fused, depends=depends),) + tb.steps[i + parts :]
-        tbs[position] = replace(tb, steps=steps)
-        for k, other in enumerate(tbs):
-            renumbered = tuple(
-                replace(s, depends=tuple((t, _moved(j, i, parts) if t == tb.id else j) for t, j in s.depends))
-                for s in other.steps
-            )
-            tbs[k] = replace(tbs[k], steps=renumbered)
+        if fused.op is OpType.RECV_REDUCE_COPY_SEND and _only_in(fused, Buffer.SCRATCH, touched, group):
+            fused = Step(OpType.RECV_REDUCE_SEND, fused.src_buffer, fused.src_offset, count=fused.count)
+        _replace_group(tbs, position, i, parts, fused)
         return True
     return False
+
+
+def _only_in(step: Step, buffer: Buffer, touched: dict, group: set) -> bool:
+    """Return True when ``step``'s dst chunks are in ``buffer`` and no step outside ``group`` touches them."""
+    chunks = [(step.dst_buffer, c) for c in range(step.dst_offset, step.dst_offset + step.count)]
+    return step.dst_buffer is buffer and not any(touched[chunk] - group for chunk in chunks)
+
+
+def _fuse_staging(tbs: list[Threadblock], position: int, touched: dict, waited: set) -> bool:
+    """Fold the first ``cpy X->T; s T`` of ``tbs[position]`` (T scratch, read by that send alone) into ``s X``."""
+    tb = tbs[position]
+    for i, (copy, send) in enumerate(zip(tb.steps, tb.steps[1:])):
+        if copy.op is not OpType.COPY or send.op is not OpType.SEND or copy.count != send.count:
+            continue
+        if (send.src_buffer, send.src_offset) != (copy.dst_buffer, copy.dst_offset) or (tb.id, i) in waited:
+            continue
+        if _only_in(copy, Buffer.SCRATCH, touched, {(tb.id, i), (tb.id, i + 1)}):
+            _replace_group(tbs, position, i, 2, replace(send, src_buffer=copy.src_buffer, src_offset=copy.src_offset))
+            return True
+    return False
+
+
+def _replace_group(tbs: list[Threadblock], position: int, i: int, parts: int, fused: Step) -> None:
+    """Put ``fused`` (depending on what the group did) for steps ``i .. i + parts - 1`` of ``tbs[position]``."""
+    tb = tbs[position]
+    depends = tuple(dict.fromkeys(d for j in range(i, i + parts) for d in tb.steps[j].depends))
+    steps = tb.steps[:i] + (replace(fused, depends=depends),) + tb.steps[i + parts :]
+    tbs[position] = replace(tb, steps=steps)
+    for k, other in enumerate(tbs):
+        renumbered = tuple(
+            replace(s, depends=tuple((t, _moved(j, i, parts) if t == tb.id else j) for t, j in s.depends))
+            for s in other.steps
+        )
+        tbs[k] = replace(tbs[k], steps=renumbered)
 
 
 def _moved(j: int, start: int, parts: int) -> int:
@@ -134,9 +169,10 @@ def _index(tbs: list[Threadblock]) -> tuple[dict, set]:
 def fuse_receives(threadblocks: list[Threadblock]) -> list[Threadblock]:
     """Return one rank's threadblocks with each receive fused into the steps that use its landing chunks."""
     tbs = list(threadblocks)
-    for position in range(len(tbs)):
-        while True:
-            touched, waited = _index(tbs)
-            if not _fuse_one(tbs, position, touched, waited):
-                break
+    for fuse in (_fuse_staging, _fuse_one):
+        for position in range(len(tbs)):
+            while True:
+                touched, waited = _index(tbs)
+                if not fuse(tbs, position, touched, waited):
+                    break
     return tbs

@@ -6,11 +6,22 @@ it takes: a local ``copy`` becomes ``cpy``, a local ``re`` becomes ``re`` steps 
 when the destination is none of the sources), and a put from GPU a into GPU b becomes a send on a
 at the put and a receive on b at the first ``wait`` of b whose visibility covers the put's write
 (``taccl_py.mscclpp.replay``), or at the end of b's program when no wait covers it (the data is
-then read by nothing before the call ends). ``lift.py`` assembles the threadblocks.
+then read by nothing before the call ends). ``threadblock_keys`` says which IR threadblock each
+item goes to; ``lift.py`` assembles them.
+
+Packet (LL) ops lift the same way. A packet write into a peer (``ppkt``, ``rppkt``, the peer
+destinations of ``respkt``) is a send at the write and a receive at b's first packet read of the
+written slot, where b polls its flag (the replay graph's packet edges); one put whose slots b
+first reads in different places is cut there. The local parts of ``cpkt``, ``upkt``, ``repkt``,
+``recpkt``, ``respkt`` are copies and reductions. An op that writes one sum to several places
+computes it into its first destination and copies or sends that on. Packets in scratch live apart
+from plain scratch (``describe_location``), so packet slot p of a GPU with k plain scratch chunks
+becomes our scratch chunk k + p.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from taccl_py.errors import FormatError
@@ -19,13 +30,29 @@ from taccl_py.mscclpp.event_order import topological_order
 from taccl_py.mscclpp.plan import ExecutionPlan, OpName
 from taccl_py.mscclpp.replay_graph import ReplayGraph
 
-__all__ = ["Item", "LiftedEvents", "lift_items"]
+__all__ = ["Item", "LiftedEvents", "TbKey", "key_of_threadblock", "lift_items", "threadblock_keys"]
 
 _PUTS = frozenset({OpName.PUT, OpName.PUT_WITH_SIGNAL, OpName.PUT_WITH_SIGNAL_AND_FLUSH})
-_LOCAL = frozenset({OpName.COPY, OpName.REDUCE})
+_PACKET_SENDS = frozenset(
+    {OpName.PUT_PACKETS, OpName.READ_PUT_PACKETS, OpName.REDUCE_SEND_PACKETS, OpName.REDUCE_COPY_SEND_PACKETS}
+)
+# Ops whose writes into their own GPU are local copies and reductions.
+_LOCAL = frozenset(
+    {
+        OpName.COPY,
+        OpName.REDUCE,
+        OpName.COPY_PACKETS,
+        OpName.UNPACK_PACKETS,
+        OpName.REDUCE_PACKETS,
+        OpName.REDUCE_COPY_PACKETS,
+        OpName.REDUCE_SEND_PACKETS,
+        OpName.REDUCE_COPY_SEND_PACKETS,
+    }
+)
 _BUFFERS = {buffer.value: buffer for buffer in Buffer}
 
 Slot = tuple[Buffer, int]
+TbKey = tuple  # (rank, plan tb id or None, send peer, receive peer, far-end plan tbs or None)
 
 
 @dataclass
@@ -56,6 +83,7 @@ class LiftedEvents:
     items: tuple[Item, ...]
     order_ancestors: tuple[int, ...]  # per event, the bit set of events before it (itself included)
     topo_position: tuple[int, ...]  # per event, its place in one topological order
+    scratch_chunks: tuple[int, ...]  # per rank, our scratch chunks: the plan's plain ones, then its packet slots
 
 
 def _fault(plan: ExecutionPlan, where: str, fault: str, expected: str) -> FormatError:
@@ -72,22 +100,31 @@ def _ancestors(predecessors: list[set[int]], order: list[int]) -> list[int]:
     return reach
 
 
-def _runs(columns: list[list[tuple]]) -> list[tuple[int, int]]:
-    """Return (start, length) runs over which every column stays in one buffer at consecutive chunks."""
+def _runs(columns: list[list[tuple]], cuts: list | None = None) -> list[tuple[int, int]]:
+    """Return (start, length) runs over which every column stays in one buffer at consecutive chunks.
+
+    ``cuts``, one label per chunk, also ends a run where the label changes.
+    """
     runs: list[tuple[int, int]] = []
     start = 0
     for j in range(1, len(columns[0]) + 1):
         if j < len(columns[0]) and all(
-            col[j][:2] == col[j - 1][:2] and col[j][2] == col[j - 1][2] + 1 for col in columns
+            col[j][:2] == col[j - 1][:2] and col[j][3] == col[j - 1][3] and col[j][2] == col[j - 1][2] + 1
+            for col in columns
         ):
-            continue
+            if cuts is None or cuts[j] == cuts[j - 1]:
+                continue
         runs.append((start, j - start))
         start = j
     return runs
 
 
-def _slot(location: tuple) -> Slot:
-    return _BUFFERS[location[1]], location[2]
+def _shared_sum(writes: list) -> list:
+    """Return ``writes`` with every destination after the first of one sum fed from the first one."""
+    first_dst, first_sources = writes[0] if writes else (None, None)
+    if first_sources is None or len(first_sources) < 2:
+        return writes
+    return writes[:1] + [(dst, [first_dst]) if src == first_sources else (dst, src) for dst, src in writes[1:]]
 
 
 class _Lifter:
@@ -110,6 +147,11 @@ class _Lifter:
                 self.op_event.setdefault((event.gpu, event.tb, event.step), index)
                 if event.name is OpName.WAIT:
                     self.waits.setdefault(event.gpu, []).append(index)
+        self.packet_readers: dict[tuple, list[int]] = {}
+        for index, event in enumerate(graph.events):
+            for loc in event.packet_reads:
+                self.packet_readers.setdefault(loc, []).append(index)
+        self.scratch = [gpu.scratch_chunks for gpu in plan.gpus]
         self.items: list[Item] = []
         self.transfers = 0
 
@@ -123,11 +165,12 @@ class _Lifter:
                 continue
             op_index = self.op_event[(event.gpu, event.tb, event.step)]
             name = self.graph.events[op_index].name
-            for number, (dst_locs, sources) in enumerate(event.writes):
-                owners = {loc[0] for loc in dst_locs} | {loc[0] for locs in sources for loc in locs}
-                if owners == {event.gpu} and name in _LOCAL:
+            self._check_packets(event)
+            for number, (dst_locs, sources) in enumerate(_shared_sum(event.writes)):
+                readers = {loc[0] for locs in sources for loc in locs}
+                if readers | {loc[0] for loc in dst_locs} == {event.gpu} and name in _LOCAL:
                     self._local(event, op_index, name, dst_locs, sources, number)
-                elif name in _PUTS and {loc[0] for locs in sources for loc in locs} == {event.gpu}:
+                elif name in _PUTS | _PACKET_SENDS and readers == {event.gpu} and len(sources) == 1:
                     self._put(event, index, op_index, dst_locs, sources[0], number)
                 else:
                     raise _fault(
@@ -136,17 +179,33 @@ class _Lifter:
                         "reads or writes a peer's memory in a way with no send/receive form",
                         "puts from local chunks into a peer, local copies and reductions",
                     )
-        return LiftedEvents(tuple(self.items), tuple(self.order_anc), tuple(self.topo))
+        return LiftedEvents(tuple(self.items), tuple(self.order_anc), tuple(self.topo), tuple(self.scratch))
+
+    def _check_packets(self, event) -> None:
+        """Refuse packets outside scratch: our IR could not keep them apart from the plain chunks there."""
+        for dst_locs, sources in event.writes:
+            for loc in dst_locs + [loc for locs in sources for loc in locs]:
+                if loc[3] and loc[1] != Buffer.SCRATCH.value:
+                    raise _fault(self.plan, self.where(event), "packets outside scratch", "packet slots in scratch")
+
+    def _slot(self, location: tuple) -> Slot:
+        """Return our chunk of a plan location: packet slots follow the GPU's plain scratch chunks."""
+        if not location[3]:
+            return _BUFFERS[location[1]], location[2]
+        return Buffer.SCRATCH, self.plan.gpus[location[0]].scratch_chunks + location[2]
 
     def _add(self, event, position, key, op, src, dst, count, peer=None, transfer=None, tb=None) -> None:
         tb = (event.gpu, event.tb) if tb is None else tb
+        for slot in (src, dst):
+            if slot is not None and slot[0] is Buffer.SCRATCH:
+                self.scratch[tb[0]] = max(self.scratch[tb[0]], slot[1] + count)
         self.items.append(Item(tb[0], op, src, dst, count, position, key, tb, peer, transfer))
 
     def _local(self, event, op_index: int, name: OpName, dst_locs, sources, number: int) -> None:
         """Add the cpy/re steps of a local copy or reduction (``dst`` <- sum of ``sources``)."""
         for start, length in _runs([dst_locs, *sources]):
-            dst = _slot(dst_locs[start])
-            srcs = [_slot(locs[start]) for locs in sources]
+            dst = self._slot(dst_locs[start])
+            srcs = [self._slot(locs[start]) for locs in sources]
             key = (event.step, number, start)
             if name is OpName.COPY or len(srcs) == 1:
                 if srcs[0] != dst:
@@ -175,9 +234,9 @@ class _Lifter:
 
     def _put(self, event, write: int, op_index: int, dst_locs, src_locs, number: int) -> None:
         """Add a send on the putting GPU and a receive where the receiver first sees the data."""
-        for start, length in _runs([dst_locs, src_locs]):
-            receiver = dst_locs[start][0]
-            wait = self._receive_point(event, write, receiver)
+        points = [self._receive_point(event, write, loc) for loc in dst_locs]
+        for start, length in _runs([dst_locs, src_locs], points):
+            receiver, wait = dst_locs[start][0], points[start]
             transfer = self.transfers
             self.transfers += 1
             self._add(
@@ -185,7 +244,7 @@ class _Lifter:
                 op_index,
                 (event.step, number, start),
                 OpType.SEND,
-                _slot(src_locs[start]),
+                self._slot(src_locs[start]),
                 None,
                 length,
                 receiver,
@@ -195,15 +254,22 @@ class _Lifter:
                 tb, key = (receiver, None), (transfer,)
             else:
                 tb, key = (receiver, self.graph.events[wait].tb), (self.graph.events[wait].step, -1, write, start)
-            self._add(event, wait, key, OpType.RECV, None, _slot(dst_locs[start]), length, event.gpu, transfer, tb)
+            self._add(event, wait, key, OpType.RECV, None, self._slot(dst_locs[start]), length, event.gpu, transfer, tb)
 
     def _same_tb(self, node: int, event) -> bool:
         other = self.graph.events[node]
         return other.gpu == event.gpu and other.tb == event.tb
 
-    def _receive_point(self, event, write: int, receiver: int) -> int | None:
-        """Return the first wait of ``receiver`` that makes ``write`` visible (None: no wait does)."""
-        seen = [w for w in self.waits.get(receiver, []) if self.vis_anc[w] >> write & 1]
+    def _receive_point(self, event, write: int, location: tuple) -> int | None:
+        """Return where ``location``'s owner first sees ``write``: its first wait that makes it visible
+        or, for a packet, its first read of it (None: nothing does)."""
+        receiver = location[0]
+        if location[3]:
+            seen = self.packet_readers.get(location, [])
+            what = f"packets are first read by GPU {receiver}"
+        else:
+            seen = [w for w in self.waits.get(receiver, []) if self.vis_anc[w] >> write & 1]
+            what = f"its data becomes visible to GPU {receiver}"
         first = [w for w in seen if not any(o != w and self.order_anc[w] >> o & 1 for o in seen)]
         if len(first) > 1:  # several see it: the wait met by a signal of the putting threadblock
             mine = [w for w in first if any(self._same_tb(p, event) for p in self.graph.order[w])]
@@ -213,8 +279,8 @@ class _Lifter:
             raise _fault(
                 self.plan,
                 self.where(event),
-                f"its data becomes visible to GPU {receiver} at several unordered waits ({labels})",
-                "one first wait per put",
+                f"{what} at several unordered places ({labels})",
+                "one first wait or packet read per put",
             )
         return first[0] if first else None
 
@@ -222,3 +288,48 @@ class _Lifter:
 def lift_items(plan: ExecutionPlan, graph: ReplayGraph) -> LiftedEvents:
     """Return the IR items of ``plan`` (its replay graph ``graph``, one slice per chunk)."""
     return _Lifter(plan, graph).lift()
+
+
+def threadblock_keys(items: tuple[Item, ...], by_partner: bool) -> dict[int, TbKey]:
+    """Return the IR threadblock of every item (by its index in ``items``).
+
+    A plan threadblock that talks to several peers is cut per peer (and one for its local steps).
+    With ``by_partner`` a transfer's end is told apart by the plan threadblock at its other end too,
+    for plans (MSCCL++'s own LL ones) whose threadblock talks to several threadblocks of one peer.
+    """
+    partner: dict[int, tuple] = {}
+    if by_partner:
+        ends: dict[int, list[int]] = defaultdict(list)
+        for index, item in enumerate(items):
+            if item.transfer is not None:
+                ends[item.transfer].append(index)
+        for a, b in ends.values():
+            partner[a], partner[b] = items[b].tb, items[a].tb
+    by_plan_tb: dict[tuple, list[int]] = defaultdict(list)
+    for index, item in enumerate(items):
+        by_plan_tb[item.tb].append(index)
+    keys: dict[int, TbKey] = {}
+    for (rank, tb), members in by_plan_tb.items():
+        sends = {(items[i].peer, partner.get(i)) for i in members if items[i].op is OpType.SEND}
+        recvs = {(items[i].peer, partner.get(i)) for i in members if items[i].op is OpType.RECV}
+        if len(sends) <= 1 and len(recvs) <= 1:
+            send, recv = next(iter(sends), (None, None)), next(iter(recvs), (None, None))
+            keys.update((i, key_of_threadblock(rank, tb, send, recv, by_partner)) for i in members)
+            continue
+        receiving: dict[int, TbKey] = {}  # an op's local items go with a receive at that op (LL: fusable)
+        for i in members:
+            end, none = (items[i].peer, partner.get(i)), (None, None)
+            send = end if items[i].op is OpType.SEND else none
+            recv = end if items[i].op is OpType.RECV else none
+            keys[i] = key_of_threadblock(rank, tb, send, recv, by_partner)
+            if items[i].op is OpType.RECV and items[i].position is not None:
+                receiving.setdefault(items[i].position, keys[i])
+        for i in members:
+            if items[i].transfer is None and items[i].position in receiving:
+                keys[i] = receiving[items[i].position]
+    return keys
+
+
+def key_of_threadblock(rank: int, tb: int | None, send: tuple, recv: tuple, by_partner: bool) -> TbKey:
+    """Return (rank, plan tb, send peer, receive peer, the plan threadblocks at the far ends or None)."""
+    return (rank, tb, send[0], recv[0], (send[1], recv[1]) if by_partner else None)

@@ -1,8 +1,8 @@
 """Verify an MSCCL++ execution plan by symbolic replay with the executor's semantics.
 
 Every op becomes an event (a pipeline's body once per modelled iteration), and events are joined
-by two relations. *Order* says what must finish before an event can run: program order in a
-threadblock; the k-th ``wait`` on a channel after the k-th ``signal`` (relaxed or not) on the
+by two relations. *Order* says what must finish before an event can run: program order (per
+thread, below); the k-th ``wait`` on a channel after the k-th ``signal`` (relaxed or not) on the
 peer's paired channel (channels pair in order: the m-th channel of GPU a to b with the m-th of b
 to a); the n-th ``sem_acquire`` after release n - init; a ``barrier`` round after all its
 threadblocks arrive; a packet read after the one packet write of its location (the LL flag).
@@ -12,6 +12,18 @@ write after its issue, chained in order with the channel's later port signals; `
 A port ``rppkt``'s proxy copies packets raw after every thread saw their flags, so it reads them
 after their write as a packet read does.
 
+Program order is per thread. The executor runs a control op's ids one per thread with no
+``__syncthreads`` (``if (tid < n)`` in ``handleWait``, ``handleSemAcquire``, ``handleFlush``,
+``handleSignal``, ``handleSemRelease`` and a port put; execution_kernel.hpp): thread 0 runs the
+first id as the op's event, and thread k runs the k-th as an event of its own, after its own last
+event or else the last sync, so a ``wait`` on several channels or a ``sem_acquire`` of several
+semaphores holds up only thread 0 for the first, and a signal, release or port put of thread k
+carries none of thread 0's gates. ``nop`` (``__syncthreads``), ``barrier`` and a port ``rppkt``
+(between its flag reads and its puts) join every thread. Data ops run on every thread and are taken
+as one event after thread 0's, so a data op right after a gate, or thread 0's signal, release or
+put right after a data op, with no ``nop`` between, is taken as ordered though the executor does
+not order it.
+
 A plan is refused (``Violation`` records) when events wait for ever (an unmatched wait, barrier
 or packet, or a cycle: ``deadlock``), when two accesses to a location, one a write, are not
 ordered by visibility (``race``: a read that can come too early, or a write over data still
@@ -19,11 +31,11 @@ being read), when an op reads a location nothing wrote, or when a rank's output 
 the collective's postcondition. Buffers are split into slices so that thread-block groups
 (``tbg_info``) and ``pipeline_iterations`` pipeline iterations touch exact parts of chunks.
 
-A channel or semaphore several threadblocks share matches in the order the plan forces on
+A channel or semaphore several threadblocks (or threads of one) share matches in the order the plan forces on
 their uses (a threadblock cut in pieces chained by a semaphore); where no order is forced, which
 wait meets which signal depends on timing, and the plan is refused as not modelled. Scratch
 reuse across pipeline iterations (``reuse_resources``) and packet and plain data in overlapping
-scratch bytes are taken as separate storage; ``nop`` (``__syncthreads``) is program order only.
+scratch bytes are taken as separate storage.
 """
 
 from __future__ import annotations

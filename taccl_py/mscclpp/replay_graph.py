@@ -2,8 +2,9 @@
 
 See ``taccl_py.mscclpp.replay`` for the semantics; this module turns each op into events (a
 pipeline's body once per modelled iteration, a port-channel put into its issue and its proxy
-write) and matches signals with waits, semaphore releases with acquires, barrier rounds and
-packet writes with packet reads.
+write, a control op's ids past the first into events of their threads, joined at the next ``nop``
+or ``barrier``) and matches signals with waits, semaphore releases with acquires, barrier rounds
+and packet writes with packet reads.
 """
 
 from __future__ import annotations
@@ -31,18 +32,9 @@ __all__ = [
 DEFAULT_PIPELINE_ITERATIONS = 3
 _SIGNALS = {OpName.SIGNAL, OpName.RELAXED_SIGNAL}
 _WAITS = {OpName.WAIT, OpName.RELAXED_WAIT}
-# Packet ops ignore a pipeline's offset (their handlers take none), so they touch whole ranges.
-_PACKET_OPS = {
-    OpName.PUT_PACKETS,
-    OpName.READ_PUT_PACKETS,
-    OpName.REDUCE_SEND_PACKETS,
-    OpName.COPY_PACKETS,
-    OpName.UNPACK_PACKETS,
-    OpName.REDUCE_PACKETS,
-    OpName.REDUCE_COPY_PACKETS,
-    OpName.REDUCE_COPY_SEND_PACKETS,
-    OpName.MULTI_STORE_PACKETS,
-}
+# Packet ops (the executor's names end in "pkt") ignore a pipeline's offset (their handlers take
+# none), so they touch whole ranges.
+_PACKET_OPS = frozenset(name for name in OpName if name.value.endswith("pkt"))
 # Location: (gpu, buffer spelling, slice, packet); packets live apart from plain data.
 Location = tuple
 
@@ -59,6 +51,7 @@ class Event:
     writes: list = field(default_factory=list)  # (destination locations, list of source location lists)
     packet_reads: list = field(default_factory=list)
     blocked: str | None = None  # why the event can never run, when nothing it waits for exists
+    thread: int = 0  # the thread that runs it: 0 for the op itself, k for the k-th id of a per-thread op
 
 
 @dataclass
@@ -102,7 +95,12 @@ class ReplayBuilder:
         self.port_tail: dict[tuple, int] = {}  # (gpu, channel) -> last proxy event on it
         self.sem_ops: dict[tuple, list[tuple[int, int]]] = defaultdict(list)  # (gpu, sem, name) -> (tb, event)
         self.barriers: dict[tuple, list[list[int]]] = defaultdict(list)  # (gpu, id) -> per-tb barrier events
-        self.after: dict[int, int] = {}  # event -> next event in its threadblock
+        self.after: dict[int, list[int]] = defaultdict(list)  # event -> the events that follow it in its threadblock
+        # Where the threadblock being built stands: thread 0's last event (the op before), the last
+        # __syncthreads, and each thread k > 0's own last event since it.
+        self.previous: int | None = None
+        self.synced: int | None = None
+        self.lanes: dict[int, int] = {}
 
     def build(self) -> ReplayGraph:
         for gpu in self.plan.gpus:
@@ -114,7 +112,7 @@ class ReplayBuilder:
         return self.graph
 
     def _threadblock(self, gpu: Gpu, tb) -> None:
-        previous: int | None = None
+        self.previous, self.synced, self.lanes = None, None, {}
         barrier_events: dict[int, list[int]] = defaultdict(list)
         for step, op in enumerate(tb.ops):
             runs = [(op, None, None)]
@@ -124,33 +122,66 @@ class ReplayBuilder:
                 where = f"gpu {gpu.id} tb {tb.id} op {step}" + ("" if j is None else f".{j} iteration {k}")
                 pipe = None if k is None else (k, op.num_chunks)
                 first, last = self._op(gpu, tb, step, inner, f"{where} ({inner.name.value})", pipe)
-                if previous is not None:
-                    self.graph.edge(previous, first)
-                    self.after[previous] = first
+                self._follow(self.previous, first)
                 if inner.name is OpName.BARRIER:
                     barrier_events[inner.barrier_id].append(last)
-                previous = last
+                self.previous = last
         for barrier_id, events in barrier_events.items():
             self.barriers[(gpu.id, barrier_id)].append(events)
 
     def _op(self, gpu: Gpu, tb, step: int, op: Operation, label: str, pipe) -> tuple[int, int]:
-        graph = self.graph
-        node = graph.add(Event(gpu.id, tb.id, step, label, op.name))
+        node = self.graph.add(Event(gpu.id, tb.id, step, label, op.name))
         if op.name in _SIGNALS or op.name in _WAITS or op.name is OpName.FLUSH:
-            for channel in self._channels(tb, op):
+            channels = self._channels(tb, op)
+            gates = op.name in _WAITS or op.name is OpName.FLUSH
+            for channel, event in zip(channels, self._per_thread(node, len(channels), gates)):
                 key = (gpu.id, op.channel_type, channel)
                 if op.name in _WAITS:
-                    self.waits[key].append(node)
+                    self.waits[key].append(event)
                 elif op.name is OpName.FLUSH or op.channel_type is ChannelKind.PORT:
-                    self._proxy(gpu, tb, op, channel, node, op.name is OpName.FLUSH)
+                    self._proxy(gpu, tb, op, channel, event, op.name is OpName.FLUSH)
                 else:
-                    self.signals[key].append(node)
+                    self.signals[key].append(event)
         elif op.name in (OpName.SEM_ACQUIRE, OpName.SEM_RELEASE):
-            for semaphore in op.semaphore_ids:
-                self.sem_ops[(gpu.id, semaphore, op.name)].append((tb.id, node))
-        elif op.name not in (OpName.NOP, OpName.BARRIER):
+            events = self._per_thread(node, len(op.semaphore_ids), op.name is OpName.SEM_ACQUIRE)
+            for semaphore, event in zip(op.semaphore_ids, events):
+                self.sem_ops[(gpu.id, semaphore, op.name)].append((tb.id, event))
+        elif op.name in (OpName.NOP, OpName.BARRIER):
+            self._sync(node)
+        else:
             return node, self._data(gpu, tb, op, node, pipe)
         return node, node
+
+    def _follow(self, before: int | None, after: int) -> None:
+        """Order ``after`` behind ``before`` in its threadblock (nothing when ``before`` is None: its first event)."""
+        if before is not None:
+            self.graph.edge(before, after)
+            self.after[before].append(after)
+
+    def _per_thread(self, node: int, count: int, gates: bool) -> list[int]:
+        """Return, for threads 0..count-1, the event where each runs its id of ``node``'s op (thread 0: ``node``).
+
+        Thread k comes from its own last event, else the last sync: not from thread 0's gates, nor
+        (unsynced) from the data ops. Where that is ``node``'s predecessor and the op does not hold
+        the thread (``gates``: wait, acquire, flush), ``node`` stands for it; else it gets an event.
+        """
+        events = [node]
+        for k in range(1, count):
+            pred = self.lanes.get(k, self.synced)
+            event = node
+            if gates or pred != self.previous:
+                label = self.graph.events[node]
+                event = self.graph.add(Event(label.gpu, label.tb, label.step, label.label, label.name, thread=k))
+                self._follow(pred, event)
+            self.lanes[k] = event
+            events.append(event)
+        return events
+
+    def _sync(self, node: int) -> None:
+        """Make ``node`` a ``__syncthreads``: every thread's own events come before it, and all go on from it."""
+        for event in self.lanes.values():
+            self.graph.edge(event, node)
+        self.synced, self.lanes = node, {}
 
     def _proxy(self, gpu: Gpu, tb, op: Operation, channel: int, issue: int, flush: bool) -> int:
         """Add a proxy event for a port op after ``issue``, chained on the channel; return it."""
@@ -186,33 +217,37 @@ class ReplayBuilder:
         event = self.graph.events[node]
         event.packet_reads = [] if raw_copy else [loc for i in packet_src for owner in src[i] for loc in owner]
         pairs = _assignments(op.name, src, dst)
-        for dst_locs, sources in pairs:
-            if any(len(locs) != len(dst_locs) for locs in sources):
-                self.graph.problems.append(
-                    violation_at(event, "size mismatch", "sources and destinations differ in size")
-                )
-                return node
+        if any(len(locs) != len(dst_locs) for dst_locs, sources in pairs for locs in sources):
+            self.graph.problems.append(violation_at(event, "size mismatch", "sources and destinations differ in size"))
+            return node
         port = op.channel_type is ChannelKind.PORT and op.name not in (OpName.COPY, OpName.GET)
         if not port:
             event.writes = pairs
             return node
         channels = self._channels(tb, op)
-        for i, pair in enumerate(pairs):
-            channel = channels[min(i, len(channels) - 1)] if channels else None
-            if channel is None:
-                self.graph.problems.append(violation_at(event, "missing channel", "a port put names no channel"))
-                return node
-            proxy = self._proxy(gpu, tb, op, channel, node, False)
+        if not channels:
+            self.graph.problems.append(violation_at(event, "missing channel", "a port put names no channel"))
+            return node
+        if op.name is OpName.READ_PUT_PACKETS:  # every thread reads the flags, then __syncthreads
+            self._sync(node)
+        # thread i puts the i-th destination over the i-th channel (and flushes it, for pwsf)
+        channels = [channels[min(i, len(channels) - 1)] for i in range(len(pairs))]
+        issues = self._per_thread(node, len(pairs), False)
+        for pair, channel, issue in zip(pairs, channels, issues):
+            proxy = self._proxy(gpu, tb, op, channel, issue, False)
             self.graph.events[proxy].writes = [pair]
             if op.name is OpName.READ_PUT_PACKETS:  # every thread saw the flags before thread 0 started the copy
                 self.graph.events[proxy].packet_reads = event.packet_reads
-        if op.name is OpName.PUT_WITH_SIGNAL_AND_FLUSH:
-            done = self.graph.add(Event(gpu.id, tb.id, event.step, event.label + " flush"))
-            self.graph.edge(node, done)
-            for channel in channels:
-                self.graph.edge(self.port_tail[(gpu.id, ChannelKind.PORT, channel)], done)
-            return done
-        return node
+        if op.name is not OpName.PUT_WITH_SIGNAL_AND_FLUSH:
+            return node
+        flushes = []
+        for i, (channel, issue) in enumerate(zip(channels, issues)):
+            done = self.graph.add(Event(gpu.id, tb.id, event.step, event.label + " flush", thread=i))
+            self.graph.edge(issue, done)
+            self.graph.edge(self.port_tail[(gpu.id, ChannelKind.PORT, channel)], done)
+            flushes.append(done)
+        self.lanes.update(enumerate(flushes[1:], start=1))
+        return flushes[0]
 
     def _locations(self, gpu: Gpu, tb, op: Operation, ref: BufferRef, pipe) -> list[list[Location]]:
         """Return the slices ``ref`` names, one list per GPU it reaches (a switch ref reaches several)."""
@@ -265,7 +300,8 @@ class ReplayBuilder:
         which wait meets which signal would depend on timing.
         """
         pending = self._channel_matches() + self._semaphore_matches()
-        threadblocks = [event.tb for event in self.graph.events]  # matching adds edges, never events
+        # events of one thread of one threadblock run in program order; matching adds edges, never events
+        threadblocks = [(event.tb, event.thread) for event in self.graph.events]
         while pending:
             order = topological_order(self.graph.order)
             position = {event: place for place, event in enumerate(order)}
@@ -354,13 +390,8 @@ class ReplayBuilder:
             return None, None
         peer = peers[channel]
         ordinal = peers[:channel].count(peer)
-        back = [
-            i
-            for i, p in enumerate(
-                p for c in self.plan.gpus[peer].channels if c.channel_type is kind for p in c.connected_to
-            )
-            if p == rank
-        ]
+        theirs = [p for c in self.plan.gpus[peer].channels if c.channel_type is kind for p in c.connected_to]
+        back = [i for i, p in enumerate(theirs) if p == rank]
         return (peer, back[ordinal]) if ordinal < len(back) else (peer, None)
 
     def _match_barriers(self) -> None:
@@ -370,18 +401,15 @@ class ReplayBuilder:
                 members = [events[k] for events in per_tb if k < len(events)]
                 wanted = self._barrier_size(members[0])
                 if len(members) != wanted:
+                    why = f"barrier {barrier_id} round {k + 1} waits for {wanted} threadblocks; {len(members)} arrive"
                     for member in members:
-                        graph.events[
-                            member
-                        ].blocked = (
-                            f"barrier {barrier_id} round {k + 1} waits for {wanted} threadblocks; {len(members)} arrive"
-                        )
+                        graph.events[member].blocked = why
                     continue
                 join = graph.add(Event(rank, None, None, f"gpu {rank} barrier {barrier_id} round {k + 1}"))
                 for member in members:
                     graph.edge(member, join)
-                    if member in self.after:
-                        graph.edge(join, self.after[member])
+                    for after in self.after.get(member, ()):
+                        graph.edge(join, after)
 
     def _barrier_size(self, event: int) -> int:
         label = self.graph.events[event]
