@@ -264,11 +264,16 @@ def _sync_faults(plan: dict) -> list[str]:
         for tb in gpu["threadblocks"]:
             # thread 0 passed a gate / some thread may still be in a data op / acquiring one of several semaphores
             gated = busy = split = False
+            thread_of = {}  # (op name, semaphore) -> the thread that ran it since the last nop
             for index, op in enumerate(tb["ops"]):
                 where = f"gpu {gpu['id']} tb {tb['id']} op {index} ({op['name']})"
                 if op["name"] == "nop":
                     gated = busy = split = False
+                    thread_of = {}
                     continue
+                for thread, semaphore in enumerate(op.get("semaphore_ids", ())):
+                    if thread_of.setdefault((op["name"], semaphore), thread) != thread:
+                        faults.append(f"{where}: semaphore {semaphore} on another thread than its last use")
                 if op["name"] in _ALL_THREADS and gated:
                     faults.append(f"{where}: after a gate without a nop")
                 if op["name"] in ("signal", "sem_release", "pwsf") and busy:

@@ -343,9 +343,9 @@ def generate_mscclpp_plan(
     Raises
     ------
     ArgumentError
-        A protocol other than Simple and LL; a topology of another rank count; two threadblocks of a rank on one
-        link; a rank over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks even with its lanes merged, or
-        a threadblock of ours over ``MAX_CHANNELS_PER_THREADBLOCK`` channels.
+        A protocol other than Simple and LL; a topology of another rank count; two threadblocks of
+        a rank on one link; a rank over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks even with its lanes
+        merged, or a threadblock of ours over ``MAX_CHANNELS_PER_THREADBLOCK`` channels.
 
     Notes
     -----

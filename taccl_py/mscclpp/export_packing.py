@@ -294,7 +294,9 @@ class LaneOps:
     finished data), and between two all-thread ops only when their chunks overlap. An acquire of
     several semaphores runs one per thread (thread i acquires the i-th), so only a nop waits for them
     all: one goes before whatever then uses data (any data op, a signal, flush or release); and a
-    release of several semaphores after a gate waits at a nop, as its threads 1.. saw no gate.
+    release of several semaphores after a gate waits at a nop, as its threads 1.. saw no gate. Uses
+    of one semaphore by different threads are kept in order by a nop between them: a semaphore counts
+    acquires and releases, so the k-th acquire must stay the k-th.
     """
 
     def __init__(self) -> None:
@@ -304,10 +306,11 @@ class LaneOps:
         self.busy: list[tuple[set, set]] = []  # reads and writes of all-thread ops since the last nop
         self.gated = False  # thread 0 passed a wait, acquire, flush or port put since the last nop
         self.split = False  # threads other than 0 may still be acquiring semaphores
+        self.thread_of: dict[tuple[str, int], int] = {}  # (op name, semaphore) -> thread that ran it since the nop
 
     def _sync(self) -> None:
         self.ops.append({"name": "nop"})
-        self.busy, self.gated, self.split = [], False, False
+        self.busy, self.gated, self.split, self.thread_of = [], False, False, {}
 
     def channel_ref(self, kind: str, gpu_channel: int) -> int:
         """Return the threadblock's index of the GPU's ``gpu_channel`` of type ``kind``, listing it if new."""
@@ -333,7 +336,12 @@ class LaneOps:
         if name == "sem_release" and (self.busy or self.split or self.gated and len(ids) > 1):
             self._sync()
         for start in range(0, len(ids), MAX_SEMAPHORES_PER_OPERATION):
-            self.ops.append({"name": name, "semaphore_ids": ids[start : start + MAX_SEMAPHORES_PER_OPERATION]})
+            chunk = ids[start : start + MAX_SEMAPHORES_PER_OPERATION]
+            # Thread t runs chunk[t]: a semaphore another thread ran since the nop could overtake it.
+            if any(self.thread_of.get((name, semaphore), thread) != thread for thread, semaphore in enumerate(chunk)):
+                self._sync()
+            self.ops.append({"name": name, "semaphore_ids": chunk})
+            self.thread_of.update(((name, semaphore), thread) for thread, semaphore in enumerate(chunk))
         self.gated = self.gated or name == "sem_acquire"
         self.split = self.split or name == "sem_acquire" and len(ids) > 1
 
