@@ -2,11 +2,15 @@
 
 For each built-in machine with shipped libraries, each band and placement that
 ``taccl_py.mscclpp.files.generate_library_plans`` exports is simulated twice under the same
-execution model: the band's Algorithm as an MSCCL XML file runs it (``simulate``) and the exported
-plan (``taccl_py.mscclpp.simulate.simulate_mscclpp_plan``: puts, signals and waits on the same
-α-β links, a signal behind its puts free, the entry handshake one α), at the band's low and high
-end (an open-ended band: its minimum and 16x, at most 1 GB). ``msccl`` is how MSCCL runs XML (2 MiB
+execution model: the band's Algorithm as its MSCCL XML file runs it (``simulate``, in the protocol
+``taccl export-msccl`` writes for the band) and the exported plan
+(``taccl_py.mscclpp.simulate.simulate_mscclpp_plan``: puts, signals and waits on the same α-β
+links, a signal behind its puts free, a Simple plan's entry handshake one α; an LL plan, which
+export picks where it simulates faster, has no handshake), at the band's low and high end (an
+open-ended band: its minimum and 16x, at most 1 GB). ``msccl`` is how MSCCL runs XML (2 MiB
 slices); ``chunks`` (whole chunks) is how MSCCL++ runs a plan. plan/XML above 1: the plan is slower.
+"of bound" (bound time over plan time) passes 1 for LL plans of the smallest sizes: the bound's
+latency floor takes Simple's α, which packets undercut.
 
     python scripts/bench_mscclpp.py                        # every machine with libraries, 1 node
     python scripts/bench_mscclpp.py --topologies ndv2,dgx-a100 --model chunks
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 from bench_harness import (
     DATA_DIR,
@@ -37,6 +42,7 @@ from bench_harness import (
 )
 
 from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
+from taccl_py.msccl.protocol import band_protocols
 from taccl_py.mscclpp import generate_library_plans, parse_mscclpp_plan
 from taccl_py.mscclpp.files import library_plan_name
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
@@ -58,6 +64,8 @@ CSV_HEADER = (
     "band",
     "placement",
     "model",
+    "xml_protocol",
+    "plan_protocol",
     "size_bytes",
     "xml_us",
     "plan_us",
@@ -80,6 +88,7 @@ def library_rows(path, models: list[str]) -> list[tuple]:
     topology = load_topology(library.topology, library.nodes)
     plans = generate_library_plans(library, topology)
     texts = dict(plans.files)
+    xml_protocols = band_protocols(library)
     rows = []
     for index, band in enumerate(library.bands):
         for inplace in (False, True):
@@ -88,6 +97,7 @@ def library_rows(path, models: list[str]) -> list[tuple]:
                 continue
             plan = parse_mscclpp_plan(texts[name], name)
             algorithm = exported_inplace_form(band.algorithm)[0] if inplace else band.algorithm
+            algorithm = replace(algorithm, protocol=xml_protocols[index])
             sizes = band_sizes(band.min_bytes, band.max_bytes)
             for model in models:
                 xml = simulate_sizes(algorithm, topology, sizes, model=model)
@@ -101,6 +111,8 @@ def library_rows(path, models: list[str]) -> list[tuple]:
                             index,
                             "in place" if inplace else "out of place",
                             model,
+                            algorithm.protocol,
+                            plan.protocol.value,
                             size,
                             by_xml.time_us,
                             by_plan.time_us,
@@ -127,6 +139,7 @@ def row_table(records: list[dict]) -> list[tuple]:
             r["band"],
             r["placement"],
             r["model"],
+            f"{r['xml_protocol']}/{r['plan_protocol']}",
             format_size(r["size_bytes"]),
             f"{r['xml_us']:.2f}",
             f"{r['plan_us']:.2f}",
@@ -138,17 +151,18 @@ def row_table(records: list[dict]) -> list[tuple]:
 
 
 def summary_table(records: list[dict]) -> list[tuple]:
-    """Return one row per machine, node count and model: plans, ratio plan/XML (median, least, most), bound."""
+    """Return one row per machine, node count and model: plans, LL plans, plan/XML (median, least, most), bound."""
     rows = []
     for (topology, nodes, model), group in group_records(records, "topology", "nodes", "model").items():
         ratios = [r["ratio"] for r in group]
         large = [r["ratio"] for r in group if r["size_bytes"] >= 1 << 20]
-        plans = len({(r["collective"], r["band"], r["placement"]) for r in group})
+        plans = {(r["collective"], r["band"], r["placement"]): r["plan_protocol"] for r in group}
         rows.append(
             (
                 f"{topology} x{nodes}",
                 model,
-                plans,
+                len(plans),
+                list(plans.values()).count("LL"),
                 f"{statistics.median(ratios):.3f}",
                 f"{min(ratios):.3f}-{max(ratios):.3f}",
                 f"{max(large):.3f}" if large else "-",
@@ -185,20 +199,21 @@ def main(argv: list[str] | None = None) -> int:
     elapsed_s = time.perf_counter() - start
 
     def key(row):
-        return (row[0], row[1], models.index(row[5]), *collective_order(row[2]), row[3], row[4], row[6])
+        return (row[0], row[1], models.index(row[5]), *collective_order(row[2]), row[3], row[4], row[8])
 
     records = csv_output(CSV_PATH, CSV_HEADER, rows, key, write=args.write)
-    headers = ("machine", "collective", "band", "placement", "model", "size", "XML (us)", "plan (us)", "plan/XML")
-    print_table((*headers, "plan of bound"), row_table(records))
-    summary_headers = ("machine", "model", "plans", "median plan/XML", "plan/XML", "worst at >= 1 MiB", "of bound")
+    headers = ("machine", "collective", "band", "placement", "model", "XML/plan protocol", "size", "XML (us)")
+    print_table((*headers, "plan (us)", "plan/XML", "plan of bound"), row_table(records))
+    summary_headers = ("machine", "model", "plans", "LL plans", "median plan/XML", "plan/XML", "worst at >= 1 MiB")
+    summary_headers += ("of bound",)
     summary = markdown_table(summary_headers, summary_table(records))
     print(f"\n{summary}\n\n{len(rows)} rows in {elapsed_s:.0f} s")
     if args.write:
         unshipped = sorted(set(builtin_topology_names()) - set(shipped))
         body = (
             f"{doc_prose(__doc__, USAGE)}\n\n"
-            f"Per machine and model: exported plans, plan/XML over their sampled sizes, the worst at 1 MiB and "
-            f"above, and the plan's fraction of the lower bound ({len(rows)} rows, {elapsed_s:.0f} s"
+            f"Per machine and model: exported plans (those in LL), plan/XML over their sampled sizes, the worst at "
+            f"1 MiB and above, and the plan's fraction of the lower bound ({len(rows)} rows, {elapsed_s:.0f} s"
             + (f"; no shipped libraries for {', '.join(unshipped)}" if unshipped else "")
             + f"):\n\n{summary}\n\n{csv_pointer(CSV_PATH, len(records), 'Every plan, model and size')}\n"
         )
