@@ -96,22 +96,23 @@ def test_export_writes_ll_where_it_simulates_faster_and_says_so(tmp_path, capsys
     capsys.readouterr()
 
 
-# Bands four machines cannot fit in MSCCL++'s limits even with lanes merged: dgx1 band 5 needs 70-71
-# threadblocks a GPU (about 4700 ops), dgx2 band 4 65-66. (machine, collective) -> the band of each
-# refused plan (out of place, in place).
-FOUR_MACHINE_REFUSALS = {("dgx1", "allreduce"): [5, 5], ("dgx2", "allreduce"): [4, 4]}
+# Bands that do not fit MSCCL++'s limits even with lanes merged: dgx1 x4 band 5 needs 70-71 threadblocks
+# a GPU (about 4700 ops), dgx2 x4 band 4 65-66. (machine, nodes, collective) -> the band of each refused
+# plan (out of place, in place).
+REFUSED_BANDS = {("dgx1", 4, "allreduce"): [5, 5], ("dgx2", 4, "allreduce"): [4, 4]}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("nodes", [4, 8])
 @pytest.mark.parametrize("name", builtin_topology_names())
-def test_shipped_libraries_of_four_machines_export_and_verify(name) -> None:
-    if 4 not in shipped_node_counts(name):
-        pytest.skip(f"{name} ships no 4-node libraries")
-    topology = load_topology(name, nodes=4)
-    for path in shipped_library_paths(name, 4):
+def test_shipped_libraries_of_four_and_eight_machines_export_and_verify(name, nodes) -> None:
+    if nodes not in shipped_node_counts(name):
+        pytest.skip(f"{name} ships no {nodes}-node libraries")
+    topology = load_topology(name, nodes=nodes)
+    for path in shipped_library_paths(name, nodes):
         library = read_library(path)
         plans = generate_library_plans(library, topology)
-        refused = FOUR_MACHINE_REFUSALS.get((name, library.collective.value), [])
+        refused = REFUSED_BANDS.get((name, nodes, library.collective.value), [])
         assert [index for index, _ in plans.skipped] == refused, plans.skipped
         assert all("threadblocks; expected at most 64" in why for _, why in plans.skipped)
         assert plans.files
