@@ -7,7 +7,10 @@ output goes through; the ``ring_*`` builders give correct reference schedules fo
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from random import Random
 
 import pytest
 
@@ -33,6 +36,7 @@ __all__ = [
     "error_line",
     "one_error_line",
     "requires_cbc",
+    "run_calls_interleaved",
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -174,3 +178,50 @@ class LogLines(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def run_calls_interleaved(
+    plan: dict,
+    calls: int,
+    rng: Random,
+    start: Callable[[int, int], None],
+    step: Callable[[int, dict, dict, dict], bool],
+    finish: Callable[[int, int], None],
+    slow: int | None = None,
+) -> None:
+    """Run ``calls`` back-to-back calls of every threadblock of an MSCCL++ plan (its JSON) in a random interleaving.
+
+    ``start(call, rank)`` writes a rank's inputs of a call; ``step(call, gpu, tb, op)`` runs one op,
+    False while it must wait; ``finish(call, rank)`` checks the rank's outputs once all its
+    threadblocks are done, and the rank starts its next call while its peers may lag (stream order).
+    GPU ``slow`` mostly gives its turn away once another op moved. Fails when nothing can move.
+    """
+    programs = [(call, gpu, tb) for call in range(calls) for gpu in plan["gpus"] for tb in gpu["threadblocks"]]
+    counters = [0] * len(programs)
+    running = Counter((call, gpu["id"]) for call, gpu, _ in programs)
+
+    def begin(call: int, rank: int) -> set[int]:
+        start(call, rank)
+        return {n for n, (c, gpu, _) in enumerate(programs) if c == call and gpu["id"] == rank}
+
+    live = set().union(*(begin(0, gpu["id"]) for gpu in plan["gpus"]))
+    while live:
+        order = sorted(live)
+        rng.shuffle(order)
+        moved = False
+        for number in order:
+            call, gpu, tb = programs[number]
+            if gpu["id"] == slow and moved and rng.random() < 0.9:
+                continue
+            if counters[number] < len(tb["ops"]):
+                if step(call, gpu, tb, tb["ops"][counters[number]]):
+                    counters[number] += 1
+                    moved = True
+                continue
+            live.discard(number)
+            running[(call, gpu["id"])] -= 1
+            if running[(call, gpu["id"])] == 0:
+                finish(call, gpu["id"])
+                live |= begin(call + 1, gpu["id"]) if call + 1 < calls else set()
+            moved = True
+        assert moved or not live, "the plan deadlocks"

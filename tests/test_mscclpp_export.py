@@ -24,6 +24,8 @@ from taccl_py.mscclpp.export import (
 from taccl_py.mscclpp.files import write_mscclpp_plan
 from taccl_py.topology import load_topology
 
+from helpers import run_calls_interleaved
+
 MACHINES = (("ndv2", 1), ("dgx-a100", 2))
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)
 SEEDS = (0, 1)
@@ -138,15 +140,11 @@ def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> Non
     memory: dict[tuple[int, str, int], tuple] = {}
     tokens: Counter = Counter()  # (rank, kind, channel): signals arrived less waits done; kept across calls
     semaphores: Counter = Counter()
-    programs = [(call, gpu, tb) for call in range(calls) for gpu in plan["gpus"] for tb in gpu["threadblocks"]]
-    counters = [0] * len(programs)
-    running = Counter((call, gpu["id"]) for call, gpu, _ in programs)
 
-    def start(call: int, rank: int) -> set[int]:
+    def start(call: int, rank: int) -> None:
         for index in range(algorithm.layout.input_chunks):
             buffer, offset = input_slot(algorithm, rank, index)
             memory[(rank, buffer.value, offset)] = tuple(pair + (call,) for pair in initial_value(rank, index))
-        return {n for n, (c, gpu, _) in enumerate(programs) if c == call and gpu["id"] == rank}
 
     def finish(call: int, rank: int) -> None:
         for index in range(algorithm.layout.output_chunks):
@@ -154,9 +152,8 @@ def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> Non
             expected = tuple(sorted(pair + (call,) for pair in expected_output(algorithm.layout, rank, index)))
             assert memory.get((rank, buffer.value, offset)) == expected, (call, rank, index)
 
-    def step(number: int) -> bool:
-        _, gpu, tb = programs[number]
-        op, rank = tb["ops"][counters[number]], gpu["id"]
+    def step(call: int, gpu: dict, tb: dict, op: dict) -> bool:
+        rank = gpu["id"]
         refs = _resolve(gpu, tb, op)
         if op["name"] == "wait":
             key = (rank, op["channel_type"], refs["channels"][0])
@@ -185,26 +182,9 @@ def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> Non
             )
             for i, parts in enumerate(zip(*sources)):
                 memory[(target["rank"], target["type"], op["dst_buff"][0]["index"] + i)] = tuple(sorted(sum(parts, ())))
-        counters[number] += 1
         return True
 
-    live = set().union(*(start(0, rank) for rank in range(algorithm.num_ranks)))
-    while live:
-        order = sorted(live)
-        rng.shuffle(order)
-        moved = False
-        for number in order:
-            call, gpu, tb = programs[number]
-            if counters[number] < len(tb["ops"]):
-                moved = step(number) or moved
-                continue
-            live.discard(number)
-            running[(call, gpu["id"])] -= 1
-            if running[(call, gpu["id"])] == 0:
-                finish(call, gpu["id"])
-                live |= start(call + 1, gpu["id"]) if call + 1 < calls else set()
-            moved = True
-        assert moved or not live, "the plan deadlocks"
+    run_calls_interleaved(plan, calls, rng, start, step, finish)
     assert not +tokens and not +semaphores, "signals or releases left unconsumed"
 
 

@@ -25,7 +25,7 @@ from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
 from taccl_py.simulate import simulate_sizes
 from taccl_py.topology import load_topology
 
-from helpers import FIXTURES
+from helpers import FIXTURES, run_calls_interleaved
 
 PAIR = FIXTURES / "cli_topo" / "pair.json"
 
@@ -86,24 +86,19 @@ def run_packet_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 3)
     c + 1 when its call c is done while its peers may lag, so a sender that could overwrite packets
     a slower peer still waits for leaves that peer waiting for ever: a deadlock here.
     """
-    rng = random.Random(seed)
     plain: dict[tuple, tuple] = {}
     packets: dict[tuple, tuple[int, tuple]] = {}  # (rank, half, index) -> (flag, value)
     semaphores: Counter = Counter()
-    programs = [(call, gpu, tb) for call in range(calls) for gpu in plan["gpus"] for tb in gpu["threadblocks"]]
-    counters = [0] * len(programs)
-    running = Counter((call, gpu["id"]) for call, gpu, _ in programs)
 
     def key(rank: int, call: int, ref: dict, i: int) -> tuple:
         half = call % 2 if ref["type"] == "s" else 0
         return (rank, ref["type"], half, ref["index"] + i)
 
-    def start(call: int, rank: int) -> set[int]:
+    def start(call: int, rank: int) -> None:
         for index in range(algorithm.layout.input_chunks):
             buffer, offset = input_slot(algorithm, rank, index)
             ref = {"type": buffer.value, "index": offset}
             plain[key(rank, call, ref, 0)] = tuple(pair + (call,) for pair in initial_value(rank, index))
-        return {n for n, (c, gpu, _) in enumerate(programs) if c == call and gpu["id"] == rank}
 
     def finish(call: int, rank: int) -> None:
         for index in range(algorithm.layout.output_chunks):
@@ -111,9 +106,8 @@ def run_packet_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 3)
             expected = tuple(sorted(pair + (call,) for pair in expected_output(algorithm.layout, rank, index)))
             assert plain.get(key(rank, call, {"type": buffer.value, "index": offset}, 0)) == expected, (call, rank)
 
-    def step(number: int) -> bool:
-        call, gpu, tb = programs[number]
-        op, rank, flag = tb["ops"][counters[number]], gpu["id"], call + 1
+    def step(call: int, gpu: dict, tb: dict, op: dict) -> bool:
+        rank, flag = gpu["id"], call + 1
         if op["name"] == "sem_acquire":
             if any(semaphores[(rank, s)] == 0 for s in op["semaphore_ids"]):
                 return False
@@ -141,29 +135,10 @@ def run_packet_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 3)
                         packets[(owner, call % 2, ref["index"] + i)] = (flag, value)
                     else:
                         plain[key(owner, call, ref, i)] = value
-        counters[number] += 1
         return True
 
     slow = seed % algorithm.num_ranks  # lags, so that its peers run ahead into its next call
-    live = set().union(*(start(0, rank) for rank in range(algorithm.num_ranks)))
-    while live:
-        order = sorted(live)
-        rng.shuffle(order)
-        moved = False
-        for number in order:
-            call, gpu, tb = programs[number]
-            if gpu["id"] == slow and moved and rng.random() < 0.9:
-                continue
-            if counters[number] < len(tb["ops"]):
-                moved = step(number) or moved
-                continue
-            live.discard(number)
-            running[(call, gpu["id"])] -= 1
-            if running[(call, gpu["id"])] == 0:
-                finish(call, gpu["id"])
-                live |= start(call + 1, gpu["id"]) if call + 1 < calls else set()
-            moved = True
-        assert moved or not live, "the plan deadlocks"
+    run_calls_interleaved(plan, calls, random.Random(seed), start, step, finish, slow)
     assert not +semaphores, "releases left unconsumed"
 
 
