@@ -62,6 +62,8 @@ REMOVED_MODULES = (
     "taccl_py.ddp",
     "taccl_py.happens_before",
     "taccl_py.lowering",
+    "taccl_py.mscclpp.export_packets",
+    "taccl_py.mscclpp.export_packing",
     "taccl_py.placement_chains",
     "taccl_py.runtime.backend_collectives",
     "taccl_py.runtime.backend_group",

@@ -29,7 +29,7 @@ SIZES_BYTES = (1 << 10, 1 << 16, 1 << 20)
 # Bands with more steps than this take over ~3 s to export, lift and simulate on one core.
 SLOW_STEPS = 1000
 # At 2 nodes allreduce band 7 needs over 64 threadblocks a GPU, so the exporter merges lanes
-# (export_packing.merge_lanes): the plan runs in one threadblock what ran in two, and the lifted
+# (lower.lanes.merge_lanes): the plan runs in one threadblock what ran in two, and the lifted
 # schedule, faithful to the plan, keeps that order and is slower than the algorithm it came from.
 MERGED_LANES = {("allreduce", 2, 7)}
 

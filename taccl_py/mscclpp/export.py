@@ -26,19 +26,19 @@ before its first put on the link. We chose this over letting the receiver grant 
 before its receive step because our IR's sends are buffered: a ring in which every rank sends
 before it receives would deadlock if a put had to wait for the receive step.
 
-A rank's steps run on *lanes* (``export_packing``): at first one per threadblock of ours. Cross-lane
+A rank's steps run on *lanes* (``lower.lanes``): at first one per threadblock of ours. Cross-lane
 ``depends`` become device semaphores, one per ordered pair of lanes: the depended-on step
 releases, the dependent step acquires. Only dependencies no other path implies get one (a
 transitive reduction of program order and ``depends``, ``lane_dependencies``), so releases and
 acquires pair in order. A ``nop`` (``__syncthreads``) goes only where the executor needs one
-(``export_packing.LaneOps``): after a wait or acquire before a data operation, after a data operation before a signal,
+(``lower.ops.LaneOps``): after a wait or acquire before a data operation, after a data operation before a signal,
 release or port put, and between data operations whose chunks overlap. A lane over
 ``MAX_OPERATIONS_PER_THREADBLOCK`` operations is cut into consecutive threadblocks chained by a
 semaphore (``cut_threadblock``); they share its channels and remote buffers. A rank that would
 still need over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks gets lanes merged (``merge_lanes``): their
 steps interleaved in one global topological order, so no wait can close a cycle, and dependencies
 inside a lane cost nothing. Each lane opens with the entry signals of all its receiving links.
-Under LL (``protocol="LL"``) steps lower to packet ops instead (``export_packets``): no signals,
+Under LL (``protocol="LL"``) steps lower to packet ops instead (``lower.packets``): no signals,
 waits or entry handshake, every transfer landing in a packet slot of scratch, which the plan
 double-buffers across calls.
 """
@@ -54,19 +54,16 @@ from dataclasses import dataclass
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import chunk_layout
-from taccl_py.mscclpp.export_packets import PacketSlots, lower_packet_step, packet_slots
-from taccl_py.mscclpp.export_packing import (
+from taccl_py.mscclpp.lower.lanes import Lane, lane_semaphores, merge_lanes, step_positions
+from taccl_py.mscclpp.lower.ops import (
     MAX_OPERATIONS_PER_THREADBLOCK,
     MAX_SEMAPHORES_PER_OPERATION,
-    Lane,
     LaneOps,
     Slot,
     cut_threadblock,
-    lane_semaphores,
     lower_step,
-    merge_lanes,
-    step_positions,
 )
+from taccl_py.mscclpp.lower.packets import PacketSlots, lower_packet_step, packet_slots
 from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
 from taccl_py.topology.model import Topology
 
@@ -338,7 +335,7 @@ def generate_mscclpp_plan(
         Which machine holds each rank: ranks on one machine talk over MemoryChannels, others over
         PortChannels. None: every rank on one machine.
     protocol : str, optional
-        ``"Simple"`` (the default) or ``"LL"`` (packets, ``export_packets``).
+        ``"Simple"`` (the default) or ``"LL"`` (packets, ``lower.packets``).
 
     Raises
     ------
@@ -350,7 +347,7 @@ def generate_mscclpp_plan(
     Notes
     -----
     A rank within the limits costs O(steps) plus a transitive reduction, O(edges x steps / 64);
-    a rank over them is lowered again for every merge tried (``export_packing.merge_lanes``),
+    a rank over them is lowered again for every merge tried (``lower.lanes.merge_lanes``),
     seconds per rank for the largest shipped AllReduce bands.
     """
     protocol = "Simple" if protocol is None else protocol

@@ -34,7 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step
-from taccl_py.mscclpp.export_packing import LaneOps, Slot, StepKey, buffer_ref, lower_step
+from taccl_py.mscclpp.lower.lanes import StepKey
+from taccl_py.mscclpp.lower.ops import LaneOps, Slot, buffer_ref, lower_step
 
 __all__ = ["PacketSlots", "lower_packet_step", "packet_slots"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from taccl_py.baselines import ring_algorithm
 from taccl_py.ir.algorithm import Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective
-from taccl_py.mscclpp.export_packing import lane_dependencies, merge_lanes, step_positions
+from taccl_py.mscclpp.lower.lanes import lane_dependencies, merge_lanes, step_positions
 from taccl_py.topology import load_topology
 
 
