@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import random
 from collections import Counter, defaultdict
@@ -112,7 +113,8 @@ def assert_plan_structure(plan: dict, algorithm: Algorithm) -> None:
                     puts += 1
                     target = refs["remote"][0]
                     assert op["channel_type"] in target["access_channel_types"]
-                    following = tb["ops"][index + 1 : index + 3]
+                    # a signal publishes a memory put before the threadblock's next gate (or its end)
+                    following = list(itertools.takewhile(lambda o: o["name"] not in _GATES, tb["ops"][index + 1 :]))
                     # pwsf (put with signal and flush) exists for port channels only (execution_kernel.hpp handlePut)
                     assert (op["name"] == "pwsf") == (op["channel_type"] == "port")
                     assert op["name"] == "pwsf" or any(
@@ -155,11 +157,12 @@ def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> Non
     def step(call: int, gpu: dict, tb: dict, op: dict) -> bool:
         rank = gpu["id"]
         refs = _resolve(gpu, tb, op)
-        if op["name"] == "wait":
-            key = (rank, op["channel_type"], refs["channels"][0])
-            if tokens[key] == 0:
+        if op["name"] == "wait":  # the op's threads wait one channel each; done when all are
+            keys = [(rank, op["channel_type"], channel) for channel in refs["channels"]]
+            if any(tokens[key] == 0 for key in keys):
                 return False
-            tokens[key] -= 1
+            for key in keys:
+                tokens[key] -= 1
         elif op["name"] == "sem_acquire":
             if any(semaphores[(rank, s)] == 0 for s in op["semaphore_ids"]):
                 return False
@@ -168,8 +171,9 @@ def run_plan(plan: dict, algorithm: Algorithm, seed: int, calls: int = 2) -> Non
         elif op["name"] == "sem_release":
             for s in op["semaphore_ids"]:
                 semaphores[(rank, s)] += 1
-        if op["name"] in ("signal", "pwsf"):  # this step is atomic: the peer sees pwsf's data with its signal
-            peer, back = _paired_channel(plan, rank, op["channel_type"], refs["channels"][0])
+        for channel in refs["channels"] if op["name"] in ("signal", "pwsf") else ():
+            # this step is atomic: the peer sees pwsf's data with its signal
+            peer, back = _paired_channel(plan, rank, op["channel_type"], channel)
             tokens[(peer, op["channel_type"], back)] += 1
         if op["name"] in ("put", "pwsf", "copy", "re"):
             sources = [
@@ -209,7 +213,7 @@ def test_shipped_band_plans_are_whole_and_correct(case):
     algorithm = _band(name, nodes, collective, index)
     plan = generate_mscclpp_plan(algorithm, _topology(name, nodes))
     assert_plan_structure(plan, algorithm)
-    assert _sync_faults(plan) == []  # 2-node bands put over port channels right after multi-semaphore acquires
+    assert sync_faults(plan) == []  # 2-node bands put over port channels right after multi-semaphore acquires
     run_plan(plan, algorithm, seed=index)
     assert plan["min_message_size"] == algorithm.min_bytes
     assert plan["max_message_size"] == (2**64 - 1 if algorithm.max_bytes is None else algorithm.max_bytes - 1)
@@ -234,37 +238,39 @@ def test_internode_puts_use_port_channels_and_flush():
 
 
 _THREAD_ZERO = {"signal", "wait", "flush", "sem_acquire", "sem_release", "pwsf"}
+_GATES = {"wait", "sem_acquire"}
 _ALL_THREADS = {"copy", "re", "put"}  # memory puts; a port put would be thread 0's
 
 
-def _sync_faults(plan: dict) -> list[str]:
+def sync_faults(plan: dict) -> list[str]:
     """Return where an op may run before what it needs, by the executor's __syncthreads rules (``LaneOps``)."""
     faults = []
     for gpu in plan["gpus"]:
         for tb in gpu["threadblocks"]:
             # thread 0 passed a gate / some thread may still be in a data op / acquiring one of several semaphores
             gated = busy = split = False
-            thread_of = {}  # (op name, semaphore) -> the thread that ran it since the last nop
+            thread_of = {}  # (op name, semaphore or channel) -> the thread that ran it since the last nop
             for index, op in enumerate(tb["ops"]):
                 where = f"gpu {gpu['id']} tb {tb['id']} op {index} ({op['name']})"
                 if op["name"] == "nop":
                     gated = busy = split = False
                     thread_of = {}
                     continue
-                for thread, semaphore in enumerate(op.get("semaphore_ids", ())):
-                    if thread_of.setdefault((op["name"], semaphore), thread) != thread:
-                        faults.append(f"{where}: semaphore {semaphore} on another thread than its last use")
+                ids = op.get("semaphore_ids", op.get("channel_ids") if op["name"] in ("signal", "wait") else ())
+                for thread, number in enumerate(ids):
+                    if thread_of.setdefault((op["name"], op.get("channel_type"), number), thread) != thread:
+                        faults.append(f"{where}: semaphore or channel {number} on another thread than its last use")
                 if op["name"] in _ALL_THREADS and gated:
                     faults.append(f"{where}: after a gate without a nop")
                 if op["name"] in ("signal", "sem_release", "pwsf") and busy:
                     faults.append(f"{where}: publishes unfinished data")
-                if op["name"] not in ("wait", "sem_acquire") and split:
-                    faults.append(f"{where}: before every thread has acquired its semaphore")
-                if op["name"] == "sem_release" and len(op["semaphore_ids"]) > 1 and gated:
-                    faults.append(f"{where}: threads 1.. release what only thread 0 was gated for")
+                if op["name"] not in _GATES and split:
+                    faults.append(f"{where}: before every thread has passed its gate")
+                if op["name"] in ("sem_release", "signal") and len(ids) > 1 and gated:
+                    faults.append(f"{where}: threads 1.. publish what only thread 0 was gated for")
                 gated = gated or op["name"] in ("wait", "sem_acquire", "flush", "pwsf")
                 busy = busy or op["name"] in _ALL_THREADS
-                split = split or op["name"] == "sem_acquire" and len(op["semaphore_ids"]) > 1
+                split = split or op["name"] in _GATES and len(ids) > 1
     return faults
 
 
@@ -291,7 +297,7 @@ def _needless_nops(plan: dict) -> int:
 def test_nops_go_exactly_where_threads_must_meet(case):
     name, nodes, family, collective = case
     plan = generate_mscclpp_plan(_baseline(name, nodes, family, collective), _topology(name, nodes))
-    assert _sync_faults(plan) == []
+    assert sync_faults(plan) == []
     assert _needless_nops(plan) == 0
 
 
@@ -299,7 +305,7 @@ def test_sync_checker_sees_a_missing_nop():
     plan = generate_mscclpp_plan(ring_algorithm(_topology("ndv2", 1), Collective.ALLREDUCE))
     ops = next(tb["ops"] for tb in plan["gpus"][0]["threadblocks"] if any(o["name"] == "re" for o in tb["ops"]))
     ops.pop(next(i for i, o in enumerate(ops) if o["name"] == "re") - 1)  # the nop between a wait and its reduce
-    assert any("after a gate without a nop" in fault for fault in _sync_faults(plan))
+    assert any("after a gate without a nop" in fault for fault in sync_faults(plan))
 
 
 def test_without_topology_every_channel_is_memory():

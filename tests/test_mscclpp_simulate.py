@@ -55,14 +55,17 @@ def _copy(rank: int) -> dict:
     )
 
 
-def _allgather_pair(ops_of, name: str = "pair") -> str:
-    """Return the JSON of a 2-GPU out-of-place AllGather whose GPU r runs ``ops_of(r)`` on one threadblock."""
+def _allgather_pair(ops_of, name: str = "pair", channels: int = 1) -> str:
+    """Return the JSON of a 2-GPU out-of-place AllGather whose GPU r runs ``ops_of(r)`` on one threadblock.
+
+    The GPUs are joined by ``channels`` memory channels, all on the threadblock.
+    """
     gpus = []
     for rank in range(2):
         threadblock = {
             "id": 0,
             "ops": ops_of(rank),
-            "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+            "channels": [{"channel_type": "memory", "channel_ids": list(range(channels))}],
             "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}],
         }
         gpus.append(
@@ -72,7 +75,7 @@ def _allgather_pair(ops_of, name: str = "pair") -> str:
                 "output_chunks": 2,
                 "scratch_chunks": 0,
                 "threadblocks": [threadblock],
-                "channels": [{"channel_type": "memory", "connected_to": [1 - rank]}],
+                "channels": [{"channel_type": "memory", "connected_to": [1 - rank] * channels}],
                 "remote_buffers": [{"rank": 1 - rank, "type": "o", "access_channel_types": ["memory"]}],
                 "semaphores": [],
             }
@@ -128,6 +131,20 @@ def test_a_hand_built_pair_takes_the_time_worked_out_by_hand(ops_of, serialized_
     assert result.time_us == pytest.approx(pipelined_us if model == "pipelined" else serialized_us)
     assert result.num_transfers == 2 + 2 * (ops_of is not _no_handshake_plan)  # the puts, and each lone flag
     assert result.fraction_of_bound <= 1.0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_signal_over_two_channels_travels_behind_the_put_on_both(model):
+    # thread t of signal[0,1] signals channel t: neither flag is a lone one (export gathers signals so)
+    def two_channels(rank: int) -> list[dict]:
+        both = {"channel_ids": [0, 1], "channel_type": "memory"}
+        return [_put(rank), _op("nop"), _op("signal", **both), _op("wait", **both), _op("nop"), _copy(rank)]
+
+    plan = parse_mscclpp_plan(_allgather_pair(two_channels, channels=2), "pair.json")
+    verify_mscclpp_plan(plan)
+    (result,) = simulate_mscclpp_plan(plan, _pair_topology(), [SIZE_BYTES], model=model)
+    assert result.time_us == pytest.approx(ALPHA_US + CHUNK_US)
+    assert result.num_transfers == 2
 
 
 def test_chunk_size_follows_the_collectives_layout():

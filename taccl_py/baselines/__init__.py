@@ -25,10 +25,12 @@ from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
 from taccl_py.msccl.selection import selectable_for_powers_of_two
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate.protocol import band_sample_sizes
 from taccl_py.stages.tree_packing import TreePacking
 from taccl_py.topology.model import Topology
 
@@ -39,6 +41,7 @@ __all__ = [
     "all_baselines",
     "best_baseline",
     "best_baselines",
+    "best_baselines_by_band",
     "size_groups",
     "ring_algorithm",
     "ring_orders",
@@ -363,3 +366,24 @@ def best_baseline(
     """
     (best,) = best_baselines(topology, collective, (size_bytes,))
     return best  # type: ignore[return-value]  # without ``keep`` every size has a ring or a direct baseline
+
+
+def best_baselines_by_band(
+    library: AlgorithmLibrary, topology: Topology, model: ExecutionModel = MSCCL_LOOP
+) -> dict[int, tuple[Algorithm, ...]]:
+    """Return, per band index of ``library`` with an algorithm, the baselines fastest at some of its sample sizes.
+
+    The sample sizes are ``band_sample_sizes``'; every band is compared in one ``best_baselines``
+    call, so each baseline is built once.
+    """
+    samples = {
+        index: band_sample_sizes(band.min_bytes, band.max_bytes)
+        for index, band in enumerate(library.bands)
+        if band.algorithm is not None
+    }
+    sizes = sorted({size for band_sizes in samples.values() for size in band_sizes})
+    best = dict(zip(sizes, best_baselines(topology, library.collective, sizes, model=model)))
+    return {
+        index: tuple({best[size][0].name: best[size][0] for size in band_sizes if best[size]}.values())
+        for index, band_sizes in samples.items()
+    }

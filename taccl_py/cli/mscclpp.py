@@ -6,12 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from taccl_py.baselines import best_baselines_by_band
 from taccl_py.cli.algo import add_library_source_arguments, band_label, libraries_to_export
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import PLAN_PROTOCOLS
 from taccl_py.mscclpp.files import write_library_plans
+from taccl_py.simulate import WHOLE_CHUNKS
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import Topology
 
@@ -46,11 +48,18 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
             label = f"{library.topology} n{library.nodes} {library.collective.value}"
             print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
         protocol = None if args.protocol == "auto" else args.protocol
-        plans = write_library_plans(library, folder, _library_topology(library), protocol)
+        topology = _library_topology(library)
+        # Never worse than a baseline: where the best baseline's plan simulates faster, it is written instead.
+        rivals = None
+        if topology is not None and not args.no_baselines:
+            rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS)
+        plans = write_library_plans(library, folder, topology, protocol, rivals)
         written += len(plans.files)
         for name, choice in plans.protocols:
             if choice.protocol != "Simple" and protocol is None:
                 print(f"{name}: {choice.why}", file=sys.stderr)
+        for name, why in plans.baselines:
+            print(f"{name}: {why} than the band's algorithm; its plan is written instead", file=sys.stderr)
         for index, why in plans.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
     print(f"wrote {written} MSCCL++ execution plans to {folder}", file=sys.stderr)
@@ -63,7 +72,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export-mscclpp",
         help="write every size band of a library as MSCCL++ execution plans (JSON), in and out of place",
         description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
-        "band's sizes; a band beyond MSCCL++'s limits is reported and left out.",
+        "band's sizes; where the best baseline's plan simulates faster, it is written instead (and named); a band "
+        "beyond MSCCL++'s limits is reported and left out.",
     )
     add_library_source_arguments(export)
     export.add_argument(
@@ -77,6 +87,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=("auto", *PLAN_PROTOCOLS),
         default="auto",
         help="auto (default): per plan, LL (packets) where it simulates faster than Simple, else Simple",
+    )
+    export.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="write every band's own plan, even one that simulates slower than the best baseline's "
+        "(default: that baseline's plan is written instead)",
     )
     export.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="folder to write the plans into (created if missing)"

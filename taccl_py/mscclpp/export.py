@@ -58,6 +58,7 @@ from taccl_py.mscclpp.lower.lanes import Lane, lane_semaphores, merge_lanes, ste
 from taccl_py.mscclpp.lower.ops import (
     MAX_OPERATIONS_PER_THREADBLOCK,
     MAX_SEMAPHORES_PER_OPERATION,
+    BatchedLaneOps,
     LaneOps,
     Slot,
     cut_threadblock,
@@ -225,14 +226,17 @@ class _Gpu:
         return channels, remote
 
 
-def _lane_ops(rank: int, lane: Lane, tbs: dict[int, Threadblock], gpu: _Gpu, facts: _Facts, semaphores) -> LaneOps:
+def _lane_ops(
+    rank: int, lane: Lane, tbs: dict[int, Threadblock], gpu: _Gpu, facts: _Facts, semaphores, batched: bool
+) -> LaneOps:
     """Return the operations of one lane: the steps of our threadblocks ``tbs`` in the lane's order."""
     acquires, releases, _ = semaphores
-    ops = LaneOps()
+    # Under LL a packet read waits and a packet write publishes, unseen by BatchedLaneOps: no gathering there.
+    ops = BatchedLaneOps() if batched and facts.packets is None else LaneOps()
     members = list(dict.fromkeys(tb_id for tb_id, _ in lane))
     for tb in (tbs[tb_id] for tb_id in members):  # our landing slots are free: this rank has entered the call
         if facts.packets is None and any(step.op.receives for step in tb.steps):
-            ops.control("signal", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
+            ops.control("signal", facts.kind(rank, tb.recv_peer), [gpu.channel_of[(tb.recv_peer, rank, tb.channel)]])
     ready: set[int] = set()
     for tb_id, index in lane:
         tb, step, key = tbs[tb_id], tbs[tb_id].steps[index], (rank, tb_id, index)
@@ -247,34 +251,41 @@ def _lane_ops(rank: int, lane: Lane, tbs: dict[int, Threadblock], gpu: _Gpu, fac
             lower_packet_step(ops, step, key, facts.packets, send)
         else:
             if step.op.receives:
-                ops.control("wait", facts.kind(rank, tb.recv_peer), gpu.channel_of[(tb.recv_peer, rank, tb.channel)])
+                ops.control("wait", facts.kind(rank, tb.recv_peer), [gpu.channel_of[(tb.recv_peer, rank, tb.channel)]])
             source = lower_step(ops, step, facts.landing.get(key))
             if send is not None:
                 kind, channel, remote_id, target = send
                 if tb_id not in ready:  # the receiver has entered this call, so its slots are ours to fill
-                    ops.control("wait", kind, channel)
+                    ops.control("wait", kind, [channel])
                     ready.add(tb_id)
                 ops.put(source, step.count, kind, channel, remote_id, target)
                 if kind == "memory":  # a port pwsf signals and flushes (the proxy has read the source) itself
-                    ops.control("signal", kind, channel)
+                    ops.control("signal", kind, [channel])
         if releases.get((tb_id, index)):
             ops.semaphores("sem_release", releases[(tb_id, index)])
+    ops.close()
     return ops
 
 
-def _lane_pieces(prog: RankProgram, lanes: list[Lane], gpu: _Gpu, facts: _Facts) -> tuple[list, int] | None:
+def _lane_pieces(
+    prog: RankProgram, lanes: list[Lane], gpu: _Gpu, facts: _Facts, batched: bool = False
+) -> tuple[list, int] | None:
     """Return each lane's ops and its pieces under the op limit, and the semaphore count; None past a channel limit."""
     semaphores = lane_semaphores(prog, lanes)
     tbs = {tb.id: tb for tb in prog.threadblocks}
     count, pieces = semaphores[2], []
     for lane in lanes:
-        ops = _lane_ops(prog.rank, lane, tbs, gpu, facts, semaphores)
+        ops = _lane_ops(prog.rank, lane, tbs, gpu, facts, semaphores, batched)
         for kind in ("memory", "port"):
             if max(len(ops.channels[kind]), len(ops.remote[kind])) > MAX_CHANNELS_PER_THREADBLOCK:
                 return None
         pieces.append((ops, cut_threadblock(ops.ops, count)))
         count += len(pieces[-1][1]) - 1
     return pieces, count
+
+
+def _threadblock_count(lowered: tuple[list, int]) -> int:
+    return sum(len(segments) for _, segments in lowered[0])
 
 
 def _rank_json(algorithm: Algorithm, prog: RankProgram, facts: _Facts, positions: Callable[[], dict]) -> dict:
@@ -284,14 +295,18 @@ def _rank_json(algorithm: Algorithm, prog: RankProgram, facts: _Facts, positions
     lowered = _lane_pieces(prog, lanes, gpu, facts)
     if lowered is None:
         raise _fault(algorithm, f"rank {prog.rank}", "too many channels in one threadblock", "at most 16 per type")
-    if sum(len(segments) for _, segments in lowered[0]) > MAX_THREADBLOCKS_PER_GPU:
+    if _threadblock_count(lowered) > MAX_THREADBLOCKS_PER_GPU:
+        # Gathering gates and publications costs latency; merging lanes costs parallelism: gather first.
+        lowered = _lane_pieces(prog, lanes, gpu, facts, batched=True) or lowered
+        logger.debug("rank %d: %d threadblocks with gates gathered", prog.rank, _threadblock_count(lowered))
+    if _threadblock_count(lowered) > MAX_THREADBLOCKS_PER_GPU:
 
         def threadblocks_of(trial: list[Lane]) -> list[int] | None:
-            result = _lane_pieces(prog, trial, gpu, facts)
+            result = _lane_pieces(prog, trial, gpu, facts, batched=True)
             return None if result is None else [len(segments) for _, segments in result[0]]
 
         lanes = merge_lanes(prog, positions(), threadblocks_of, MAX_THREADBLOCKS_PER_GPU)
-        lowered = _lane_pieces(prog, lanes, gpu, facts)
+        lowered = _lane_pieces(prog, lanes, gpu, facts, batched=True)
         logger.debug("rank %d: %d threadblocks merged into %d lanes", prog.rank, len(prog.threadblocks), len(lanes))
     pieces, count = lowered
     threadblocks = []

@@ -6,6 +6,10 @@ translation is caught here rather than on a GPU. A library gives one plan per ba
 MSCCL++ selects a plan by collective, message size (``min_message_size``..``max_message_size``,
 inclusive) and ``inplace``, so a band that is also safe in place gets a second, in-place plan.
 
+Never worse than a baseline: given ``rivals`` (the baselines fastest at each band's sample sizes,
+``taccl_py.baselines.best_baselines_by_band``), a band whose plan simulates slower than a rival's
+plan by more than ``NEAR_TIE`` gets the rival's plan instead, named after it (``faster_rival_plan``).
+
 Each plan is written in the protocol that simulates faster as MSCCL++ runs it (whole chunks,
 ``taccl_py.mscclpp.simulate``) at the band's sample sizes: LL (packets) must beat Simple by
 ``NEAR_TIE``. LL is not tried where it cannot win (twice the bandwidth term of the lower bound, as
@@ -16,6 +20,7 @@ packets carry half data, already exceeds Simple's time) or in an open-ended band
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -29,7 +34,7 @@ from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
 from taccl_py.mscclpp.replay import verify_mscclpp_plan
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
-from taccl_py.simulate import WHOLE_CHUNKS
+from taccl_py.simulate import WHOLE_CHUNKS, simulate_sizes
 from taccl_py.simulate.protocol import LL, LL_DATA_FRACTION, NEAR_TIE, SIMPLE, band_sample_sizes
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm, exported_inplace_form
@@ -41,6 +46,7 @@ __all__ = [
     "generate_library_plans",
     "library_plan_name",
     "mscclpp_plan_text",
+    "faster_rival_plan",
     "write_library_plans",
     "write_mscclpp_plan",
 ]
@@ -60,12 +66,14 @@ class PlanProtocol:
 class LibraryPlans:
     """The plan files of a library as (file name, JSON text), and the placements left out as (band index, why).
 
-    ``protocols`` holds (file name, PlanProtocol) for every file, in the same order.
+    ``protocols`` holds (file name, PlanProtocol) for every file, in the same order; ``baselines``
+    (file name, why) for every file that holds a baseline's plan instead of the band's.
     """
 
     files: tuple[tuple[str, str], ...]
     skipped: tuple[tuple[int, str], ...]
     protocols: tuple[tuple[str, PlanProtocol], ...] = ()
+    baselines: tuple[tuple[str, str], ...] = ()
 
 
 def _verified_plan(algorithm: Algorithm, topology: Topology | None, protocol: str) -> tuple[str, ExecutionPlan]:
@@ -96,12 +104,58 @@ def choose_plan_protocol(algorithm: Algorithm, topology: Topology | None) -> tup
     bounds = lower_bounds(topology, algorithm.collective, sizes)
     if sum(bound.bandwidth_time_us for bound in bounds) / LL_DATA_FRACTION >= (1 - NEAR_TIE) * simple_total:
         return simple_text, PlanProtocol(SIMPLE, "LL cannot win: its bytes alone take longer", sizes, times)
-    ll_text, ll = _verified_plan(algorithm, topology, LL)
+    try:
+        ll_text, ll = _verified_plan(algorithm, topology, LL)
+    except ArgumentError as error:  # an LL plan past MSCCL++'s limits leaves Simple's
+        return simple_text, PlanProtocol(SIMPLE, f"no LL plan: {error}", sizes, times)
     times += ((LL, _times_us(ll, topology, sizes)),)
     speedup = simple_total / sum(times[1][1])
     if speedup * (1 - NEAR_TIE) > 1:
         return ll_text, PlanProtocol(LL, f"LL simulates {speedup:.2f}x faster than Simple", sizes, times)
     return simple_text, PlanProtocol(SIMPLE, f"LL simulates {speedup:.2f}x Simple's speed", sizes, times)
+
+
+def _plan_and_protocol(algorithm: Algorithm, topology: Topology | None, protocol: str | None):
+    if protocol is None:
+        return choose_plan_protocol(algorithm, topology)
+    return mscclpp_plan_text(algorithm, topology, protocol), PlanProtocol(protocol, "asked for")
+
+
+def faster_rival_plan(
+    text: str,
+    band: Algorithm,
+    topology: Topology,
+    rivals: Sequence[Algorithm],
+    protocol: str | None = None,
+    inplace: bool = False,
+) -> tuple[str, PlanProtocol, str] | None:
+    """Return the verified plan of the fastest rival that beats the plan ``text`` of ``band``, its protocol and why.
+
+    Times are summed over the band's sample sizes (whole-chunk model, µs); a rival must be faster by
+    more than ``NEAR_TIE``. Its plan takes the band's sizes and the placement ``inplace``, and is
+    named ``<band name>-<rival name>``. A rival's plan costs at least its algorithm, so only a rival
+    whose algorithm is faster gets a plan built; one with no plan within MSCCL++'s limits, or no
+    in-place form, drops out. None: no rival is faster.
+    """
+    sizes = band_sample_sizes(band.min_bytes, band.max_bytes)
+    ours = sum(_times_us(parse_mscclpp_plan(text, band.name), topology, sizes))
+    best = None
+    for baseline in rivals:
+        rival = replace(baseline, name=f"{band.name}-{baseline.name}")
+        rival = replace(rival, min_bytes=band.min_bytes, max_bytes=band.max_bytes)
+        if sum(result.time_us for result in simulate_sizes(rival, topology, sizes, model=WHOLE_CHUNKS)) >= ours:
+            continue
+        if inplace and (rival := exported_inplace_form(rival)[0]) is None:
+            continue
+        try:
+            rival_text, choice = _plan_and_protocol(rival, topology, protocol)
+        except (ArgumentError, VerificationError):
+            continue
+        theirs = sum(_times_us(parse_mscclpp_plan(rival_text, rival.name), topology, sizes))
+        if theirs * (1 + NEAR_TIE) < ours and (best is None or theirs < best[0]):
+            speedup = ours / theirs
+            best = (theirs, rival_text, choice, f"baseline {baseline.name} simulates {speedup:.2f}x faster")
+    return None if best is None else best[1:]
 
 
 def mscclpp_plan_text(algorithm: Algorithm, topology: Topology | None = None, protocol: str | None = None) -> str:
@@ -135,16 +189,21 @@ def library_plan_name(library: AlgorithmLibrary, index: int, inplace: bool = Fal
 
 
 def generate_library_plans(
-    library: AlgorithmLibrary, topology: Topology | None = None, protocol: str | None = None
+    library: AlgorithmLibrary,
+    topology: Topology | None = None,
+    protocol: str | None = None,
+    rivals: Mapping[int, Sequence[Algorithm]] | None = None,
 ) -> LibraryPlans:
     """Return the verified MSCCL++ plans of every band of ``library``, in and out of place, and what was left out.
 
     ``protocol``: ``"Simple"``, ``"LL"``, or None for each plan's faster (``choose_plan_protocol``).
+    ``rivals``: band index -> baselines whose plan replaces the band's where faster
+    (``faster_rival_plan``; needs ``topology``).
 
     A "native" band gets no plan: where no plan covers a size, MSCCL++'s NCCL-compatible library
     runs its own collective, which is what the band asks for.
     """
-    files, skipped, protocols = [], [], []
+    files, skipped, protocols, replaced = [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:
             continue
@@ -156,28 +215,36 @@ def generate_library_plans(
         if why_not is not None:
             skipped.append((index, f"no in-place plan: {why_not}"))
         for algorithm in [base] if variant is None else [base, variant]:
+            file_name = library_plan_name(library, index, algorithm.inplace)
             try:
-                if protocol is None:
-                    text, choice = choose_plan_protocol(algorithm, topology)
-                else:
-                    text, choice = mscclpp_plan_text(algorithm, topology, protocol), PlanProtocol(protocol, "asked for")
+                text, choice = _plan_and_protocol(algorithm, topology, protocol)
             except (ArgumentError, VerificationError) as error:
                 placement = "in place" if algorithm.inplace else "out of place"
                 skipped.append((index, f"{placement}: {error}"))
-            else:
-                files.append((library_plan_name(library, index, algorithm.inplace), text))
-                protocols.append((files[-1][0], choice))
-    return LibraryPlans(tuple(files), tuple(skipped), tuple(protocols))
+                continue
+            if rivals and topology is not None and rivals.get(index):
+                rival = faster_rival_plan(text, base, topology, rivals[index], protocol, algorithm.inplace)
+                if rival is not None:
+                    text, choice, why = rival
+                    replaced.append((file_name, why))
+            files.append((file_name, text))
+            protocols.append((file_name, choice))
+    return LibraryPlans(tuple(files), tuple(skipped), tuple(protocols), tuple(replaced))
 
 
 def write_library_plans(
-    library: AlgorithmLibrary, folder: str | Path, topology: Topology | None = None, protocol: str | None = None
+    library: AlgorithmLibrary,
+    folder: str | Path,
+    topology: Topology | None = None,
+    protocol: str | None = None,
+    rivals: Mapping[int, Sequence[Algorithm]] | None = None,
 ) -> LibraryPlans:
     """Write the verified plans of every band of ``library`` into ``folder``; return what was written and left out.
 
     Every text is generated and verified before the first file is written, each file through a temporary name.
+    Arguments as ``generate_library_plans``.
     """
-    plans = generate_library_plans(library, topology, protocol)
+    plans = generate_library_plans(library, topology, protocol, rivals)
     if plans.files:
         Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in plans.files:

@@ -11,7 +11,9 @@ from __future__ import annotations
 from taccl_py.ir.algorithm import Buffer, OpType, Step
 
 __all__ = [
+    "BatchedLaneOps",
     "LaneOps",
+    "MAX_CHANNELS_PER_OPERATION",
     "MAX_OPERATIONS_PER_THREADBLOCK",
     "MAX_SEMAPHORES_PER_OPERATION",
     "Slot",
@@ -22,6 +24,7 @@ __all__ = [
 
 MAX_OPERATIONS_PER_THREADBLOCK = 64  # MAX_OPERATION (execution_common.hpp); executor.cc refuses a threadblock with more
 MAX_SEMAPHORES_PER_OPERATION = 16  # MAX_DEVICE_SEMAPHORES (execution_common.hpp): ids in one sem_acquire/release
+MAX_CHANNELS_PER_OPERATION = 8  # MAX_CHANNEL_PER_OPERATION (execution_common.hpp): ids in one signal/wait
 _CHAIN_OPS = 4  # at most an acquire + nop opening a cut piece and a nop + release closing it
 
 Slot = tuple[Buffer, int]
@@ -58,11 +61,18 @@ def cut_threadblock(ops: list[dict], first_semaphore: int) -> list[list[dict]]:
     """
     if len(ops) <= MAX_OPERATIONS_PER_THREADBLOCK:
         return [ops]
+    # A cut before op i keeps every memory put on one threadblock with the signal that publishes it.
+    unsignalled, cuttable = False, []
+    for op in ops:
+        cuttable.append(not unsignalled and op["name"] not in ("nop", "signal", "flush"))
+        if op["name"] in ("put", "signal") and op["channel_type"] == "memory":
+            unsignalled = op["name"] == "put"
     pieces, start = [], 0
     while start < len(ops):
-        end = min(start + MAX_OPERATIONS_PER_THREADBLOCK - _CHAIN_OPS, len(ops))
-        while end < len(ops) and ops[end]["name"] in ("nop", "signal", "flush"):
-            end -= 1  # keep a put with its signal (and flush) on one threadblock
+        end = last = min(start + MAX_OPERATIONS_PER_THREADBLOCK - _CHAIN_OPS, len(ops))
+        while start < end < len(ops) and not cuttable[end]:
+            end -= 1
+        end = end if end > start else last
         piece = ops[start:end]
         while end < len(ops) and piece and piece[-1]["name"] == "nop":
             piece.pop()  # the next piece syncs after its acquire if it must, and the tail rule below here
@@ -94,9 +104,10 @@ class LaneOps:
     finished data), and between two all-thread ops only when their chunks overlap. An acquire of
     several semaphores runs one per thread (thread i acquires the i-th), so only a nop waits for them
     all: one goes before whatever then uses data (any data op, a signal, flush or release); and a
-    release of several semaphores after a gate waits at a nop, as its threads 1.. saw no gate. Uses
-    of one semaphore by different threads are kept in order by a nop between them: a semaphore counts
-    acquires and releases, so the k-th acquire must stay the k-th.
+    release of several semaphores after a gate waits at a nop, as its threads 1.. saw no gate. A wait
+    or signal of several channels is the same. Uses of one semaphore (or channel) by different
+    threads are kept in order by a nop between them: a semaphore counts acquires and releases, so
+    the k-th acquire must stay the k-th.
     """
 
     def __init__(self) -> None:
@@ -105,8 +116,9 @@ class LaneOps:
         self.remote: dict[str, list[int]] = {"memory": [], "port": []}
         self.busy: list[tuple[set, set]] = []  # reads and writes of all-thread ops since the last nop
         self.gated = False  # thread 0 passed a wait, acquire, flush or port put since the last nop
-        self.split = False  # threads other than 0 may still be acquiring semaphores
-        self.thread_of: dict[tuple[str, int], int] = {}  # (op name, semaphore) -> thread that ran it since the nop
+        self.split = False  # threads other than 0 may still be acquiring semaphores or waiting
+        # (op name, semaphore) or (op name, channel type, channel) -> the thread that ran it since the nop
+        self.thread_of: dict[tuple, int] = {}
 
     def _sync(self) -> None:
         self.ops.append({"name": "nop"})
@@ -126,11 +138,19 @@ class LaneOps:
             refs.append(remote_id)
         return refs.index(remote_id)
 
-    def control(self, name: str, kind: str, gpu_channel: int) -> None:
-        if name == "signal" and self.busy or name != "wait" and self.split:
+    def control(self, name: str, kind: str, gpu_channels: list[int]) -> None:
+        """Append a signal, wait or flush of ``gpu_channels`` (distinct, at most 8): thread t runs the t-th."""
+        several = len(gpu_channels) > 1
+        if name == "signal" and (self.busy or several and self.gated) or name != "wait" and self.split:
             self._sync()
-        self.ops.append({"name": name, "channel_ids": [self.channel_ref(kind, gpu_channel)], "channel_type": kind})
+        refs = [self.channel_ref(kind, channel) for channel in gpu_channels]
+        # A channel's signals (and waits) count; another thread's since the nop could overtake this one.
+        if any(self.thread_of.get((name, kind, ref), thread) != thread for thread, ref in enumerate(refs)):
+            self._sync()
+        self.ops.append({"name": name, "channel_ids": refs, "channel_type": kind})
+        self.thread_of.update(((name, kind, ref), thread) for thread, ref in enumerate(refs))
         self.gated = self.gated or name in ("wait", "flush")
+        self.split = self.split or name == "wait" and several
 
     def semaphores(self, name: str, ids: list[int]) -> None:
         if name == "sem_release" and (self.busy or self.split or self.gated and len(ids) > 1):
@@ -156,6 +176,9 @@ class LaneOps:
         self.ops.append(op)
         self.gated = self.gated or not all_threads
 
+    def close(self) -> None:
+        """Append what is held back; ``ops`` is then whole (a ``LaneOps`` holds nothing back)."""
+
     def put(self, source: Slot, count: int, kind: str, gpu_channel: int, remote_id: int, target: Slot) -> None:
         """Append a put; across machines a ``pwsf`` (put, signal, flush in one op; port channels only)."""
         op = {"name": "put" if kind == "memory" else "pwsf", "src_buff": [buffer_ref(source, count)]}
@@ -164,6 +187,77 @@ class LaneOps:
             op["channel_ids"] = [self.channel_ref(kind, gpu_channel)]
         op["channel_type"] = kind
         self.data(op, all_threads=kind == "memory")
+
+
+class BatchedLaneOps(LaneOps):
+    """A lane's operations with its gates and publications gathered into as few ops as order allows.
+
+    A gate (wait, acquire) may run earlier than written, before data ops, and a publication
+    (signal, release) later, after them: either only delays. Neither may pass the other, or a wait
+    could stand before the signal its own peer waits for. So a lane becomes blocks of gates, data
+    ops, publications, each kind of control op of a block issued as one op over several ids
+    (thread t runs the t-th). This saves the nops and control ops between steps at the cost of a
+    data op's time of latency; ``export`` uses it only for a rank over the threadblock limit. A
+    port put (``pwsf``) publishes, so it ends its block's data. Simple plans only: under LL a packet
+    read is a gate and a packet write a publication, which this class does not tell from local data ops.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gates: list[tuple[str, str | None, int]] = []  # (op name, channel type or None, id)
+        self._body: list[tuple[dict, bool]] = []  # (data op, run by all threads)
+        self._publications: list[tuple[str, str | None, int]] = []
+        self._sealed = False  # the block published: a gate now opens the next block
+
+    def control(self, name: str, kind: str, gpu_channels: list[int]) -> None:
+        if name == "signal":
+            self._publications += [(name, kind, channel) for channel in gpu_channels]
+        elif name == "wait":
+            self._gate([(name, kind, channel) for channel in gpu_channels])
+        else:
+            self.close()
+            super().control(name, kind, gpu_channels)
+
+    def semaphores(self, name: str, ids: list[int]) -> None:
+        if name == "sem_release":
+            self._publications += [(name, None, semaphore) for semaphore in ids]
+        else:
+            self._gate([(name, None, semaphore) for semaphore in ids])
+
+    def data(self, op: dict, all_threads: bool = True) -> None:
+        self._body.append((op, all_threads))
+        self._sealed = self._sealed or not all_threads
+
+    def _gate(self, gates: list[tuple[str, str | None, int]]) -> None:
+        if self._publications or self._sealed:
+            self.close()
+        self._gates += gates
+
+    def close(self) -> None:
+        gates, body, publications = self._gates, self._body, self._publications
+        self._gates, self._body, self._publications, self._sealed = [], [], [], False
+        self._issue(gates)
+        for op, all_threads in body:
+            super().data(op, all_threads)
+        self._issue(publications)
+
+    def _issue(self, controls: list[tuple[str, str | None, int]]) -> None:
+        """Append ``controls`` as few ops per (name, channel type), each over distinct ids, in order per id."""
+        groups: dict[tuple[str, str | None], list[list[int]]] = {}
+        for name, kind, number in controls:
+            size = MAX_CHANNELS_PER_OPERATION if kind else MAX_SEMAPHORES_PER_OPERATION
+            ops = groups.setdefault((name, kind), [])
+            # the first op not yet holding this id keeps a repeated id's uses in order
+            target = next((ids for ids in ops if number not in ids and len(ids) < size), None)
+            if target is None:
+                ops.append(target := [])
+            target.append(number)
+        for (name, kind), ops in groups.items():
+            for ids in ops:
+                if kind is None:
+                    super().semaphores(name, ids)
+                else:
+                    super().control(name, kind, ids)
 
 
 def _footprint(op: dict) -> tuple[set, set]:

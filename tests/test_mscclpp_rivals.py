@@ -1,0 +1,58 @@
+"""Never worse than a baseline: a band's plan gives way to a baseline's plan that simulates faster."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from taccl_py.baselines import best_baselines_by_band, ring_algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.mscclpp import parse_mscclpp_plan, verify_mscclpp_plan
+from taccl_py.mscclpp.files import faster_rival_plan, generate_library_plans, mscclpp_plan_text
+from taccl_py.simulate import WHOLE_CHUNKS
+from taccl_py.topology import load_topology
+
+MIB = 1 << 20
+
+
+def _band(algorithm, name: str):
+    return replace(algorithm, name=name, min_bytes=MIB, max_bytes=8 * MIB)
+
+
+def test_a_faster_rivals_plan_comes_back_verified_and_named() -> None:
+    topology = load_topology("ndv2")
+    one_ring = _band(ring_algorithm(topology, Collective.ALLGATHER, channels=1), "band")
+    six_rings = ring_algorithm(topology, Collective.ALLGATHER)
+    text = mscclpp_plan_text(one_ring, topology, "Simple")
+    for inplace in (False, True):
+        rival_text, choice, why = faster_rival_plan(text, one_ring, topology, [six_rings], inplace=inplace)
+        plan = parse_mscclpp_plan(rival_text, "rival")
+        verify_mscclpp_plan(plan)
+        assert plan.name == f"band-{six_rings.name}" + ("-inplace" if inplace else "")
+        assert plan.inplace is inplace and (plan.min_message_size, plan.max_message_size) == (MIB, 8 * MIB - 1)
+        assert why.startswith(f"baseline {six_rings.name} simulates ") and choice.protocol == "Simple"
+
+
+def test_a_slower_rival_leaves_the_bands_plan() -> None:
+    topology = load_topology("ndv2")
+    six_rings = _band(ring_algorithm(topology, Collective.ALLGATHER), "band")
+    one_ring = ring_algorithm(topology, Collective.ALLGATHER, channels=1)
+    text = mscclpp_plan_text(six_rings, topology, "Simple")
+    assert faster_rival_plan(text, six_rings, topology, [one_ring, six_rings]) is None  # a tie is no win
+
+
+def test_best_baselines_by_band_names_each_bands_fastest_baselines() -> None:
+    topology = load_topology("ndv2")
+    path = next(p for p in shipped_library_paths("ndv2", 1) if "reducescatter" in p.name)
+    library = read_library(path)
+    rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS)
+    assert sorted(rivals) == [index for index, band in enumerate(library.bands) if band.algorithm is not None]
+    assert "ring-6ch-1p" in {rival.name for rival in rivals[3]}
+    plans = generate_library_plans(library, topology, rivals=rivals)
+    replaced = {name: json.loads(text)["name"] for name, text in plans.files if name in dict(plans.baselines)}
+    assert replaced == {
+        f"ndv2-n1-reducescatter-{i}{suffix}.json": f"ndv2-n1-reducescatter-{i}-ring-6ch-1p{suffix}"
+        for i in (2, 3)
+        for suffix in ("", "-inplace")
+    }
