@@ -373,8 +373,8 @@ def best_baselines_by_band(
 ) -> dict[int, tuple[Algorithm, ...]]:
     """Return, per band index of ``library`` with an algorithm, the baselines fastest at some of its sample sizes.
 
-    The sample sizes are ``band_sample_sizes``'; every band is compared in one ``best_baselines``
-    call, so each baseline is built once.
+    Each band is sampled at ``band_sample_sizes``; all bands share one ``best_baselines`` call, so
+    each baseline is built once.
     """
     samples = {
         index: band_sample_sizes(band.min_bytes, band.max_bytes)

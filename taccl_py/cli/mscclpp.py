@@ -59,7 +59,7 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
             if choice.protocol != "Simple" and protocol is None:
                 print(f"{name}: {choice.why}", file=sys.stderr)
         for name, why in plans.baselines:
-            print(f"{name}: {why} than the band's algorithm; its plan is written instead", file=sys.stderr)
+            print(f"{name}: {why} than the band's own plan; written instead", file=sys.stderr)
         for index, why in plans.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
     print(f"wrote {written} MSCCL++ execution plans to {folder}", file=sys.stderr)

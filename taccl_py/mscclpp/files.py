@@ -20,6 +20,7 @@ packets carry half data, already exceeds Simple's time) or in an open-ended band
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,13 +44,15 @@ __all__ = [
     "LibraryPlans",
     "PlanProtocol",
     "choose_plan_protocol",
+    "faster_rival_plan",
     "generate_library_plans",
     "library_plan_name",
     "mscclpp_plan_text",
-    "faster_rival_plan",
     "write_library_plans",
     "write_mscclpp_plan",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -133,9 +136,9 @@ def faster_rival_plan(
 
     Times are summed over the band's sample sizes (whole-chunk model, µs); a rival must be faster by
     more than ``NEAR_TIE``. Its plan takes the band's sizes and the placement ``inplace``, and is
-    named ``<band name>-<rival name>``. A rival's plan costs at least its algorithm, so only a rival
-    whose algorithm is faster gets a plan built; one with no plan within MSCCL++'s limits, or no
-    in-place form, drops out. None: no rival is faster.
+    named ``<band name>-<rival name>``. A Simple plan costs at least its algorithm, so only a rival
+    whose algorithm (in its own protocol) simulates faster gets a plan built; one with no plan within
+    MSCCL++'s limits, or no in-place form, drops out. None: no rival is faster.
     """
     sizes = band_sample_sizes(band.min_bytes, band.max_bytes)
     ours = sum(_times_us(parse_mscclpp_plan(text, band.name), topology, sizes))
@@ -149,7 +152,10 @@ def faster_rival_plan(
             continue
         try:
             rival_text, choice = _plan_and_protocol(rival, topology, protocol)
-        except (ArgumentError, VerificationError):
+        except ArgumentError:  # past MSCCL++'s limits
+            continue
+        except VerificationError as error:  # a fault of ours: say so, and keep the band's plan
+            logger.warning("baseline %s gives no verified plan for %s: %s", baseline.name, band.name, error)
             continue
         theirs = sum(_times_us(parse_mscclpp_plan(rival_text, rival.name), topology, sizes))
         if theirs * (1 + NEAR_TIE) < ours and (best is None or theirs < best[0]):
