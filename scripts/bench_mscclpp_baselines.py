@@ -1,11 +1,12 @@
 """Simulated time of every shipped band's MSCCL++ plan against the plan of the best baseline for the band.
 
 For each built-in machine with shipped libraries and each band, the plan ``taccl export-mscclpp``
-would write from the band's algorithm (out of place, in the protocol it picks) and the Simple plans
-of the baselines fastest at the band's sample sizes (``best_baselines_by_band``) are simulated as
-MSCCL++ runs them (whole chunks), summed over the band's sample sizes (its edges and their
-geometric middle). plan/baseline above 1.01: export writes the baseline's plan instead
-(``faster_rival_plan``). "of bound" is the lower bound's time over the plan's.
+would write from the band's algorithm (out of place) and the plans of the baselines fastest at the
+band's sample sizes (``best_baselines_by_band``), each in the protocol export picks for it, are
+simulated as MSCCL++ runs them (whole chunks), summed over the band's sample sizes (its edges and
+their geometric middle). plan/baseline above 1.01: export writes the baseline's plan instead
+(``faster_rival_plan``). "of bound" is the lower bound's time over the plan's; it passes 1 for LL
+plans of the smallest sizes (the bound's latency floor takes Simple's α).
 
     python scripts/bench_mscclpp_baselines.py                  # every machine with libraries, 1 node
     python scripts/bench_mscclpp_baselines.py --topologies ndv2 --nodes 2
@@ -41,7 +42,7 @@ from taccl_py.baselines import best_baselines_by_band
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
-from taccl_py.mscclpp import generate_mscclpp_plan, parse_mscclpp_plan
+from taccl_py.mscclpp import parse_mscclpp_plan
 from taccl_py.mscclpp.files import choose_plan_protocol, faster_rival_plan, library_plan_name
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
 from taccl_py.simulate import WHOLE_CHUNKS
@@ -92,10 +93,10 @@ def library_rows(path) -> list[tuple]:
         for rival in rivals[index]:
             rival = replace(rival, min_bytes=band.min_bytes, max_bytes=band.max_bytes)
             try:
-                rival_text = json.dumps(generate_mscclpp_plan(rival, topology))
+                rival_text, rival_choice = choose_plan_protocol(rival, topology)
             except ArgumentError:
                 continue
-            theirs.append((_plan_us(rival_text, topology, sizes), rival.name))
+            theirs.append((_plan_us(rival_text, topology, sizes), f"{rival.name} {rival_choice.protocol}"))
         best_us, best_name = min(theirs)
         bound = sum(bound.time_us for bound in lower_bounds(topology, library.collective, sizes))
         written = faster_rival_plan(text, algorithm, topology, rivals[index])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_mscclpp_export import assert_plan_structure, run_plan, sync_faults
 
@@ -10,10 +12,12 @@ from taccl_py.errors import VerificationError
 from taccl_py.ir.algorithm import Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.mscclpp import lift_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.files import mscclpp_plan_text
 from taccl_py.mscclpp.lower.ops import BatchedLaneOps, LaneOps
 from taccl_py.topology import load_topology
+from taccl_py.verify import check_algorithm
 
 
 def _reduce(index: int) -> dict:
@@ -102,6 +106,7 @@ def test_a_rank_just_over_the_limit_fits_by_gathering_alone(monkeypatch) -> None
     assert sync_faults(plan) == []
     run_plan(plan, algorithm, seed=0)
     mscclpp_plan_text(algorithm, topology, "Simple")  # replayed with MSCCL++'s semantics
+    check_algorithm(lift_mscclpp_plan(parse_mscclpp_plan(json.dumps(plan), "gathered")))  # and lifted back
 
 
 def test_a_ring_forced_to_gather_still_verifies(monkeypatch) -> None:
