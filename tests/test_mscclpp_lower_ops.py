@@ -78,13 +78,6 @@ def test_repeated_ids_take_one_op_each_and_ops_hold_at_most_eight_channels() -> 
     assert _names(ops) == ["signal[0,1,2,3,4,5,6,7]", "signal[0,8,9]"]
 
 
-def test_a_channel_another_thread_used_waits_for_a_nop() -> None:
-    ops = LaneOps()
-    ops.control("signal", "memory", [0, 1])
-    ops.control("signal", "memory", [1])  # thread 0 now, thread 1 before: the two signals could swap
-    assert _names(ops) == ["signal[0,1]", "nop", "signal[1]"]
-
-
 def _band(name: str, nodes: int, collective: str, index: int):
     path = next(p for p in shipped_library_paths(name, nodes) if read_library(p).collective.value == collective)
     return read_library(path).bands[index].algorithm
@@ -127,3 +120,20 @@ def test_a_gate_let_past_a_publication_deadlocks_and_is_refused(monkeypatch) -> 
     monkeypatch.setattr(BatchedLaneOps, "_gate", lambda self, gates: self._gates.extend(gates))
     with pytest.raises(VerificationError):
         mscclpp_plan_text(algorithm, topology, "Simple")
+
+
+def test_the_sync_checker_sees_what_lane_ops_puts_nops_for() -> None:
+    def signal(*channels: int) -> dict:
+        return {"name": "signal", "channel_ids": list(channels), "channel_type": "memory"}
+
+    written = [{"name": "wait", "channel_ids": [0], "channel_type": "memory"}, signal(1, 2), signal(2)]
+    faults = sync_faults({"gpus": [{"id": 0, "threadblocks": [{"id": 0, "ops": written}]}]})
+    assert [fault.split(": ", 1)[1] for fault in faults] == [
+        "threads 1.. publish what only thread 0 was gated for",  # thread 1 never saw the wait
+        "semaphore or channel 2 on another thread than its last use",  # thread 1 signalled it, now thread 0
+    ]
+    ops = LaneOps()
+    ops.control("wait", "memory", [0])
+    ops.control("signal", "memory", [1, 2])
+    ops.control("signal", "memory", [2])
+    assert _names(ops) == ["wait[0]", "nop", "signal[1,2]", "nop", "signal[2]"]
