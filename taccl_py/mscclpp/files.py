@@ -124,6 +124,16 @@ def _plan_and_protocol(algorithm: Algorithm, topology: Topology | None, protocol
     return mscclpp_plan_text(algorithm, topology, protocol), PlanProtocol(protocol, "asked for")
 
 
+def _plan_floor_us(algorithm: Algorithm, topology: Topology, sizes: tuple[int, ...], protocol: str | None) -> float:
+    """Return the least a plan of ``algorithm`` may take over ``sizes`` (µs, summed): its schedule in a protocol."""
+    protocols = [protocol] if protocol is not None else [SIMPLE] + ([LL] if algorithm.max_bytes is not None else [])
+    totals = []
+    for name in protocols:
+        results = simulate_sizes(replace(algorithm, protocol=name), topology, sizes, model=WHOLE_CHUNKS)
+        totals.append(sum(result.time_us for result in results))
+    return min(totals)
+
+
 def faster_rival_plan(
     text: str,
     band: Algorithm,
@@ -136,9 +146,10 @@ def faster_rival_plan(
 
     Times are summed over the band's sample sizes (whole-chunk model, µs); a rival must be faster by
     more than ``NEAR_TIE``. Its plan takes the band's sizes and the placement ``inplace``, and is
-    named ``<band name>-<rival name>``. A Simple plan costs at least its algorithm, so only a rival
-    whose algorithm (in its own protocol) simulates faster gets a plan built; one with no plan within
-    MSCCL++'s limits, or no in-place form, drops out. None: no rival is faster.
+    named ``<band name>-<rival name>``. A plan costs at least its algorithm in the plan's protocol,
+    so only a rival whose algorithm simulates faster in some protocol the plan may take gets a plan
+    built; one with no plan within MSCCL++'s limits, or no in-place form, drops out. None: no rival
+    is faster.
     """
     sizes = band_sample_sizes(band.min_bytes, band.max_bytes)
     ours = sum(_times_us(parse_mscclpp_plan(text, band.name), topology, sizes))
@@ -146,7 +157,7 @@ def faster_rival_plan(
     for baseline in rivals:
         rival = replace(baseline, name=f"{band.name}-{baseline.name}")
         rival = replace(rival, min_bytes=band.min_bytes, max_bytes=band.max_bytes)
-        if sum(result.time_us for result in simulate_sizes(rival, topology, sizes, model=WHOLE_CHUNKS)) >= ours:
+        if _plan_floor_us(rival, topology, sizes, protocol) >= ours:
             continue
         if inplace and (rival := exported_inplace_form(rival)[0]) is None:
             continue
