@@ -60,6 +60,8 @@ def test_export_writes_a_faster_baselines_plan_instead_and_names_it(tmp_path, ca
     assert names["ndv2-n1-reducescatter-2.json"] == "ndv2-n1-reducescatter-2-ring-6ch-1p"
     assert names["ndv2-n1-reducescatter-2-inplace.json"] == "ndv2-n1-reducescatter-2-ring-6ch-1p-inplace"
     assert names["ndv2-n1-reducescatter-0.json"] == "ndv2-n1-reducescatter-0"
+    band_1 = json.loads((tmp_path / "plans" / "ndv2-n1-reducescatter-1.json").read_text())
+    assert band_1["name"] == "ndv2-n1-reducescatter-1-ring-6ch-1p" and band_1["protocol"] == "LL"
     assert main([*args, str(tmp_path / "own"), "--no-baselines"]) == 0
     assert "baseline" not in capsys.readouterr().err
     names = {p.name: json.loads(p.read_text())["name"] for p in (tmp_path / "own").iterdir()}
