@@ -1,9 +1,10 @@
 """A lane's MSCCL++ operations: each step's ops, the ``nop``s the executor needs, and the cut into threadblocks.
 
 The executor runs at most ``MAX_OPERATION`` (64) ops per threadblock. ``LaneOps`` holds a lane's
-ops and puts a ``nop`` only where the executor needs one; ``lower_step`` appends a step's local
-part; ``cut_threadblock`` cuts a lane into hardware threadblocks of at most 64 ops, chained by
-semaphores.
+ops and puts a ``nop`` only where the executor needs one; ``BatchedLaneOps`` also gathers a lane's
+waits and signals into fewer ops, for a rank over the threadblock limit; ``lower_step`` appends a
+step's local part; ``cut_threadblock`` cuts a lane into hardware threadblocks of at most 64 ops,
+chained by semaphores.
 """
 
 from __future__ import annotations
