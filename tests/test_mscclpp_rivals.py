@@ -8,7 +8,7 @@ from taccl_py.baselines import best_baselines_by_band, ring_algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.mscclpp import parse_mscclpp_plan, verify_mscclpp_plan
-from taccl_py.mscclpp.files import faster_rival_plan, mscclpp_plan_text
+from taccl_py.mscclpp.files import faster_rival_plan, fits_mscclpp, mscclpp_plan_text
 from taccl_py.simulate import WHOLE_CHUNKS
 from taccl_py.topology import load_topology
 
@@ -48,3 +48,14 @@ def test_best_baselines_by_band_names_each_bands_fastest_baselines() -> None:
     rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS)
     assert sorted(rivals) == [index for index, band in enumerate(library.bands) if band.algorithm is not None]
     assert "ring-6ch-1p" in {rival.name for rival in rivals[3]}
+
+
+def test_a_baseline_with_no_plan_within_the_limits_is_no_rival(monkeypatch) -> None:
+    topology = load_topology("ndv2")
+    path = next(p for p in shipped_library_paths("ndv2", 1) if "reducescatter" in p.name)
+    ring = ring_algorithm(topology, Collective.REDUCESCATTER)
+    assert fits_mscclpp(ring, topology)
+    rivals = best_baselines_by_band(read_library(path), topology, WHOLE_CHUNKS, keep=lambda a: "ring" not in a.name)
+    assert rivals[3] and not any("ring" in rival.name for rival in rivals[3])
+    monkeypatch.setattr("taccl_py.mscclpp.export.MAX_THREADBLOCKS_PER_GPU", 0)
+    assert not fits_mscclpp(ring, topology)

@@ -369,12 +369,15 @@ def best_baseline(
 
 
 def best_baselines_by_band(
-    library: AlgorithmLibrary, topology: Topology, model: ExecutionModel = MSCCL_LOOP
+    library: AlgorithmLibrary,
+    topology: Topology,
+    model: ExecutionModel = MSCCL_LOOP,
+    keep: Callable[[Algorithm], bool] | None = None,
 ) -> dict[int, tuple[Algorithm, ...]]:
     """Return, per band index of ``library`` with an algorithm, the baselines fastest at some of its sample sizes.
 
     Each band is sampled at ``band_sample_sizes``; all bands share one ``best_baselines`` call, so
-    each baseline is built once.
+    each baseline is built once. ``keep`` as ``best_baselines``: only baselines it accepts compete.
     """
     samples = {
         index: band_sample_sizes(band.min_bytes, band.max_bytes)
@@ -382,7 +385,7 @@ def best_baselines_by_band(
         if band.algorithm is not None
     }
     sizes = sorted({size for band_sizes in samples.values() for size in band_sizes})
-    best = dict(zip(sizes, best_baselines(topology, library.collective, sizes, model=model)))
+    best = dict(zip(sizes, best_baselines(topology, library.collective, sizes, keep=keep, model=model)))
     return {
         index: tuple({best[size][0].name: best[size][0] for size in band_sizes if best[size]}.values())
         for index, band_sizes in samples.items()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import PLAN_PROTOCOLS
-from taccl_py.mscclpp.files import write_library_plans
+from taccl_py.mscclpp.files import fits_mscclpp, write_library_plans
 from taccl_py.simulate import WHOLE_CHUNKS
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import Topology
@@ -52,7 +53,8 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
         # Never worse than a baseline: where the best baseline's plan simulates faster, it is written instead.
         rivals = None
         if topology is not None and not args.no_baselines:
-            rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS)
+            fits = functools.partial(fits_mscclpp, topology=topology)  # a baseline with no plan is no rival
+            rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS, keep=fits)
         plans = write_library_plans(library, folder, topology, protocol, rivals)
         written += len(plans.files)
         for name, choice in plans.protocols:

@@ -45,6 +45,7 @@ __all__ = [
     "PlanProtocol",
     "choose_plan_protocol",
     "faster_rival_plan",
+    "fits_mscclpp",
     "generate_library_plans",
     "library_plan_name",
     "mscclpp_plan_text",
@@ -173,6 +174,15 @@ def faster_rival_plan(
             speedup = ours / theirs
             best = (theirs, rival_text, choice, f"baseline {baseline.name} simulates {speedup:.2f}x faster")
     return None if best is None else best[1:]
+
+
+def fits_mscclpp(algorithm: Algorithm, topology: Topology | None = None) -> bool:
+    """Return whether ``algorithm`` lowers to a plan within MSCCL++'s limits (the plan is not verified here)."""
+    try:
+        generate_mscclpp_plan(algorithm, topology)
+    except ArgumentError:
+        return False
+    return True
 
 
 def mscclpp_plan_text(algorithm: Algorithm, topology: Topology | None = None, protocol: str | None = None) -> str:
