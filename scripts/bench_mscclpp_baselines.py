@@ -2,11 +2,12 @@
 
 For each built-in machine with shipped libraries and each band, the plan ``taccl export-mscclpp``
 would write from the band's algorithm (out of place) and the plans of the baselines fastest at the
-band's sample sizes (``best_baselines_by_band``), each in the protocol export picks for it, are
-simulated as MSCCL++ runs them (whole chunks), summed over the band's sample sizes (its edges and
-their geometric middle). plan/baseline above 1.01: export writes the baseline's plan instead
-(``faster_rival_plan``). "of bound" is the lower bound's time over the plan's; it passes 1 for LL
-plans of the smallest sizes (the bound's latency floor takes Simple's α).
+band's sample sizes among those with a plan within MSCCL++'s limits (``best_baselines_by_band``),
+each in the protocol export picks for it, are simulated as MSCCL++ runs them (whole chunks), summed
+over the band's sample sizes (its edges and their geometric middle). plan/baseline above 1.01:
+export writes the baseline's plan instead (``faster_rival_plan``). "of bound" is the lower bound's
+time over the plan's; it passes 1 for LL plans of the smallest sizes (the bound's latency floor
+takes Simple's α).
 
     python scripts/bench_mscclpp_baselines.py                  # every machine with libraries, 1 node
     python scripts/bench_mscclpp_baselines.py --topologies ndv2 --nodes 2
@@ -14,6 +15,7 @@ plans of the smallest sizes (the bound's latency floor takes Simple's α).
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -43,7 +45,7 @@ from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.mscclpp import parse_mscclpp_plan
-from taccl_py.mscclpp.files import choose_plan_protocol, faster_rival_plan, library_plan_name
+from taccl_py.mscclpp.files import choose_plan_protocol, faster_rival_plan, fits_mscclpp, library_plan_name
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
 from taccl_py.simulate import WHOLE_CHUNKS
 from taccl_py.simulate.protocol import band_sample_sizes
@@ -75,7 +77,9 @@ def library_rows(path) -> list[tuple]:
     """Return one ``CSV_HEADER`` row per band of the library at ``path`` that has an exported plan."""
     library = read_library(path)
     topology = load_topology(library.topology, library.nodes)
-    rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS)
+    rivals = best_baselines_by_band(
+        library, topology, WHOLE_CHUNKS, keep=functools.partial(fits_mscclpp, topology=topology)
+    )
     rows = []
     for index, band in enumerate(library.bands):
         if band.native:
