@@ -142,6 +142,7 @@ def faster_rival_plan(
     rivals: Sequence[Algorithm],
     protocol: str | None = None,
     inplace: bool = False,
+    ours_us: float | None = None,
 ) -> tuple[str, PlanProtocol, str] | None:
     """Return the verified plan of the fastest rival that beats the plan ``text`` of ``band``, its protocol and why.
 
@@ -149,11 +150,11 @@ def faster_rival_plan(
     more than ``NEAR_TIE``. Its plan takes the band's sizes and the placement ``inplace``, and is
     named ``<band name>-<rival name>``. A plan costs at least its algorithm in the plan's protocol,
     so only a rival whose algorithm simulates faster in some protocol the plan may take gets a plan
-    built; one with no plan within MSCCL++'s limits, or no in-place form, drops out. None: no rival
-    is faster.
+    built; one with no plan within MSCCL++'s limits, or no in-place form, drops out. ``ours_us``:
+    the plan's time over the sample sizes where already simulated. None: no rival is faster.
     """
     sizes = band_sample_sizes(band.min_bytes, band.max_bytes)
-    ours = sum(_times_us(parse_mscclpp_plan(text, band.name), topology, sizes))
+    ours = sum(_times_us(parse_mscclpp_plan(text, band.name), topology, sizes)) if ours_us is None else ours_us
     best = None
     for baseline in rivals:
         rival = replace(baseline, name=f"{band.name}-{baseline.name}")
@@ -250,7 +251,9 @@ def generate_library_plans(
                 skipped.append((index, f"{placement}: {error}"))
                 continue
             if rivals and topology is not None and rivals.get(index):
-                rival = faster_rival_plan(text, base, topology, rivals[index], protocol, algorithm.inplace)
+                timed = dict(choice.times_us).get(choice.protocol)  # the protocol choice timed it at these sizes
+                ours_us = None if timed is None else sum(timed)
+                rival = faster_rival_plan(text, base, topology, rivals[index], protocol, algorithm.inplace, ours_us)
                 if rival is not None:
                     text, choice, why = rival
                     replaced.append((file_name, why))
