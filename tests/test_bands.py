@@ -122,3 +122,29 @@ def test_msccl_export_leaves_a_native_band_to_nccl_without_a_warning(tmp_path):
     out_of_place = [name for name, _ in export.files if not name.endswith("-inplace.xml")]
     assert out_of_place == ["toy-n1-allgather-0.xml", "toy-n1-allgather-2.xml"]
     assert export.skipped == ()
+
+
+@pytest.mark.parametrize(
+    ("band_file", "fault"),
+    [
+        ("../../../../etc/passwd", "leaves the library's folder"),
+        ("/etc/passwd", "leaves the library's folder"),
+        ("sub/../../ag-0.json", "leaves the library's folder"),
+        ("C:\\Windows\\win.ini", "leaves the library's folder"),
+        ("outside.json", "is a link out of the library's folder"),
+        ("gone.json", "no such file in"),
+    ],
+)
+def test_a_band_file_outside_the_library_folder_or_missing_names_the_library(tmp_path, band_file, fault):
+    library_dir = tmp_path / "lib"
+    path = library_dir / "ag.library.json"
+    library_dir.mkdir()
+    write_library(_toy_library(PROVENANCE), path)
+    (tmp_path / "ag-0.json").write_text((library_dir / "ag-0.json").read_text())  # a readable file one level up
+    (library_dir / "outside.json").symlink_to(tmp_path / "ag-0.json")
+    document = json.loads(path.read_text())
+    document["bands"][0]["algorithm"] = band_file
+    path.write_text(json.dumps(document))
+    expected = re.escape(f"{path}: bands[0].algorithm: {band_file!r}") + ".*" + re.escape(fault)
+    with pytest.raises(FormatError, match="^" + expected):
+        read_library(path)

@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Any
 
 from taccl_py._io import decode_json, read_text
@@ -211,8 +211,27 @@ def _band_from_json(obj: Any, source: str, where: str, base_dir: Path | Traversa
     max_bytes = None if obj.get("max_bytes") is None else _count(obj, "max_bytes", source, where, min_bytes + 1)
     name = _typed(obj, "algorithm", (str,), source, where, f"a file name beside the library, or {NATIVE_ALGORITHM!r}")
     time_us = _typed(obj, "simulated_time_us", (int, float, type(None)), source, where, "a time in µs or null")
-    algorithm = None if name == NATIVE_ALGORITHM else read_algorithm(base_dir / name)
+    algorithm = None if name == NATIVE_ALGORITHM else read_algorithm(_band_path(name, source, where, base_dir))
     return SizeBand(min_bytes, max_bytes, algorithm, name, time_us)
+
+
+def _band_path(name: str, source: str, where: str, base_dir: Path | Traversable) -> Path | Traversable:
+    """Return the file band ``name`` names inside ``base_dir``; refuse one outside it, or missing.
+
+    A library is data a user may have downloaded: its band names must not read files elsewhere
+    (``../../etc/passwd``, an absolute path, a symlink out of the folder).
+    """
+    field, expected = f"{where}.algorithm", "a file name inside the library's folder, or 'native'"
+    # Windows rules read both separators and drive letters, so a name is judged the same on every system.
+    lexical = PureWindowsPath(name)
+    if lexical.drive or lexical.root or not lexical.parts or ".." in lexical.parts:
+        raise FormatError(source, field, f"{name!r} leaves the library's folder", expected)
+    path = base_dir / name
+    if isinstance(base_dir, Path) and not path.resolve().is_relative_to(base_dir.resolve()):
+        raise FormatError(source, field, f"{name!r} is a link out of the library's folder", expected)
+    if not path.is_file():
+        raise FormatError(source, field, f"{name!r}: no such file in {base_dir}", expected)
+    return path
 
 
 def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
@@ -234,8 +253,9 @@ def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
 def parse_library(text: str, source: str, base_dir: Path | Traversable) -> AlgorithmLibrary:
     """Return the library a JSON text describes, reading its algorithms relative to ``base_dir``.
 
-    Raises ``FormatError`` naming the field for a value of the wrong type or out of range, and
-    naming the band's file for an algorithm that cannot be read.
+    Raises ``FormatError`` naming the field for a value of the wrong type or out of range, naming
+    the library and band for a band file that is missing or outside ``base_dir`` (an absolute
+    path, ``..``, a symlink out), and naming the band's file for an algorithm that cannot be read.
     """
     obj = decode_json(text, source, FormatError, "a library file")
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
