@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 
+from taccl_py.cli import main
 from taccl_py.cli._output import format_ratio, progress_to_stderr
 
 
@@ -33,3 +34,15 @@ def test_progress_to_stderr_pickles_and_writes_one_line(capsys):
     captured = capsys.readouterr()
     assert captured.err == "bench: 64MB done\n"
     assert captured.out == ""
+
+
+@pytest.mark.parametrize("command", ["verify", "convert"])
+def test_verify_and_convert_help_name_mscclpp_plans(command, capsys):
+    """Both read MSCCL++ execution plans; their --help said only taccl JSON and MSCCL XML (issue 43)."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    description, positional = text.split(" positional arguments: ", 1)
+    assert "MSCCL++" in description
+    assert "MSCCL++ execution plan" in positional.split(" options: ", 1)[0]

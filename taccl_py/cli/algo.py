@@ -256,10 +256,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify = subparsers.add_parser(
         "verify",
         help="check that an algorithm file (JSON, MSCCL XML or an MSCCL++ plan) implements its collective",
-        description="Replay the algorithm symbolically; exit 0 if correct, 1 with its violations if not, "
-        "2 if the file is malformed.",
+        description="Replay the algorithm symbolically (an MSCCL++ plan with MSCCL++'s signal/wait semantics); "
+        "exit 0 if correct, 1 with its violations if not, 2 if the file is malformed.",
     )
-    verify.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP)
+    verify.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP + "; or an MSCCL++ execution plan (.json)")
     verify.add_argument("--all", action="store_true", help="print every violation, not only the first few")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(func=_verify)
@@ -270,7 +270,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Read IN (JSON, XML or an MSCCL++ plan, which is verified and lifted into our IR), verify it, "
         "and write OUT in the format its extension names; nothing is written on failure.",
     )
-    convert.add_argument("input", metavar="IN", help=ALGORITHM_FILE_HELP)
+    convert.add_argument("input", metavar="IN", help=ALGORITHM_FILE_HELP + "; or an MSCCL++ execution plan (.json)")
     convert.add_argument(
         "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for stdout)"
     )
