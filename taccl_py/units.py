@@ -20,8 +20,10 @@ from taccl_py.errors import ArgumentError
 __all__ = [
     "BYTES_PER_US_PER_GBPS",
     "MBPS_PER_GBPS",
+    "MAX_SIZE_BYTES",
     "SIZE_SUFFIXES_HELP",
     "parse_size",
+    "parse_size_range",
     "parse_sizes",
     "format_size",
     "size_range",
@@ -32,6 +34,11 @@ BYTES_PER_US_PER_GBPS = 1e3
 #: Mb/s in 1 GB/s (8 bits, decimal prefixes), the factor NCCL's topology files divide by.
 MBPS_PER_GBPS = 8000.0
 
+#: The largest size (bytes) any option or API reads: 1 TiB. One collective's buffer lives in one
+#: GPU's memory, and the largest GPUs hold under 300 GB (MI355X, B300: 288 GB), so no real call
+#: comes near; it also keeps a size times 1024 ranks below 2**53, where floats stop counting bytes
+#: exactly. Beyond it a typo (``1000000TB``) is refused, not simulated slice by slice for minutes.
+MAX_SIZE_BYTES = 2**40
 #: How the CLI's help texts explain size suffixes.
 SIZE_SUFFIXES_HELP = "KB/MB/GB are powers of ten; K/M/G and KiB/MiB/GiB powers of two as in nccl-tests"
 
@@ -76,7 +83,8 @@ def parse_size(text: str | int, field: str = "size") -> int:
     Raises
     ------
     ArgumentError
-        If ``text`` is not a number with a known suffix, names a fraction of a byte, or is not positive.
+        If ``text`` is not a number with a known suffix, names a fraction of a byte, is not
+        positive, or is more than ``MAX_SIZE_BYTES`` (1 TiB).
 
     >>> parse_size("64MB"), parse_size("64M"), parse_size("1KiB"), parse_size("1.5KB")
     (64000000, 67108864, 1024, 1500)
@@ -93,12 +101,23 @@ def parse_size(text: str | int, field: str = "size") -> int:
                 "a number with B, KB, MB, GB, TB (powers of ten) or K, M, G, T, KiB, MiB, GiB, TiB (powers of two)",
             )
         exact = Decimal(match.group(1)) * _SUFFIX_BYTES[match.group(2).upper()]
+        if exact > MAX_SIZE_BYTES:  # before the whole-byte check, which a 28-digit Decimal would round
+            raise _too_large(text, field)
         if exact != exact.to_integral_value():
             raise ArgumentError(None, field, f"size {text!r} is {exact} bytes", "a whole number of bytes")
         value = int(exact)
     if value <= 0:
         raise ArgumentError(None, field, f"size {text!r} is not positive", "a size of at least 1 byte")
+    if value > MAX_SIZE_BYTES:
+        raise _too_large(text, field)
     return value
+
+
+def _too_large(text: str | int, field: str) -> ArgumentError:
+    limit = format_size(MAX_SIZE_BYTES)
+    return ArgumentError(
+        None, field, f"size {text!r} is more than {limit}", f"at most {limit} ({MAX_SIZE_BYTES} bytes)"
+    )
 
 
 def size_range(low_bytes: int, high_bytes: int, factor: int = 4) -> tuple[int, ...]:
@@ -132,13 +151,29 @@ def parse_sizes(text: str, field: str = "sizes", factor: int = 4) -> tuple[int, 
         if not sizes:
             raise ArgumentError(None, field, "no size given", "sizes like 1KB,1MB or a range 1KB-1GB")
         return sizes
-    low_text, _, high_text = text.partition("-")
-    if not low_text.strip() or not high_text.strip():  # "-5", "1MB-": no range; name what was typed
+    return size_range(*parse_size_range(text, field), factor)
+
+
+def parse_size_range(text: str, field: str = "sizes") -> tuple[int, int]:
+    """Return the low and high ends (bytes) of a range ``"1KB-1GB"``; one size is both ends.
+
+    Raises
+    ------
+    ArgumentError
+        If an end is not a size (``parse_size``) or the range runs backwards.
+
+    >>> parse_size_range("1KiB-1MiB"), parse_size_range("4KB")
+    ((1024, 1048576), (4000, 4000))
+    """
+    text = text.strip()
+    low_text, dash, high_text = text.partition("-")
+    if dash and (not low_text.strip() or not high_text.strip()):  # "-5", "1MB-": no range; name what was typed
         parse_size(text, field)
-    low, high = parse_size(low_text, field), parse_size(high_text, field)
+    low = parse_size(low_text, field)
+    high = parse_size(high_text, field) if dash else low
     if low > high:
         raise ArgumentError(None, field, f"range {text!r} runs backwards", "LOW-HIGH with LOW <= HIGH")
-    return size_range(low, high, factor)
+    return low, high
 
 
 def format_size(size_bytes: int) -> str:

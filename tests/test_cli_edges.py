@@ -380,3 +380,53 @@ def test_topo_show_refuses_both_a_positional_and_topology(capsys: pytest.Capture
     assert main(["topo", "show", "dgx2", "--topology", "ndv2"]) == EXIT_INPUT
     line = error_line(capsys.readouterr().err)
     assert line == "error: ndv2: --topology: given with TOPO 'dgx2'; expected either TOPO or --topology TOPO"
+
+
+# -- sizes past the limit and backwards ranges -----------------------------------------------------------
+
+_HUGE = "99999999999999999999999999GB"
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        (["synthesize", "-t", "ndv2", "-c", "allgather", "--size", _HUGE, "-o", "{folder}/x.json"], "--size"),
+        (
+            ["synthesize", "-t", "ndv2", "-c", "allgather", "--sizes", f"1KB-{_HUGE}", "-o", "{folder}/x.json"],
+            "--sizes",
+        ),
+        (["simulate", "{folder}/missing.json", "-t", "ndv2", "--sizes", f"1KB,{_HUGE}"], "--sizes"),
+        (["baseline", "ring", "-t", "ndv2", "-c", "allgather", "--size", _HUGE, "-o", "{folder}/x.json"], "--size"),
+        (["place", "-t", "ndv2", "--stages", "4", "--activation-size", _HUGE], "--activation-size"),
+        (["topo", "show", "ndv2", "--sizes", _HUGE], "--sizes"),
+        (["export-msccl", "ndv2", "-o", "{folder}/msccl", "--check-selection", f"1KiB-{_HUGE}"], "--check-selection"),
+        (["bench", "--library", "ndv2", "--nproc", "2", "--sizes", _HUGE], "--sizes"),
+        (["profile", "--nproc", "2", "--sizes", f"1KB,{_HUGE}", "-o", "{folder}/m.json"], "--sizes"),
+    ],
+)
+def test_a_size_past_the_limit_is_one_error_line_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], option: str
+) -> None:
+    if command[0] in ("bench", "profile"):
+        pytest.importorskip("torch", reason="torch is not installed (the runtime extra)")
+    assert main([word.format(folder=tmp_path) for word in command]) == EXIT_INPUT
+    line = error_line(capsys.readouterr().err)
+    assert line == f"error: {option}: size '{_HUGE}' is more than 1TiB; expected at most 1TiB (1099511627776 bytes)"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["export-msccl", "ndv2", "-o", "{folder}/msccl", "--check-selection", "1GiB-1KiB"],
+        ["simulate", "{folder}/missing.json", "-t", "ndv2", "--sizes", "1GiB-1KiB"],
+        ["topo", "show", "ndv2", "--sizes", "1GiB-1KiB"],
+    ],
+)
+def test_a_backwards_range_reads_the_same_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    assert main([word.format(folder=tmp_path) for word in command]) == EXIT_INPUT
+    line = error_line(capsys.readouterr().err)
+    assert line == f"error: {command[-2]}: range '1GiB-1KiB' runs backwards; expected LOW-HIGH with LOW <= HIGH"
+    assert list(tmp_path.iterdir()) == []

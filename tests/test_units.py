@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from taccl_py.errors import ArgumentError
-from taccl_py.units import format_size, parse_size, parse_sizes
+from taccl_py.units import MAX_SIZE_BYTES, format_size, parse_size, parse_size_range, parse_sizes
 
 
 def test_decimal_and_binary_suffixes():
@@ -68,7 +68,7 @@ def test_format_size_prints_exactly_what_was_meant(size_bytes, label):
 
 
 def test_labels_read_back_exactly():
-    sizes = [*parse_sizes("1KB-1GB"), *parse_sizes("1K-1G"), 1, 3, 1023, 10**12 + 1, 7 * 2**40, 123_456_789]
+    sizes = [*parse_sizes("1KB-1GB"), *parse_sizes("1K-1G"), 1, 3, 1023, 10**12 + 1, MAX_SIZE_BYTES, 123_456_789]
     for size_bytes in sizes:
         assert parse_size(format_size(size_bytes)) == size_bytes
 
@@ -77,3 +77,30 @@ def test_labels_read_back_exactly():
 def test_a_range_with_an_end_missing_names_the_whole_text(text):
     with pytest.raises(ArgumentError, match=f"^sizes: cannot read size '{text}'; expected a number"):
         parse_sizes(text)
+
+
+@pytest.mark.parametrize("text", ["99999999999999999999999999GB", "2TB", "1TiB-2TiB", "1KB,1025GiB", "1099511627777"])
+def test_sizes_past_one_tebibyte_are_refused_with_the_field_named(text):
+    with pytest.raises(ArgumentError, match=r"^--sizes: size '[^']+' is more than 1TiB; expected at most 1TiB"):
+        parse_sizes(text, "--sizes")
+
+
+def test_the_size_limit_itself_is_accepted_from_text_and_from_an_int():
+    assert parse_size("1TiB") == parse_size("1T") == MAX_SIZE_BYTES == 2**40
+    assert parse_size("1TB") == 10**12
+    with pytest.raises(ArgumentError, match=r"^size: size 1099511627777 is more than 1TiB"):
+        parse_size(MAX_SIZE_BYTES + 1)
+
+
+@pytest.mark.parametrize("text", ["1GiB-1KiB", " 4MB-1MB "])
+def test_a_backwards_range_reads_the_same_from_every_range_parser(text):
+    expected = f"^--x: range '{text.strip()}' runs backwards; expected LOW-HIGH with LOW <= HIGH$"
+    with pytest.raises(ArgumentError, match=expected):
+        parse_size_range(text, "--x")
+    with pytest.raises(ArgumentError, match=expected):
+        parse_sizes(text, "--x")
+
+
+def test_a_range_of_one_size_has_both_ends_there():
+    assert parse_size_range("64KiB") == (65536, 65536)
+    assert parse_size_range("1KB-1MB") == (1000, 10**6)

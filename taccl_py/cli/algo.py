@@ -32,7 +32,7 @@ from taccl_py.msccl.selection import (
 )
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.replay import mscclpp_report
-from taccl_py.units import format_size, parse_size
+from taccl_py.units import format_size, parse_size_range
 from taccl_py.verify import VerificationReport, verify_algorithm
 
 __all__ = ["register", "format_report", "format_selection"]
@@ -187,10 +187,7 @@ def _export_msccl(args: argparse.Namespace) -> int:
 
 def _check_sizes(text: str) -> tuple[int, ...]:
     """Return the powers of two in the range ``text`` (``LOW-HIGH``, e.g. ``1MiB-1GiB``) names."""
-    low_text, dash, high_text = text.partition("-")
-    low = parse_size(low_text, "--check-selection")
-    high = parse_size(high_text, "--check-selection") if dash else low
-    sizes = power_of_two_sizes(low, high)
+    sizes = power_of_two_sizes(*parse_size_range(text, "--check-selection"))
     if not sizes:
         raise ArgumentError(None, "--check-selection", f"{text!r} holds no power of two", "a range like 1MiB-1GiB")
     return sizes

@@ -77,7 +77,7 @@ def _spec(args: argparse.Namespace):
     return BenchSpec(
         library,
         collectives,
-        parse_sizes(args.sizes),
+        parse_sizes(args.sizes, "--sizes"),
         args.dtype,
         args.iters,
         args.warmup,

@@ -63,7 +63,7 @@ def _profile(args: argparse.Namespace) -> int:
     from taccl_py.topology.schema import write_topology
 
     spec = ProfileSpec(
-        parse_sizes(args.sizes),
+        parse_sizes(args.sizes, "--sizes"),
         args.repeats,
         args.warmup,
         args.topology,

@@ -126,7 +126,7 @@ def _prepared(args: argparse.Namespace, program: Algorithm | ExecutionPlan, topo
 def _simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         plot_format(args.plot)
-    sizes = parse_sizes(args.sizes)
+    sizes = parse_sizes(args.sizes, "--sizes")
     read = _read_program(args)
     topology = topology_from_args(args)
     prepared = _prepared(args, read, topology)
