@@ -20,6 +20,8 @@ __all__ = [
     "Violation",
     "VerificationError",
     "TransportError",
+    "CUDA_INSTALL_HINT",
+    "install_hint",
 ]
 
 
@@ -27,6 +29,27 @@ def _compose(source: str | None, field: str | None, fault: str, expected: str | 
     parts = [p for p in (source, field) if p]
     head = ": ".join(parts + [fault])
     return f"{head}; expected {expected}" if expected else head
+
+
+def install_hint(*extras: str) -> str:
+    """Return how to install any one of ``extras`` (taccl-py's optional dependencies): from PyPI and from a clone.
+
+    A clone is installed editable (``pip install -e``), where ``taccl-py[...]`` would fetch the
+    released package instead, so every hint names both.
+
+    >>> install_hint("plot")
+    "pip install 'taccl-py[plot]' (from a clone: pip install -e '.[plot]')"
+    """
+    released = " or ".join(f"'taccl-py[{extra}]'" for extra in extras)
+    clone = " or ".join(f"'.[{extra}]'" for extra in extras)
+    return f"pip install {released} (from a clone: pip install -e {clone})"
+
+
+#: CuPy's NCCL transport and the live probe: the extra must match the CUDA torch was built for.
+CUDA_INSTALL_HINT = (
+    f"{install_hint('cuda13', 'cuda12')}: cuda13 for CUDA 13 (current torch wheels), cuda12 for CUDA 12, "
+    "as torch.version.cuda says"
+)
 
 
 class TacclError(Exception):

@@ -38,14 +38,38 @@ def test_drawing_without_matplotlib_names_the_plot_extra(tmp_path: Path) -> None
     done = _taccl(["topo", "draw", "dgx2", "--nodes", "2", "-o", str(target)], blocked=("matplotlib",))
     assert done.returncode == EXIT_INPUT
     line = error_line(done.stderr)
-    assert "matplotlib is not installed; expected pip install 'taccl-py[plot]'" in line
+    assert line.endswith("matplotlib is not installed; expected " + PLOT_HINT)
     assert not target.exists()
+
+
+PLOT_HINT = "pip install 'taccl-py[plot]' (from a clone: pip install -e '.[plot]')"
+
+
+def test_simulate_plot_without_matplotlib_fails_before_reading_anything(tmp_path: Path) -> None:
+    target = tmp_path / "x.png"
+    # the algorithm file is missing too: the plot extra is checked first, before any work
+    argv = ["simulate", str(tmp_path / "missing.json"), "-t", "ndv2", "--plot", str(target)]
+    done = _taccl(argv, blocked=("matplotlib",))
+    assert done.returncode == EXIT_INPUT
+    assert error_line(done.stderr) == f"error: taccl simulate: matplotlib is not installed; expected {PLOT_HINT}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_install_hint_names_the_release_and_the_clone() -> None:
+    from taccl_py.cli import OPTIONAL_PACKAGES
+    from taccl_py.solvers.cbc import CBC_INSTALL_HINT
+
+    for hint in [*OPTIONAL_PACKAGES.values(), CBC_INSTALL_HINT]:
+        assert hint.startswith("pip install 'taccl-py[") and "(from a clone: pip install -e '.[" in hint, hint
 
 
 def test_bench_without_torch_names_the_runtime_extra() -> None:
     done = _taccl(["bench", "--library", "ndv2", "--nproc", "4"], blocked=("torch",))
     assert done.returncode == EXIT_INPUT
-    assert "torch is not installed; expected pip install 'taccl-py[runtime]'" in error_line(done.stderr)
+    expected = (
+        "torch is not installed; expected pip install 'taccl-py[runtime]' (from a clone: pip install -e '.[runtime]')"
+    )
+    assert error_line(done.stderr).endswith(expected)
 
 
 # -- item 3: a closed pipe and Ctrl-C ------------------------------------------------------------------

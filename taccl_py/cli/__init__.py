@@ -19,7 +19,7 @@ from types import MappingProxyType
 
 from taccl_py import __version__
 from taccl_py.cli import algo, bench, mscclpp, place, profile, sim, synth, topo
-from taccl_py.errors import ArgumentError, TacclError
+from taccl_py.errors import CUDA_INSTALL_HINT, ArgumentError, TacclError, install_hint
 from taccl_py.topology.compose import checked_node_count
 
 __all__ = [
@@ -56,14 +56,13 @@ PARAMETER_OPTIONS = MappingProxyType(
     }
 )
 #: How to install each package imported on demand: the extra(s) that provide it.
-_CUDA_EXTRAS = "pip install 'taccl-py[cuda13]' (CUDA 13, current torch wheels) or 'taccl-py[cuda12]' (CUDA 12)"
 OPTIONAL_PACKAGES = MappingProxyType(
     {
-        "matplotlib": "pip install 'taccl-py[plot]'",
-        "torch": "pip install 'taccl-py[runtime]'",
-        "cupy": _CUDA_EXTRAS,
-        "pynvml": _CUDA_EXTRAS,
-        "ortools": "pip install 'taccl-py[cpsat]'",
+        "matplotlib": install_hint("plot"),
+        "torch": install_hint("runtime"),
+        "cupy": CUDA_INSTALL_HINT,
+        "pynvml": CUDA_INSTALL_HINT,
+        "ortools": install_hint("cpsat"),
     }
 )
 

@@ -125,7 +125,10 @@ def _prepared(args: argparse.Namespace, program: Algorithm | ExecutionPlan, topo
 
 def _simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
+        from taccl_py.simulate.plot import require_matplotlib
+
         plot_format(args.plot)
+        require_matplotlib()
     sizes = parse_sizes(args.sizes, "--sizes")
     read = _read_program(args)
     topology = topology_from_args(args)

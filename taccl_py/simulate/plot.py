@@ -16,7 +16,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.simulate.result import SimulationResult, TimelineRecord, resource_label
 from taccl_py.units import format_size
 
-__all__ = ["plot_timeline", "plot_format", "MAX_ROWS", "MAX_LANES"]
+__all__ = ["plot_timeline", "plot_format", "require_matplotlib", "MAX_ROWS", "MAX_LANES"]
 
 MAX_ROWS = 64  # links drawn at most (the busiest); more rows become unreadable
 MAX_LANES = 4  # concurrent transfers on one link drawn side by side, at most this many lanes
@@ -113,6 +113,15 @@ def plot_format(path: str | Path) -> str:
     if fmt is None:
         raise ArgumentError(str(path), "extension", f"{Path(path).suffix or 'no extension'!r}", "'.png' or '.svg'")
     return fmt
+
+
+def require_matplotlib() -> None:
+    """Import matplotlib now; raise ``ModuleNotFoundError`` if the plot extra is missing.
+
+    A caller that plots after seconds of simulation calls this first, so a missing extra fails
+    before any work (the CLI turns the error into one line naming the extra).
+    """
+    import matplotlib  # noqa: F401  (imported for its ModuleNotFoundError only)
 
 
 def plot_timeline(result: SimulationResult, path: str | Path) -> None:

@@ -24,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import pulp
 
-from taccl_py.errors import ArgumentError
+from taccl_py.errors import ArgumentError, install_hint
 from taccl_py.progress import ProgressTicker, heartbeat, no_progress
 from taccl_py.solvers.cbc import CBC_INSTALL_HINT, cbc_version, find_cbc, solve_with_cbc
 from taccl_py.solvers.cpsat import (
@@ -58,7 +58,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SOLVERS = ("highs", "cbc", "cpsat")
-_CPSAT_INSTALL = "pip install 'taccl-py[cpsat]'"
+_CPSAT_INSTALL = install_hint("cpsat")
 DEFAULT_GAP_REL = 1e-3  # stop within 0.1 % of the bound: finer gaps cost time for nothing measurable
 # One thread: HiGHS sizes its thread pool once per process and refuses another count later
 # (Highs::run returns kError), tree_packing's MIP runs on one, and one thread keeps branch and

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pulp
 
+from taccl_py.errors import install_hint
 from taccl_py.solvers.matrix import BranchResult, BranchStop, MilpMatrix, NodeBudget
 
 __all__ = [
@@ -41,7 +42,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: What to tell a user who asked for CBC on a machine without it.
-CBC_INSTALL_HINT = "pip install 'taccl-py[cbc]' (the cbcbox wheel; pulp 3.3 also bundles CBC), or a cbc program on PATH"
+CBC_INSTALL_HINT = f"{install_hint('cbc')} (the cbcbox wheel; pulp 3.3 bundles CBC), or a cbc program on PATH"
 # Seconds CBC may run past its own -sec cap (reading the model, writing the solution) before it is killed.
 _CAP_GRACE_S = 60.0
 _VERSION_TIMEOUT_S = 10.0

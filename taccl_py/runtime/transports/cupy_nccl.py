@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from taccl_py.errors import TransportError
+from taccl_py.errors import CUDA_INSTALL_HINT, TransportError
 from taccl_py.runtime.transports.interface import Message, Pending, Transport
 from taccl_py.runtime.transports.watchdog import Watchdog
 
@@ -101,10 +101,7 @@ def _import_nccl() -> Any:
     try:
         from cupy.cuda import nccl
     except ImportError as error:
-        raise TransportError(
-            f"CuPy with NCCL is not available ({error}); pip install 'taccl-py[cuda13]' for CUDA 13 "
-            "(current torch wheels) or 'taccl-py[cuda12]' for CUDA 12, as torch.version.cuda says"
-        ) from error
+        raise TransportError(f"CuPy with NCCL is not available ({error}); {CUDA_INSTALL_HINT}") from error
     return nccl
 
 
