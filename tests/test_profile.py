@@ -284,3 +284,56 @@ def test_fitting_the_samples_names_the_pattern_no_line_fits() -> None:
     classes = fit_profile(ProfileSamples(PROVENANCE, "ndv2", (nvlink,)))
     assert [(c.kind, c.src, c.dst) for c in classes.classes] == [(LinkKind.NVLINK, 0, 1)]
     assert route(measured_topology(classes, "ndv2"), 0, 1).bandwidth_GBps == pytest.approx(20.0)
+
+
+def _scattered_samples(sizes: tuple[int, ...]):
+    """Return a host profile whose lone pair's repeats scatter (spread 250%) and whose ring shift is clean."""
+    from taccl_py.runtime.measure.profile import PatternSamples, ProfileSamples
+
+    line = [50.0 + size / 3e3 for size in sizes]
+    pair = PatternSamples("lone pair", ((0, 1),), tuple((t, t, 6 * t) for t in line))
+    ring = PatternSamples("ring shift", ((0, 1), (1, 0)), tuple((t, t, t) for t in line))
+    provenance = ProfileProvenance("0.1.0", "gloo", 2, "cpu", sizes, 3, 1, 1, "2026-11-27")
+    return ProfileSamples(provenance, None, (pair, ring))
+
+
+def test_a_fit_past_the_trusted_residual_or_spread_is_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+    from taccl_py.runtime.measure.profile import fit_profile
+
+    with caplog.at_level("WARNING", logger="taccl_py.runtime.measure.profile"):
+        fit_profile(_scattered_samples(SIZES))
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    assert record.getMessage().startswith("profile: lone pair: repeat spread 250% (over 100%); the fitted alpha")
+    samples = _scattered_samples(SIZES)
+    bent = tuple((t * (1 + 2 * (i % 2)),) for i, t in enumerate(_line(50.0, 3.0)))  # every other size 3x slower
+    clean = tuple((t,) for t in _line(50.0, 3.0))
+    both_bent = tuple(replace(pattern, samples_us=bent) for pattern in samples.patterns)
+    warned: list[str] = []
+    fit_profile(replace(samples, patterns=both_bent), warn=warned.append)
+    assert len(warned) == 1 and warned[0].count("fit max residual") == 2 and "(over 50%)" in warned[0]
+    caplog.clear()
+    both_clean = tuple(replace(pattern, samples_us=clean) for pattern in samples.patterns)
+    fit_profile(replace(samples, patterns=both_clean), warn=warned.append)
+    assert len(warned) == 1 and caplog.records == []
+
+
+def test_profile_warns_in_one_line_and_prints_default_sizes_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch", reason="torch is not installed (the runtime extra)")
+    import taccl_py.runtime.measure.profile as profile
+
+    # as under torchrun, rank 0 of 2, with the measurement replaced by times of a loaded machine
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(profile, "run_profile", lambda spec: _scattered_samples(spec.sizes))
+    out = tmp_path / "m.json"
+    assert main(["profile", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "warning: profile: lone pair: repeat spread 250% (over 100%); the fitted alpha and bandwidth may be off "
+        "as much: profile an idle machine or time more repeats"
+    ]
+    assert captured.out.splitlines()[-1].endswith("sizes 4KiB,16KiB,64KiB,256KiB,1MiB,4MiB,16MiB,32MiB")
+    assert read_topology(out).num_ranks == 2

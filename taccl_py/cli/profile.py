@@ -20,8 +20,9 @@ if TYPE_CHECKING:  # the runtime imports torch; the CLI loads it only to run
 
 __all__ = ["DEFAULT_PROFILE_SIZES", "format_fits", "register"]
 
-#: Sizes timed by default: from where α dominates to where bandwidth does (grows x4, keeps 32 MB).
-DEFAULT_PROFILE_SIZES = "4KB-32MB"
+#: Sizes timed by default: from where α dominates to where bandwidth does (grows x4, keeps 32 MiB);
+#: powers of two, as nccl-tests times, so every size prints whole (1MiB, not 1024KB).
+DEFAULT_PROFILE_SIZES = "4KiB-32MiB"
 
 
 def format_fits(outcome: ProfileOutcome) -> str:
@@ -48,6 +49,10 @@ def format_fits(outcome: ProfileOutcome) -> str:
             f"\nshared by {outcome.host.concurrent} transfers at once: {outcome.host.shared_bandwidth_GBps:.4g} GB/s"
         )
     return table
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def _profile(args: argparse.Namespace) -> int:
@@ -77,7 +82,7 @@ def _profile(args: argparse.Namespace) -> int:
     reports, samples = run_on_ranks(profile_worker, run_profile, spec, args.nproc, args.join_timeout_s)
     if not reports:
         return 0
-    outcome = fit_profile(samples)
+    outcome = fit_profile(samples, warn=_warn)
     topology = measured_topology(outcome, args.topology, args.name)
     write_topology(topology, args.output)
     table = sys.stdout if args.output != "-" else sys.stderr

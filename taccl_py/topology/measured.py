@@ -30,6 +30,8 @@ __all__ = [
     "DEFAULT_PROFILE_REPEATS",
     "HOST_RX",
     "HOST_TX",
+    "MAX_TRUSTED_RESIDUAL",
+    "MAX_TRUSTED_SPREAD",
     "AlphaBetaFit",
     "ClassFit",
     "HostProfile",
@@ -47,6 +49,13 @@ HOST_TX, HOST_RX = "host_tx", "host_rx"
 #: Timed repeats per size and pattern by default: the median is fitted, the spread reported (7: a
 #: median that one or two descheduled samples on a loaded 2-core machine do not move).
 DEFAULT_PROFILE_REPEATS = 7
+#: A fit whose line misses some size's median by more than half (50%) does not describe that
+#: size: its α or bandwidth may be off as much (gloo on a loaded 2-core host, BENCHMARKS.md:
+#: 26-71%, spreads 46-340%).
+MAX_TRUSTED_RESIDUAL = 0.5
+#: Repeats of one size whose interquartile range passes their median (100%): the machine's load,
+#: not the link, set those times (a descheduled rank costs milliseconds).
+MAX_TRUSTED_SPREAD = 1.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,15 @@ class AlphaBetaFit:
             f"alpha {self.alpha_us:.1f} us, {self.bandwidth_GBps:.4g} GB/s; fit max residual "
             f"{self.max_residual:.0%}, repeat spread (IQR/median, worst size) {self.repeat_spread:.0%}"
         )
+
+    def doubts(self) -> str | None:
+        """Return the residual and spread past their trusted limits (``MAX_TRUSTED_*``) in words; None if neither."""
+        parts = []
+        if self.max_residual > MAX_TRUSTED_RESIDUAL:
+            parts.append(f"fit max residual {self.max_residual:.0%} (over {MAX_TRUSTED_RESIDUAL:.0%})")
+        if self.repeat_spread > MAX_TRUSTED_SPREAD:
+            parts.append(f"repeat spread {self.repeat_spread:.0%} (over {MAX_TRUSTED_SPREAD:.0%})")
+        return ", ".join(parts) or None
 
     def describe_medians(self) -> str:
         """Return the fitted medians per size in words (µs), so a file shows where the fit strays."""

@@ -169,13 +169,25 @@ def profile_worker(rank: int, world_size: int, spec: ProfileSpec) -> ProfileSamp
     return run_profile(spec)
 
 
-def fit_profile(samples: ProfileSamples) -> ProfileOutcome:
+def fit_profile(samples: ProfileSamples, *, warn: Callable[[str], None] | None = None) -> ProfileOutcome:
     """Return the α-β fit of every pattern ``samples`` timed (``fit_samples``: medians, least squares).
 
-    Raises ``ArgumentError`` naming the pattern whose times no α-β line fits (sizes too small).
+    Fits whose residual or repeat spread pass ``MAX_TRUSTED_RESIDUAL``/``MAX_TRUSTED_SPREAD``
+    are named in one message given to ``warn`` (default: logged as a warning). Raises
+    ``ArgumentError`` naming the pattern whose times no α-β line fits (sizes too small).
     """
     sizes = samples.provenance.sizes_bytes
     fits = {p.name: fit_samples(sizes, p.samples_us, source=p.name) for p in samples.patterns}
+    doubts = [f"{name}: {fit.doubts()}" for name, fit in fits.items() if fit.doubts()]
+    if doubts:
+        message = (
+            f"profile: {'; '.join(doubts)}; the fitted alpha and bandwidth may be off as much: "
+            "profile an idle machine or time more repeats"
+        )
+        if warn is None:
+            logger.warning("%s", message)
+        else:
+            warn(message)
     if samples.topology is None:
         host = HostProfile(samples.provenance, fits["lone pair"], fits["ring shift"], samples.provenance.world_size)
         return ProfileOutcome(samples.provenance, host, ())
