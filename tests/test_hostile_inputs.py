@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import lzma
 import re
 from pathlib import Path
@@ -287,6 +288,60 @@ def test_cli_refuses_an_xz_bomb_in_one_line(tmp_path, monkeypatch, capsys) -> No
     monkeypatch.setenv(ENV, "1M")
     assert main(["verify", str(path)]) == 2
     assert re.match(_limit_fault(f"error: {path}", "decompresses to more than", 1 << 20), one_error_line(capsys))
+
+
+MSCCLPP_SEED = FIXTURES / "mscclpp/allreduce.json"
+TOPOLOGY_SEED = Path(__file__).parents[1] / "topologies/ndv2.json"
+LIBRARY_SEED = Path(__file__).parents[1] / "algorithms/ndv2/n1/allgather.library.json"
+
+
+@pytest.mark.parametrize(
+    "change, fault",
+    [
+        ({"collective": "allfoo"}, "collective: unknown value 'allfoo'; expected one of allgather, allreduce"),
+        ({"min_message_size": 100, "max_message_size": 10}, "min_message_size: 100 above max_message_size 10"),
+        ({"num_threads_per_block": 10**9}, "num_threads_per_block: 1000000000 out of range; expected an integer in"),
+        ({"gpus": None}, "gpus: missing; expected a list of per-GPU programs"),
+    ],
+    ids=["collective", "size-window", "threads", "no-gpus"],
+)
+def test_cli_refuses_a_faulty_mscclpp_plan_in_one_line(tmp_path, capsys, change: dict, fault: str) -> None:
+    document = {**json.loads(MSCCLPP_SEED.read_text()), **change}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({key: value for key, value in document.items() if value is not None}))
+    assert main(["verify", str(path)]) == 2
+    assert one_error_line(capsys).startswith(f"error: {path}: {fault}")
+
+
+@pytest.mark.parametrize(
+    "command, seed, fault",
+    [
+        ("topo show", MSCCLPP_SEED, "an algorithm file, not a topology"),
+        ("topo show", MSCCL_SEED, "an algorithm file (MSCCL XML), not a topology"),
+        ("topo show", LIBRARY_SEED, "an algorithm library file, not a topology"),
+        ("verify", TOPOLOGY_SEED, "a topology file, not an algorithm;"),
+        ("verify", NCCL_SEED, "a topology file (NCCL XML), not an algorithm;"),
+        ("export-msccl", TOPOLOGY_SEED, "a topology file, not an algorithm library;"),
+    ],
+    ids=["topo-show-plan", "topo-show-xml", "topo-show-library", "verify-json", "verify-xml", "export-msccl"],
+)
+def test_cli_names_an_algorithm_given_as_a_topology_and_back(tmp_path, capsys, command, seed, fault) -> None:
+    path = tmp_path / seed.name  # a copy: the shipped library's bands are not beside it, nor needed
+    path.write_text(seed.read_text())
+    output = ["-o", str(tmp_path / "out")] if command == "export-msccl" else []
+    assert main([*command.split(), str(path), *output]) == 2
+    assert one_error_line(capsys).startswith(f"error: {path}: {fault}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_names_a_synthesized_algorithm_given_as_a_topology(tmp_path, capsys) -> None:
+    path = tmp_path / "ag.json"
+    path.write_text(generate_algorithm_json(ring_algorithm(Collective.ALLGATHER, 3)))
+    assert main(["topo", "show", str(path)]) == 2
+    assert (
+        one_error_line(capsys)
+        == f"error: {path}: an algorithm file, not a topology; expected a taccl-topology/1 JSON document"
+    )
 
 
 # -- fuzzing: hostile XML and compressed files --------------------------------------------------------------

@@ -143,6 +143,14 @@ _HOSTILE_FORMATS = [
     ),
     ("operands", _set("gpus.0.threadblocks.0.ops.3.src_buff", []), r"src_buff: operands none for rres"),
     ("protocol", _set("protocol", "LL128"), r"protocol: unknown value 'LL128'; expected one of LL, Simple"),
+    ("collective", _set("collective", "allfoo"), r"collective: unknown value 'allfoo'; expected one of allgather"),
+    (
+        "size window",
+        _set("min_message_size", 4097),
+        r"min_message_size: 4097 above max_message_size 4096; expected at most the maximum",
+    ),
+    ("threads", _set("num_threads_per_block", 10**9), r"num_threads_per_block: 1000000000 out of range; .* 1\.\.1024"),
+    ("no gpus", _set("gpus", _DELETE), r"gpus: missing; expected a list of per-GPU programs"),
 ]
 
 
@@ -150,7 +158,7 @@ _HOSTILE_FORMATS = [
     ("change", "message"), [case[1:] for case in _HOSTILE_FORMATS], ids=[c[0] for c in _HOSTILE_FORMATS]
 )
 def test_hostile_plan_gives_one_clear_error(change, message):
-    document = _document("allreduce.json")
+    document = {**_document("allreduce.json"), "max_message_size": 4096}
     change(document)
     with pytest.raises(FormatError, match=message) as caught:
         _parse(document)
@@ -310,5 +318,5 @@ def test_layout_and_collective_must_fit():
         VerificationError, match=r"layout \(rank 0\): GPU 0 has 16 input and 16 output chunks; allgather"
     ):
         verify_mscclpp_plan(_parse(document))
-    document["collective"] = "broadcast"
+    document["collective"] = "sendrecv"  # a name MSCCL++'s DSL writes, with no postcondition here
     assert check_mscclpp_plan(_parse(document))[0].kind == "unsupported"

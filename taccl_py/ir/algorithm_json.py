@@ -13,7 +13,14 @@ from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
 
-__all__ = ["ALGORITHM_SCHEMA", "generate_algorithm_json", "parse_algorithm_json", "read_algorithm", "write_algorithm"]
+__all__ = [
+    "ALGORITHM_SCHEMA",
+    "generate_algorithm_json",
+    "is_topology_document",
+    "parse_algorithm_json",
+    "read_algorithm",
+    "write_algorithm",
+]
 
 ALGORITHM_SCHEMA = "taccl-algorithm/1"
 
@@ -183,6 +190,19 @@ def _parse_rank(obj: Any, source: str, where: str, num_ranks: int) -> RankProgra
     )
 
 
+def is_topology_document(document: Any) -> bool:
+    """Return True when a parsed JSON ``document`` is a topology: it names no collective and holds machine fields.
+
+    Our ``taccl-topology/1`` files hold ``vertices``, TACCL's profiles ``gpus_per_node``; no
+    collective program holds either.
+    """
+    return (
+        isinstance(document, dict)
+        and "collective" not in document
+        and ("vertices" in document or "gpus_per_node" in document)
+    )
+
+
 def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
     """Return the ``Algorithm`` a JSON text describes; raise ``FormatError`` naming the field.
 
@@ -191,6 +211,8 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
     can be verified; whether it implements its collective is the verifier's question.
     """
     obj = decode_json(text, source, FormatError, "an algorithm JSON file")
+    if is_topology_document(obj):
+        raise FormatError(source, None, "a topology file, not an algorithm", f"a {ALGORITHM_SCHEMA} JSON file")
     if not isinstance(obj, dict) or obj.get("schema") != ALGORITHM_SCHEMA:
         raise FormatError(
             source, "schema", f"{obj.get('schema') if isinstance(obj, dict) else obj!r}", repr(ALGORITHM_SCHEMA)

@@ -35,7 +35,7 @@ from typing import Any
 from taccl_py._io import decode_json, read_text
 from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.algorithm_json import read_algorithm
+from taccl_py.ir.algorithm_json import is_topology_document, read_algorithm
 from taccl_py.ir.collectives import Collective
 
 __all__ = [
@@ -258,6 +258,8 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
     path, ``..``, a symlink out), and naming the band's file for an algorithm that cannot be read.
     """
     obj = decode_json(text, source, FormatError, "a library file")
+    if is_topology_document(obj):
+        raise FormatError(source, None, "a topology file, not an algorithm library", repr(LIBRARY_SCHEMA))
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
         raise FormatError(source, "schema", "not a taccl library file", repr(LIBRARY_SCHEMA))
     provenance = _provenance_from_json(obj.get("provenance"), source)

@@ -329,6 +329,8 @@ def _aliased(collective: Collective, ranks: list[RankProgram]) -> bool:
 
 def _parse_algo(doc: _Doc) -> Algorithm:
     root = doc.root
+    if root.tag == "system":  # NCCL's topology XML (NCCL_TOPO_FILE)
+        raise FormatError(doc.source, None, "a topology file (NCCL XML), not an algorithm", "an <algo> element")
     if root.tag != "algo":
         raise FormatError(doc.source, _where(root), f"root element <{root.tag}>", "<algo>")
     num_ranks = _int(doc, root, "ngpus", low=1)

@@ -23,6 +23,7 @@ from taccl_py._io import read_text
 from taccl_py.errors import FormatError
 from taccl_py.mscclpp.plan import (
     MAX_MESSAGE_SIZE,
+    MAX_THREADS_PER_BLOCK,
     BufferKind,
     BufferRef,
     Channel,
@@ -51,6 +52,27 @@ _BUFFERS = {kind.value: kind for kind in BufferKind}
 _CHANNELS = {kind.value: kind for kind in ChannelKind}
 _OPS = {name.value: name for name in OpName}
 _PROTOCOLS = {protocol.value: protocol for protocol in Protocol}
+# The collective names MSCCL++'s DSL writes (python/mscclpp/language/collectives.py, each
+# class's ``self.name``); the executor takes any string, but no other name comes from a plan
+# generator, so another is a typo rather than a plan (only the first four have a postcondition here).
+_COLLECTIVES = {
+    name: name for name in ("allgather", "allreduce", "alltoall", "reducescatter", "sendrecv", "custom", "test")
+}
+# Top-level fields only an MSCCL++ plan has (execution_plan.cc reads them; a taccl algorithm
+# file has none and names its ``schema``), so a plan missing ``gpus`` is still told apart.
+_PLAN_FIELDS = frozenset(
+    {
+        "gpus",
+        "protocol",
+        "inplace",
+        "reuse_resources",
+        "num_threads_per_block",
+        "use_double_scratch_buffer",
+        "buffer_alignment",
+        "min_message_size",
+        "max_message_size",
+    }
+)
 
 
 def parse_mscclpp_plan(text: str, source: str = "<string>") -> ExecutionPlan:
@@ -138,27 +160,37 @@ class _Reader:
 
     def plan(self, document: Any) -> ExecutionPlan:
         top = self.object(document, "(top level)")
-        gpus_json = self.array(self.get(top, "gpus", ""), "gpus")
+        if "gpus" not in top:
+            raise self.fail("gpus", "missing", "a list of per-GPU programs")
+        gpus_json = self.array(top["gpus"], "gpus")
         if not gpus_json:
             raise self.fail("gpus", "no GPUs", "at least one GPU")
         world = len(gpus_json)
         gpus = tuple(self.gpu(gpu, f"gpus[{i}]", i, world) for i, gpu in enumerate(gpus_json))
+        min_size = self.integer(self.get(top, "min_message_size", "", 0), "min_message_size")
+        max_size = self.integer(self.get(top, "max_message_size", "", MAX_MESSAGE_SIZE), "max_message_size")
+        if min_size > max_size:
+            # the executor selects a plan for min <= size <= max: such a plan is never run
+            raise self.fail("min_message_size", f"{min_size} above max_message_size {max_size}", "at most the maximum")
         return ExecutionPlan(
             name=self.string(self.get(top, "name", ""), "name"),
-            collective=self.string(self.get(top, "collective", ""), "collective"),
+            collective=self.choice(self.get(top, "collective", ""), "collective", _COLLECTIVES),
             protocol=self.choice(self.get(top, "protocol", ""), "protocol", _PROTOCOLS),
             inplace=self.boolean(self.get(top, "inplace", ""), "inplace"),
             gpus=gpus,
             reuse_resources=self.boolean(self.get(top, "reuse_resources", "", False), "reuse_resources"),
             num_threads_per_block=self.integer(
-                self.get(top, "num_threads_per_block", "", 1024), "num_threads_per_block", 1
+                self.get(top, "num_threads_per_block", "", MAX_THREADS_PER_BLOCK),
+                "num_threads_per_block",
+                1,
+                MAX_THREADS_PER_BLOCK,
             ),
             use_double_scratch_buffer=self.boolean(
                 self.get(top, "use_double_scratch_buffer", "", False), "use_double_scratch_buffer"
             ),
             buffer_alignment=self.integer(self.get(top, "buffer_alignment", "", 16), "buffer_alignment", 1),
-            min_message_size=self.integer(self.get(top, "min_message_size", "", 0), "min_message_size"),
-            max_message_size=self.integer(self.get(top, "max_message_size", "", MAX_MESSAGE_SIZE), "max_message_size"),
+            min_message_size=min_size,
+            max_message_size=max_size,
         )
 
     def gpu(self, value: Any, field: str, index: int, world: int) -> Gpu:
@@ -378,12 +410,17 @@ def _check_operands(reader: _Reader, fields: dict[str, Any], field: str) -> None
 
 
 def looks_like_mscclpp_plan(text: str) -> bool:
-    """Return True when ``text`` is JSON whose ``gpus`` list holds threadblocks: an MSCCL++ execution plan."""
+    """Return True when ``text`` is a JSON object shaped as an MSCCL++ execution plan, complete or not.
+
+    That is: neither ``schema`` nor ``ranks`` (our algorithm files hold both) and a field a plan
+    has (``gpus``, ``protocol``, ``inplace``, ...), so a plan missing a field is refused as a plan.
+    """
     if not text.lstrip().startswith("{"):
         return False
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
-    gpus = data.get("gpus") if isinstance(data, dict) else None
-    return isinstance(gpus, list) and bool(gpus) and isinstance(gpus[0], dict) and "threadblocks" in gpus[0]
+    if not isinstance(data, dict) or "schema" in data or "ranks" in data:
+        return False
+    return not _PLAN_FIELDS.isdisjoint(data)

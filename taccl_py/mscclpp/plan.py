@@ -30,11 +30,16 @@ __all__ = [
     "Gpu",
     "ExecutionPlan",
     "MAX_MESSAGE_SIZE",
+    "MAX_THREADS_PER_BLOCK",
     "generate_mscclpp_plan_json",
 ]
 
 # The executor's default upper bound on the message size (``std::numeric_limits<uint64_t>::max()``), bytes.
 MAX_MESSAGE_SIZE = 2**64 - 1
+# The executor kernel is compiled ``__launch_bounds__(1024, 1)`` (microsoft/mscclpp
+# src/core/include/execution_kernel.hpp, ``executionKernel``): a launch with more threads per block
+# fails; 1024 is also CUDA's per-block maximum.
+MAX_THREADS_PER_BLOCK = 1024
 
 
 class BufferKind(str, Enum):

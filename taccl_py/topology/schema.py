@@ -58,7 +58,14 @@ from taccl_py.errors import ArgumentError, TopologyError
 from taccl_py.topology._json_fields import FieldReader, reject_constant
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, make_topology
 
-__all__ = ["SCHEMA_ID", "parse_topology", "read_topology", "generate_topology", "write_topology"]
+__all__ = [
+    "SCHEMA_ID",
+    "not_a_topology",
+    "parse_topology",
+    "read_topology",
+    "generate_topology",
+    "write_topology",
+]
 
 SCHEMA_ID = "taccl-topology/1"
 
@@ -69,6 +76,25 @@ _VERTEX_FIELDS = ("name", "kind", "local_index", "pci_bus_id", "numa", *_NET_FIE
 _LINK_FIELDS = ("src", "dst", "kind", "alpha_us", "bandwidth_GBps", "count", "bidirectional")
 _NET_KINDS = (LinkKind.IB, LinkKind.ETHERNET)
 _INDEXED_KINDS = (VertexKind.GPU, VertexKind.NIC)
+# What a JSON file given as a topology is instead, by its shape: every collective program (a
+# taccl algorithm, a library, an MSCCL++ plan) names its ``collective``, no topology format does.
+_LIBRARY_SCHEMA_PREFIX = "taccl-library/"  # taccl_py.ir.library.LIBRARY_SCHEMA, a floor above this one
+
+
+def not_a_topology(document: Any) -> str | None:
+    """Return what a parsed JSON ``document`` is when it is a collective program, not a topology, else None.
+
+    >>> not_a_topology({"schema": "taccl-algorithm/1", "collective": "allgather"})
+    'an algorithm file'
+    >>> not_a_topology({"schema": "taccl-topology/1", "vertices": []}) is None
+    True
+    """
+    if not isinstance(document, dict) or "collective" not in document or "vertices" in document:
+        return None
+    schema = document.get("schema")
+    if isinstance(schema, str) and schema.startswith(_LIBRARY_SCHEMA_PREFIX):
+        return "an algorithm library file"
+    return "an algorithm file"
 
 
 def parse_topology(text: str, source: str = "<string>") -> Topology:
@@ -116,6 +142,9 @@ def parse_topology(text: str, source: str = "<string>") -> Topology:
         raise reader.fail(
             None, "invalid JSON: arrays or objects nested too deeply", f"a {SCHEMA_ID} JSON document"
         ) from None
+    other = not_a_topology(document)
+    if other is not None:
+        raise reader.fail(None, f"{other}, not a topology", f"a {SCHEMA_ID} JSON document")
     document = reader.check_fields(document, "", _TOP_FIELDS)
     schema = reader.required(document, "", "schema")
     if schema != SCHEMA_ID:

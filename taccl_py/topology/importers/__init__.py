@@ -26,7 +26,7 @@ from taccl_py.topology.importers.nccl_xml import parse_nccl_topology_xml
 from taccl_py.topology.importers.nvidia_smi import parse_nvidia_smi_topo
 from taccl_py.topology.importers.taccl_profile import parse_taccl_profile
 from taccl_py.topology.model import Topology
-from taccl_py.topology.schema import parse_topology
+from taccl_py.topology.schema import not_a_topology, parse_topology
 
 __all__ = [
     "TopologyFormat",
@@ -80,6 +80,8 @@ def _detect_xml(text: str, source: str) -> TopologyFormat:
     root = match.group(1) if match else None
     if root == "system":
         return TopologyFormat.NCCL_XML
+    if root == "algo":  # MSCCL-IR XML (taccl_py.msccl.parse reads <algo>)
+        raise FormatError(source, None, "an algorithm file (MSCCL XML), not a topology", _EXPECTED)
     hint = " (an NCCL graph file, NCCL_GRAPH_FILE, not a topology)" if root == "graphs" else ""
     raise FormatError(source, None, f"unknown XML root element <{root}>{hint}", _EXPECTED)
 
@@ -92,6 +94,9 @@ def _detect_json(text: str, source: str) -> TopologyFormat:
         and ("node_betas_list" in data or ("links" in data and "betas" in data))
     ):
         return TopologyFormat.TACCL_PROFILE
+    other = not_a_topology(data)
+    if other is not None:
+        raise FormatError(source, None, f"{other}, not a topology", _EXPECTED)
     if isinstance(data, dict) and ("schema" in data or "vertices" in data):
         return TopologyFormat.TACCL_TOPOLOGY
     raise FormatError(source, None, "JSON without gpus_per_node and node_betas_list or links/betas", _EXPECTED)
