@@ -454,3 +454,19 @@ def test_a_backwards_range_reads_the_same_everywhere(
     line = error_line(capsys.readouterr().err)
     assert line == f"error: {command[-2]}: range '1GiB-1KiB' runs backwards; expected LOW-HIGH with LOW <= HIGH"
     assert list(tmp_path.iterdir()) == []
+
+
+# -- output free of the project's history -------------------------------------------------------------
+
+_HISTORY = ("old bound", "issue", "before issue")
+
+
+def test_tables_carry_no_project_history(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ring = tmp_path / "ring.json"
+    assert main(["baseline", "ring", "-t", "ndv2", "-c", "allreduce", "-o", str(ring)]) == 0
+    assert main(["simulate", str(ring), "-t", "ndv2", "--sizes", "1KB,1GB", "--no-baselines"]) == 0
+    assert main(["topo", "show", "ndv2", "--nodes", "2", "--sizes", "1MB"]) == 0
+    captured = capsys.readouterr()
+    text = (captured.out + captured.err).lower()
+    assert "of rs+ag bound" in text and "cut bound" in text
+    assert [word for word in _HISTORY if word in text] == []

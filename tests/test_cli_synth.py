@@ -106,12 +106,11 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
     assert "synthesize: wrote" in captured.err and "[1/" in captured.err, "progress per stage on stderr"
     assert "allreduce on ndv2 (8 GPUs)" in captured.out
     *_, header, _, line, note = captured.out.splitlines()
-    assert "of RS+AG bound  of old RS+AG bound" in header and "nvls" not in header  # NDv2 has no NVLink SHARP
+    assert "of RS+AG bound  vs baseline" in header and "nvls" not in header  # NDv2 has no NVLink SHARP
     assert note.startswith("note: allreduce: the ReduceScatter+AllGather class bound")
     row = line.split()
-    assert float(row[3]) >= float(row[4])  # of the α-aware bound, of the old cut-only bound
     # vs baseline compares the chosen algorithm: 1.00x for the baseline itself, else the synthesis's ratio
-    assert row[5] == ("1.00x" if row[1] == row[8] else row[7])
+    assert row[4] == ("1.00x" if row[1] == row[7] else row[6])
 
 
 def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
@@ -127,11 +126,11 @@ def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
         "(2368.3 us) at 64MB; writing ring-2ch-1p instead"
     ) in captured.err
     header, _, line = captured.out.splitlines()[-3:]
-    assert "of bound  of old bound  vs baseline  synth (us)  synth vs baseline  best baseline  baseline (us)" in header
+    assert "of bound  vs baseline  synth (us)  synth vs baseline  best baseline  baseline (us)" in header
     row = line.split()
     # the chosen baseline against itself, and the synthesis that lost to it
-    assert row[1] == row[8] == "ring-2ch-1p" and row[5] == "1.00x" and row[7] == "0.91x"
-    assert row[2] == row[9] and float(row[6]) > float(row[2])
+    assert row[1] == row[7] == "ring-2ch-1p" and row[4] == "1.00x" and row[6] == "0.91x"
+    assert row[2] == row[8] and float(row[5]) > float(row[2])
 
 
 def test_sizes_write_a_library(tmp_path):
@@ -311,7 +310,7 @@ def test_allreduce_on_dgx_h100_shows_nccls_nvls_beside_the_choice(tmp_path, caps
     out = tmp_path / "ar.json"
     assert main(["synthesize", "-t", "dgx-h100", "-c", "allreduce", "--size", "64MB", "-o", str(out)]) == 0
     *_, header, _, line, note = capsys.readouterr().out.splitlines()
-    assert "of RS+AG bound  of old RS+AG bound" in header and header.endswith("nccl nvls (us)  vs nvls")
+    assert "of RS+AG bound  vs baseline" in header and header.endswith("nccl nvls (us)  vs nvls")
     row = line.split()
     nvls_us = 4.06 + 64e6 * 9 / 8 / 308.6e3  # NVLS's α and each GPU's M (1 + 1/8) at 308.6 GB/s
     assert float(row[-2]) == pytest.approx(nvls_us, abs=0.01)

@@ -61,11 +61,11 @@ def test_show_json(capsys):
     assert sum(c["directed_links"] for c in document["link_classes"]) == len(load_topology("ndv2", nodes=2).links)
 
 
-def test_show_names_allreduces_bound_as_a_class_bound_and_keeps_the_old_figure(capsys):
+def test_show_names_allreduces_bound_as_a_class_bound(capsys):
     assert main(["topo", "show", "ndv2", "--sizes", "1GB"]) == 0
     out = capsys.readouterr().out
-    (header,) = [line for line in out.splitlines() if "old bound" in line and "binding cut" in line]
-    columns = ["collective", "size", "bound", "old bound", "cut bound", "cut alpha", "latency floor", "binding cut"]
+    (header,) = [line for line in out.splitlines() if "cut bound" in line and "binding cut" in line]
+    columns = ["collective", "size", "bound", "cut bound", "cut alpha", "latency floor", "binding cut"]
     assert re.split(r"\s{2,}", header.strip()) == columns
     (line,) = [line for line in out.splitlines() if line.strip().startswith("allreduce (RS+AG class)")]
     assert "reducescatter + allgather class bound" in line

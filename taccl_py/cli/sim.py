@@ -54,21 +54,18 @@ def format_simulation_table(
     results: list[SimulationResult],
     baselines: list[tuple[str, float] | None],
     *,
-    old_bounds_us: Sequence[float] | None = None,
     nvls: Sequence[NvlsTime] = (),
 ) -> str:
     """Return the table of ``taccl simulate``: one row per size, with the best baseline beside it.
 
     ``of bound`` is the lower bound over our time (AllReduce: the ReduceScatter+AllGather class
-    bound, ``of RS+AG bound``); ``of old bound`` the same for the cut-only bound before issue 30
-    (``old_bounds_us``, µs; ``-`` without). ``speedup`` is the baseline's time over ours (above 1:
+    bound, ``of RS+AG bound``). ``speedup`` is the baseline's time over ours (above 1:
     ours is faster). With ``nvls`` (AllReduce on an NVLink SHARP machine), NCCL's modelled NVLS
     time and its time over ours (``vs nvls``) close each row; AllReduce tables end with a note.
     """
     label = bound_label(results[0].collective) if results else "bound"
-    headers = ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", f"of {label}", f"of old {label}")
+    headers = ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", f"of {label}")
     headers += ("best baseline", "baseline (us)", "speedup") + (NVLS_HEADERS if nvls else ())
-    old = list(old_bounds_us) if old_bounds_us is not None else [None] * len(results)
     rows = []
     for index, (result, baseline) in enumerate(zip(results, baselines)):
         name, time_us = baseline if baseline is not None else ("-", None)
@@ -78,7 +75,6 @@ def format_simulation_table(
             f"{result.algbw_GBps:.2f}",
             f"{result.busbw_GBps:.2f}",
             f"{result.fraction_of_bound:.3f}",
-            "-" if old[index] is None else f"{old[index] / result.time_us:.3f}",
             name,
             "-" if time_us is None else f"{time_us:.2f}",
             "-" if time_us is None else format_ratio(time_us / result.time_us),
@@ -176,7 +172,7 @@ def _simulate(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"{program.name}: {program.collective.value}, {program.num_ranks} ranks on {topology.name}")
-        print(format_simulation_table(results, baselines, old_bounds_us=old_bounds, nvls=nvls))
+        print(format_simulation_table(results, baselines, nvls=nvls))
     return 0
 
 

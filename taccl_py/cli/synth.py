@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
-from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
+from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label
 from taccl_py.cli._model import add_model_option
 from taccl_py.cli._output import NVLS_HEADERS, format_ratio, format_table, nvls_cells
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
@@ -29,14 +29,13 @@ from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_si
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
-# The chosen algorithm first (its time, fractions of the bound and of the old bound, ratio to the best
+# The chosen algorithm first (its time, fraction of the bound, ratio to the best
 # baseline), then the best synthesized candidate (the chosen one, unless a baseline won) and the best baseline.
 _HEADERS = (
     "size",
     "chosen",
     "time (us)",
     "of {label}",
-    "of old {label}",
     "vs baseline",
     "synth (us)",
     "synth vs baseline",
@@ -54,14 +53,11 @@ def _shows_progress(args: argparse.Namespace) -> bool:
     return args.progress if args.progress is not None else sys.stderr.isatty()
 
 
-def format_synthesis_table(
-    result: SynthesisResult, *, old_bounds_us: Sequence[float] | None = None, nvls: Sequence[NvlsTime] = ()
-) -> str:
+def format_synthesis_table(result: SynthesisResult, *, nvls: Sequence[NvlsTime] = ()) -> str:
     """Return one row per size: the chosen algorithm against the best baseline, and the best synthesized one.
 
     ``of bound`` is the lower bound over the chosen algorithm's time (AllReduce: ``of RS+AG bound``,
-    the ReduceScatter+AllGather class bound, with a note under the table), ``of old bound`` the same
-    for the cut-only bound before issue 30 (``old_bounds_us`` per choice, µs; ``-`` without).
+    the ReduceScatter+AllGather class bound, with a note under the table).
     ``vs baseline`` is the best baseline's time over the chosen algorithm's (above 1: the chosen
     one is faster; 1.00x where the baseline itself is chosen); ``synth vs baseline`` is the best
     baseline's time over the best synthesized algorithm's, so a synthesis that lost to the
@@ -71,7 +67,6 @@ def format_synthesis_table(
     """
     label = bound_label(result.collective)
     headers = tuple(header.format(label=label) for header in _HEADERS) + (NVLS_HEADERS if nvls else ())
-    old = list(old_bounds_us) if old_bounds_us is not None else [None] * len(result.choices)
     rows = []
     for index, choice in enumerate(result.choices):
         syn, base = choice.synthesized, choice.baseline
@@ -81,7 +76,6 @@ def format_synthesis_table(
             choice.chosen.name,
             f"{chosen_us:.2f}",
             f"{choice.chosen_result.fraction_of_bound:.3f}",
-            "-" if old[index] is None else f"{old[index] / chosen_us:.3f}",
             "-" if base is None else format_ratio(base.time_us / chosen_us),
             "-" if syn is None else f"{syn.time_us:.2f}",
             "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
@@ -206,9 +200,8 @@ def _synthesize(args: argparse.Namespace) -> int:
         f"candidates {', '.join(result.candidates)}"
     )
     sizes = [choice.size_bytes for choice in result.choices]
-    old_bounds = [bound.cut_only_time_us for bound in lower_bounds(topology, result.collective, sizes)]
     nvls = nvls_times_for(topology, result.collective, sizes)
-    print(format_synthesis_table(result, old_bounds_us=old_bounds, nvls=nvls))
+    print(format_synthesis_table(result, nvls=nvls))
     return 0
 
 

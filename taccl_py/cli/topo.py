@@ -277,7 +277,6 @@ def _print_show(
             _BOUND_LABELS.get(_bound_kind(b), b.collective.value),
             format_size(b.size_bytes),
             _format_time_us(b.time_us),
-            _format_time_us(b.cut_only_time_us),
             _format_time_us(b.bandwidth_time_us),
             _format_time_us(b.cut_alpha_us),
             _format_time_us(b.latency_floor_us),
@@ -285,11 +284,8 @@ def _print_show(
         )
         for b in bounds
     ]
-    print(
-        "lower bounds (bound = max(cut bound + cut alpha, latency floor); "
-        "old bound = max(cut bound, latency floor), the figure before issue 30):"
-    )
-    headers = ("collective", "size", "bound", "old bound", "cut bound", "cut alpha", "latency floor", "binding cut")
+    print("lower bounds (bound = max(cut bound + cut alpha, latency floor)):")
+    headers = ("collective", "size", "bound", "cut bound", "cut alpha", "latency floor", "binding cut")
     print(_left_last(format_table(headers, bound_rows)))
     print(f"note: {ALLREDUCE_BOUND_NOTE}")
 
