@@ -37,6 +37,22 @@ def test_show_two_ndv2_names_the_nic_cut(capsys):
     assert "nvlink" in out and "43.48" in out
 
 
+def test_show_lists_each_link_class_once_with_the_nics_cheaper_way_back(capsys):
+    assert main(["topo", "show", "ndv2", "--nodes", "2", "--sizes", "1MB"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("link class")) + 2
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith(" "))  # rows are right-aligned
+    rows = [line.split() for line in lines[start:end]]
+    assert [row[0] for row in rows] == ["nvlink", "nvlink", "pcie", "host", "ib"]
+    assert rows[-1] == ["ib", "1", "9.524", "0.6", "(0", "back)", "4"]  # NIC -> netswitch and back, 2 NICs
+    assert lines[end].startswith("note: 'A (B back)': alpha A one way, B on the way back; a NIC's link into")
+    assert main(["topo", "show", "ndv2", "--nodes", "2", "--json", "--sizes", "1MB"]) == 0
+    classes = json.loads(capsys.readouterr().out)["link_classes"]
+    (ib,) = [c for c in classes if c["kind"] == "ib"]
+    assert (ib["alpha_us"], ib["alpha_back_us"], ib["directed_links"]) == (0.6, 0.0, 4)
+    assert all(c["alpha_back_us"] == c["alpha_us"] for c in classes if c["kind"] != "ib")
+
+
 def test_show_one_dgx2_names_the_ingress_cut(capsys):
     assert main(["topo", "show", "dgx2"]) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.split()[:2] == ["allgather", "1GB"]]

@@ -30,6 +30,11 @@ _BOUND_LABELS = {
     "reducescatter+allgather class": "allreduce (RS+AG class)",
     "in-network reduction": "allreduce (in-network)",
 }
+# Under a link class table whose pair has a cheaper way back (a NIC and the network switch).
+_ALPHA_BACK_NOTE = (
+    "'A (B back)': alpha A one way, B on the way back; a NIC's link into the network switch carries "
+    "the network's alpha, its link back 0, so a route pays it once"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,15 +98,40 @@ def _run_list(args: argparse.Namespace) -> int:
 
 
 def _link_classes(topology: Topology) -> list[dict[str, object]]:
-    """Return the links grouped by (kind, lanes, bandwidth, α), with how many directed links each."""
+    """Return the links grouped by (kind, lanes, bandwidth, α, α of the way back), with how many directed links each.
+
+    A link and its way back (same kind, lanes and bandwidth) make one class whatever their α:
+    ``compose_nodes`` gives a NIC's link into ``netswitch`` the network's α and the link back
+    α 0, so a route pays it once. ``alpha_us`` is the larger α, ``alpha_back_us`` the other
+    (None for a link without a way back).
+    """
     classes: dict[tuple, int] = {}
     for link in topology.links:
-        key = (link.kind.value, link.count, link.bandwidth_GBps, link.alpha_us)
+        back = topology.link(link.dst, link.src)
+        shape = (link.kind, link.count, link.bandwidth_GBps)
+        back_us = back.alpha_us if back is not None and (back.kind, back.count, back.bandwidth_GBps) == shape else None
+        alphas = (link.alpha_us, back_us) if back_us is None else tuple(sorted((link.alpha_us, back_us), reverse=True))
+        key = (link.kind.value, link.count, link.bandwidth_GBps, *alphas)
         classes[key] = classes.get(key, 0) + 1
     return [
-        {"kind": kind, "lanes": lanes, "bandwidth_GBps": bandwidth_GBps, "alpha_us": alpha_us, "directed_links": count}
-        for (kind, lanes, bandwidth_GBps, alpha_us), count in classes.items()
+        {
+            "kind": kind,
+            "lanes": lanes,
+            "bandwidth_GBps": bandwidth_GBps,
+            "alpha_us": alpha_us,
+            "alpha_back_us": alpha_back_us,
+            "directed_links": count,
+        }
+        for (kind, lanes, bandwidth_GBps, alpha_us, alpha_back_us), count in classes.items()
     ]
+
+
+def _class_alpha(link_class: dict) -> str:
+    """Return a class's α cell: ``0.3``, ``0.6 (0 back)`` for a pair whose way back costs less, or ``(one way)``."""
+    alpha_us, back_us = link_class["alpha_us"], link_class["alpha_back_us"]
+    if back_us is None:
+        return f"{_number(alpha_us)} (one way)"
+    return _number(alpha_us) if back_us == alpha_us else f"{_number(alpha_us)} ({_number(back_us)} back)"
 
 
 def _format_time_us(time_us: float) -> str:
@@ -266,11 +296,13 @@ def _print_show(
     if nic_rows:
         print(format_table(("NIC", "kind", "GB/s", "alpha_us", "nearest GPUs"), nic_rows))
         print()
+    classes = _link_classes(topology)
     class_rows = [
-        (c["kind"], c["lanes"], _number(c["bandwidth_GBps"]), _number(c["alpha_us"]), c["directed_links"])
-        for c in _link_classes(topology)
+        (c["kind"], c["lanes"], _number(c["bandwidth_GBps"]), _class_alpha(c), c["directed_links"]) for c in classes
     ]
     print(format_table(("link class", "lanes", "GB/s", "alpha_us", "directed links"), class_rows))
+    if any(c["alpha_back_us"] not in (None, c["alpha_us"]) for c in classes):
+        print(f"note: {_ALPHA_BACK_NOTE}")
     print()
     bound_rows = [
         (
