@@ -199,20 +199,34 @@ def test_export_msccl_reports_a_band_beyond_the_msccl_limits_once(tmp_path, caps
     assert written == ["toy-n1-allgather-0-inplace.xml", "toy-n1-allgather-0.xml"]
 
 
-def test_export_msccl_for_a_runtime_keeps_the_bands_it_can_load(tmp_path, capsys) -> None:
-    _write_toy_library_beyond_msccl_limits(tmp_path / "ag.library.json")
+def _long_selectable_allgather() -> Algorithm:
+    """Return a correct 2-rank allgather of 128 one-chunk sends per threadblock; its 256-chunk loop MSCCL selects."""
+    plan = [Transfer(0, 1, (Buffer.INPUT, i), (Buffer.OUTPUT, i)) for i in range(128)]
+    plan += [Transfer(1, 0, (Buffer.INPUT, i), (Buffer.OUTPUT, 128 + i)) for i in range(128)]
+    return lower_plan("long", Collective.ALLGATHER, 2, 256, plan)
+
+
+def test_export_msccl_for_a_runtime_keeps_the_bands_it_can_load_and_says_why_none_is_in_place(tmp_path, capsys) -> None:
+    bands = (
+        SizeBand(0, 1000, ring_algorithm(Collective.ALLGATHER, 2), "x.json"),
+        SizeBand(1000, None, _long_selectable_allgather(), "y.json"),
+    )
+    write_library(AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, bands), tmp_path / "ag.library.json")
     argv = ["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml"), "--runtime", "msccl"]
-    assert main(argv) == 0  # 80 steps per threadblock fit microsoft/msccl's 256
+    assert main(argv) == 0  # 128 steps per threadblock fit microsoft/msccl's 256
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "warning: toy n1 allgather band 1 (1KB and up): MSCCL selects it at no power-of-two count: 160 chunks per loop",
         f"wrote 2 MSCCL XML files to {tmp_path / 'xml'}",
-    ], "the old dialect names no placement: one file per band"
+        "note: no in-place files: the old dialect (microsoft/msccl) names no placement (no outofplace attribute), "
+        "so each band gets its out-of-place file only",
+    ], "the old dialect names no placement: one file per band, and a line saying so"
     assert read_msccl_xml(str(tmp_path / "xml" / "toy-n1-allgather-1.xml")).num_ranks == 2
     assert "inplace" in (tmp_path / "xml" / "toy-n1-allgather-1.xml").read_text()
     assert "outofplace" not in (tmp_path / "xml" / "toy-n1-allgather-1.xml").read_text(), "msccl reads the old dialect"
-    assert main(argv[:-2] + ["--runtime", "rccl"]) == 0
-    assert "included); expected at most 64 steps per threadblock for runtime rccl" in capsys.readouterr().err
+    assert main(argv[:-2] + ["--runtime", "rccl", "-o", str(tmp_path / "rccl")]) == 0
+    err = capsys.readouterr().err
+    assert "included); expected at most 64 steps per threadblock for runtime rccl" in err
+    assert "note: no in-place files" not in err, "the new dialect writes in-place files"
 
 
 def _long_correct_allgather() -> Algorithm:

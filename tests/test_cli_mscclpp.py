@@ -9,12 +9,14 @@ import re
 import pytest
 
 from taccl_py.cli import main
-from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.mscclpp import check_mscclpp_plan, read_mscclpp_plan
 from taccl_py.mscclpp.files import generate_library_plans
+from taccl_py.synth import write_library
 from taccl_py.topology import builtin_topology_names, load_topology
 
-from helpers import FIXTURES
+from helpers import FIXTURES, ring_algorithm
 
 MSCCLPP_FIXTURES = FIXTURES / "mscclpp"
 
@@ -224,3 +226,25 @@ def test_export_of_a_collective_the_library_lacks_is_refused(tmp_path, capsys) -
     assert main(["export-mscclpp", str(source), "--collective", "allreduce", "-o", str(out)]) == 2
     assert "no allreduce library" in _error_line(capsys)
     assert not out.exists()
+
+
+def test_export_into_an_earlier_export_removes_its_stale_plans_only(tmp_path, capsys) -> None:
+    ring = ring_algorithm(Collective.ALLGATHER, 2)
+    folder = tmp_path / "plans"
+    for name, edges in (("old", (0, 1000, None)), ("new", (0, None))):
+        (tmp_path / name).mkdir()
+        bands = tuple(SizeBand(low, high, ring, f"{i}.json") for i, (low, high) in enumerate(zip(edges, edges[1:])))
+        write_library(AlgorithmLibrary("toy", 1, Collective.ALLGATHER, 2, bands), tmp_path / name / "ag.library.json")
+    argv = ["export-mscclpp", "--no-baselines", "-o", str(folder)]
+    assert main([*argv, str(tmp_path / "old" / "ag.library.json")]) == 0
+    (folder / "toy-n1-allreduce-1.json").write_text("{}")  # another collective's plan: not this export's to remove
+    capsys.readouterr()
+    assert main([*argv, str(tmp_path / "new" / "ag.library.json")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        f"removed 2 plans of an earlier export from {folder}: toy-n1-allgather-1-inplace.json, toy-n1-allgather-1.json"
+        in err
+    )
+    names = sorted(path.name for path in folder.iterdir())
+    assert names == ["toy-n1-allgather-0-inplace.json", "toy-n1-allgather-0.json", "toy-n1-allreduce-1.json"]
+    assert json.loads((folder / "toy-n1-allgather-0.json").read_text())["max_message_size"] == 2**64 - 1

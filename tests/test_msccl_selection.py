@@ -150,7 +150,7 @@ def test_check_selection_prints_a_row_per_run_of_sizes_and_a_total(tmp_path, cap
     assert in_place and all("inplace" in line.split()[-1] for line in in_place)
 
 
-def test_check_selection_names_a_loop_msccl_never_selects(tmp_path, capsys):
+def test_a_band_msccl_never_selects_gets_no_file_and_one_line_naming_its_sizes(tmp_path, capsys):
     library = tmp_path / "ag.library.json"
     from taccl_py.synth import write_library
 
@@ -166,8 +166,15 @@ def test_check_selection_names_a_loop_msccl_never_selects(tmp_path, capsys):
     write_library(_library(ring, three, edges=(0, MiB, None)), library)
     assert main(["export-msccl", str(library), "-o", str(tmp_path / "xml"), "--check-selection", "1MiB"]) == 0
     captured = capsys.readouterr()
-    assert "MSCCL selects it at no power-of-two count: 6 chunks per loop" in captured.err
-    assert "NCCL (nchunksperloop 6 does not divide the element count)" in captured.out
+    assert captured.err.splitlines()[0] == (
+        "toy-n1-allgather-1: 6 chunks per loop divide no power-of-two element count, so MSCCL never selects it; "
+        "sizes 1MiB and up stay with NCCL"
+    )
+    assert sorted(path.name for path in (tmp_path / "xml").iterdir()) == [
+        "toy-n1-allgather-0-inplace.xml",
+        "toy-n1-allgather-0.xml",
+    ], "no file for the band MSCCL never selects"
+    assert "NCCL (no file's size range covers it)" in captured.out
 
 
 def test_shipped_bands_of_one_machine_all_have_in_place_forms():
@@ -215,3 +222,48 @@ def test_a_wait_on_a_dropped_self_copy_keeps_what_the_copy_waited_for():
     (prog,) = variant.ranks
     assert [tb.id for tb in prog.threadblocks] == [1, 2]
     assert prog.threadblocks[1].steps[0].depends == ((1, 0),)
+
+
+def test_export_into_an_earlier_export_removes_its_stale_bands_and_the_check_reads_the_whole_folder(tmp_path, capsys):
+    from taccl_py.synth import write_library
+
+    ring = ring_algorithm(Collective.ALLGATHER, 2)
+    folder = tmp_path / "xml"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    write_library(_library(ring, ring, ring, edges=(0, 1000, MiB, None)), tmp_path / "old" / "ag.library.json")
+    assert main(["export-msccl", str(tmp_path / "old" / "ag.library.json"), "-o", str(folder)]) == 0
+    (folder / "mine.xml").write_text((folder / "toy-n1-allgather-2.xml").read_text())  # a user's own file
+    (folder / "toy-n2-allgather-7.xml").write_text("another node count's file, never ours to remove")
+    capsys.readouterr()
+    write_library(_library(ring, ring, edges=(0, MiB, None)), tmp_path / "new" / "ag.library.json")
+    argv = ["export-msccl", str(tmp_path / "new" / "ag.library.json"), "-o", str(folder), "--check-selection"]
+    assert main([*argv, "1KiB-4MiB"]) == 0
+    captured = capsys.readouterr()
+    assert (
+        f"removed 2 files of an earlier export from {folder}: toy-n1-allgather-2-inplace.xml, toy-n1-allgather-2.xml"
+    ) in captured.err.splitlines()
+    assert sorted(path.name for path in folder.iterdir()) == [
+        "mine.xml",
+        "toy-n1-allgather-0-inplace.xml",
+        "toy-n1-allgather-0.xml",
+        "toy-n1-allgather-1-inplace.xml",
+        "toy-n1-allgather-1.xml",
+        "toy-n2-allgather-7.xml",
+    ]
+    # the check reads every file MSCCL loads: the user's copy of the old open-ended band overlaps band 1
+    assert "warning: toy-n2-allgather-7.xml: line 1, column 1: malformed XML" in captured.err
+    assert "mine.xml (also toy-n1-allgather-1.xml)" in captured.out
+    ambiguous = int(captured.out.splitlines()[-1].split("; ")[-1].split()[0])
+    assert ambiguous == 2 * 3, "1-4 MiB out of place in bf16 and fp32"
+
+
+def test_export_with_nothing_to_replace_removes_nothing(tmp_path, capsys):
+    from taccl_py.synth import write_library
+
+    ring = ring_algorithm(Collective.ALLGATHER, 2)
+    write_library(_library(ring, ring), tmp_path / "ag.library.json")
+    for _ in range(2):  # the second export overwrites every file of the first
+        assert main(["export-msccl", str(tmp_path / "ag.library.json"), "-o", str(tmp_path / "xml")]) == 0
+        assert "removed" not in capsys.readouterr().err
+    assert len(list((tmp_path / "xml").iterdir())) == 4

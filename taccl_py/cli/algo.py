@@ -167,21 +167,38 @@ def _export_msccl(args: argparse.Namespace) -> int:
     check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
     libraries = libraries_to_export(args.library, args.nodes)
     dialect = xml_dialect(limits, args.dialect)
-    written, keys = 0, []
+    from taccl_py.msccl.library import folder_selection_keys, unwritten_placements
+
+    written = 0
     for library in libraries:
         if sys.stderr.isatty():  # verifying in-place forms and choosing protocols takes a minute on 64 GPUs
             label = f"{library.topology} n{library.nodes} {library.collective.value}"
             print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
-        export = write_library_xml(library, folder, dialect, runtime=limits.runtime, rccl_gpu_arch=args.rccl_gpu_arch)
+        export = write_library_xml(
+            library, folder, dialect, runtime=limits.runtime, rccl_gpu_arch=args.rccl_gpu_arch, replace_earlier=True
+        )
         written += len(export.files)
-        keys += export.keys
         for index, why in export.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL XML: {why}", file=sys.stderr)
         for index, note in export.notes:
             print(f"warning: {band_label(library, index)}: {note}", file=sys.stderr)
+        for _index, line in export.to_nccl:
+            print(line, file=sys.stderr)
+        if export.removed:
+            names = ", ".join(export.removed)
+            print(f"removed {len(export.removed)} files of an earlier export from {folder}: {names}", file=sys.stderr)
+    why_not_inplace = unwritten_placements(dialect)
     print(f"wrote {written} MSCCL XML files to {folder}", file=sys.stderr)
+    if why_not_inplace is not None and written:
+        print(f"note: {why_not_inplace}", file=sys.stderr)
     if check_sizes is not None:
-        print(format_selection(keys, check_sizes))
+        # MSCCL loads every file of the folder, an earlier export's or a user's too, so the check reads them all
+        keys, unreadable = folder_selection_keys(folder) if folder.is_dir() else ((), ())
+        for _name, why in unreadable:
+            print(
+                f"warning: {why}; MSCCL loads every file of its folder and fails to start on this one", file=sys.stderr
+            )
+        print(format_selection(list(keys), check_sizes))
     return 0
 
 
@@ -236,7 +253,7 @@ def _outcome(keys: list[SelectionKey], selection: Selection) -> str:
     if selection.chosen is None:
         return f"NCCL ({why_not_selected(keys, selection.call)})"
     more = f" (also {', '.join(selection.matches[1:])})" if selection.ambiguous else ""
-    return selection.chosen + ".xml" + more
+    return selection.chosen + more
 
 
 def _add_dialect_argument(parser: argparse.ArgumentParser) -> None:
@@ -279,11 +296,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export-msccl",
         help="write every size band of a library as MSCCL-IR XML, for an MSCCL runtime's algorithm folder",
         description="Write one XML file per band with minBytes/maxBytes set to the band's sizes; a band beyond the "
-        "MSCCL runtime limits is reported and left out.",
+        "MSCCL runtime limits is reported and left out, and so is a band whose chunk loop MSCCL never selects at "
+        "power-of-two element counts (its sizes stay with NCCL). Files of an earlier export of the same machine, "
+        "node count and collective in DIR (named <machine>-n<nodes>-<collective>-<band>[-inplace].xml) that this "
+        "export does not overwrite are removed, and named on stderr, once every new file is written: MSCCL loads "
+        "every file of its folder, so a stale band would overlap the new ones. Other files are left alone.",
     )
     add_library_source_arguments(export)
     export.add_argument(
-        "-o", "--output", required=True, metavar="DIR", help="folder to write the XML files into (created if missing)"
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder to write the XML files into (created if missing; an earlier export's files are replaced)",
     )
     export.add_argument(
         "--check-selection",
@@ -291,8 +316,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         const=DEFAULT_CHECK_SIZES,
         default=None,
         metavar="LOW-HIGH",
-        help="print which file MSCCL's selection rule picks for every power-of-two size in LOW-HIGH "
-        f"(default {DEFAULT_CHECK_SIZES}), in bf16 and fp32, in place and out of place",
+        help="print which file of DIR (every file MSCCL would load from it, not only those written) MSCCL's "
+        f"selection rule picks for every power-of-two size in LOW-HIGH (default {DEFAULT_CHECK_SIZES}), in bf16 "
+        "and fp32, in place and out of place, and how many sizes more than one file matches",
     )
     export.add_argument(
         "--rccl-gpu-arch",

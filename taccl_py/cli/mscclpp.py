@@ -55,7 +55,7 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
         if topology is not None and not args.no_baselines:
             fits = functools.partial(fits_mscclpp, topology=topology)  # a baseline with no plan is no rival
             rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS, keep=fits)
-        plans = write_library_plans(library, folder, topology, protocol, rivals)
+        plans = write_library_plans(library, folder, topology, protocol, rivals, replace_earlier=True)
         written += len(plans.files)
         for name, choice in plans.protocols:
             if choice.protocol != "Simple" and protocol is None:
@@ -64,6 +64,9 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
             print(f"{name}: {why} than the band's own plan; written instead", file=sys.stderr)
         for index, why in plans.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
+        if plans.removed:
+            names = ", ".join(plans.removed)
+            print(f"removed {len(plans.removed)} plans of an earlier export from {folder}: {names}", file=sys.stderr)
     print(f"wrote {written} MSCCL++ execution plans to {folder}", file=sys.stderr)
     return 0
 
@@ -75,7 +78,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write every size band of a library as MSCCL++ execution plans (JSON), in and out of place",
         description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
         "band's sizes; where the best baseline's plan simulates faster, it is written instead (and named); a band "
-        "beyond MSCCL++'s limits is reported and left out.",
+        "beyond MSCCL++'s limits is reported and left out. Plans of an earlier export of the same machine, node "
+        "count and collective in DIR (named <machine>-n<nodes>-<collective>-<band>[-inplace].json) that this export "
+        "does not overwrite are removed, and named on stderr, once every new plan is written, so that no stale size "
+        "range outlives the export. Other files are left alone.",
     )
     add_library_source_arguments(export)
     export.add_argument(
@@ -97,6 +103,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: that baseline's plan is written instead)",
     )
     export.add_argument(
-        "-o", "--output", required=True, metavar="DIR", help="folder to write the plans into (created if missing)"
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="folder to write the plans into (created if missing; an earlier export's plans are replaced)",
     )
     export.set_defaults(func=_export_mscclpp, output_folders=("output",))

@@ -26,6 +26,8 @@ source tree and inside the wheel as package data (``shipped_library_dir``).
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
@@ -48,6 +50,7 @@ __all__ = [
     "builtin_cluster_fingerprint",
     "SizeBand",
     "cluster_record",
+    "earlier_band_files",
     "generate_library",
     "library_cluster_fingerprint",
     "parse_library",
@@ -291,6 +294,32 @@ def read_library(path: str | Path | Traversable) -> AlgorithmLibrary:
         path = Path(path)
     # Package resources on disk are Paths, and inside a zip zipfile.Paths: both have ``parent``.
     return parse_library(read_text(path), str(path), path.parent)
+
+
+def earlier_band_files(
+    library: AlgorithmLibrary, folder: str | Path, extension: str, keep: Collection[str]
+) -> tuple[Path, ...]:
+    """Return the files of ``folder`` named as an export of ``library``'s bands that ``keep`` does not name, by name.
+
+    The exporters name a band's file ``<topology>-n<nodes>-<collective>-<band>[-inplace]<extension>``
+    (``taccl_py.msccl.library.library_xml_name``, ``taccl_py.mscclpp.files.library_plan_name``);
+    only such names count, so a user's own files in the folder are never touched.
+    """
+    stem = re.escape(f"{library.topology}-n{library.nodes}-{library.collective.value}-")
+    pattern = re.compile(stem + r"[0-9]+(-inplace)?" + re.escape(extension))
+    folder = Path(folder)
+    if not folder.is_dir():
+        return ()
+    return tuple(
+        sorted(
+            (
+                path
+                for path in folder.iterdir()
+                if pattern.fullmatch(path.name) and path.name not in keep and not path.is_dir()
+            ),
+            key=lambda path: path.name,
+        )
+    )
 
 
 def generate_library(library: AlgorithmLibrary) -> str:

@@ -7,27 +7,49 @@ per band and placement. Band edges are disjoint under MSCCL's inclusive test (``
 band's exclusive upper end less one byte). A band whose schedule breaks the
 runtime's limits (``taccl_py.msccl.limits``) is left out and reported: our own runtime still
 runs it from the library. A "native" band gets no file, silently: where no XML covers a size, MSCCL
-runs NCCL's own collective, which is what the band asks for.
+runs NCCL's own collective, which is what the band asks for. A band whose chunk loop MSCCL never
+selects at the power-of-two element counts users pass, where another loop would be selected
+(``selectable_for_powers_of_two``), gets no file either, and says so: its sizes stay with NCCL.
+
+Writing into a folder that holds an earlier export of the same library, ``write_library_xml``
+removes that export's files this one does not overwrite (``replace_earlier``), so that no stale
+band's size range overlaps a new one; ``folder_selection_keys`` reads what MSCCL would load there.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from taccl_py._io import write_text_atomic
-from taccl_py.errors import ArgumentError
+from taccl_py._io import read_text, write_text_atomic
+from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.inplace import BOTH_PLACES_KEY, serves_both_placements
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, earlier_band_files
 from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
+from taccl_py.msccl.parse import parse_msccl_selection_key
 from taccl_py.msccl.protocol import band_protocols
-from taccl_py.msccl.selection import SelectionKey, loop_divides_powers_of_two, selection_key
+from taccl_py.msccl.selection import (
+    SelectionKey,
+    loop_divides_powers_of_two,
+    selectable_for_powers_of_two,
+    selection_key,
+    size_multiplier,
+)
+from taccl_py.units import format_size
 from taccl_py.verify import exported_inplace_form
 
-__all__ = ["LibraryXml", "generate_library_xml", "library_xml_name", "write_library_xml"]
+__all__ = [
+    "LibraryXml",
+    "folder_selection_keys",
+    "generate_library_xml",
+    "library_xml_name",
+    "unwritten_placements",
+    "write_library_xml",
+]
 
 
 @dataclass(frozen=True)
@@ -35,13 +57,18 @@ class LibraryXml:
     """The XML files of a library, as (file name, text), and the bands left out as (band index, why).
 
     ``keys`` holds each file's selection fields, in the order of ``files``; ``notes`` the warnings
-    per band (band index, text): a placement without a file, a chunk loop MSCCL never selects.
+    per band (band index, text): a placement without a file, a chunk loop MSCCL selects only at
+    counts users rarely pass. ``to_nccl`` holds (band index, why and which sizes) for each band left
+    to NCCL because MSCCL would never select its file; ``removed`` the files of an earlier export
+    that writing removed.
     """
 
     files: tuple[tuple[str, str], ...]
     skipped: tuple[tuple[int, str], ...]
     keys: tuple[SelectionKey, ...] = ()
     notes: tuple[tuple[int, str], ...] = ()
+    to_nccl: tuple[tuple[int, str], ...] = ()
+    removed: tuple[str, ...] = ()
 
 
 def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = False) -> str:
@@ -86,7 +113,14 @@ def _band_files(
     )
     notes = []
     if not loop_divides_powers_of_two(base.collective, base.num_ranks, base.chunks_per_loop):
-        notes.append(f"MSCCL selects it at no power-of-two count: {base.chunks_per_loop} chunks per loop")
+        # no loop divides power-of-two counts here (an AllReduce over 6 ranks), so the file stays for the rest
+        multiple = base.chunks_per_loop // math.gcd(
+            base.chunks_per_loop, size_multiplier(base.collective, base.num_ranks)
+        )
+        notes.append(
+            f"{base.chunks_per_loop} chunks per loop divide no power-of-two element count: MSCCL selects it "
+            f"only for counts that are multiples of {multiple}, and leaves the others to NCCL"
+        )
     # only the new dialect says which placements a file serves (outofplace="..."); the old one gets one file
     algorithms, why_not = _placements(base) if DIALECTS[dialect].size_band else ([base], None)
     if why_not is not None:
@@ -112,11 +146,12 @@ def generate_library_xml(
     Each band's ``proto`` is the protocol the simulator finds fastest there among those ``runtime``
     runs (``taccl_py.msccl.protocol.band_protocols``; ``rccl_gpu_arch`` names the AMD GPU RCCL
     runs LL128 on, e.g. ``"gfx942"``). The open-ended last band gets ``maxBytes="0"``, which the
-    MSCCL tools write for "no upper end".
+    MSCCL tools write for "no upper end". A band whose chunk loop MSCCL never selects at
+    power-of-two counts, where another loop would be, gets no file (``LibraryXml.to_nccl``).
     """
     dialect = parse_dialect(dialect)
     protocols = band_protocols(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
-    files, keys, skipped, notes = [], [], [], []
+    files, keys, skipped, notes, to_nccl = [], [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
             continue
@@ -125,10 +160,34 @@ def generate_library_xml(
         except ArgumentError as error:
             skipped.append((index, str(error)))
             continue
+        if not selectable_for_powers_of_two(band.algorithm):  # a band beyond the limits says that first
+            to_nccl.append((index, _never_selected(library, index, band)))
+            continue
         files += [(name, text) for name, text, _key in band_files]
         keys += [key for _name, _text, key in band_files]
         notes += [(index, note) for note in band_notes]
-    return LibraryXml(tuple(files), tuple(skipped), tuple(keys), tuple(notes))
+    return LibraryXml(tuple(files), tuple(skipped), tuple(keys), tuple(notes), tuple(to_nccl))
+
+
+def _never_selected(library: AlgorithmLibrary, index: int, band: SizeBand) -> str:
+    """Return the line saying why band ``index`` gets no file, and which sizes stay with NCCL."""
+    name = library_xml_name(library, index).removesuffix(".xml")
+    low = format_size(band.min_bytes)
+    sizes = f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
+    return (
+        f"{name}: {band.algorithm.chunks_per_loop} chunks per loop divide no power-of-two element count, "
+        f"so MSCCL never selects it; sizes {sizes} stay with NCCL"
+    )
+
+
+def unwritten_placements(dialect: Dialect | str) -> str | None:
+    """Return why ``dialect`` gets no in-place files (None: it gets them where a band needs one)."""
+    if DIALECTS[parse_dialect(dialect)].size_band:
+        return None
+    return (
+        "no in-place files: the old dialect (microsoft/msccl) names no placement (no outofplace attribute), "
+        "so each band gets its out-of-place file only"
+    )
 
 
 def write_library_xml(
@@ -138,16 +197,45 @@ def write_library_xml(
     *,
     runtime: Runtime | str = DEFAULT_RUNTIME,
     rccl_gpu_arch: str | None = None,
+    replace_earlier: bool = False,
 ) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 
-    The bands left out are only returned (``LibraryXml.skipped``): the caller reports them.
+    The bands left out are only returned (``LibraryXml.skipped``, ``to_nccl``): the caller reports them.
+    ``replace_earlier``: remove the files of an earlier export of ``library`` (its machine, node
+    count and collective, by our file names) that this one does not overwrite; MSCCL would load them
+    too. Their names are returned (``LibraryXml.removed``).
 
-    Every text is generated before the first file is written, each file through a temporary name.
+    Every text is generated before the first file is written, each file through a temporary name,
+    and earlier files are removed only once every new one is written.
     """
     export = generate_library_xml(library, dialect, runtime=runtime, rccl_gpu_arch=rccl_gpu_arch)
     if export.files:
         Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in export.files:
         write_text_atomic(Path(folder) / name, text)
-    return export
+    if not replace_earlier:
+        return export
+    stale = earlier_band_files(library, folder, ".xml", {name for name, _text in export.files})
+    for path in stale:
+        path.unlink()
+    return replace(export, removed=tuple(path.name for path in stale))
+
+
+def folder_selection_keys(folder: str | Path) -> tuple[tuple[SelectionKey, ...], tuple[tuple[str, str], ...]]:
+    """Return the selection fields of every file an MSCCL runtime loads from ``folder``, and the files it cannot.
+
+    The runtimes load every regular file and link of their algorithm folder, whatever its name
+    (msccl-executor-nccl ``mscclInternalSchedulerInit``); each key is named by its file's name. The
+    second tuple holds (file name, why) for each file that is no MSCCL-IR XML: one of those fails
+    the runtime's start.
+    """
+    keys, unreadable = [], []
+    for path in sorted(Path(folder).iterdir(), key=lambda path: path.name):
+        if path.is_dir():
+            continue
+        try:
+            keys.append(parse_msccl_selection_key(read_text(path), path.name))
+        except FormatError as error:
+            unreadable.append((path.name, str(error)))
+    return tuple(keys), tuple(unreadable)

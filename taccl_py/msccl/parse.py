@@ -33,8 +33,9 @@ from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, 
 from taccl_py.ir.collectives import Collective, chunk_layout
 from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, NO_DEPENDENCY, NO_PEER, STEP_OPERANDS, Protocol
 from taccl_py.msccl.export import BOTH_PLACES_KEY, METADATA_COMMENT
+from taccl_py.msccl.selection import SelectionKey
 
-__all__ = ["parse_msccl_xml", "read_msccl_xml", "looks_like_msccl_xml"]
+__all__ = ["parse_msccl_xml", "read_msccl_xml", "looks_like_msccl_xml", "parse_msccl_selection_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -404,3 +405,49 @@ def parse_msccl_xml(text: str, source: str = "<string>") -> Algorithm:
 def read_msccl_xml(path: str) -> Algorithm:
     """Return the Algorithm in the MSCCL-IR XML file at ``path`` (``-`` for stdin)."""
     return parse_msccl_xml(read_text(path), str(path))
+
+
+class _RootRead(Exception):
+    """Stops expat at the root element: the selection fields are all on ``<algo>``."""
+
+
+def parse_msccl_selection_key(text: str, source: str = "<string>") -> SelectionKey:
+    """Return the selection fields of an MSCCL-IR XML text's ``<algo>`` element, named ``source``; no step is read.
+
+    What an MSCCL runtime reads of every file in its folder (``taccl_py.msccl.selection``): the
+    old dialect's missing ``outofplace`` means ``not inplace``, missing ``minBytes``/``maxBytes``
+    every size. Raises ``FormatError`` as ``parse_msccl_xml`` does for the element.
+    """
+    doc = _Doc(source)
+
+    def start(tag: str, attrs: dict[str, str]) -> None:
+        doc.root = _Node(tag, attrs, parser.CurrentLineNumber)
+        raise _RootRead
+
+    parser = create_xml_parser(source, _EXPECTED, start, lambda tag: None)
+    try:
+        parser.Parse(text, True)
+    except _RootRead:
+        pass
+    except expat.ExpatError as error:
+        raise FormatError(
+            source,
+            f"line {error.lineno}, column {error.offset + 1}",
+            f"malformed XML: {expat.ErrorString(error.code)}",
+            "a well-formed MSCCL-IR XML document",
+        ) from None
+    root = doc.root
+    if root is None or root.tag != "algo":
+        found = "no element" if root is None else f"root element <{root.tag}>"
+        raise FormatError(source, "line 1" if root is None else _where(root), found, "an <algo> element")
+    inplace = bool(_int(doc, root, "inplace", low=0, high=1))
+    return SelectionKey(
+        source,
+        _choice(doc, root, "coll", COLLECTIVE_SPELLINGS),
+        _int(doc, root, "ngpus", low=1),
+        _int(doc, root, "nchunksperloop", low=1),
+        _int(doc, root, "minBytes", low=0, default=0),
+        _int(doc, root, "maxBytes", low=0, default=0),
+        inplace,
+        bool(_int(doc, root, "outofplace", low=0, high=1, default=int(not inplace))),
+    )

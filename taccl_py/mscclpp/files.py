@@ -29,7 +29,7 @@ from taccl_py._io import write_text_atomic
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary
+from taccl_py.ir.library import AlgorithmLibrary, earlier_band_files
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
@@ -71,13 +71,15 @@ class LibraryPlans:
     """The plan files of a library as (file name, JSON text), and the placements left out as (band index, why).
 
     ``protocols`` holds (file name, PlanProtocol) for every file, in the same order; ``baselines``
-    (file name, why) for every file that holds a baseline's plan instead of the band's.
+    (file name, why) for every file that holds a baseline's plan instead of the band's; ``removed``
+    the files of an earlier export that writing removed.
     """
 
     files: tuple[tuple[str, str], ...]
     skipped: tuple[tuple[int, str], ...]
     protocols: tuple[tuple[str, PlanProtocol], ...] = ()
     baselines: tuple[tuple[str, str], ...] = ()
+    removed: tuple[str, ...] = ()
 
 
 def _verified_plan(algorithm: Algorithm, topology: Topology | None, protocol: str) -> tuple[str, ExecutionPlan]:
@@ -268,15 +270,24 @@ def write_library_plans(
     topology: Topology | None = None,
     protocol: str | None = None,
     rivals: Mapping[int, Sequence[Algorithm]] | None = None,
+    replace_earlier: bool = False,
 ) -> LibraryPlans:
     """Write the verified plans of every band of ``library`` into ``folder``; return what was written and left out.
 
     Every text is generated and verified before the first file is written, each file through a temporary name.
-    Arguments as ``generate_library_plans``.
+    ``replace_earlier``: then remove the plans of an earlier export of ``library`` (its machine, node
+    count and collective, by our file names) that this one does not overwrite, so that none of
+    their size ranges outlives the export; their names are returned (``LibraryPlans.removed``).
+    Other arguments as ``generate_library_plans``.
     """
     plans = generate_library_plans(library, topology, protocol, rivals)
     if plans.files:
         Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
     for name, text in plans.files:
         write_text_atomic(Path(folder) / name, text)
-    return plans
+    if not replace_earlier:
+        return plans
+    stale = earlier_band_files(library, folder, ".json", {name for name, _text in plans.files})
+    for path in stale:
+        path.unlink()
+    return replace(plans, removed=tuple(path.name for path in stale))
