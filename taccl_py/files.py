@@ -21,6 +21,7 @@ from taccl_py._io import read_text, write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json
+from taccl_py.ir.provenance import Provenance
 from taccl_py.msccl import Dialect, generate_msccl_xml, looks_like_msccl_xml, parse_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
 from taccl_py.mscclpp.lift import lift_mscclpp_plan
@@ -106,12 +107,20 @@ def algorithm_format(path: str | Path, dialect: Dialect | str | None = None) -> 
 
 
 def generate_any_algorithm(
-    algorithm: Algorithm, fmt: str, dialect: Dialect | str | None = None, *, runtime: Runtime | str = DEFAULT_RUNTIME
+    algorithm: Algorithm,
+    fmt: str,
+    dialect: Dialect | str | None = None,
+    *,
+    runtime: Runtime | str = DEFAULT_RUNTIME,
+    provenance: Provenance | None = None,
 ) -> str:
-    """Return the text of ``algorithm`` in ``fmt`` (``"json"`` or ``"xml"``, within ``runtime``'s limits) unverified."""
+    """Return the text of ``algorithm`` in ``fmt`` (``"json"`` or ``"xml"``, within ``runtime``'s limits) unverified.
+
+    ``provenance`` goes into JSON only: MSCCL-IR XML has no place for it.
+    """
     if fmt == "xml":
         return generate_msccl_xml(algorithm, dialect if dialect is not None else Dialect.NEW, runtime=runtime)
-    return generate_algorithm_json(algorithm)
+    return generate_algorithm_json(algorithm, provenance)
 
 
 def write_any_algorithm(
@@ -121,6 +130,7 @@ def write_any_algorithm(
     *,
     verify: bool = True,
     runtime: Runtime | str = DEFAULT_RUNTIME,
+    provenance: Provenance | None = None,
 ) -> None:
     """Verify ``algorithm`` and write it to ``path`` in the format its extension names.
 
@@ -134,6 +144,8 @@ def write_any_algorithm(
         XML dialect (default ``new``); an error for JSON.
     runtime : {"portable", "msccl-executor-nccl", "msccl", "rccl"}
         XML only: the MSCCL runtime whose limits the file must meet (default ``portable``, all of them).
+    provenance : Provenance or None
+        JSON only: how the algorithm was made, recorded in the file (``parse_algorithm_provenance``).
 
     Raises
     ------
@@ -145,4 +157,4 @@ def write_any_algorithm(
     fmt = algorithm_format(path, dialect)
     if verify:
         check_algorithm(algorithm)
-    write_text_atomic(path, generate_any_algorithm(algorithm, fmt, dialect, runtime=runtime))
+    write_text_atomic(path, generate_any_algorithm(algorithm, fmt, dialect, runtime=runtime, provenance=provenance))

@@ -8,8 +8,15 @@ import pytest
 
 from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock, input_slot, output_slot
-from taccl_py.ir.algorithm_json import generate_algorithm_json, parse_algorithm_json, read_algorithm, write_algorithm
+from taccl_py.ir.algorithm_json import (
+    generate_algorithm_json,
+    parse_algorithm_json,
+    parse_algorithm_provenance,
+    read_algorithm,
+    write_algorithm,
+)
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.provenance import Provenance
 
 
 def _exchange(collective: Collective = Collective.ALLGATHER, inplace: bool = False) -> Algorithm:
@@ -32,6 +39,35 @@ def test_json_round_trip_is_exact_and_stable():
     assert parse_algorithm_json(text) == algorithm
     assert generate_algorithm_json(parse_algorithm_json(text)) == text
     json.loads(text)  # valid JSON
+
+
+PROVENANCE = Provenance(
+    taccl_py="0.1.0",
+    solver="highs (highspy 1.16.0)",
+    solver_options=(("gap_rel", 0.001), ("node_limit", 100), ("time_limit_s", 30.0)),
+    sketch="auto-ndv2",
+    sizes=(1000000,),
+    timed_out=False,
+    command="taccl synthesize -t ndv2 -c allgather --size 1MB -o a.json",
+    execution_model="msccl",
+)
+
+
+def test_provenance_is_written_and_read_back_and_old_files_have_none(tmp_path):
+    path = tmp_path / "a.json"
+    write_algorithm(_exchange(), str(path), PROVENANCE)
+    text = path.read_text()
+    assert json.loads(text)["provenance"]["solver_options"]["node_limit"] == 100
+    assert read_algorithm(str(path)) == _exchange() and parse_algorithm_provenance(text) == PROVENANCE
+    assert generate_algorithm_json(_exchange(), PROVENANCE) == text
+    assert parse_algorithm_provenance(generate_algorithm_json(_exchange())) is None
+
+
+def test_a_malformed_provenance_names_its_field():
+    document = json.loads(generate_algorithm_json(_exchange(), PROVENANCE))
+    document["provenance"]["sizes"] = ["1MB"]
+    with pytest.raises(FormatError, match=r"a\.json: provenance\.sizes: \['1MB'\]; expected a list of sizes in bytes"):
+        parse_algorithm_json(json.dumps(document), "a.json")
 
 
 def test_write_then_read(tmp_path):

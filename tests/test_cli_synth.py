@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from taccl_py import __version__
 from taccl_py.cli import main
-from taccl_py.ir.algorithm_json import read_algorithm
+from taccl_py.ir.algorithm_json import parse_algorithm_provenance, read_algorithm
 from taccl_py.ir.library import read_library
 from taccl_py.msccl import read_msccl_xml
 
@@ -102,6 +103,15 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
     )
     assert_valid_algorithm(read_algorithm(str(out)))
     assert read_msccl_xml(str(xml)).num_ranks == 8
+    provenance = parse_algorithm_provenance(out.read_text())
+    assert (
+        provenance.command
+        == f"taccl synthesize -t ndv2 -c allreduce --size 1MB --time-limit 1 --progress -o {out} --xml {xml}"
+    )
+    assert provenance.sizes == (1000000,) and dict(provenance.solver_options)["time_limit_s"] == 1.0
+    assert provenance.sketch == "auto-ndv2" and provenance.solver.startswith("highs (highspy ")
+    assert provenance.execution_model == "msccl" and provenance.taccl_py == __version__
+    assert provenance.budget_bound in (None, "node limit", "wall-clock cap")
     captured = capsys.readouterr()
     assert "synthesize: wrote" in captured.err and "[1/" in captured.err, "progress per stage on stderr"
     assert "allreduce on ndv2 (8 GPUs)" in captured.out
@@ -125,6 +135,7 @@ def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
         "synthesize: note: the synthesized algorithm (2598.0 us) is slower than the best baseline ring-2ch-1p "
         "(2368.3 us) at 64MB; writing ring-2ch-1p instead"
     ) in captured.err
+    assert parse_algorithm_provenance(out.read_text()).note.endswith("; writing ring-2ch-1p instead")
     header, _, line = captured.out.splitlines()[-3:]
     assert "of bound  vs baseline  synth (us)  synth vs baseline  best baseline  baseline (us)" in header
     row = line.split()

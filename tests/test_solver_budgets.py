@@ -48,11 +48,13 @@ def busy_core() -> Iterator[subprocess.Popen]:
         spinner.wait(timeout=10)
 
 
-def _synthesize_file(tmp_path, name: str, size: str, jobs: str) -> bytes:
-    out = tmp_path / name
-    argv = ["synthesize", "-t", "ndv2", "-c", "allgather", "--size", size, "--jobs", jobs, "-o", str(out)]
+def _synthesize_file(folder, size: str, jobs: str, monkeypatch) -> bytes:
+    # the same command in another folder: the file records the command (its provenance)
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    argv = ["synthesize", "-t", "ndv2", "-c", "allgather", "--size", size, "--jobs", jobs, "-o", "ag.json"]
     assert main(argv) == 0
-    return out.read_bytes()
+    return (folder / "ag.json").read_bytes()
 
 
 def _assert_no_timing(text: str) -> None:
@@ -62,15 +64,16 @@ def _assert_no_timing(text: str) -> None:
 
 
 @pytest.mark.parametrize("size", ["1MB", "64MB"])
-def test_same_bytes_on_a_busy_machine(size, tmp_path, busy_core, capsys):
-    loaded = _synthesize_file(tmp_path, "busy.json", size, "1")
+def test_same_bytes_on_a_busy_machine(size, tmp_path, busy_core, capsys, monkeypatch):
+    loaded = _synthesize_file(tmp_path / "busy", size, "1", monkeypatch)
     assert busy_core.poll() is None, "the spinner ran throughout the first synthesis"
     busy_core.kill()
     busy_core.wait(timeout=10)
-    quiet = _synthesize_file(tmp_path, "quiet.json", size, "1")
+    quiet = _synthesize_file(tmp_path / "quiet", size, "1", monkeypatch)
     assert loaded == quiet, "the same command wrote different algorithms under load and without"
     _assert_no_timing(quiet.decode())
-    assert_valid_algorithm(read_algorithm(str(tmp_path / "quiet.json")))
+    assert json.loads(quiet)["provenance"]["command"].endswith(f"--size {size} --jobs 1 -o ag.json")
+    assert_valid_algorithm(read_algorithm(str(tmp_path / "quiet" / "ag.json")))
     assert "budget: " in capsys.readouterr().err, "one line says which budget bound"
 
 

@@ -186,12 +186,17 @@ def _synthesize(args: argparse.Namespace) -> int:
         algorithm, note = choose_written_algorithm(result, xml_limits=xml_limits)
         if note is not None:
             _stderr(note)
+        provenance = replace(
+            result.provenance,
+            command=shlex.join(["taccl", *args.argv]),
+            note=None if note is None else note.removeprefix("note: "),
+        )
         paths = [path for path in (args.output, args.xml) if path is not None]
         for path in sorted(paths, key=lambda p: algorithm_format(p) != "xml"):  # XML first: a limit leaves nothing
             if xml_limits is not None and algorithm_format(path) == "xml":
                 write_any_algorithm(algorithm, path, xml_limits.dialect, runtime=xml_limits.runtime)
             else:
-                write_any_algorithm(algorithm, path)
+                write_any_algorithm(algorithm, path, provenance=provenance)
             _stderr(f"wrote {path}")
     _stderr(format_budget_line(result, args.time_limit))
     print(

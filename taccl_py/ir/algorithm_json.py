@@ -1,4 +1,8 @@
-"""The JSON form of an ``Algorithm`` (``taccl-algorithm/1``): one step per line, stable for diffs."""
+"""The JSON form of an ``Algorithm`` (``taccl-algorithm/1``): one step per line, stable for diffs.
+
+A synthesized file also records how it was made (``provenance``, as a library does:
+``taccl_py.ir.provenance``); files without one, written before issue 43, read as they did.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,14 @@ from taccl_py._io import decode_json, read_text, write_text_atomic
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, Threadblock
 from taccl_py.ir.collectives import Collective, chunk_layout
+from taccl_py.ir.provenance import Provenance, provenance_from_json, provenance_to_json
 
 __all__ = [
     "ALGORITHM_SCHEMA",
     "generate_algorithm_json",
     "is_topology_document",
     "parse_algorithm_json",
+    "parse_algorithm_provenance",
     "read_algorithm",
     "write_algorithm",
 ]
@@ -37,8 +43,8 @@ def _step_to_json(step: Step) -> dict[str, Any]:
     return out
 
 
-def generate_algorithm_json(algorithm: Algorithm) -> str:
-    """Return the stable, human-readable JSON text of ``algorithm`` (one step per line)."""
+def generate_algorithm_json(algorithm: Algorithm, provenance: Provenance | None = None) -> str:
+    """Return the stable, human-readable JSON text of ``algorithm`` (one step per line), and ``provenance`` if given."""
     header = {
         "schema": ALGORITHM_SCHEMA,
         "name": algorithm.name,
@@ -51,6 +57,8 @@ def generate_algorithm_json(algorithm: Algorithm) -> str:
         "max_bytes": algorithm.max_bytes,
         "metadata": dict(algorithm.metadata),
     }
+    if provenance is not None:
+        header["provenance"] = provenance_to_json(provenance)
     lines = ["{"]
     for key, value in header.items():
         lines.append(f"  {json.dumps(key)}: {json.dumps(value, sort_keys=True)},")
@@ -239,6 +247,7 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
         )
     defaults = {"inplace": False, "protocol": "Simple", "min_bytes": 0, "max_bytes": None, "metadata": {}}
     obj = {**defaults, **obj}
+    provenance_from_json(obj.get("provenance"), source)  # checked here, so a file that reads is whole
     max_bytes = None if obj["max_bytes"] is None else _int(obj, "max_bytes", source, "", 0)
     metadata = _field(obj, "metadata", dict, source, "")
     return Algorithm(
@@ -255,11 +264,17 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
     )
 
 
+def parse_algorithm_provenance(text: str, source: str = "<string>") -> Provenance | None:
+    """Return how the algorithm in a JSON text was made (None: not recorded, as in files before issue 43)."""
+    obj = decode_json(text, source, FormatError, "an algorithm JSON file")
+    return provenance_from_json(obj.get("provenance"), source) if isinstance(obj, dict) else None
+
+
 def read_algorithm(path: str | Path | Traversable) -> Algorithm:
     """Return the algorithm in the JSON file at ``path`` (``.json``, ``.json.xz`` or ``.json.gz``)."""
     return parse_algorithm_json(read_text(path), str(path))
 
 
-def write_algorithm(algorithm: Algorithm, path: str) -> None:
-    """Write ``algorithm`` as JSON to ``path`` atomically (``-`` for stdout)."""
-    write_text_atomic(path, generate_algorithm_json(algorithm))
+def write_algorithm(algorithm: Algorithm, path: str, provenance: Provenance | None = None) -> None:
+    """Write ``algorithm`` (and ``provenance``, if given) as JSON to ``path`` atomically (``-`` for stdout)."""
+    write_text_atomic(path, generate_algorithm_json(algorithm, provenance))

@@ -39,6 +39,8 @@ from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import is_topology_document, read_algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.provenance import Provenance, provenance_from_json, provenance_to_json
+from taccl_py.ir.provenance import typed_field as _typed
 
 __all__ = [
     "ClusterRecord",
@@ -65,33 +67,6 @@ LIBRARY_SCHEMA = "taccl-library/1"
 NATIVE_ALGORITHM = "native"
 # The package that carries algorithms/ as data (pyproject.toml maps the folder onto it).
 SHIPPED_PACKAGE = "taccl_py.data.algorithms"
-
-
-@dataclass(frozen=True)
-class Provenance:
-    """How a library was made: tool version, solver with its options and budgets, sketch, sizes.
-
-    ``solver_options`` holds the solver's settings as (name, value) pairs: the work budgets
-    (``node_limit`` per MILP, ``threads``, ``random_seed``, ``gap_rel``) and ``time_limit_s``, the
-    wall-clock safety cap (s) on the synthesis's MILPs (older libraries: their time budget).
-    ``budget_bound`` names the budget that stopped a MILP early (``node limit`` or ``wall-clock
-    cap``; None: none did, or not recorded); ``timed_out`` says whether the wall-clock cap bound
-    (then the library may not be reproducible). ``note`` explains anything unusual, such as
-    provenance recorded after the fact. ``execution_model`` names the simulator's execution model
-    the bands were chosen under (``taccl_py.simulate.model``; None: whole chunks, before issue 30).
-    """
-
-    taccl_py: str
-    solver: str
-    solver_options: tuple[tuple[str, Any], ...]
-    sketch: str
-    sizes: tuple[int, ...]
-    timed_out: bool | None = None
-    source_commit: str | None = None
-    command: str | None = None
-    note: str | None = None
-    budget_bound: str | None = None
-    execution_model: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,45 +124,12 @@ class AlgorithmLibrary:
         return None
 
 
-def _typed(obj: dict[str, Any], key: str, kinds: tuple[type, ...], source: str, where: str, expected: str) -> Any:
-    """Return ``obj[key]`` (None when absent) if it has one of ``kinds``; booleans pass only as ``bool``."""
-    value = obj.get(key)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        fault = f"{value!r}" if key in obj else "missing"
-        raise FormatError(source, f"{where}.{key}" if where else key, fault, expected)
-    return value
-
-
 def _count(obj: dict[str, Any], key: str, source: str, where: str, low: int = 0) -> int:
     """Return the integer ``obj[key]`` (>= ``low``)."""
     value = _typed(obj, key, (int,), source, where, f"an integer >= {low}")
     if value < low:
         raise FormatError(source, f"{where}.{key}" if where else key, f"{value} out of range", f"an integer >= {low}")
     return value
-
-
-def _provenance_from_json(obj: Any, source: str) -> Provenance | None:
-    if obj is None:
-        return None
-    if not isinstance(obj, dict):
-        raise FormatError(source, "provenance", f"{obj!r}", "an object")
-    sizes = _typed(obj, "sizes", (list,), source, "provenance", "a list of sizes in bytes")
-    if not all(type(size) is int and size >= 0 for size in sizes):
-        raise FormatError(source, "provenance.sizes", f"{sizes!r}", "a list of sizes in bytes")
-    text, optional_text = (str,), (str, type(None))
-    return Provenance(
-        taccl_py=_typed(obj, "taccl_py", text, source, "provenance", "a version string"),
-        solver=_typed(obj, "solver", text, source, "provenance", "a string"),
-        solver_options=tuple(sorted(_typed(obj, "solver_options", (dict,), source, "provenance", "an object").items())),
-        sketch=_typed(obj, "sketch", text, source, "provenance", "a string"),
-        sizes=tuple(sizes),
-        timed_out=_typed(obj, "timed_out", (bool, type(None)), source, "provenance", "true, false or null"),
-        source_commit=_typed(obj, "source_commit", optional_text, source, "provenance", "a string or null"),
-        command=_typed(obj, "command", optional_text, source, "provenance", "a string or null"),
-        note=_typed(obj, "note", optional_text, source, "provenance", "a string or null"),
-        budget_bound=_typed(obj, "budget_bound", optional_text, source, "provenance", "a string or null"),
-        execution_model=_typed(obj, "execution_model", optional_text, source, "provenance", "a model name or null"),
-    )
 
 
 def _cluster_from_json(obj: Any, source: str) -> ClusterRecord | None:
@@ -237,22 +179,6 @@ def _band_path(name: str, source: str, where: str, base_dir: Path | Traversable)
     return path
 
 
-def _provenance_to_json(provenance: Provenance) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "taccl_py": provenance.taccl_py,
-        "solver": provenance.solver,
-        "solver_options": dict(provenance.solver_options),
-        "sketch": provenance.sketch,
-        "sizes": list(provenance.sizes),
-        "timed_out": provenance.timed_out,
-        "budget_bound": provenance.budget_bound,
-    }
-    for key in ("source_commit", "command", "note", "execution_model"):
-        if getattr(provenance, key) is not None:
-            out[key] = getattr(provenance, key)
-    return out
-
-
 def parse_library(text: str, source: str, base_dir: Path | Traversable) -> AlgorithmLibrary:
     """Return the library a JSON text describes, reading its algorithms relative to ``base_dir``.
 
@@ -265,7 +191,7 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
         raise FormatError(source, None, "a topology file, not an algorithm library", repr(LIBRARY_SCHEMA))
     if not isinstance(obj, dict) or obj.get("schema") != LIBRARY_SCHEMA:
         raise FormatError(source, "schema", "not a taccl library file", repr(LIBRARY_SCHEMA))
-    provenance = _provenance_from_json(obj.get("provenance"), source)
+    provenance = provenance_from_json(obj.get("provenance"), source)
     cluster = _cluster_from_json(obj.get("cluster"), source)
     name = _typed(obj, "collective", (str,), source, "", "a collective name")
     try:
@@ -338,7 +264,7 @@ def generate_library(library: AlgorithmLibrary) -> str:
             "description": library.cluster.description,
         }
     if library.provenance is not None:
-        obj["provenance"] = _provenance_to_json(library.provenance)
+        obj["provenance"] = provenance_to_json(library.provenance)
     obj["bands"] = [
         {
             "min_bytes": band.min_bytes,

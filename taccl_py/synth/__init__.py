@@ -48,7 +48,13 @@ from taccl_py.synth.compose import (
     synthesize_chunking,
 )
 from taccl_py.synth.jobs import check_jobs, run_jobs
-from taccl_py.synth.outcome import SynthesisResult, best_baselines_per_size, choose_bands, library_of
+from taccl_py.synth.outcome import (
+    SynthesisResult,
+    best_baselines_per_size,
+    choose_bands,
+    library_of,
+    synthesis_provenance,
+)
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -444,4 +450,5 @@ def _synthesize_impl(
         timed_out,
         time.perf_counter() - began,
         budget_bound,
+        synthesis_provenance(sizes, sketch, options, budget_bound, model),
     )

@@ -22,7 +22,7 @@ from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size
 from taccl_py.synth.candidates import exportable
 from taccl_py.topology.model import Topology
 
-__all__ = ["SynthesisResult", "best_baselines_per_size", "choose_bands", "library_of"]
+__all__ = ["SynthesisResult", "best_baselines_per_size", "choose_bands", "library_of", "synthesis_provenance"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,8 @@ class SynthesisResult:
     stopped a MILP before it proved its gap: ``node limit`` (the work budget: the same input gives
     the same bytes) or ``wall-clock cap`` (the safety cap: the result may differ run to run); None
     when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
-    algorithm is the best verified schedule found.
+    algorithm is the best verified schedule found. ``provenance`` says how it was made (the
+    library's, for several sizes), for the file it is written to.
     """
 
     algorithm: Algorithm
@@ -49,6 +50,7 @@ class SynthesisResult:
     timed_out: bool
     wall_s: float
     budget_bound: BudgetBound | None = None
+    provenance: Provenance | None = None
 
 
 def best_baselines_per_size(
@@ -99,6 +101,26 @@ def choose_bands(
     return choices, best_at_top
 
 
+def synthesis_provenance(
+    sizes: tuple[int, ...],
+    sketch: Sketch,
+    options: SolverOptions,
+    budget_bound: BudgetBound | None,
+    model: ExecutionModel = MSCCL_LOOP,
+) -> Provenance:
+    """Return how a synthesis at ``sizes`` (bytes) was made: version, solver and its budgets, sketch, model."""
+    return Provenance(
+        taccl_py=__version__,
+        solver=describe_solver(options),
+        solver_options=solver_settings(options),
+        sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
+        sizes=sizes,
+        timed_out=budget_bound is BudgetBound.WALL_CLOCK_CAP,
+        budget_bound=None if budget_bound is None else budget_bound.value,
+        execution_model=model.name,
+    )
+
+
 def library_of(
     topology: Topology,
     collective: Collective,
@@ -110,16 +132,7 @@ def library_of(
     model: ExecutionModel = MSCCL_LOOP,
 ) -> AlgorithmLibrary:
     """Return the library of size bands of ``choices``, with its provenance (``model``: chosen under it)."""
-    provenance = Provenance(
-        taccl_py=__version__,
-        solver=describe_solver(options),
-        solver_options=solver_settings(options),
-        sketch=sketch.name if sketch.source.startswith("<") else sketch.source,
-        sizes=sizes,
-        timed_out=budget_bound is BudgetBound.WALL_CLOCK_CAP,
-        budget_bound=None if budget_bound is None else budget_bound.value,
-        execution_model=model.name,
-    )
+    provenance = synthesis_provenance(sizes, sketch, options, budget_bound, model)
     return build_library(
         topology.name,
         topology.nodes,

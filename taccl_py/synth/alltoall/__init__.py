@@ -33,7 +33,13 @@ from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.alltoall.plan import alltoall_algorithm
 from taccl_py.synth.alltoall.routing import AlltoallRouting, PathKind, round_routing, route_alltoall
 from taccl_py.synth.candidates import exportable, simulate_at
-from taccl_py.synth.outcome import SynthesisResult, best_baselines_per_size, choose_bands, library_of
+from taccl_py.synth.outcome import (
+    SynthesisResult,
+    best_baselines_per_size,
+    choose_bands,
+    library_of,
+    synthesis_provenance,
+)
 from taccl_py.topology.model import Topology
 
 __all__ = ["PIECES", "AlltoallCandidate", "alltoall_candidates", "synthesize_alltoall"]
@@ -195,4 +201,5 @@ def synthesize_alltoall(
         budget_bound is BudgetBound.WALL_CLOCK_CAP,
         time.perf_counter() - began,
         budget_bound,
+        synthesis_provenance(sizes, sketch, options, budget_bound, model),
     )
