@@ -48,22 +48,19 @@ def test_export_writes_both_placements_of_every_band_and_each_verifies(tmp_path,
 
 def test_export_writes_a_faster_baselines_plan_instead_and_names_it(tmp_path, capsys) -> None:
     # NDv2 ReduceScatter bands 2 and 3 (128 KB and up): a 6-channel ring's plan simulates 3-4% faster
-    # under MSCCL++'s whole-chunk model than the band's algorithm's (chosen under MSCCL's model); in
-    # band 1 (32-128 KB) the ring's LL plan beats the band's Simple one by 28%.
+    # under MSCCL++'s whole-chunk model than the band's algorithm's (chosen under MSCCL's model).
     args = ["export-mscclpp", "ndv2", "--collective", "reducescatter", "-o"]
     assert main([*args, str(tmp_path / "plans")]) == 0
     err = capsys.readouterr().err.splitlines()
-    replaced = [f"ndv2-n1-reducescatter-{i}{suffix}.json" for i in (1, 2, 3) for suffix in ("", "-inplace")]
+    replaced = [f"ndv2-n1-reducescatter-{i}{suffix}.json" for i in (2, 3) for suffix in ("", "-inplace")]
     assert sorted(line.split(":")[0] for line in err if "baseline" in line) == sorted(replaced)
     assert all(
-        re.search(r"baseline ring-6ch-1p simulates 1\.(0[34]|28)x faster", line) for line in err if "baseline" in line
+        re.search(r"baseline ring-6ch-1p simulates 1\.0[34]x faster", line) for line in err if "baseline" in line
     )
     names = {p.name: json.loads(p.read_text())["name"] for p in (tmp_path / "plans").iterdir()}
     assert names["ndv2-n1-reducescatter-2.json"] == "ndv2-n1-reducescatter-2-ring-6ch-1p"
     assert names["ndv2-n1-reducescatter-2-inplace.json"] == "ndv2-n1-reducescatter-2-ring-6ch-1p-inplace"
     assert names["ndv2-n1-reducescatter-0.json"] == "ndv2-n1-reducescatter-0"
-    band_1 = json.loads((tmp_path / "plans" / "ndv2-n1-reducescatter-1.json").read_text())
-    assert band_1["name"] == "ndv2-n1-reducescatter-1-ring-6ch-1p" and band_1["protocol"] == "LL"
     assert main([*args, str(tmp_path / "own"), "--no-baselines"]) == 0
     assert "baseline" not in capsys.readouterr().err
     names = {p.name: json.loads(p.read_text())["name"] for p in (tmp_path / "own").iterdir()}
@@ -105,15 +102,14 @@ def test_shipped_libraries_of_two_machines_export_and_verify(name) -> None:
         assert plans.files
 
 
-def test_export_writes_ll_where_it_simulates_faster_and_says_so(tmp_path, capsys) -> None:
+def test_export_keeps_simple_where_ll_is_not_faster_and_writes_a_forced_protocol(tmp_path, capsys) -> None:
     args = ["export-mscclpp", "ndv2", "--collective", "allgather", "--no-baselines", "-o"]
     assert main([*args, str(tmp_path / "auto")]) == 0
     err = capsys.readouterr().err.splitlines()
     protocols = {p.name: json.loads(p.read_text())["protocol"] for p in (tmp_path / "auto").iterdir()}
-    ll = sorted(name for name, protocol in protocols.items() if protocol == "LL")
-    assert ll == ["ndv2-n1-allgather-0-inplace.json", "ndv2-n1-allgather-0.json"]
-    assert sorted(line.split(":")[0] for line in err[:-1]) == ll
-    assert all(" LL simulates " in line and line.endswith("x faster than Simple") for line in err[:-1])
+    # On NDv2 LL's half-data lines cost more than the one handshake α it saves (tests of
+    # choose_plan_protocol show where it wins); a line is printed only for an LL plan.
+    assert set(protocols.values()) == {"Simple"} and len(err) == 1
     for protocol in ("Simple", "LL"):
         out = tmp_path / protocol
         assert main([*args, str(out), "--protocol", protocol]) == 0

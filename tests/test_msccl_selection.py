@@ -186,17 +186,19 @@ def test_shipped_bands_of_one_machine_all_have_in_place_forms():
             assert sum(key.inplace for key in export.keys) == len(library.bands)
 
 
-def test_rccl_on_a_named_gpu_gets_ll128_where_the_model_prefers_it(tmp_path):
-    library = str(shipped_library_dir() / "mi300x" / "n2" / "allgather.library.json")
-    argv = ["export-msccl", library, "--runtime", "rccl"]
-    assert main([*argv, "-o", str(tmp_path / "any")]) == 0
-    assert main([*argv, "--rccl-gpu-arch", "gfx942", "-o", str(tmp_path / "gfx942")]) == 0
-    protocols = {
-        folder: {p.read_text().split('proto="')[1].split('"')[0] for p in (tmp_path / folder).iterdir()}
-        for folder in ("any", "gfx942")
-    }
-    assert "LL128" not in protocols["any"] and "LL128" in protocols["gfx942"]
-    assert {"LL", "Simple"} <= protocols["any"]
+def test_rccl_tries_ll128_only_on_a_named_gpu_and_writes_what_wins(tmp_path):
+    from taccl_py.msccl.protocol import band_protocol_choices
+
+    path = shipped_library_dir() / "mi300x" / "n2" / "allgather.library.json"
+    library = read_library(path)
+    any_gpu = band_protocol_choices(library, "rccl")[0]
+    gfx942 = band_protocol_choices(library, "rccl", rccl_gpu_arch="gfx942")
+    assert dict(any_gpu.refused)["LL128"].startswith("LL128 is not run by runtime rccl")
+    assert gfx942[0].total_us("LL128") is not None and "LL128" not in dict(gfx942[0].refused)
+    argv = ["export-msccl", str(path), "--runtime", "rccl", "--rccl-gpu-arch", "gfx942", "-o", str(tmp_path)]
+    assert main(argv) == 0
+    written = {p.read_text().split('proto="')[1].split('"')[0] for p in tmp_path.iterdir()}
+    assert written == {choice.protocol for choice in gfx942 if choice is not None}
 
 
 def test_a_wait_on_a_dropped_self_copy_keeps_what_the_copy_waited_for():

@@ -24,6 +24,7 @@ from taccl_py.mscclpp.files import choose_plan_protocol, generate_library_plans
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
 from taccl_py.simulate import simulate_sizes
 from taccl_py.topology import load_topology
+from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
 
 from helpers import FIXTURES, run_calls_interleaved
 
@@ -238,16 +239,32 @@ def _library(name: str, nodes: int, collective: str):
     return next(read_library(p) for p in shipped_library_paths(name, nodes) if collective in p.name)
 
 
+def _slow_link_mesh(alpha_us: float = 5.0):
+    """Return four GPUs all linked at ``alpha_us`` (µs) and 20 GB/s: a Simple plan's entry handshake costs one α."""
+    gpus = [Vertex(f"gpu{r}", VertexKind.GPU, rank=r) for r in range(4)]
+    links = [Link(f"gpu{a}", f"gpu{b}", LinkKind.NVLINK, alpha_us, 20.0) for a in range(4) for b in range(4) if a != b]
+    return make_topology("slow-links", gpus, links)
+
+
 def test_a_small_band_is_written_in_ll_when_it_simulates_faster():
-    library = _library("ndv2", 2, "allgather")
-    band = library.bands[0]
-    assert band.max_bytes is not None and band.max_bytes <= 64_000
-    text, choice = choose_plan_protocol(band.algorithm, _topology("ndv2", 2))
+    # LL pays the same α per transfer as Simple (never less), but no entry handshake: where α is
+    # large beside the band's bytes, that handshake is what LL saves.
+    topology = _slow_link_mesh()
+    band = replace(ring_algorithm(topology, Collective.ALLGATHER), min_bytes=0, max_bytes=32_000)
+    text, choice = choose_plan_protocol(band, topology)
     assert json.loads(text)["protocol"] == "LL" == choice.protocol
     simple, ll = (sum(times) for _, times in choice.times_us)
     assert [name for name, _ in choice.times_us] == ["Simple", "LL"] and ll < simple
     assert choice.why == f"LL simulates {simple / ll:.2f}x faster than Simple"
     assert choice.sizes_bytes[0] == 1000 and choice.sizes_bytes[-1] == band.max_bytes
+
+
+def test_the_shipped_small_bands_stay_simple_where_ll_saves_less_than_its_lines_cost():
+    library = _library("ndv2", 2, "allgather")
+    text, choice = choose_plan_protocol(library.bands[0].algorithm, _topology("ndv2", 2))
+    assert json.loads(text)["protocol"] == "Simple" == choice.protocol
+    simple, ll = (sum(times) for _, times in choice.times_us)
+    assert ll > simple and choice.why == f"LL simulates {simple / ll:.2f}x Simple's speed"
 
 
 def test_large_and_open_bands_stay_simple_without_an_ll_plan():
@@ -270,7 +287,8 @@ def test_library_plans_name_each_file_protocol_and_honour_a_forced_one():
     chosen = generate_library_plans(library, topology)
     assert [name for name, _ in chosen.protocols] == [name for name, _ in chosen.files]
     by_name = dict(chosen.protocols)
-    assert by_name["ndv2-n1-reducescatter-0.json"].protocol == "LL"
+    assert by_name["ndv2-n1-reducescatter-0.json"].protocol == "Simple"
+    assert by_name["ndv2-n1-reducescatter-0.json"].why.startswith("LL simulates")
     for name, text in chosen.files:
         assert json.loads(text)["protocol"] == by_name[name].protocol
     forced = generate_library_plans(library, topology, protocol="LL")

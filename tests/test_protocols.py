@@ -66,8 +66,8 @@ def test_simple_reproduces_every_stored_band_time(name):
     ("protocol", "expected_us"),
     [
         ("Simple", 1.0 + 20_000 / 10_000),
-        ("LL", 0.6 / 3.4 + 20_000 / 5_000),  # NVLink hwLat LL/Simple; half the bandwidth
-        ("LL128", 1.9 / 3.4 + 20_000 / (10_000 * 120 / 128)),
+        ("LL", 1.0 + 20_000 / 5_000),  # the link's own α (above NCCL's 0.6 µs); half the bandwidth
+        ("LL128", 1.9 + 20_000 / (10_000 * 120 / 128)),  # NCCL's 1.9 µs NVLink hop, above the link's α
     ],
 )
 def test_one_transfer_costs_the_protocols_alpha_and_bandwidth(protocol, expected_us):
@@ -77,13 +77,25 @@ def test_one_transfer_costs_the_protocols_alpha_and_bandwidth(protocol, expected
 
 def test_rccl_prices_ll128_with_its_64_byte_lines():
     result = simulate(_one_send("LL128"), _pair(), 40_000, bound_time_us=1.0, protocol_costs=RCCL_PROTOCOL_COSTS)
-    assert result.time_us == pytest.approx(1.9 / 3.4 + 20_000 / (10_000 * 56 / 64), rel=1e-12)
+    assert result.time_us == pytest.approx(1.9 + 20_000 / (10_000 * 56 / 64), rel=1e-12)
 
 
-def test_network_and_pcie_links_scale_by_their_own_latency_class():
-    for kind, ll_over_simple in ((LinkKind.PCIE, 1.0 / 5.7), (LinkKind.IB, 2.7 / 14.0)):
+def test_network_and_pcie_routes_pay_their_own_class_latency_and_never_less_than_their_alpha():
+    for kind, ll_alpha_us in ((LinkKind.PCIE, 2.0), (LinkKind.IB, 2.7), (LinkKind.NVLINK, 2.0)):
         result = simulate(_one_send("LL"), _pair(alpha_us=2.0, kind=kind), 2, bound_time_us=1.0)
-        assert result.time_us == pytest.approx(2.0 * ll_over_simple + 1 / 5_000, rel=1e-12)
+        assert result.time_us == pytest.approx(ll_alpha_us + 1 / 5_000, rel=1e-12), kind
+    tiny = simulate(_one_send("LL"), _pair(alpha_us=0.1, kind=LinkKind.PCIE), 2, bound_time_us=1.0)
+    assert tiny.time_us == pytest.approx(1.0 + 1 / 5_000, rel=1e-12)  # NCCL's 1.0 µs PCI hop
+
+
+def test_a_route_pays_the_latency_of_the_slowest_class_it_crosses():
+    from taccl_py.simulate.protocol import LatencyClass, route_latency_class
+    from taccl_py.topology.model import route
+
+    topology = load_topology("ndv2", 2)
+    assert route_latency_class(route(topology, 0, 1)) is LatencyClass.NVLINK
+    assert route_latency_class(route(topology, 0, 8)) is LatencyClass.NET  # PCIe, then the NIC
+    assert route_latency_class(route(load_topology("pcie-8gpu"), 0, 1)) is LatencyClass.PCI
 
 
 def test_an_unknown_protocol_is_refused_by_name():
@@ -91,7 +103,7 @@ def test_an_unknown_protocol_is_refused_by_name():
         simulate(_one_send("LL64"), _pair(), 1000)
 
 
-def test_ll_wins_small_loses_large_and_ll128_lies_between():
+def test_ll_and_ll128_never_beat_simple_and_lose_most_where_bytes_dominate():
     library = _library("dgx-a100/n2/allreduce")
     topology = load_topology(library.topology, library.nodes)
     algorithm = library.bands[0].algorithm
@@ -100,9 +112,8 @@ def test_ll_wins_small_loses_large_and_ll128_lies_between():
             p: simulate(replace(algorithm, protocol=p), topology, size, bound_time_us=1.0).time_us
             for p in ("Simple", "LL", "LL128")
         }
-        if size == SMALL_BYTES:
-            assert times["LL"] < times["LL128"] < times["Simple"], times
-        else:
+        assert times["Simple"] <= times["LL128"] and times["Simple"] <= times["LL"], (size, times)
+        if size == LARGE_BYTES:
             assert times["Simple"] < times["LL128"] < times["LL"], times
 
 
@@ -168,8 +179,9 @@ def test_choose_protocol_reports_every_protocol_it_tried_and_why_not_the_others(
     band = library.bands[1]
     choice = choose_protocol(band.algorithm, topology, band.min_bytes, band.max_bytes, "msccl-executor-nccl")
     assert [name for name, _ in choice.times_us] == ["Simple", "LL", "LL128"]
-    assert choice.protocol == "LL128" and choice.speedup > 1.0
-    assert choice.total_us("LL128") == min(choice.total_us(p) for p in ("Simple", "LL", "LL128"))
+    # Simple already pays only the wire's α; LL and LL128 pay at least that, with fewer data bytes per line.
+    assert choice.protocol == "Simple" and choice.speedup == 1.0
+    assert choice.total_us("Simple") == min(choice.total_us(p) for p in ("Simple", "LL", "LL128"))
     rccl = choose_protocol(band.algorithm, topology, band.min_bytes, band.max_bytes, "rccl")
     assert rccl.protocol != "LL128" and dict(rccl.refused)["LL128"].startswith("LL128 is not run by runtime rccl")
     assert rccl.total_us("LL128") is None
@@ -203,10 +215,16 @@ def test_choose_protocol_keeps_simple_where_nothing_else_may_run():
 
 
 @pytest.mark.parametrize("runtime", ["portable", "msccl-executor-nccl", "rccl"])
-def test_band_protocols_give_the_smallest_band_ll_and_the_largest_simple(runtime):
+def test_band_protocols_keep_simple_where_no_protocol_beats_it(runtime):
     protocols = band_protocols(_library("dgx-a100/n2/allreduce"), runtime)
-    assert protocols[0] in ("LL", "LL128")
-    assert protocols[-1] == "Simple"
+    assert protocols == ("Simple",) * len(protocols)
+
+
+def test_pick_takes_another_protocol_only_past_the_near_tie():
+    from taccl_py.msccl.protocol import _pick
+
+    assert _pick([("Simple", (10.0, 20.0)), ("LL", (9.0, 18.0))]) == "LL"
+    assert _pick([("Simple", (10.0, 20.0)), ("LL", (9.95, 19.9))]) == "Simple"  # within 1%
 
 
 def test_band_protocols_skip_native_bands():
@@ -222,3 +240,35 @@ def test_band_protocols_keep_simple_off_the_builtin_machines(caplog):
         assert band_protocols(library) == ("Simple",) * len(library.bands)
     assert "topology 'my-cluster.json' is not a built-in machine" in caplog.text
     assert band_protocol_choices(library) == (None,) * len(library.bands)
+
+
+# Every shipped library at 1 and 2 machines by default, 4 and 8 with --runslow (about 4 minutes).
+SWEEP_SIZES = (1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000)
+SWEEP = [
+    pytest.param(name, nodes, id=f"{name}x{nodes}", marks=[pytest.mark.slow] if nodes > 2 else [])
+    for name in ("ndv2", "ndv2-teccl", "dgx1", "dgx2", "dgx-a100", "dgx-h100", "mi300x", "pcie-8gpu")
+    for nodes in (1, 2, 4, 8)
+    if nodes < 8 or name in ("dgx-a100", "dgx-h100")
+]
+
+
+@pytest.mark.parametrize(("name", "nodes"), SWEEP)
+def test_no_shipped_band_in_any_protocol_simulates_below_its_bound(name, nodes):
+    from taccl_py.bounds import lower_bounds
+    from taccl_py.ir.library import shipped_library_paths
+    from taccl_py.simulate import simulate_sizes
+
+    topology = load_topology(name, nodes)
+    checked = 0
+    for path in shipped_library_paths(name, nodes):
+        library = read_library(path)
+        bounds = dict(zip(SWEEP_SIZES, lower_bounds(topology, library.collective, SWEEP_SIZES)))
+        for band in library.bands:
+            sizes = [size for size in SWEEP_SIZES if band.covers(size)]
+            for protocol in ("Simple", "LL", "LL128") if band.algorithm is not None and sizes else ():
+                for result in simulate_sizes(replace(band.algorithm, protocol=protocol), topology, sizes):
+                    bound_us = bounds[result.size_bytes].time_us
+                    where = f"{path.name} band {band.min_bytes} in {protocol} at {result.size_bytes} B"
+                    assert result.time_us >= bound_us * (1 - 1e-12), f"{where}: {result.time_us} < {bound_us} µs"
+                    checked += 1
+    assert checked >= 3 * len(SWEEP_SIZES)

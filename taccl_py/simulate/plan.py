@@ -18,7 +18,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import ActionKind, build_dataflow
 from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
-from taccl_py.topology.model import Route, Topology, route
+from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["ProgramSummary", "PlannedSend", "SimulationPlan", "assemble_simulation_plan", "prepare_simulation"]
@@ -182,7 +182,7 @@ def assemble_simulation_plan(
                     link_index[link.key] = len(link_capacity)
                     link_capacity.append(_capacity(link.bandwidth_GBps, cost))
             route_index[pair] = len(route_alpha_us)
-            route_alpha_us.append(_route_alpha_us(path, cost))
+            route_alpha_us.append(cost.route_alpha_us(path))
             route_links.append(tuple(link_index[link.key] for link in path.links))
         send_route[send.action] = route_index[pair]
         send_chunks[send.action] = send.chunks
@@ -211,10 +211,3 @@ def _capacity(bandwidth_GBps: float, cost: ProtocolCost) -> float:
     """Return a link's capacity (bytes/µs) under ``cost``; Simple's is exactly what it always was."""
     capacity = bandwidth_GBps * BYTES_PER_US_PER_GBPS
     return capacity if cost.is_simple else capacity * cost.bandwidth_factor
-
-
-def _route_alpha_us(path: Route, cost: ProtocolCost) -> float:
-    """Return a route's α (µs) under ``cost``: each link's α scaled by its class's factor."""
-    if cost.is_simple:  # Route.alpha_us itself, so Simple times stay bit-identical
-        return path.alpha_us
-    return sum(link.alpha_us * cost.alpha_factor(link.kind) for link in path.links)

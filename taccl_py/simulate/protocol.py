@@ -9,18 +9,26 @@ and LL128 change a transfer relative to Simple:
   ncclLLFifoLine``): 1/2. LL128 sends 128-byte lines of 15 data words and one flag word in NCCL
   (``NCCL_LL128_LINESIZE 128``, ``NCCL_LL128_DATAELEMS = LINEELEMS - 1``): 120/128; RCCL's lines
   are 64 bytes (``NCCL_LL128_LINESIZE 64``): 56/64.
-* latency: each link's α is scaled by NCCL's per-hop hardware latency of the protocol over that of
-  Simple for the link's class (NVLink, PCI, network), from the Ring row of ``hwLat`` in NCCL's
-  tuning model. The classes: NVLink, NVSwitch and xGMI links are NVLink (RCCL tunes xGMI as
-  NVLink); PCIe and host links are PCI; InfiniBand and Ethernet links are the network.
+* latency: a transfer pays its route's α as the topology states it (the hardware's latency, which
+  no protocol undercuts) or NCCL's per-hop latency of the protocol for the route's class, whichever
+  is larger. NCCL's figures are per ring step, one GPU-to-GPU hop, from the Ring row of ``hwLat`` in
+  NCCL's tuning model; a route's class is the slowest it crosses: the network if any link is
+  InfiniBand or Ethernet, else PCI if any is PCIe or a host link, else NVLink (NVLink, NVSwitch and
+  xGMI: RCCL tunes xGMI as NVLink).
 
-The figures (α factor = the protocol's ``hwLat`` over Simple's, per link class)::
+The figures::
 
-    protocol  bandwidth    α factor: NVLink     PCI              network
-    Simple    1            1 (3.4 µs)           1 (5.7 µs)       1 (14.0 µs)
-    LL        1/2          0.6/3.4 = 0.18       1.0/5.7 = 0.18   2.7/14.0 = 0.19
-    LL128     120/128      1.9/3.4 = 0.56       2.5/5.7 = 0.44   4.0/14.0 = 0.29
+    protocol  bandwidth    route α at least: NVLink   PCI      network
+    Simple    1            the topology's α alone
+    LL        1/2                            0.6 µs   1.0 µs   2.7 µs
+    LL128     120/128                        1.9 µs   2.5 µs   4.0 µs
               (RCCL 56/64)
+
+Simple is left as the topology states it, so every stored Simple time reproduces. NCCL's Simple
+figure (3.4 µs per NVLink hop) is its per-step synchronisation on top of the wire, which this model
+does not charge; so in this model LL and LL128 never beat Simple on α, only MSCCL++ plans can gain
+from LL (no signal/wait round trip, ``taccl_py.mscclpp.simulate``). Neither protocol can undercut a
+lower bound of ``taccl_py.bounds``: they only raise α and lower bandwidth.
 
 Sources: NVIDIA/nccl ``src/graph/tuning.cc`` @b6475625 (v2.20.3) ``hwLat`` (Ring: NVLINK
 {.6, 1.9, 3.4}, PCI {1.0, 2.5, 5.7}, NET {2.7, 4.0, 14.0}, per LL/LL128/Simple); NCCL's
@@ -44,7 +52,7 @@ from enum import Enum
 from types import MappingProxyType
 
 from taccl_py.errors import ArgumentError
-from taccl_py.topology.model import LinkKind
+from taccl_py.topology.model import LinkKind, Route
 
 __all__ = [
     "SIMPLE",
@@ -66,6 +74,7 @@ __all__ = [
     "OPEN_BAND_FACTORS",
     "band_sample_sizes",
     "latency_class",
+    "route_latency_class",
     "protocol_cost",
 ]
 
@@ -102,7 +111,8 @@ _LATENCY_CLASS = MappingProxyType(
     }
 )
 
-# NVIDIA/nccl src/graph/tuning.cc @b6475625 (v2.20.3), hwLat[hw][NCCL_ALGO_RING][proto], µs per hop.
+# NVIDIA/nccl src/graph/tuning.cc @b6475625 (v2.20.3), hwLat[hw][NCCL_ALGO_RING][proto], µs per hop
+# (one GPU-to-GPU ring step). Only the LL and LL128 figures are used, as least route α (see above).
 # Ring, not Tree: an MSCCL step is a point-to-point send to one peer, as a ring step is.
 NCCL_RING_HW_LATENCY_US: Mapping[LatencyClass, Mapping[str, float]] = MappingProxyType(
     {
@@ -120,27 +130,25 @@ RCCL_LL128_DATA_FRACTION = 56 / 64
 
 @dataclass(frozen=True)
 class ProtocolCost:
-    """How a protocol changes a transfer relative to Simple: a factor on link bandwidth, one on α per link class."""
+    """How a protocol changes a transfer: a factor on link bandwidth, a least route α (µs) per latency class.
+
+    ``hop_latency_us`` holds (class, µs) pairs; empty, it leaves α as the topology states it (Simple).
+    """
 
     protocol: str
     bandwidth_factor: float
-    alpha_factor_nvlink: float
-    alpha_factor_pci: float
-    alpha_factor_net: float
+    hop_latency_us: tuple[tuple[LatencyClass, float], ...] = ()
 
     @property
     def is_simple(self) -> bool:
         """Return True when this cost leaves α and bandwidth as they are (Simple)."""
-        factors = (self.bandwidth_factor, self.alpha_factor_nvlink, self.alpha_factor_pci, self.alpha_factor_net)
-        return factors == (1.0, 1.0, 1.0, 1.0)
+        return self.bandwidth_factor == 1.0 and not self.hop_latency_us
 
-    def alpha_factor(self, kind: LinkKind) -> float:
-        """Return the factor on the α (µs) of a link of ``kind``."""
-        return {
-            LatencyClass.NVLINK: self.alpha_factor_nvlink,
-            LatencyClass.PCI: self.alpha_factor_pci,
-            LatencyClass.NET: self.alpha_factor_net,
-        }[latency_class(kind)]
+    def route_alpha_us(self, path: Route) -> float:
+        """Return ``path``'s α (µs) under this protocol: its own α or the protocol's hop latency, the larger."""
+        if not self.hop_latency_us:
+            return path.alpha_us
+        return max(path.alpha_us, dict(self.hop_latency_us)[route_latency_class(path)])
 
 
 def latency_class(kind: LinkKind) -> LatencyClass:
@@ -148,14 +156,18 @@ def latency_class(kind: LinkKind) -> LatencyClass:
     return _LATENCY_CLASS[kind]
 
 
+def route_latency_class(path: Route) -> LatencyClass:
+    """Return the slowest latency class ``path`` crosses: network, else PCI, else NVLink."""
+    classes = {latency_class(link.kind) for link in path.links}
+    return next(c for c in (LatencyClass.NET, LatencyClass.PCI, LatencyClass.NVLINK) if c in classes)
+
+
 def _cost(protocol: str, bandwidth_factor: float) -> ProtocolCost:
-    ratios = {c: NCCL_RING_HW_LATENCY_US[c][protocol] / NCCL_RING_HW_LATENCY_US[c][SIMPLE] for c in LatencyClass}
-    return ProtocolCost(
-        protocol, bandwidth_factor, ratios[LatencyClass.NVLINK], ratios[LatencyClass.PCI], ratios[LatencyClass.NET]
-    )
+    latencies = tuple((c, NCCL_RING_HW_LATENCY_US[c][protocol]) for c in LatencyClass)
+    return ProtocolCost(protocol, bandwidth_factor, latencies)
 
 
-_SIMPLE_COST = ProtocolCost(SIMPLE, 1.0, 1.0, 1.0, 1.0)
+_SIMPLE_COST = ProtocolCost(SIMPLE, 1.0)
 
 #: Protocol costs of the NCCL-based runtimes (msccl-executor-nccl, microsoft/msccl).
 NCCL_PROTOCOL_COSTS: Mapping[str, ProtocolCost] = MappingProxyType(
@@ -177,8 +189,8 @@ def protocol_cost(
     """Return the cost of ``protocol`` in ``costs``; raise ``ArgumentError`` (naming ``name``) for an unknown one.
 
     >>> cost = protocol_cost("LL")
-    >>> cost.bandwidth_factor, round(cost.alpha_factor(LinkKind.NVLINK), 3)
-    (0.5, 0.176)
+    >>> cost.bandwidth_factor, dict(cost.hop_latency_us)[LatencyClass.NVLINK]
+    (0.5, 0.6)
     """
     try:
         return costs[protocol]
