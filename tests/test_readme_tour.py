@@ -39,6 +39,22 @@ def test_the_tour_has_the_commands_it_promises() -> None:
         assert expected in commands, commands
 
 
+def test_the_tour_says_which_commands_make_their_output_folder() -> None:
+    """A file's folder comes from a ``mkdir`` line; the exporters make their ``-o`` folder, as its comment says."""
+    lines = tour_lines()
+    made = {shlex.split(command)[-1] for command, _ in lines if command.startswith("mkdir")}
+    mkdir_comment = " ".join(comment for command, comment in lines if command.startswith("mkdir"))
+    for command, _ in lines:
+        words = shlex.split(command)
+        if "-o" not in words:
+            continue
+        target = words[words.index("-o") + 1]
+        if words[1] in ("export-msccl", "export-mscclpp"):
+            assert target not in made and words[1] in mkdir_comment, command
+        elif os.path.dirname(target):
+            assert os.path.dirname(target) in made, command
+
+
 @pytest.mark.multiprocess
 def test_every_tour_command_that_needs_no_gpu_runs_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
