@@ -268,6 +268,22 @@ def test_nccl_xml_unknown_numa_cpu_nvlink_and_unknown_nic_speed():
     assert topo.link("cpu1", "cpu0").bandwidth_GBps == 32.0  # NCCL's P9_BW
 
 
+def test_rccl_xml_reads_xgmi_at_the_rate_of_the_gpus_gcn_and_not_sm_as_a_compute_capability():
+    # as RCCL dumps an MI250 pair: sm is the CU count, gcn the full arch name, two xGMI links each way
+    gpu = """<pci busid="0000:{bus}:00.0" class="0x038000" link_speed="16.0 GT/s PCIe" link_width="16">
+        <gpu dev="{dev}" sm="110" gcn="gfx90a:sramecc+:xnack-" arch="{arch}" rank="{dev}" gdr="1">
+          <xgmi target="0000:{peer}:00.0" count="2" tclass="0x038000"/></gpu></pci>"""
+    xml = (
+        '<system version="1"><cpu numaid="0" arch="x86_64" vendor="AuthenticAMD" familyid="25" modelid="1">'
+        + gpu.format(bus="c1", dev=0, peer="c6", arch=1234)
+        + gpu.format(bus="c6", dev=1, peer="c1", arch=1234)
+        + "</cpu></system>"
+    )
+    topo = parse_nccl_topology_xml(xml, "mi250.xml")
+    assert gpu_links(topo, LinkKind.XGMI) == {(0, 1): (2, 72.0)}  # 2 x MI200_XGMI_WIDTH 36
+    assert topo.link("gpu0", "gpu1").alpha_us == 0.8 and "up to 2 xGMI links per GPU" in topo.description
+
+
 # -- TACCL profiles ----------------------------------------------------------------------------------
 
 

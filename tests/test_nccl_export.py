@@ -80,6 +80,37 @@ def test_real_bus_ids_are_kept() -> None:
     assert {g.get("sm") for g in root.iter("gpu")} == {"80"}
 
 
+def test_amd_gpus_are_written_as_rccl_reads_them_and_keep_their_xgmi_mesh() -> None:
+    topology = load_topology("mi300x")
+    text = generate_nccl_topology_xml(topology)
+    root = ET.fromstring(text)
+    bus_of_gpu = {
+        pci.find("gpu").get("dev"): pci.get("busid") for pci in root.iter("pci") if pci.find("gpu") is not None
+    }
+    for gpu in root.iter("gpu"):
+        assert gpu.get("gcn") == "gfx942" and gpu.get("sm") is None  # RCCL reads sm as a CU count
+        links = [(x.get("target"), x.get("count"), x.get("tclass")) for x in gpu]
+        peers = {bus for dev, bus in bus_of_gpu.items() if dev != gpu.get("dev")}
+        assert [child.tag for child in gpu] == ["xgmi"] * 7 and {t for t, _, _ in links} == peers
+        assert {(count, tclass) for _, count, tclass in links} == {("1", "0x030200")}
+    back = parse_nccl_topology_xml(text, "mi300x.xml")
+    xgmi = {(link.src, link.dst): link for link in back.links if link.kind is LinkKind.XGMI}
+    assert len(xgmi) == 56 and {(link.bandwidth_GBps, link.count) for link in xgmi.values()} == {(48.0, 1)}
+    assert all(len({dst for src, dst in xgmi if src == gpu.name}) == 7 for gpu in back.gpus)
+    assert xgmi.keys() == {(link.src, link.dst) for link in topology.links if link.kind is LinkKind.XGMI}
+
+
+def test_cli_exports_mi300x_by_its_azure_name_and_lists_the_alias(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "topo.xml"
+    assert main(["topo", "export-nccl", "NDmi300xV5", "-o", str(out)]) == 0
+    assert 'gcn="gfx942"' in out.read_text() and "<nvlink" not in out.read_text()
+    assert main(["topo", "list"]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["mi300x"]]
+    assert row[1] == "ndmi300xv5"
+
+
 def test_multi_node_topology_is_refused() -> None:
     with pytest.raises(ArgumentError, match="nodes: topology spans 2 nodes"):
         generate_nccl_topology_xml(load_topology("ndv2", nodes=2))

@@ -39,6 +39,7 @@ ALIASES = MappingProxyType(
         "ndv5": "dgx-h100",
         "dgx-1": "dgx1",
         "dgx-2": "dgx2",
+        "ndmi300xv5": "mi300x",  # Azure ND MI300X v5
     }
 )
 

@@ -35,6 +35,13 @@ Choices, each documented where it is made:
 - ``sm`` (which NCCL keys its NVLink rate on) is guessed from the NVLink rate and count per
   GPU unless given; ``vendor``/``familyid``/``modelid`` of the CPUs are the CPU whose NCCL
   inter-socket bandwidth is nearest the topology's host links.
+- A GPU with xGMI links is an AMD GPU, written as RCCL reads it (ROCm/rccl src/graph/topo.cc
+  ncclTopoAddGpu, ncclTopoAddXGMI; src/graph/xml.cc ncclTopoFillGpu):
+  ``<gpu dev rank gdr gcn="gfx942"><xgmi target count tclass/></gpu>``. ``gcn`` names the arch
+  RCCL keys its xGMI rate on (gfx94* 48, gfx90a 36, else 24 GB/s per link: ncclTopoXGMISpeed),
+  the one whose rate is nearest the links'. RCCL reads ``sm`` as the GPU's CU count and ``arch``
+  as HIP's feature bits; neither is in a topology, so both are left out and RCCL fills them
+  from the device, as it does for any attribute the file lacks.
 """
 
 from __future__ import annotations
@@ -48,7 +55,13 @@ from xml.sax.saxutils import quoteattr
 from taccl_py._io import write_text_atomic
 from taccl_py.errors import ArgumentError
 from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind
-from taccl_py.topology.rates import DEFAULT_NET_BANDWIDTH_GBPS, NCCL_PCI_BW_GBPS, PCI_GEN_LANE_100MBPS, pcie_bw_GBps
+from taccl_py.topology.rates import (
+    DEFAULT_NET_BANDWIDTH_GBPS,
+    NCCL_PCI_BW_GBPS,
+    PCI_GEN_LANE_100MBPS,
+    pcie_bw_GBps,
+    rccl_gcn_for_xgmi_bw,
+)
 from taccl_py.units import MBPS_PER_GBPS
 
 __all__ = ["DEFAULT_SM", "generate_nccl_topology_xml", "write_nccl_topology_xml"]
@@ -94,8 +107,8 @@ def generate_nccl_topology_xml(topology: Topology, sm: int | None = None) -> str
     topology : Topology
         A one-node topology (built-in, imported or probed).
     sm : int, optional
-        Compute capability written on every GPU (70 V100, 80 A100, 90 H100); guessed from the
-        NVLinks when omitted.
+        Compute capability written on every NVIDIA GPU (70 V100, 80 A100, 90 H100); guessed from
+        the NVLinks when omitted. AMD GPUs (with xGMI links) get no ``sm``: see the module notes.
 
     Returns
     -------
@@ -224,10 +237,24 @@ def _emit(
 
 
 def _gpu_lines(topology: Topology, bus_ids: dict[str, str], sm: int, gpu: Vertex, pad: str) -> list[str]:
+    xgmi = sorted((l for l in topology.links if l.src == gpu.name and l.kind is LinkKind.XGMI), key=lambda l: l.dst)
+    if xgmi:
+        return _amd_gpu_lines(bus_ids, gpu, xgmi, pad)
     lines = [f'{pad}<gpu dev="{gpu.rank}" sm="{sm}" rank="{gpu.rank}" gdr="1">']
     for link in _nvlinks_from(topology, gpu.name):
         tclass = _TCLASS_NVSWITCH if link.kind is LinkKind.NVSWITCH else _TCLASS_GPU
         lines.append(f'{pad}  <nvlink target="{bus_ids[link.dst]}" count="{link.count}" tclass="{tclass}"/>')
+    lines.append(f"{pad}</gpu>")
+    return lines
+
+
+def _amd_gpu_lines(bus_ids: dict[str, str], gpu: Vertex, xgmi: list[Link], pad: str) -> list[str]:
+    """Return an AMD GPU as RCCL reads it: ``gcn`` for the xGMI rate, one ``<xgmi>`` per peer (GPU targets)."""
+    per_link_GBps = sum(link.bandwidth_GBps for link in xgmi) / sum(link.count for link in xgmi)
+    gcn = rccl_gcn_for_xgmi_bw(per_link_GBps)
+    lines = [f'{pad}<gpu dev="{gpu.rank}" gcn="{gcn}" rank="{gpu.rank}" gdr="1">']
+    for link in xgmi:
+        lines.append(f'{pad}  <xgmi target="{bus_ids[link.dst]}" count="{link.count}" tclass="{_TCLASS_GPU}"/>')
     lines.append(f"{pad}</gpu>")
     return lines
 

@@ -28,6 +28,9 @@ __all__ = [
     "PCI_WIDTH_FALLBACK",
     "nccl_inter_cpu_bw_GBps",
     "nccl_nvlink_bw_GBps",
+    "XGMI_ALPHA_US",
+    "rccl_xgmi_bw_GBps",
+    "rccl_gcn_for_xgmi_bw",
     "pcie_bw_GBps",
     "net_kind_from_name",
     "duplex",
@@ -64,6 +67,38 @@ MAX_NVLINKS_PER_GPU = 18
 _NCCL_NVLINK_BW_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
 _NCCL_SM86_NVLINK_BW = 12.0  # SM86 (GA10x) is the one exception to "at least this SM"
 _NCCL_NVLINK_BW_DEFAULT = 20.0  # ncclTopoNVLinkBw's fallback for older or unknown SMs (SM80_NVLINK_BW)
+
+# xGMI α: RCCL's MI300X model (ROCm/rccl src/graph/tuning.cc tuning_model_5) puts hwLat[NVLINK],
+# which RCCL fills for xGMI, at 0.8 µs (Ring, LL); the mi300x built-in uses the same figure.
+XGMI_ALPHA_US = 0.8
+# ROCm/rccl src/graph/topo.h ncclTopoXGMISpeed: GB/s per xGMI link by the GPU's ``gcn`` arch name,
+# matched by prefix (IsArchMatch): gfx90a MI200_XGMI_WIDTH 36, gfx94* GFX94X_XGMI_WIDTH 48, any
+# other VEGA_XGMI_WIDTH 24. The arch written for each rate is the first one RCCL gives it.
+_RCCL_XGMI_BW_BY_GCN = (("gfx94", 48.0, "gfx942"), ("gfx90a", 36.0, "gfx90a"))
+_RCCL_XGMI_BW_DEFAULT = (24.0, "gfx906")
+
+
+def rccl_xgmi_bw_GBps(gcn: str) -> float:
+    """Return RCCL's bandwidth (GB/s per direction) of one xGMI link of a GPU whose arch is ``gcn``.
+
+    >>> rccl_xgmi_bw_GBps("gfx942"), rccl_xgmi_bw_GBps("gfx90a"), rccl_xgmi_bw_GBps("gfx908")
+    (48.0, 36.0, 24.0)
+    """
+    for prefix, bandwidth, _ in _RCCL_XGMI_BW_BY_GCN:
+        if gcn.startswith(prefix):
+            return bandwidth
+    return _RCCL_XGMI_BW_DEFAULT[0]
+
+
+def rccl_gcn_for_xgmi_bw(bandwidth_GBps: float) -> str:
+    """Return the ``gcn`` arch whose RCCL xGMI rate is nearest ``bandwidth_GBps`` (GB/s per link).
+
+    >>> rccl_gcn_for_xgmi_bw(48.0), rccl_gcn_for_xgmi_bw(50.0), rccl_gcn_for_xgmi_bw(20.0)
+    ('gfx942', 'gfx942', 'gfx906')
+    """
+    rows = [(bandwidth, gcn) for _, bandwidth, gcn in _RCCL_XGMI_BW_BY_GCN] + [_RCCL_XGMI_BW_DEFAULT]
+    return min(rows, key=lambda row: (abs(row[0] - bandwidth_GBps), -row[0]))[1]
+
 
 # NVIDIA/nccl src/graph/topo.cc kvDictPciGen: per-lane rate in units of 100 Mb/s by link speed;
 # the PCI link bandwidth is width * value / 80 GB/s (so Gen3 x16 = 12, Gen4 x16 = 24 GB/s).

@@ -11,6 +11,10 @@ The file nests ``<system>`` > ``<cpu numaid ...>`` > ``<pci busid class link_spe
 - an NVLink: ``count`` x NCCL's per-link rate for the source GPU's ``sm`` (SM60 18, SM70 20,
   SM80 20, SM86 12, SM90 20.6, SM100 40.1 GB/s); every NVSwitch target (``tclass 0x068000``) is
   folded into one ``nvswitch0`` as NCCL folds them into one NVS node;
+- an xGMI link, as RCCL writes an AMD GPU (``<gpu dev gcn ...><xgmi target count tclass/>``;
+  ROCm/rccl src/graph/topo.cc ncclTopoAddXGMI): ``count`` x RCCL's per-link rate for the GPU's
+  ``gcn`` arch (gfx94* 48, gfx90a 36, other 24 GB/s), one direction per element as for NVLink;
+  such a GPU's ``sm`` is RCCL's CU count, not a compute capability, and is not read;
 - a NIC port: ``speed`` Mb/s / 8000 GB/s (0 or -1, unknown, read as 10000 Mb/s as NCCL does);
 - CPU to CPU (ncclTopoGetInterCpuBw): Intel Broadwell 6, Skylake 10, Sapphire Rapids 22, Emerald
   Rapids 40; AMD Zen1/2 16, Zen3/4 24, Zen5 32; POWER 32; ARM 6; anything else 5000 GB/s.
@@ -42,11 +46,13 @@ from taccl_py.topology.rates import (
     PCI_GEN_LANE_100MBPS,
     PCI_GEN_LANE_FALLBACK_100MBPS,
     PCIE_ALPHA_US,
+    XGMI_ALPHA_US,
     duplex,
     nccl_inter_cpu_bw_GBps,
     nccl_nvlink_bw_GBps,
     net_kind_from_name,
     pcie_bw_GBps,
+    rccl_xgmi_bw_GBps,
 )
 from taccl_py.units import MBPS_PER_GBPS
 
@@ -91,6 +97,7 @@ class _Device:
     net_kind: LinkKind | None = None
     net_GBps: float | None = None
     net_alpha_us: float | None = None
+    gcn: str | None = None  # an AMD GPU's arch (RCCL), which keys its xGMI rate
 
 
 @dataclass
@@ -250,8 +257,11 @@ def _walk_pci(pci: _Element, parent: str, socket: _Socket, collected: _Collected
         raise TopologyError(source, f"line {gpus[1].line}", f"GPU at busid {busid} listed twice", "one <gpu> per <pci>")
     for gpu in gpus:
         dev = int_attr(gpu, "dev", source)
-        sm = int_attr(gpu, "sm", source, minimum=1)
-        collected.devices.append(_Device(VertexKind.GPU, parent, pcie_GBps, socket, gpu.line, busid, dev, sm, gpu))
+        gcn = gpu.attrs.get("gcn")
+        sm = None if gcn else int_attr(gpu, "sm", source, minimum=1)
+        collected.devices.append(
+            _Device(VertexKind.GPU, parent, pcie_GBps, socket, gpu.line, busid, dev, sm, gpu, gcn=gcn)
+        )
     for nic in nics:
         _add_nic(nic, busid, pci_class, parent, socket, pcie_GBps, collected)
     if subs:
@@ -392,33 +402,37 @@ def _build_topology(collected: _Collected, name: str) -> Topology:
             ", ".join(map(str, without)),
         )
     per_gpu = max((sum(link.count for link in nvlinks if link.src == f"gpu{i}") for i in range(len(gpus))), default=0)
+    lanes = "xGMI links" if any(link.kind is LinkKind.XGMI for link in nvlinks) else "NVLinks"
     description = (
         f"NCCL topology XML: {len(gpus)} GPUs, {len(nics)} NICs, {len(collected.cpus)} NUMA nodes, "
-        f"up to {per_gpu} NVLinks per GPU" + (" (no NVLink information)" if without else "")
+        f"up to {per_gpu} {lanes} per GPU" + (" (no NVLink information)" if without else "")
     )
     return make_topology(name, vertices, links, 1, description, (source,), source)
 
 
 def _nvlinks(gpus: list[_Device], gpu_name: Mapping[int, str], source: str) -> list[Link]:
     by_busid = {d.busid: d for d in gpus}
-    lanes: dict[tuple[str, str], int] = {}
+    lanes: dict[tuple[str, str, str], int] = {}
     for gpu in gpus:
         for element in gpu.element.children if gpu.element is not None else ():
-            if element.tag != "nvlink":
+            if element.tag not in ("nvlink", "xgmi"):
                 continue
             target = _nvlink_target(element, gpu, by_busid, gpu_name, source)
             if target is not None:
-                key = (gpu_name[id(gpu)], target)
+                key = (gpu_name[id(gpu)], target, element.tag)
                 lanes[key] = lanes.get(key, 0) + int_attr(element, "count", source, minimum=1)
     links = []
     rate = {gpu_name[id(d)]: nccl_nvlink_bw_GBps(d.sm or 0) for d in gpus}
-    for (src, dst), count in lanes.items():
+    xgmi_rate = {gpu_name[id(d)]: rccl_xgmi_bw_GBps(d.gcn or "") for d in gpus}
+    for (src, dst, tag), count in lanes.items():
+        bandwidth_GBps = count * (xgmi_rate[src] if tag == "xgmi" else rate[src])
+        kind, alpha_us = (LinkKind.XGMI, XGMI_ALPHA_US) if tag == "xgmi" else (LinkKind.NVLINK, NVLINK_ALPHA_US)
         if dst == "nvswitch0":
-            links += duplex(src, dst, LinkKind.NVSWITCH, NVSWITCH_HOP_ALPHA_US, count * rate[src], count)
+            links += duplex(src, dst, LinkKind.NVSWITCH, NVSWITCH_HOP_ALPHA_US, bandwidth_GBps, count)
         elif dst.startswith("cpu"):
-            links += duplex(src, dst, LinkKind.NVLINK, NVLINK_ALPHA_US, count * rate[src], count)
-        else:  # NCCL adds one direction per <nvlink>; the peer's own element adds the other
-            links.append(Link(src, dst, LinkKind.NVLINK, NVLINK_ALPHA_US, count * rate[src], count))
+            links += duplex(src, dst, kind, alpha_us, bandwidth_GBps, count)
+        else:  # NCCL adds one direction per <nvlink> (RCCL per <xgmi>); the peer's own element adds the other
+            links.append(Link(src, dst, kind, alpha_us, bandwidth_GBps, count))
     return links
 
 
@@ -438,12 +452,14 @@ def _nvlink_target(
         raise TopologyError(
             source,
             where,
-            f"nvlink tclass {tclass or 'missing'!r}",
+            f"{element.tag} tclass {tclass or 'missing'!r}",
             f"{_CLASS_NVSWITCH} (NVSwitch), {_CLASS_CPU} (CPU) or 0x03.... (GPU)",
         )
     if target == gpu.busid:
         logger.debug("%s: %s: ignoring an NVLink from GPU %s to itself", source, where, target)
         return None
     if target not in by_busid:
-        raise TopologyError(source, where, f"nvlink to unknown target {target!r}", "the busid of a GPU in the file")
+        raise TopologyError(
+            source, where, f"{element.tag} to unknown target {target!r}", "the busid of a GPU in the file"
+        )
     return gpu_name[id(by_busid[target])]
