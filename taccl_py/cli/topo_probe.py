@@ -36,7 +36,10 @@ def register(topo_subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("topology", help="built-in name or topology file (one machine)")
     export.add_argument("-o", "--output", required=True, help="XML file to write (- for stdout)")
     export.add_argument(
-        "--sm", type=int, default=None, help="GPU compute capability to write, e.g. 80 (default: guessed)"
+        "--sm",
+        type=int,
+        default=None,
+        help="NVIDIA GPUs' compute capability to write, e.g. 80 (default: guessed; AMD GPUs get RCCL's gcn arch)",
     )
     export.set_defaults(func=_export_nccl)
 
