@@ -2,18 +2,22 @@
 
 The one error path of the CLI is here: every ``TacclError`` becomes one ``error: ...`` line on
 stderr and exit status 2, and so does a missing optional package (naming the extra that provides
-it); Ctrl-C exits with 130 and a closed output pipe with 141 (128 + the signal, as a shell
-reports them), without a traceback. Other exceptions are bugs and keep theirs.
+it); Ctrl-C (SIGINT) exits with 130, SIGTERM with 143 and a closed output pipe with 141 (128 +
+the signal, as a shell reports them), without a traceback and with every worker process ended.
+Other exceptions are bugs and keep theirs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -26,6 +30,7 @@ __all__ = [
     "EXIT_CLOSED_PIPE",
     "EXIT_INPUT",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "OPTIONAL_PACKAGES",
     "OUTPUT_OPTIONS",
     "PARAMETER_OPTIONS",
@@ -38,6 +43,8 @@ _SUBCOMMAND_MODULES = (topo, algo, mscclpp, sim, synth, bench, profile, place)
 EXIT_INPUT = 2
 #: Exit status after Ctrl-C (128 + SIGINT) and after the reader of stdout went away (128 + SIGPIPE).
 EXIT_INTERRUPTED, EXIT_CLOSED_PIPE = 130, 141
+#: Exit status after SIGTERM (128 + SIGTERM), what ``kill`` and batch schedulers send.
+EXIT_TERMINATED = 143
 #: Options naming a file (or a folder) a command writes, by their argparse attribute. A subcommand
 #: whose option names a folder (created if missing) lists the attribute in its ``output_folders`` default.
 OUTPUT_OPTIONS = MappingProxyType(
@@ -83,14 +90,50 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``taccl`` command line with ``argv``; return the exit status."""
     try:
-        return _run(argv)
+        with _signals_as_exceptions():
+            return _run(argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except BrokenPipeError:
         # Whatever is still buffered for stdout would raise again at exit: send it nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_CLOSED_PIPE
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived: a BaseException, like KeyboardInterrupt, so no ``except Exception`` swallows it."""
+
+
+@contextlib.contextmanager
+def _signals_as_exceptions() -> Iterator[None]:
+    """Turn SIGINT into KeyboardInterrupt and SIGTERM into ``_Terminated`` while the command runs.
+
+    Raising, not dying, lets the code on the way out end the worker processes. SIGINT is caught even
+    where it was ignored (a shell's ``&`` job): ``kill -INT`` to the run's process group ends it as
+    Ctrl-C ends a foreground run. Only the first signal raises: a repeat does not cut the cleanup
+    short. Outside the main thread, where Python takes no handler, nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    seen: list[int] = []
+
+    def _raise(signum: int, _frame: object) -> None:
+        if seen:
+            return
+        seen.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
+
+    previous = {signum: signal.signal(signum, _raise) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
 
 
 def _run(argv: Sequence[str] | None) -> int:

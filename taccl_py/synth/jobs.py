@@ -8,15 +8,22 @@ waits, and the parent passes them to the caller's callback as they come (a callb
 list's ``append``, need not pickle, and always runs in the caller's process). Results come back
 in job order either way, and every job fixes its own solver state (work budgets, HiGHS's thread
 pool), so the answer does not depend on the number of workers.
+
+The parent alone decides when workers stop: they ignore Ctrl-C, the parent ends them (SIGTERM,
+then SIGKILL) when it leaves ``run_jobs`` by any exception, KeyboardInterrupt included, and a
+worker whose parent died (SIGKILL, a crash) exits by itself. No signal handler of the calling
+process is touched: turning SIGTERM into an exception is the caller's (the CLI's) choice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TypeVar
@@ -27,6 +34,8 @@ __all__ = ["Job", "available_cores", "check_jobs", "run_jobs"]
 
 T = TypeVar("T")
 _POLL_S = 0.2  # how often the parent passes on its workers' progress lines
+_STOP_WAIT_S = 2.0  # how long a worker has to exit after SIGTERM before it gets SIGKILL
+_ORPHAN_EXIT = 128 + signal.SIGHUP  # a worker's status when it exits because its parent died
 Job = Callable[[Callable[[str], None] | None], T]
 
 
@@ -51,9 +60,37 @@ def _reporting(job: Job, lines: object | None) -> object:
     return job(None if lines is None else lines.put)
 
 
-def _exit_on_interrupt() -> None:
-    """Make Ctrl-C end this worker at once and quietly: the parent reports it, once."""
-    signal.signal(signal.SIGINT, lambda _signal, _frame: os._exit(128 + signal.SIGINT))
+def _prepare_worker() -> None:
+    """Make this worker ignore Ctrl-C (the parent reports it, once, and ends us) and exit when its parent dies.
+
+    A forkserver worker's parent process is the forkserver, which outlives the caller while any worker
+    lives, so the kernel's parent-death signal cannot help; multiprocessing's parent sentinel is a pipe
+    the caller holds open, readable once the caller is gone.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), name="parent-watch", daemon=True).start()
+
+
+def _exit_with_parent(sentinel: int) -> None:
+    """Wait until the parent process is gone, then end this worker at once (its results have no reader)."""
+    multiprocessing.connection.wait([sentinel])
+    os._exit(_ORPHAN_EXIT)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel the jobs not started and end ``pool``'s workers now: SIGTERM, then SIGKILL after ``_STOP_WAIT_S``."""
+    # The executor has no public handle on its processes before Python 3.14's terminate_workers.
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(_STOP_WAIT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _context() -> multiprocessing.context.BaseContext:
@@ -87,9 +124,27 @@ def run_jobs(
     if workers <= 1 or len(jobs) <= 1:
         return [job(progress) for job in jobs]
     context = _context()
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context, initializer=_prepare_worker)
+    try:
+        values = _collect(pool, context, jobs, progress, costs)
+    except BaseException:
+        # Waiting for the running jobs (the executor's own exit) could take minutes: end them.
+        _stop_workers(pool)
+        raise
+    pool.shutdown()
+    return values
+
+
+def _collect(
+    pool: ProcessPoolExecutor,
+    context: multiprocessing.context.BaseContext,
+    jobs: Sequence[Job],
+    progress: Callable[[str], None] | None,
+    costs: Sequence[float] | None,
+) -> list:
+    """Return the values of ``jobs`` run on ``pool``, in job order, passing their progress lines on as they come."""
     values: list[object] = [None] * len(jobs)
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context, initializer=_exit_on_interrupt)
-    with pool, contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         # The manager's server process ignores SIGINT (CPython bpo-36368): Ctrl-C stays one line.
         lines = None if progress is None else stack.enter_context(context.Manager()).Queue()
         order = range(len(jobs)) if costs is None else sorted(range(len(jobs)), key=lambda i: -costs[i])
