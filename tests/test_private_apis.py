@@ -42,6 +42,7 @@ PRIVATE_USES = {
 }
 # Private names that taccl_py reads from an object it creates itself, checked where the object exists.
 NCCL_OPTIONS_TIMEOUT = "_timeout"  # runtime/backend/work.py make_backend: ProcessGroupNCCL.Options
+POOL_PROCESSES = "_processes"  # synth/jobs.py _stop_workers: a ProcessPoolExecutor's worker processes, by pid
 
 
 def _resolve(module: str, path: str) -> object:
@@ -95,9 +96,8 @@ def _private_names_used() -> set[str]:
 
 def test_every_private_use_is_listed():
     foreign = _private_names_used() - _package_names()
-    assert foreign <= set(PRIVATE_USES), (
-        f"list these private names in PRIVATE_USES: {sorted(foreign - set(PRIVATE_USES))}"
-    )
+    listed = {*PRIVATE_USES, NCCL_OPTIONS_TIMEOUT, POOL_PROCESSES}
+    assert foreign <= listed, f"list these private names in PRIVATE_USES: {sorted(foreign - listed)}"
 
 
 @pytest.mark.parametrize("name", sorted(PRIVATE_USES))
@@ -123,6 +123,16 @@ def test_nccl_options_take_a_timeout():
     if not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL (a CPU build): ProcessGroupNCCL.Options cannot be made")
     assert hasattr(dist.ProcessGroupNCCL.Options(), NCCL_OPTIONS_TIMEOUT)
+
+
+def test_a_process_pool_keeps_its_workers_by_pid():
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        assert pool.submit(abs, -1).result() == 1
+        processes = getattr(pool, POOL_PROCESSES)
+        assert [process.pid for process in processes.values()] == list(processes)
 
 
 def test_pulp_3_still_bundles_cbc_where_we_look():
