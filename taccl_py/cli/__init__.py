@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -22,11 +23,10 @@ from pathlib import Path
 from types import MappingProxyType
 
 from taccl_py import __version__
-from taccl_py.cli import algo, bench, mscclpp, place, profile, sim, synth, topo
 from taccl_py.errors import CUDA_INSTALL_HINT, ArgumentError, TacclError, install_hint
-from taccl_py.topology.compose import checked_node_count
 
 __all__ = [
+    "COMMANDS",
     "EXIT_CLOSED_PIPE",
     "EXIT_INPUT",
     "EXIT_INTERRUPTED",
@@ -38,7 +38,39 @@ __all__ = [
     "main",
 ]
 
-_SUBCOMMAND_MODULES = (topo, algo, mscclpp, sim, synth, bench, profile, place)
+#: Every command: the module of ``taccl_py.cli`` that adds its options, and its line in ``taccl --help``.
+#: Only the module of the command that runs is imported (its options' choices and defaults come from
+#: the library), so ``taccl --help`` and ``--version`` import neither numpy, networkx nor a solver.
+COMMANDS = MappingProxyType(
+    {
+        "topo": ("topo", "list, show, import and draw topologies"),
+        "verify": (
+            "algo",
+            "check that an algorithm file (JSON, MSCCL XML or an MSCCL++ plan) implements its collective",
+        ),
+        "convert": (
+            "algo",
+            "translate an algorithm between taccl JSON and MSCCL-IR XML, or lift an MSCCL++ plan into either",
+        ),
+        "export-msccl": (
+            "algo",
+            "write every size band of a library as MSCCL-IR XML, for an MSCCL runtime's algorithm folder",
+        ),
+        "export-mscclpp": (
+            "mscclpp",
+            "write every size band of a library as MSCCL++ execution plans (JSON), in and out of place",
+        ),
+        "simulate": ("sim", "predict an algorithm's time on a topology, against the best baseline"),
+        "baseline": (
+            "sim",
+            "write an NCCL-like ring, double binary tree, hierarchical, packed-trees or direct algorithm",
+        ),
+        "synthesize": ("synth", "synthesize a verified algorithm for a topology (TACCL-style MILP)"),
+        "bench": ("bench", "time an algorithm or library against torch.distributed's own collectives"),
+        "profile": ("profile", "measure alpha and bandwidth between ranks; write a topology with the measured links"),
+        "place": ("place", "place pipeline stages on GPUs (NVLink chains, NIC-near boundary GPUs)"),
+    }
+)
 #: Exit status for a fault of the input, an argument or the environment.
 EXIT_INPUT = 2
 #: Exit status after Ctrl-C (128 + SIGINT) and after the reader of stdout went away (128 + SIGPIPE).
@@ -74,16 +106,25 @@ OPTIONAL_PACKAGES = MappingProxyType(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser with every subcommand registered."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Return the argument parser: every command listed, the options of ``command``'s module added (None: none).
+
+    A command listed without its module takes any arguments (``parse_known_args`` hands them back):
+    a first pass finds the command and answers ``--help``, ``--version`` or a bad command before any
+    command's module, and the library behind it, is imported.
+    """
     parser = argparse.ArgumentParser(
         prog="taccl", description="Synthesize, verify, simulate and run collective algorithms."
     )
     parser.add_argument("--version", action="version", version=f"taccl {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in _SUBCOMMAND_MODULES:
-        module.register(subparsers)
+    chosen = COMMANDS[command][0] if command in COMMANDS else None
+    if chosen is not None:
+        importlib.import_module(f"{__name__}.{chosen}").register(subparsers)
+    for name, (module, line) in COMMANDS.items():
+        if module != chosen:
+            subparsers.add_parser(name, help=line, add_help=False)
     return parser
 
 
@@ -137,9 +178,10 @@ def _signals_as_exceptions() -> Iterator[None]:
 
 
 def _run(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # recorded in the provenance of what is written
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = build_parser().parse_known_args(argv)[0].command
+    args = build_parser(command).parse_args(argv)
+    args.argv = argv  # recorded in the provenance of what is written
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -159,6 +201,8 @@ def _run(argv: Sequence[str] | None) -> int:
 def _check_arguments(args: argparse.Namespace) -> None:
     """Raise ArgumentError, before any work, for a ``--nodes`` out of range or an output that cannot be written."""
     if getattr(args, "nodes", None) is not None:
+        from taccl_py.topology.compose import checked_node_count
+
         checked_node_count(args.nodes, field="--nodes")
     folders = getattr(args, "output_folders", ())
     for attribute, option in OUTPUT_OPTIONS.items():

@@ -269,7 +269,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``verify``, ``convert`` and ``export-msccl`` to ``subparsers``."""
     verify = subparsers.add_parser(
         "verify",
-        help="check that an algorithm file (JSON, MSCCL XML or an MSCCL++ plan) implements its collective",
         description="Replay the algorithm symbolically (an MSCCL++ plan with MSCCL++'s signal/wait semantics); "
         "exit 0 if correct, 1 with its violations if not, 2 if the file is malformed.",
     )
@@ -280,7 +279,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     convert = subparsers.add_parser(
         "convert",
-        help="translate an algorithm between taccl JSON and MSCCL-IR XML, or lift an MSCCL++ plan into either",
         description="Read IN (JSON, XML or an MSCCL++ plan, which is verified and lifted into our IR), verify it, "
         "and write OUT in the format its extension names; nothing is written on failure.",
     )
@@ -294,7 +292,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     export = subparsers.add_parser(
         "export-msccl",
-        help="write every size band of a library as MSCCL-IR XML, for an MSCCL runtime's algorithm folder",
         description="Write one XML file per band with minBytes/maxBytes set to the band's sizes; a band beyond the "
         "MSCCL runtime limits is reported and left out, and so is a band whose chunk loop MSCCL never selects at "
         "power-of-two element counts (its sizes stay with NCCL). Files of an earlier export of the same machine, "

@@ -174,7 +174,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` to ``subparsers``."""
     bench = subparsers.add_parser(
         "bench",
-        help="time an algorithm or library against torch.distributed's own collectives",
         description="Run under torchrun (every rank runs, rank 0 prints) or with --nproc N local gloo ranks. "
         "Each size reports the median over iterations of the slowest rank's time, ours and torch's timed alternately.",
     )

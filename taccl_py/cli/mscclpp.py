@@ -75,7 +75,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``export-mscclpp`` to ``subparsers``."""
     export = subparsers.add_parser(
         "export-mscclpp",
-        help="write every size band of a library as MSCCL++ execution plans (JSON), in and out of place",
         description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
         "band's sizes; where the best baseline's plan simulates faster, it is written instead (and named); a band "
         "beyond MSCCL++'s limits is reported and left out. Plans of an earlier export of the same machine, node "

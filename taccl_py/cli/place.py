@@ -18,7 +18,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``place`` to the ``taccl`` command line."""
     parser = subparsers.add_parser(
         "place",
-        help="place pipeline stages on GPUs (NVLink chains, NIC-near boundary GPUs)",
         description="Assign S pipeline stages to GPUs so the activation transfers stage k -> k+1 are cheapest "
         "under the alpha-beta model; print the order and its modelled p2p time against the naive order.",
     )

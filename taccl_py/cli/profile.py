@@ -96,7 +96,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``profile`` to ``subparsers``."""
     profile = subparsers.add_parser(
         "profile",
-        help="measure alpha and bandwidth between ranks; write a topology with the measured links",
         description="Run under torchrun (rank 0 writes) or with --nproc N local gloo ranks. Without --topology the "
         "ranks are one host: a lone pair 0->1 and a ring shift (every rank to the next at once) give a star model "
         "(rank -> host_tx -> host_rx -> rank) whose shared link carries what concurrent transfers reach together. "

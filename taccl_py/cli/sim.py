@@ -211,7 +211,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``simulate`` and ``baseline`` to ``subparsers``."""
     sim = subparsers.add_parser(
         "simulate",
-        help="predict an algorithm's time on a topology, against the best baseline",
         description="Replay the algorithm in the alpha-beta model with fair link sharing; print time, bandwidths, "
         "the fraction of the lower bound reached and the fastest baseline at each size.",
     )
@@ -230,7 +229,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     base = subparsers.add_parser(
         "baseline",
-        help="write an NCCL-like ring, double binary tree, hierarchical, packed-trees or direct algorithm",
         description="Build the baseline for the topology, verify it and write it (.json or MSCCL-IR .xml).",
     )
     base.add_argument(

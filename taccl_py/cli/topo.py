@@ -39,9 +39,7 @@ _ALPHA_BACK_NOTE = (
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``taccl topo`` and its subcommands to ``subparsers``."""
-    parser = subparsers.add_parser(
-        "topo", help="list, show, import and draw topologies", description="List, show, import and draw topologies."
-    )
+    parser = subparsers.add_parser("topo", description="List, show, import and draw topologies.")
     topo_subparsers = parser.add_subparsers(dest="topo_command", required=True, metavar="SUBCOMMAND")
 
     listing = topo_subparsers.add_parser("list", help="list the built-in topologies")
