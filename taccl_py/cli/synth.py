@@ -214,7 +214,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``synthesize`` to ``subparsers``."""
     parser = subparsers.add_parser(
         "synthesize",
-        help="synthesize a verified algorithm for a topology (TACCL-style MILP)",
         description="Route chunks (MILP), order and schedule them, verify the result and compare it under the "
         "simulator with the lower bound and the best baseline. With --sizes, write a library of size bands "
         "(the library JSON plus one algorithm JSON per band, beside it); 'taccl export-msccl LIBRARY -o DIR' "
