@@ -327,3 +327,23 @@ def test_allreduce_on_dgx_h100_shows_nccls_nvls_beside_the_choice(tmp_path, caps
     assert float(row[-2]) == pytest.approx(nvls_us, abs=0.01)
     assert row[-1] == f"{nvls_us / float(row[2]):.2f}x"
     assert note.startswith("note: allreduce: the ReduceScatter+AllGather class bound")
+
+
+def test_a_librarys_vs_baseline_is_what_simulate_prints_for_the_written_band(tmp_path, capsys):
+    # NDv2 AllGather: NCCL's 6-channel ring (48 chunks per loop, which MSCCL never selects) is faster
+    # than every band MSCCL can load. The library may not hold it, but its figures are against it.
+    out = tmp_path / "ag.library.json"
+    assert main(["synthesize", "-t", "ndv2", "-c", "allgather", "--sizes", "1MB,64MB", "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    rows = [line.split() for line in captured.out.splitlines() if line.split()[:1] in (["1MB"], ["64MB"])]
+    library = read_library(out)
+    for row in rows:
+        size = {"1MB": 1_000_000, "64MB": 64_000_000}[row[0]]
+        band = next(index for index, band in enumerate(library.bands) if band.covers(size))
+        assert main(["simulate", str(tmp_path / f"ag-{band}.json"), "-t", "ndv2", "--sizes", row[0]]) == 0
+        simulated = capsys.readouterr().out.splitlines()[-1].split()
+        # size, time, algbw, busbw, of bound, best baseline, baseline (us), speedup
+        assert (row[2], row[3], row[7], row[8], row[4]) == (simulated[1], simulated[4], *simulated[5:8])
+        if float(row[4].rstrip("x")) < 1:
+            assert f"note: at {row[0]} {row[7]} ({row[8]} us) is " in captured.err
+    assert [row[7] for row in rows] == ["ring-6ch-1p", "ring-6ch-1p"]

@@ -7,9 +7,11 @@ from dataclasses import replace
 
 import pytest
 
+from taccl_py.baselines import compare_baselines
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
 from taccl_py.simulate import WHOLE_CHUNKS, simulate
+from taccl_py.synth.candidates import exportable
 from taccl_py.synth.rechoose import band_algorithms, rechoose_bands
 from taccl_py.topology import builtin_topology_names, load_topology
 
@@ -53,7 +55,9 @@ def test_a_band_that_loses_under_the_slice_loop_is_replaced():
     largest = choices[-1]
     assert largest.chosen_result.model == "msccl"
     assert largest.chosen_result.time_us <= simulate(small.algorithm, topology, largest.size_bytes).time_us
-    assert largest.baseline is None or largest.chosen_result.time_us <= largest.baseline.time_us
+    (compared,) = compare_baselines(topology, "allgather", (largest.size_bytes,), keep=exportable)
+    assert largest.chosen_result.time_us <= compared.kept[1].time_us
+    assert largest.baseline_name == compared.fastest[0].name
 
 
 def test_band_algorithms_keep_their_synthesized_names():

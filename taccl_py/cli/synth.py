@@ -91,6 +91,25 @@ def format_synthesis_table(result: SynthesisResult, *, nvls: Sequence[NvlsTime] 
     return table
 
 
+def unwritable_baseline_notes(result: SynthesisResult) -> list[str]:
+    """Return one note per size where the fastest baseline beats the chosen algorithm but may not be written.
+
+    A library's bands must load in the MSCCL runtimes; a faster baseline that does not (NCCL's own
+    rings with a channel count whose chunk loop MSCCL never selects, say) is reported, not written.
+    """
+    notes = []
+    for choice in result.choices:
+        base, chosen = choice.baseline, choice.chosen_result
+        if base is None or base.time_us >= chosen.time_us:
+            continue
+        notes.append(
+            f"note: at {format_size(choice.size_bytes)} {choice.baseline_name} ({base.time_us:.2f} us) is "
+            f"{format_ratio(chosen.time_us / base.time_us)} faster than {choice.chosen.name} ({chosen.time_us:.2f} us) "
+            "but does not load in the MSCCL runtimes; the band keeps the fastest algorithm that does"
+        )
+    return notes
+
+
 def choose_written_algorithm(
     result: SynthesisResult, *, xml_limits: RuntimeLimits | None = None
 ) -> tuple[Algorithm, str | None]:
@@ -182,6 +201,8 @@ def _synthesize(args: argparse.Namespace) -> int:
     if result.library is not None:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
         write_library(replace(result.library, provenance=provenance), args.output, progress=_stderr)
+        for note in unwritable_baseline_notes(result):
+            _stderr(note)
     else:
         algorithm, note = choose_written_algorithm(result, xml_limits=xml_limits)
         if note is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taccl_py._io import write_text_atomic
+from taccl_py.baselines.choice import ComparedBaseline
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
@@ -27,7 +28,12 @@ __all__ = ["SizeChoice", "choose_per_size", "build_library", "band_file_stem", "
 
 @dataclass(frozen=True)
 class SizeChoice:
-    """The winner at one size, with the best synthesized and the best baseline result."""
+    """The winner at one size, with the best synthesized result and the baseline it is compared with.
+
+    ``baseline`` and ``baseline_name`` are the fastest baseline (``ComparedBaseline.fastest``), the
+    one every printed ratio is against; ``baseline_chosen`` says the winner is a baseline, which
+    where only some may be written (library bands) can be a slower one than ``baseline_name``.
+    """
 
     size_bytes: int
     chosen: Algorithm
@@ -35,33 +41,30 @@ class SizeChoice:
     synthesized: SimulationResult | None
     baseline: SimulationResult | None
     baseline_name: str | None
-
-    @property
-    def baseline_chosen(self) -> bool:
-        """Return True when the best baseline, not a synthesized algorithm, won at this size."""
-        return self.baseline is not None and self.chosen_result is self.baseline
+    baseline_chosen: bool = False
 
 
 def choose_per_size(
     sizes: Sequence[int],
     synthesized: Sequence[tuple[Algorithm, Sequence[SimulationResult]]],
-    baselines: Sequence[tuple[Algorithm, SimulationResult] | None],
+    baselines: Sequence[ComparedBaseline],
     *,
     eligible: Sequence[bool] | None = None,
     fallback: Sequence[tuple[Algorithm, Sequence[SimulationResult]]] = (),
 ) -> tuple[SizeChoice, ...]:
-    """Return, per size, the fastest of the synthesized algorithms and that size's best baseline.
+    """Return, per size, the fastest of the synthesized algorithms and that size's writable baseline.
 
     ``synthesized`` pairs each algorithm with its results at every size (None where it was not
-    simulated); ``baselines[i]`` is
-    the best baseline at ``sizes[i]`` (or None). Ties go to the synthesized algorithm. Where
-    ``eligible[i]`` is False the baseline is only reported, never chosen (default: all
-    eligible). ``fallback`` candidates are used at a size where nothing else may be chosen.
+    simulated); ``baselines[i]`` holds the fastest baseline at ``sizes[i]`` (what the choice is
+    reported against) and the fastest that may be written (what competes). Ties go to the
+    synthesized algorithm. Where ``eligible[i]`` is False the baseline is only reported, never
+    chosen (default: all eligible). ``fallback`` candidates are used at a size where nothing else
+    may be chosen.
     """
     choices = []
     for i, size in enumerate(sizes):
         simulated = [pair for pair in synthesized if pair[1][i] is not None]
-        base = baselines[i]
+        base, reference = baselines[i].kept, baselines[i].fastest
         competes = base is not None and (eligible is None or eligible[i])
         if not simulated and not competes:  # nothing preferred at this size: take any candidate
             simulated = [pair for pair in fallback if pair[1][i] is not None]
@@ -71,15 +74,16 @@ def choose_per_size(
             options.append((best_syn[1][i].time_us, 0, best_syn[0], best_syn[1][i]))
         if base is not None and (competes or not options):
             options.append((base[1].time_us, 1, base[0], base[1]))
-        _, _, algorithm, result = min(options, key=lambda o: (o[0], o[1]))
+        _, from_baseline, algorithm, result = min(options, key=lambda o: (o[0], o[1]))
         choices.append(
             SizeChoice(
                 size,
                 algorithm,
                 result,
                 None if best_syn is None else best_syn[1][i],
-                None if base is None else base[1],
-                None if base is None else base[0].name,
+                None if reference is None else reference[1],
+                None if reference is None else reference[0].name,
+                from_baseline == 1,
             )
         )
     return tuple(choices)

@@ -8,10 +8,11 @@ with their provenance.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from taccl_py import __version__
+from taccl_py.baselines.choice import ComparedBaseline, compare_baselines
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
@@ -61,37 +62,30 @@ def best_baselines_per_size(
     loadable_only: bool,
     progress: Callable[[str], None] | None,
     model: ExecutionModel = MSCCL_LOOP,
-) -> list:
-    """Return the best baseline per size; HiGHS's pool is sized first, as the candidates size it (packed trees).
+) -> tuple[ComparedBaseline, ...]:
+    """Return, per size, the baseline results are compared with and the one that may be written instead.
 
-    With ``loadable_only`` (size bands) only baselines that load in the MSCCL runtimes are kept
-    (None where none does), so a band can take the best of those where a faster one does not load.
-    On a degraded or mixed cluster the healthy machines' shipped algorithms count as baselines:
-    they are what its users already run.
+    HiGHS's pool is sized first, as the candidates size it (packed trees). With ``loadable_only``
+    (size bands) only baselines that load in the MSCCL runtimes may be written; the fastest
+    baseline, loadable or not, is still what every printed ratio is against.
     """
-    from taccl_py.baselines import best_baselines
-    from taccl_py.baselines.shipped import shipped_alternatives
-
     prepare_highs_threads(options.threads)
     keep = exportable if loadable_only else None
-    best = list(best_baselines(topology, collective, sizes, progress=progress, keep=keep, model=model))
-    for index, shipped in enumerate(shipped_alternatives(topology, collective, sizes, model)):
-        if shipped is None or (keep is not None and not keep(shipped[0])):
-            continue
-        if best[index] is None or shipped[1].time_us < best[index][1].time_us:
-            best[index] = shipped
-    return best
+    return compare_baselines(topology, collective, sizes, progress=progress, keep=keep, model=model)
 
 
 def choose_bands(
-    sizes: tuple[int, ...], banded: bool, everything: list[tuple[Algorithm, tuple]], baselines: list
+    sizes: tuple[int, ...],
+    banded: bool,
+    everything: list[tuple[Algorithm, tuple]],
+    baselines: Sequence[ComparedBaseline],
 ) -> tuple[tuple[SizeChoice, ...], Algorithm]:
     """Return the choice per size and the fastest synthesized algorithm at the largest size.
 
-    Each size's baseline competes (for one size too: a slower synthesis must not be written as if
-    it were better). With bands, only algorithms that load in the MSCCL runtimes win: synthesized
-    ones are filtered here, ``baselines`` already hold only loadable ones
-    (``best_baselines_per_size(..., loadable_only=True)``).
+    Each size's writable baseline (``ComparedBaseline.kept``) competes (for one size too: a slower
+    synthesis must not be written as if it were better), and every choice is reported against the
+    fastest baseline (``ComparedBaseline.fastest``). With bands, only algorithms that load in the
+    MSCCL runtimes win: synthesized ones are filtered here, the kept baselines already are.
     """
     usable = [pair for pair in everything if not banded or exportable(pair[0])]
     choices = choose_per_size(sizes, usable, baselines, fallback=everything)

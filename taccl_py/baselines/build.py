@@ -1,0 +1,214 @@
+"""The baseline families and how each is built: which apply to a collective on a topology, and one built.
+
+Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved it
+implements its collective; ``taccl_py.baselines.choice`` simulates them and picks the fastest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+
+from taccl_py.baselines.alltoall import (
+    direct_alltoall_algorithm,
+    hierarchical_alltoall_algorithm,
+    hierarchical_alltoall_pieces_by_size,
+)
+from taccl_py.baselines.hierarchical import hierarchical_algorithm
+from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size
+from taccl_py.baselines.ring import ring_algorithm
+from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm
+from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.stages.tree_packing import TreePacking
+from taccl_py.topology.model import Topology
+
+__all__ = ["BaselineKind", "applicable_kinds", "build_baseline", "all_baselines", "size_groups", "collective_of"]
+
+
+class BaselineKind(str, Enum):
+    """The baseline families; values are the CLI's spelling."""
+
+    RING = "ring"
+    TREE = "tree"
+    HIERARCHICAL = "hierarchical"
+    TREES = "trees"
+    DIRECT = "direct"
+
+
+def _kind(kind: BaselineKind | str) -> BaselineKind:
+    try:
+        return BaselineKind(kind)
+    except ValueError:
+        raise ArgumentError(
+            None, "baseline", f"unknown baseline {kind!r}", "ring, tree, hierarchical, trees or direct"
+        ) from None
+
+
+def collective_of(collective: Collective | str) -> Collective:
+    try:
+        return Collective(collective)
+    except ValueError:
+        raise ArgumentError(
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter, allreduce or alltoall"
+        ) from None
+
+
+def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[BaselineKind, ...]:
+    """Return the baselines worth comparing for ``collective`` on ``topology``.
+
+    Double binary trees only reduce (allreduce); hierarchical equals the ring on one machine,
+    so it is listed only across machines; packed trees apply everywhere. AlltoAll has its
+    own two: direct, and hierarchical across machines.
+    """
+    collective = collective_of(collective)
+    if collective is Collective.ALLTOALL:
+        return (BaselineKind.DIRECT,) + ((BaselineKind.HIERARCHICAL,) if topology.nodes > 1 else ())
+    kinds = [BaselineKind.RING]
+    if collective is Collective.ALLREDUCE:
+        kinds.append(BaselineKind.TREE)
+    if topology.nodes > 1:
+        kinds.append(BaselineKind.HIERARCHICAL)
+    kinds.append(BaselineKind.TREES)
+    return tuple(kinds)
+
+
+# The kinds that build alltoall; every kind but direct builds the other collectives.
+_ALLTOALL_KINDS = frozenset({BaselineKind.DIRECT, BaselineKind.HIERARCHICAL})
+
+
+def build_baseline(
+    kind: BaselineKind | str,
+    topology: Topology,
+    collective: Collective | str,
+    chunks: int | None = None,
+    *,
+    channels: int | None = None,
+    size_bytes: int | None = None,
+    packings: Sequence[TreePacking] | None = None,
+    max_transfers_per_threadblock: int | None = None,
+) -> Algorithm:
+    """Return the verified baseline ``kind`` for ``collective`` on ``topology``.
+
+    Parameters
+    ----------
+    kind : BaselineKind or str
+        ``ring``, ``tree`` (allreduce only), ``hierarchical`` or ``trees`` (packed spanning trees);
+        for alltoall ``direct`` or ``hierarchical`` (two or more machines).
+    topology : Topology
+        The machine(s) the orders are built for.
+    collective : Collective or str
+        allgather, reducescatter, allreduce or alltoall.
+    chunks : int, optional
+        Pieces per channel (pipeline depth). Default: 1 for rings and hierarchical (their links
+        are busy on every step, so more pieces only add latency in the α-β model); for trees
+        tuned to ``size_bytes`` when given.
+    channels : int, optional
+        Parallel rings or trees (packed trees: trees per rank); default as the builder finds on the topology.
+    size_bytes : int, optional
+        The size a tree's pipeline depth is tuned for.
+    packings : sequence of TreePacking, optional
+        Packed trees only: ``phase_packings(topology, collective)`` when the caller has them.
+    max_transfers_per_threadblock : int, optional
+        Rings and hierarchical only: spread longer runs of sends over more channels
+        (``spread_long_connections``), so that MSCCL loads rings of many GPUs.
+
+    Raises
+    ------
+    ArgumentError
+        For an unknown kind or collective, a tree for anything but allreduce, a kind that does
+        not apply to alltoall (or direct to anything else), counts out of range, or
+        ``max_transfers_per_threadblock`` for another kind.
+
+    Examples
+    --------
+    >>> from taccl_py.topology import load_topology
+    >>> build_baseline("ring", load_topology("dgx2"), "allgather").name
+    'ring-2ch-1p'
+    """
+    kind, collective = _kind(kind), collective_of(collective)
+    alltoall = collective is Collective.ALLTOALL
+    if (alltoall and kind not in _ALLTOALL_KINDS) or (not alltoall and kind is BaselineKind.DIRECT):
+        raise ArgumentError(
+            topology.name,
+            "baseline",
+            f"no {kind.value} baseline for {collective.value}",
+            "direct or hierarchical for alltoall" if alltoall else "ring, tree, hierarchical or trees",
+        )
+    spreads = kind in (BaselineKind.RING, BaselineKind.HIERARCHICAL) and not alltoall
+    if max_transfers_per_threadblock is not None and not spreads:
+        raise ArgumentError(
+            topology.name,
+            "baseline",
+            f"{kind.value} {collective.value} with max_transfers_per_threadblock",
+            "a ring or hierarchical baseline of allgather, reducescatter or allreduce",
+        )
+    if alltoall:
+        if kind is BaselineKind.DIRECT:
+            if chunks not in (None, 1) or channels is not None:
+                fault = "direct alltoall with chunks or channels"
+                raise ArgumentError(topology.name, "baseline", fault, "neither (one message per pair)")
+            return direct_alltoall_algorithm(topology)
+        return hierarchical_alltoall_algorithm(topology, 1 if chunks is None else chunks)
+    if kind is BaselineKind.RING:
+        return ring_algorithm(
+            topology,
+            collective,
+            channels=channels,
+            chunks=chunks,
+            max_transfers_per_threadblock=max_transfers_per_threadblock,
+        )
+    if kind is BaselineKind.TREE:
+        return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
+    if kind is BaselineKind.TREES:
+        return packed_trees_algorithm(
+            topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes, packings=packings
+        )
+    return hierarchical_algorithm(
+        topology,
+        collective,
+        channels=channels,
+        chunks=chunks,
+        max_transfers_per_threadblock=max_transfers_per_threadblock,
+    )
+
+
+def all_baselines(
+    topology: Topology, collective: Collective | str, size_bytes: int | None = None
+) -> tuple[Algorithm, ...]:
+    """Return every applicable baseline (``applicable_kinds``) with default settings.
+
+    ``size_bytes`` tunes the tree's pipeline depth when given.
+    """
+    return tuple(
+        build_baseline(kind, topology, collective, size_bytes=size_bytes)
+        for kind in applicable_kinds(topology, collective)
+    )
+
+
+def size_groups(
+    kind: BaselineKind | str,
+    topology: Topology,
+    collective: Collective | str,
+    sizes: Sequence[int],
+    packings: Sequence[TreePacking] | None = None,
+) -> tuple[int | None, dict[int | None, list[int]]]:
+    """Return the channels (None: the default) and the sizes grouped by the pipeline depth ``kind`` uses for them.
+
+    Rings and hierarchical algorithms use one depth for every size; trees and packed trees tune it
+    (packed trees from ``packings``, ``phase_packings`` of the topology, packed here when None), and
+    so does the hierarchical alltoall (its pieces per parcel).
+    """
+    kind, collective = _kind(kind), collective_of(collective)
+    if kind is BaselineKind.TREES:
+        return packing_pieces_by_size(topology, collective, sizes, packings)
+    if kind is BaselineKind.HIERARCHICAL and collective is Collective.ALLTOALL:
+        return None, dict(hierarchical_alltoall_pieces_by_size(topology, sizes))
+    if kind is not BaselineKind.TREE:
+        return None, {None: list(sizes)}
+    channels = default_tree_channels(topology)
+    groups: dict[int | None, list[int]] = {}
+    for size in sizes:
+        groups.setdefault(default_tree_chunks(topology, size, channels), []).append(size)
+    return None, groups

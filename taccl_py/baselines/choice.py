@@ -1,0 +1,241 @@
+"""Which baseline a result is compared with: the fastest applicable baseline per size, simulated.
+
+``compare_baselines`` is the one place that choice is made. Every figure the project prints
+against "the best baseline" (``taccl synthesize`` for one size or a library, ``taccl simulate``, the
+exporters' rival checks, the benchmark scripts) comes from it, so the same algorithm at the same
+size is compared with the same baseline everywhere. Where only some baselines may be written (a
+library's bands must load in the MSCCL runtimes), it also names the fastest of those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from taccl_py.baselines.build import BaselineKind, applicable_kinds, build_baseline, collective_of, size_groups
+from taccl_py.baselines.packing import phase_packings
+from taccl_py.baselines.shipped import shipped_alternatives
+from taccl_py.bounds import lower_bounds
+from taccl_py.ir.algorithm import Algorithm
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary
+from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
+from taccl_py.msccl.limits import runtime_limits
+from taccl_py.msccl.selection import selectable_for_powers_of_two
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate.protocol import band_sample_sizes
+from taccl_py.topology.model import Topology
+
+__all__ = ["ComparedBaseline", "compare_baselines", "best_baselines", "best_baseline", "best_baselines_by_band"]
+
+
+def _simulate_all(
+    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float], model: ExecutionModel
+) -> list[SimulationResult]:
+    plan = prepare_simulation(algorithm, topology, model=model)
+    return [simulate_plan(plan, size, bound_time_us=bounds[size]) for size in sizes]
+
+
+@dataclass(frozen=True)
+class ComparedBaseline:
+    """The fastest baseline at one size, and the fastest that ``keep`` accepts (each with its result, or None).
+
+    ``fastest`` is what a result is compared with; ``kept`` is what may be written in a result's place
+    (the same as ``fastest`` without ``keep``).
+    """
+
+    size_bytes: int
+    fastest: tuple[Algorithm, SimulationResult] | None
+    kept: tuple[Algorithm, SimulationResult] | None
+
+    @property
+    def fastest_is_kept(self) -> bool:
+        """Return True when the fastest baseline is also one that may be written."""
+        return self.kept is not None and self.fastest is not None and self.kept[0] is self.fastest[0]
+
+
+def compare_baselines(
+    topology: Topology,
+    collective: Collective | str,
+    sizes_bytes: Iterable[int],
+    progress: Callable[[str], None] | None = None,
+    keep: Callable[[Algorithm], bool] | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
+) -> tuple[ComparedBaseline, ...]:
+    """Return, per size, the fastest baseline under ``model`` and the fastest that ``keep`` accepts.
+
+    Every applicable family competes (rings, trees, hierarchical, packed trees; AlltoAll: direct and
+    hierarchical), and on a degraded or mixed cluster the healthy machines' shipped algorithms too
+    (what its users already run). A ring, tree or hierarchical baseline ``keep`` refuses competes
+    for ``kept`` reshaped where that is accepted (sends spread over more channels, or fewer
+    channels: ``_loadable_variant``). Rings and hierarchical algorithms are built once; trees and
+    packed trees once per pipeline depth the sizes call for. Ties go to the earlier of ring, tree,
+    hierarchical, trees (AlltoAll: direct, hierarchical). ``progress`` receives one line per
+    baseline built.
+    """
+    collective = collective_of(collective)
+    sizes = tuple(sizes_bytes)
+    if not sizes:
+        return ()
+    bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
+    fastest: dict[int, tuple[Algorithm, SimulationResult]] = {}
+    kept: dict[int, tuple[Algorithm, SimulationResult]] = {}
+    for kind in applicable_kinds(topology, collective):
+        # Packed trees of every pipeline depth share one packing (seconds on 64 GPUs).
+        packings = phase_packings(topology, collective) if kind is BaselineKind.TREES else None
+        channels, groups = size_groups(kind, topology, collective, sizes, packings)
+        for chunks, group in groups.items():
+            algorithm = build_baseline(
+                kind, topology, collective, chunks, channels=channels, size_bytes=group[-1], packings=packings
+            )
+            results = _simulated(algorithm, topology, group, bounds, model, progress)
+            _keep_faster(fastest, algorithm, group, results)
+            if keep is None or keep(algorithm):
+                _keep_faster(kept, algorithm, group, results)
+                continue
+            variant = _loadable_variant(algorithm, keep, kind, topology, collective, chunks, group[-1])
+            if variant is not None:
+                _keep_faster(kept, variant, group, _simulated(variant, topology, group, bounds, model, progress))
+    for size, shipped in zip(sizes, shipped_alternatives(topology, collective, sizes, model)):
+        if shipped is not None:
+            _keep_faster(fastest, shipped[0], (size,), (shipped[1],))
+            if keep is None or keep(shipped[0]):
+                _keep_faster(kept, shipped[0], (size,), (shipped[1],))
+    return tuple(ComparedBaseline(size, fastest.get(size), kept.get(size)) for size in sizes)
+
+
+def _simulated(
+    algorithm: Algorithm,
+    topology: Topology,
+    sizes: Sequence[int],
+    bounds: dict[int, float],
+    model: ExecutionModel,
+    progress: Callable[[str], None] | None,
+) -> list[SimulationResult]:
+    if progress is not None:
+        progress(f"baseline {algorithm.name}: simulating {len(sizes)} size{'s' if len(sizes) != 1 else ''}")
+    return _simulate_all(algorithm, topology, sizes, bounds, model)
+
+
+def _keep_faster(
+    best: dict[int, tuple[Algorithm, SimulationResult]],
+    algorithm: Algorithm,
+    sizes: Sequence[int],
+    results: Sequence[SimulationResult],
+) -> None:
+    """Record ``algorithm`` at each size where it is strictly faster than what ``best`` holds."""
+    for size, result in zip(sizes, results):
+        if size not in best or result.time_us < best[size][1].time_us:
+            best[size] = (algorithm, result)
+
+
+def best_baselines(
+    topology: Topology,
+    collective: Collective | str,
+    sizes_bytes: Iterable[int],
+    progress: Callable[[str], None] | None = None,
+    keep: Callable[[Algorithm], bool] | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
+) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
+    """Return, per size, the fastest baseline ``keep`` accepts (all without it) and its result; None where none.
+
+    The ``kept`` half of ``compare_baselines``.
+    """
+    return tuple(c.kept for c in compare_baselines(topology, collective, sizes_bytes, progress, keep, model))
+
+
+def _loadable_variant(
+    algorithm: Algorithm,
+    keep: Callable[[Algorithm], bool],
+    kind: BaselineKind,
+    topology: Topology,
+    collective: Collective,
+    chunks: int | None,
+    size_bytes: int,
+) -> Algorithm | None:
+    """Return ``kind`` reshaped within the portable MSCCL limits, as ``keep`` accepts it, or None.
+
+    Three refusals have a cure. Steps per threadblock: rings and hierarchical algorithms spread
+    their longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126 times on
+    one). Threadblocks per GPU: rings, trees and hierarchical algorithms take the most channels
+    under the original's that fit (16 trees on 64 GPUs need 69 threadblocks, over the 64 MSCCL
+    loads). A chunk loop MSCCL never selects (6 rings on NDv2: 48 chunks, which divide no
+    power-of-two count) also takes the most channels under the original's that ``keep`` accepts.
+    None when neither applies or no variant is accepted.
+    """
+    if kind not in (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL):
+        return None
+    if collective is Collective.ALLTOALL:
+        return None
+    limits = runtime_limits()
+    spread = None
+    longest = max(len(tb.steps) for program in algorithm.ranks for tb in program.threadblocks)
+    # Dependency nops count against MSCCL's steps too, so spread whatever spreading would change.
+    if kind is not BaselineKind.TREE and longest > MAX_TRANSFERS_PER_THREADBLOCK:
+        spread = MAX_TRANSFERS_PER_THREADBLOCK
+        algorithm = build_baseline(kind, topology, collective, chunks, max_transfers_per_threadblock=spread)
+        if keep(algorithm):
+            return algorithm
+    most = _most_threadblocks(algorithm)
+    if most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm):
+        return None
+    channels = int(algorithm.meta("channels", str(algorithm.num_channels)))
+    # A hierarchical name counts the cross-machine ring's channel; its builder takes the local rings.
+    built_with = channels - 1 if kind is BaselineKind.HIERARCHICAL and topology.nodes > 1 else channels
+    # Threadblocks grow about in proportion to the channels: start where the count should fit.
+    start = min(built_with - 1, max(1, channels * limits.max_threadblocks_per_gpu // most))
+    for fewer_channels in range(start, 0, -1):
+        fewer = build_baseline(
+            kind,
+            topology,
+            collective,
+            chunks,
+            channels=fewer_channels,
+            size_bytes=size_bytes,
+            max_transfers_per_threadblock=spread,
+        )
+        if keep(fewer):
+            return fewer
+        if _most_threadblocks(fewer) <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(fewer):
+            return None
+    return None
+
+
+def _most_threadblocks(algorithm: Algorithm) -> int:
+    """Return the most threadblocks any rank of ``algorithm`` runs."""
+    return max(len(program.threadblocks) for program in algorithm.ranks)
+
+
+def best_baseline(
+    topology: Topology, collective: Collective | str, size_bytes: int
+) -> tuple[Algorithm, SimulationResult]:
+    """Return the baseline with the smallest simulated time at ``size_bytes``, with its result.
+
+    See ``best_baselines`` to compare at several sizes at once (cheaper).
+    """
+    (best,) = best_baselines(topology, collective, (size_bytes,))
+    return best  # type: ignore[return-value]  # without ``keep`` every size has a ring or a direct baseline
+
+
+def best_baselines_by_band(
+    library: AlgorithmLibrary,
+    topology: Topology,
+    model: ExecutionModel = MSCCL_LOOP,
+    keep: Callable[[Algorithm], bool] | None = None,
+) -> dict[int, tuple[Algorithm, ...]]:
+    """Return, per band index of ``library`` with an algorithm, the baselines fastest at some of its sample sizes.
+
+    Each band is sampled at ``band_sample_sizes``; all bands share one ``best_baselines`` call, so
+    each baseline is built once. ``keep`` as ``best_baselines``: only baselines it accepts compete.
+    """
+    samples = {
+        index: band_sample_sizes(band.min_bytes, band.max_bytes)
+        for index, band in enumerate(library.bands)
+        if band.algorithm is not None
+    }
+    sizes = sorted({size for band_sizes in samples.values() for size in band_sizes})
+    best = dict(zip(sizes, best_baselines(topology, library.collective, sizes, keep=keep, model=model)))
+    return {
+        index: tuple({best[size][0].name: best[size][0] for size in band_sizes if best[size]}.values())
+        for index, band_sizes in samples.items()
+    }
