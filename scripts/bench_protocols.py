@@ -9,7 +9,9 @@ Runtimes: portable (the export default; Simple and LL, RCCL's smaller LL buffer)
 (LL128 too, NCCL's buffers) and rccl on gfx942 (LL128 with 64-byte lines and RCCL's buffers). LL and
 LL128 are offered only where every chunk of the band's largest size fits one pass of the protocol's
 buffer, and LL128 only where NCCL enables it (NVLink inside a machine, NICs off the CPU). gain =
-Simple's total time over the chosen protocol's, in the same run.
+Simple's total time over the chosen protocol's, in the same run. LL and LL128 pay at least the
+wire's α and carry fewer data bytes per byte sent (``taccl_py.simulate.protocol``); Simple here pays
+the wire's α alone, without NCCL's per-step Simple synchronisation: in this model no protocol beats it.
 
     python scripts/bench_protocols.py                          # every shipped library
     python scripts/bench_protocols.py --topologies ndv2 --nodes 1 --no-write

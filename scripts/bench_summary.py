@@ -1,0 +1,123 @@
+"""The one-page summary at the top of BENCHMARKS.md: each shipped library against the best baseline and the bound.
+
+Per machine and node count, over its four collectives and the 11 sizes from 1 KB to 1 GB that
+``scripts/rechoose_bands.py`` simulates (``scripts/data/slice_model.csv``, MSCCL's slice-loop
+model), the shipped band's time is compared with the fastest baseline simulated the same way
+(rings with NCCL's channel counts, double binary trees, hierarchical rings, packed trees; loadable
+by MSCCL or not: ``taccl_py.baselines.compare_baselines``) and with today's lower bound. For
+DGX-H100 AllReduce it also reads NCCL's modelled NVLS (``scripts/data/nvls.csv``). No simulation
+runs here: rerun the two scripts that write those CSVs, then this one.
+
+    python scripts/bench_summary.py
+    python scripts/bench_summary.py --no-write
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from bench_harness import (
+    DATA_DIR,
+    add_no_write_argument,
+    argument_parser,
+    command_line,
+    group_records,
+    markdown_table,
+    print_table,
+    read_csv,
+    row_bound_us,
+    update_benchmarks_section,
+)
+
+from taccl_py.units import format_size
+
+SHIPPED_CSV = DATA_DIR / "slice_model.csv"
+NVLS_CSV = DATA_DIR / "nvls.csv"
+# GitHub's anchors of the sections holding the detail.
+DETAIL = "[detail](#shipped-bands-under-msccls-slice-loop)"
+NVLS_DETAIL = "[detail](#our-allreduce-against-nccl-nvls-on-dgx-h100-simulated-against-modelled)"
+HEADERS = (
+    "machine",
+    "nodes",
+    "sizes",
+    "vs best baseline: median",
+    "worst (where)",
+    "slower than a baseline",
+    "of bound: median",
+    "lowest (where)",
+    "",
+)
+
+
+def summary_rows(records: list[dict]) -> list[tuple]:
+    """Return one row per machine and node count: ratio to the best baseline and fraction of the bound."""
+    bounds: dict[tuple, float] = {}
+    rows = []
+    for (name, nodes), group in sorted(group_records(records, "topology", "nodes").items()):
+        ratios = [(row["baseline_us"] / row["ours_us"], row) for row in group if row["baseline_us"]]
+        fractions = [(row_bound_us(row, bounds) / row["ours_us"], row) for row in group]
+        worst, worst_row = min(ratios, key=lambda pair: pair[0])
+        lowest, lowest_row = min(fractions, key=lambda pair: pair[0])
+        slower = sum(ratio < 1 - 1e-9 for ratio, _ in ratios)
+        rows.append(
+            (
+                name,
+                nodes,
+                len(group),
+                f"{statistics.median(r for r, _ in ratios):.2f}x",
+                f"{worst:.2f}x ({_where(worst_row)})",
+                f"{slower} of {len(ratios)}",
+                f"{statistics.median(f for f, _ in fractions):.2f}",
+                f"{lowest:.2f} ({_where(lowest_row)})",
+                DETAIL,
+            )
+        )
+    return rows
+
+
+def _where(row: dict) -> str:
+    return f"{row['collective']} {format_size(row['size_bytes'])}"
+
+
+def nvls_line(records: list[dict]) -> str:
+    """Return one sentence: DGX-H100 AllReduce against NCCL's modelled NVLS, per node count."""
+    parts = []
+    for (nodes,), group in sorted(group_records(records, "nodes").items()):
+        ratios = [row["vs_nvls"] for row in group]
+        parts.append(f"x{nodes} {min(ratios):.2f}-{max(ratios):.2f}x")
+    return (
+        "DGX-H100 AllReduce against NCCL's NVLS (in-switch reduction, modelled; not among the baselines "
+        f"above): {', '.join(parts)} over 1 MB-1 GB ({NVLS_DETAIL})."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser(__doc__)
+    add_no_write_argument(parser, kept="BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    records = read_csv(SHIPPED_CSV)
+    rows = summary_rows(records)
+    print_table(HEADERS[:-1], [row[:-1] for row in rows])
+    if args.no_write:
+        return 0
+    body = "\n\n".join(
+        (
+            "Each shipped library (`algorithms/`, what `taccl export-msccl` and the runtime use) against the "
+            "fastest baseline and the lower bound, per machine and node count, over allgather, reducescatter, "
+            "allreduce and alltoall at 11 sizes from 1 KB to 1 GB, simulated as MSCCL runs it (2 MiB slices). "
+            "Above 1.00x the shipped band is faster; `of bound` is the bound's time over the band's (AllReduce: "
+            "the ReduceScatter+AllGather class bound). A baseline MSCCL cannot load (NCCL's own 6 rings on "
+            "NDv2, 48 chunks per loop) still counts: it is what NCCL runs without us.",
+            markdown_table(HEADERS, rows),
+            nvls_line(read_csv(NVLS_CSV)),
+            f"From `{SHIPPED_CSV.relative_to(Path(__file__).resolve().parents[1])}` and "
+            f"`{NVLS_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
+        )
+    )
+    update_benchmarks_section("summary", "Summary", command_line(__file__, argv), body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
