@@ -250,3 +250,11 @@ def test_bench_with_rings_refuses_bad_input_before_starting_ranks(
     extra: list[str], pattern: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert_one_error_line(capsys, main(["bench", "--ring", "--nproc", "2", *extra]), pattern)
+
+
+def test_default_sizes_print_whole():
+    from taccl_py.cli.bench import DEFAULT_SIZES
+    from taccl_py.units import format_size, parse_sizes
+
+    printed = [format_size(size) for size in parse_sizes(DEFAULT_SIZES, "--sizes")]
+    assert printed == ["64KiB", "256KiB", "1MiB", "4MiB", "16MiB", "64MiB"]

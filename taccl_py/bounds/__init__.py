@@ -9,7 +9,7 @@ the links leaving it, whose capacity is C. ReduceScatter is the same on the reve
 with α_S the least α of a route from a GPU in S to a GPU outside it (ReduceScatter: into S) and
 the latency floor the largest, over GPU pairs, of the least total α between them.
 
-Why α_S may be added (issue 30). Each of the D bytes is carried off S's GPUs by some transfer from
+Why α_S may be added. Each of the D bytes is carried off S's GPUs by some transfer from
 a GPU in S to a GPU outside (relays aside, the first hop that leaves is such a transfer), and a
 transfer always takes its pair's ``route`` and spends that route's whole α, >= α_S. With
 serialized sends (``taccl_py.simulate.engine``) the α comes before the bytes move, so the
@@ -26,8 +26,8 @@ schedule here; an in-network reduction (NVLink SHARP: ``bounds_reduction``) move
 once and can beat it. AlltoAll has its own cut (``bounds.alltoall``) and adds the α of the cheapest
 route between its GPU set and the rest.
 
-The bound before issue 30, max(D / C, latency floor), stays as ``LowerBound.cut_only_time_us``
-for one release so that tables can show the old figure beside the new.
+The cut-only bound, max(D / C, latency floor), a weaker bound without α_S, stays available as
+``LowerBound.cut_only_time_us`` (JSON ``cut_only_*`` fields); no table prints it.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ class LowerBound:
     """A lower bound on one collective's time at one size (µs), with the cut that binds it.
 
     ``time_us = max(bandwidth_time_us + cut_alpha_us, latency_floor_us)``; ``cut_only_time_us``
-    is the bound before issue 30, ``max(bandwidth_time_us, latency_floor_us)``, kept for one
-    release. For AllReduce (the ReduceScatter+AllGather class bound) the bandwidth term is the
-    ReduceScatter one plus the AllGather one and ``cut`` is the AllGather cut.
+    is the weaker cut-only bound, ``max(bandwidth_time_us, latency_floor_us)``. For AllReduce (the
+    ReduceScatter+AllGather class bound) the bandwidth term is the ReduceScatter one plus the
+    AllGather one and ``cut`` is the AllGather cut.
     """
 
     collective: Collective
@@ -275,7 +275,7 @@ def lower_bound(topology: Topology, collective: Collective | str, size_bytes: in
     LowerBound
         ``time_us = max(cut α + bandwidth term, latency floor)``; the bandwidth term is the cut
         bound (M/N) * |GPUs in S| / capacity(S) (AllReduce: ReduceScatter's plus AllGather's,
-        the class bound of point-to-point algorithms). ``cut_only_time_us`` is the old bound.
+        the class bound of point-to-point algorithms). ``cut_only_time_us`` is the cut-only bound, without the cut α.
 
     Raises
     ------

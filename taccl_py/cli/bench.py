@@ -22,7 +22,7 @@ from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
 __all__ = ["register", "format_rows", "DEFAULT_SIZES"]
 
 #: Sizes timed when --sizes is not given (nccl-tests convention: AG output, RS input, AR buffer).
-DEFAULT_SIZES = "64KB-64MB"
+DEFAULT_SIZES = "64KiB-64MiB"  # powers of two, as the calibration times, so each prints whole (1MiB)
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
 
 

@@ -1,7 +1,7 @@
 """The JSON form of an ``Algorithm`` (``taccl-algorithm/1``): one step per line, stable for diffs.
 
 A synthesized file also records how it was made (``provenance``, as a library does:
-``taccl_py.ir.provenance``); files without one, written before issue 43, read as they did.
+``taccl_py.ir.provenance``); files without one (older ones) read as they did.
 """
 
 from __future__ import annotations
@@ -265,7 +265,7 @@ def parse_algorithm_json(text: str, source: str = "<string>") -> Algorithm:
 
 
 def parse_algorithm_provenance(text: str, source: str = "<string>") -> Provenance | None:
-    """Return how the algorithm in a JSON text was made (None: not recorded, as in files before issue 43)."""
+    """Return how the algorithm in a JSON text was made (None: not recorded, as in older files)."""
     obj = decode_json(text, source, FormatError, "an algorithm JSON file")
     return provenance_from_json(obj.get("provenance"), source) if isinstance(obj, dict) else None
 

@@ -27,7 +27,7 @@ class Provenance:
     ``timed_out`` says whether the wall-clock cap bound (then the file may not be reproducible).
     ``note`` explains anything unusual, such as provenance recorded after the fact.
     ``execution_model`` names the simulator's execution model the choice was made under
-    (``taccl_py.simulate.model``; None: whole chunks, before issue 30).
+    (``taccl_py.simulate.model``; None: whole chunks, as older libraries were chosen).
     """
 
     taccl_py: str

@@ -7,7 +7,7 @@ Two questions decide what a schedule costs beyond its links' α and β:
   running every step of every threadblock, dependencies and all, once per slice; the last slice is
   shorter. So a chunk of 8 MiB is four passes of the program over 2 MiB, and a long dependency
   chain pays its latency once per pass. Our own executor (``taccl_py.runtime``) runs whole chunks.
-* **Sends.** With serialized sends (the model before issue 30) a threadblock's step after a send
+* **Sends.** With serialized sends a threadblock's step after a send
   starts when the send's bytes have arrived, so consecutive sends each pay their α. NCCL's and
   MSCCL's connections hold ``NCCL_STEPS`` slots: a sender posts into a free slot and goes on, so
   the α of consecutive sends overlaps, until the slots are full and it waits for the receiver to
@@ -96,7 +96,7 @@ class ExecutionModel:
         return self.send_slots is not None
 
 
-#: Whole chunks, serialized sends: our own executor, and the model every figure before issue 30 used.
+#: Whole chunks, serialized sends: our own executor (and the model of older BENCHMARKS sections).
 WHOLE_CHUNKS = ExecutionModel("chunks", None, None, "whole chunks, serialized sends (taccl_py's executor)")
 #: MSCCL's kernel loop over slices, serialized sends: what the synthesizer chooses bands under.
 MSCCL_LOOP = ExecutionModel("msccl", tuple(MSCCL_SLICE_BYTES.items()), None, "MSCCL's slices, serialized sends")
