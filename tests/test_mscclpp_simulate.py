@@ -295,7 +295,7 @@ def test_cli_simulates_an_exported_band_with_baselines(tmp_path, ndv2_bands, cap
         ({"name": "bad", "gpus": [{"id": 0, "threadblocks": []}]}, "error: "),
         (
             json.loads(_allgather_pair(_handshake_plan)) | {"collective": "broadcast"},
-            "collective: collective 'broadcast'",
+            "collective: unknown value 'broadcast'",
         ),
     ],
     ids=["malformed", "unknown-collective"],

@@ -48,11 +48,6 @@ class ComparedBaseline:
     fastest: tuple[Algorithm, SimulationResult] | None
     kept: tuple[Algorithm, SimulationResult] | None
 
-    @property
-    def fastest_is_kept(self) -> bool:
-        """Return True when the fastest baseline is also one that may be written."""
-        return self.kept is not None and self.fastest is not None and self.kept[0] is self.fastest[0]
-
 
 def compare_baselines(
     topology: Topology,

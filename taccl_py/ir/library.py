@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path, PureWindowsPath
 from typing import Any
 
-from taccl_py._io import decode_json, read_text
+from taccl_py._io import decode_json, read_text, write_text_atomic
 from taccl_py.errors import FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import is_topology_document, read_algorithm
@@ -53,6 +53,7 @@ __all__ = [
     "SizeBand",
     "cluster_record",
     "earlier_band_files",
+    "write_band_files",
     "generate_library",
     "library_cluster_fingerprint",
     "parse_library",
@@ -246,6 +247,30 @@ def earlier_band_files(
             key=lambda path: path.name,
         )
     )
+
+
+def write_band_files(
+    library: AlgorithmLibrary,
+    folder: str | Path,
+    files: Sequence[tuple[str, str]],
+    extension: str,
+    replace_earlier: bool,
+) -> tuple[str, ...]:
+    """Write ``files`` (name, text) into ``folder``; return the names of an earlier export's files removed.
+
+    Each file goes through a temporary name; with ``replace_earlier`` the ``earlier_band_files`` not
+    overwritten are removed, and only after every new file is written.
+    """
+    if files:
+        Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
+    for name, text in files:
+        write_text_atomic(Path(folder) / name, text)
+    if not replace_earlier:
+        return ()
+    stale = earlier_band_files(library, folder, extension, {name for name, _text in files})
+    for path in stale:
+        path.unlink()
+    return tuple(path.name for path in stale)
 
 
 def generate_library(library: AlgorithmLibrary) -> str:

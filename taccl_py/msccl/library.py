@@ -22,11 +22,11 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from taccl_py._io import read_text, write_text_atomic
+from taccl_py._io import read_text
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.inplace import BOTH_PLACES_KEY, serves_both_placements
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand, earlier_band_files
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, write_band_files
 from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
@@ -210,16 +210,8 @@ def write_library_xml(
     and earlier files are removed only once every new one is written.
     """
     export = generate_library_xml(library, dialect, runtime=runtime, rccl_gpu_arch=rccl_gpu_arch)
-    if export.files:
-        Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
-    for name, text in export.files:
-        write_text_atomic(Path(folder) / name, text)
-    if not replace_earlier:
-        return export
-    stale = earlier_band_files(library, folder, ".xml", {name for name, _text in export.files})
-    for path in stale:
-        path.unlink()
-    return replace(export, removed=tuple(path.name for path in stale))
+    removed = write_band_files(library, folder, export.files, ".xml", replace_earlier)
+    return replace(export, removed=removed)
 
 
 def folder_selection_keys(folder: str | Path) -> tuple[tuple[SelectionKey, ...], tuple[tuple[str, str], ...]]:

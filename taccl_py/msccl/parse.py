@@ -120,17 +120,22 @@ class _TreeBuilder:
         self.stack.pop()
 
 
+def _malformed(source: str, error: expat.ExpatError) -> FormatError:
+    """Return the one-line fault of XML that expat could not parse, at its line and column."""
+    return FormatError(
+        source,
+        f"line {error.lineno}, column {error.offset + 1}",
+        f"malformed XML: {expat.ErrorString(error.code)}",
+        "a well-formed MSCCL-IR XML document",
+    )
+
+
 def _build_tree(text: str, source: str) -> _Doc:
     builder = _TreeBuilder(source)
     try:
         builder.parser.Parse(text, True)
     except expat.ExpatError as error:
-        raise FormatError(
-            source,
-            f"line {error.lineno}, column {error.offset + 1}",
-            f"malformed XML: {expat.ErrorString(error.code)}",
-            "a well-formed MSCCL-IR XML document",
-        ) from None
+        raise _malformed(source, error) from None
     if builder.doc.root is None:
         raise FormatError(source, "line 1", "no element", "an <algo> element")
     return builder.doc
@@ -430,12 +435,7 @@ def parse_msccl_selection_key(text: str, source: str = "<string>") -> SelectionK
     except _RootRead:
         pass
     except expat.ExpatError as error:
-        raise FormatError(
-            source,
-            f"line {error.lineno}, column {error.offset + 1}",
-            f"malformed XML: {expat.ErrorString(error.code)}",
-            "a well-formed MSCCL-IR XML document",
-        ) from None
+        raise _malformed(source, error) from None
     root = doc.root
     if root is None or root.tag != "algo":
         found = "no element" if root is None else f"root element <{root.tag}>"

@@ -29,7 +29,7 @@ from taccl_py._io import write_text_atomic
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary, earlier_band_files
+from taccl_py.ir.library import AlgorithmLibrary, write_band_files
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
@@ -281,13 +281,5 @@ def write_library_plans(
     Other arguments as ``generate_library_plans``.
     """
     plans = generate_library_plans(library, topology, protocol, rivals)
-    if plans.files:
-        Path(folder).mkdir(exist_ok=True)  # the folder is the output named; its parent must exist
-    for name, text in plans.files:
-        write_text_atomic(Path(folder) / name, text)
-    if not replace_earlier:
-        return plans
-    stale = earlier_band_files(library, folder, ".json", {name for name, _text in plans.files})
-    for path in stale:
-        path.unlink()
-    return replace(plans, removed=tuple(path.name for path in stale))
+    removed = write_band_files(library, folder, plans.files, ".json", replace_earlier)
+    return replace(plans, removed=removed)
