@@ -108,8 +108,8 @@ class Communicator(AlgorithmChoice):
         Prove every algorithm correct (``taccl_py.verify.check_algorithm``) before it may run.
         An algorithm's in-place variant is verified either way, once, on its first in-place call.
     calibration : bool, None, str, PathLike or Calibration
-        Run the group's own collective wherever it measured more than 5% faster than the library's
-        algorithm. True (default) or None: measured on each collective's first call (see Notes)
+        Run the group's own collective wherever the library's algorithm did not measure more than
+        5% faster than it. True (default) or None: measured on each collective's first call (see Notes)
         unless TACCL_CALIBRATION=off. False: never. A path is a cache: read when it holds a
         calibration of this group's key (world size, transport, device, library), otherwise
         measured now for every collective and written there by rank 0. See :meth:`calibrate`.
