@@ -9,8 +9,8 @@ links, a signal behind its puts free, a Simple plan's entry handshake one α; an
 export picks where it simulates faster, has no handshake), at the band's low and high end (an
 open-ended band: its minimum and 16x, at most 1 GB). ``msccl`` is how MSCCL runs XML (2 MiB
 slices); ``chunks`` (whole chunks) is how MSCCL++ runs a plan. plan/XML above 1: the plan is slower.
-"of bound" (bound time over plan time) passes 1 for LL plans of the smallest sizes: the bound's
-latency floor takes Simple's α, which packets undercut.
+"of bound" (bound time over plan time) is at most 1 in either protocol: an LL packet pays at
+least the wire's α, as Simple does.
 
     python scripts/bench_mscclpp.py                        # every machine with libraries, 1 node
     python scripts/bench_mscclpp.py --topologies ndv2,dgx-a100 --model chunks

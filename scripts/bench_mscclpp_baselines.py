@@ -6,8 +6,7 @@ band's sample sizes among those with a plan within MSCCL++'s limits (``best_base
 each in the protocol export picks for it, are simulated as MSCCL++ runs them (whole chunks), summed
 over the band's sample sizes (its edges and their geometric middle). plan/baseline above 1.01:
 export writes the baseline's plan instead (``faster_rival_plan``). "of bound" is the lower bound's
-time over the plan's; it passes 1 for LL plans of the smallest sizes (the bound's latency floor
-takes Simple's α).
+time over the plan's, at most 1 in either protocol (an LL packet pays at least the wire's α).
 
     python scripts/bench_mscclpp_baselines.py                  # every machine with libraries, 1 node
     python scripts/bench_mscclpp_baselines.py --topologies ndv2 --nodes 2
