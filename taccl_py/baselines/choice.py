@@ -29,13 +29,6 @@ from taccl_py.topology.model import Topology
 __all__ = ["ComparedBaseline", "compare_baselines", "best_baselines", "best_baseline", "best_baselines_by_band"]
 
 
-def _simulate_all(
-    algorithm: Algorithm, topology: Topology, sizes: Sequence[int], bounds: dict[int, float], model: ExecutionModel
-) -> list[SimulationResult]:
-    plan = prepare_simulation(algorithm, topology, model=model)
-    return [simulate_plan(plan, size, bound_time_us=bounds[size]) for size in sizes]
-
-
 @dataclass(frozen=True)
 class ComparedBaseline:
     """The fastest baseline at one size, and the fastest that ``keep`` accepts (each with its result, or None).
@@ -107,9 +100,11 @@ def _simulated(
     model: ExecutionModel,
     progress: Callable[[str], None] | None,
 ) -> list[SimulationResult]:
+    """Return ``algorithm``'s results at ``sizes`` under ``model``, each against its size's bound (µs)."""
     if progress is not None:
         progress(f"baseline {algorithm.name}: simulating {len(sizes)} size{'s' if len(sizes) != 1 else ''}")
-    return _simulate_all(algorithm, topology, sizes, bounds, model)
+    plan = prepare_simulation(algorithm, topology, model=model)
+    return [simulate_plan(plan, size, bound_time_us=bounds[size]) for size in sizes]
 
 
 def _keep_faster(
