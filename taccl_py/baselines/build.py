@@ -20,11 +20,11 @@ from taccl_py.baselines.ring import ring_algorithm
 from taccl_py.baselines.tree import default_tree_channels, default_tree_chunks, tree_algorithm
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.collectives import Collective
+from taccl_py.ir.collectives import Collective, parse_collective
 from taccl_py.stages.tree_packing import TreePacking
 from taccl_py.topology.model import Topology
 
-__all__ = ["BaselineKind", "applicable_kinds", "build_baseline", "all_baselines", "size_groups", "collective_of"]
+__all__ = ["BaselineKind", "applicable_kinds", "build_baseline", "all_baselines", "size_groups"]
 
 
 class BaselineKind(str, Enum):
@@ -46,15 +46,6 @@ def _kind(kind: BaselineKind | str) -> BaselineKind:
         ) from None
 
 
-def collective_of(collective: Collective | str) -> Collective:
-    try:
-        return Collective(collective)
-    except ValueError:
-        raise ArgumentError(
-            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter, allreduce or alltoall"
-        ) from None
-
-
 def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[BaselineKind, ...]:
     """Return the baselines worth comparing for ``collective`` on ``topology``.
 
@@ -62,7 +53,7 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
     so it is listed only across machines; packed trees apply everywhere. AlltoAll has its
     own two: direct, and hierarchical across machines.
     """
-    collective = collective_of(collective)
+    collective = parse_collective(collective)
     if collective is Collective.ALLTOALL:
         return (BaselineKind.DIRECT,) + ((BaselineKind.HIERARCHICAL,) if topology.nodes > 1 else ())
     kinds = [BaselineKind.RING]
@@ -127,7 +118,7 @@ def build_baseline(
     >>> build_baseline("ring", load_topology("dgx2"), "allgather").name
     'ring-2ch-1p'
     """
-    kind, collective = _kind(kind), collective_of(collective)
+    kind, collective = _kind(kind), parse_collective(collective)
     alltoall = collective is Collective.ALLTOALL
     if (alltoall and kind not in _ALLTOALL_KINDS) or (not alltoall and kind is BaselineKind.DIRECT):
         raise ArgumentError(
@@ -200,7 +191,7 @@ def size_groups(
     (packed trees from ``packings``, ``phase_packings`` of the topology, packed here when None), and
     so does the hierarchical alltoall (its pieces per parcel).
     """
-    kind, collective = _kind(kind), collective_of(collective)
+    kind, collective = _kind(kind), parse_collective(collective)
     if kind is BaselineKind.TREES:
         return packing_pieces_by_size(topology, collective, sizes, packings)
     if kind is BaselineKind.HIERARCHICAL and collective is Collective.ALLTOALL:

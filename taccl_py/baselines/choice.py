@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from taccl_py.baselines.build import BaselineKind, applicable_kinds, build_baseline, collective_of, size_groups
+from taccl_py.baselines.build import BaselineKind, applicable_kinds, build_baseline, size_groups
 from taccl_py.baselines.packing import phase_packings
 from taccl_py.baselines.shipped import shipped_alternatives
 from taccl_py.bounds import lower_bounds
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.collectives import Collective
+from taccl_py.ir.collectives import Collective, parse_collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
@@ -61,7 +61,7 @@ def compare_baselines(
     hierarchical, trees (AlltoAll: direct, hierarchical). ``progress`` receives one line per
     baseline built.
     """
-    collective = collective_of(collective)
+    collective = parse_collective(collective)
     sizes = tuple(sizes_bytes)
     if not sizes:
         return ()

@@ -40,7 +40,7 @@ import networkx as nx
 from taccl_py.bounds.alltoall import alltoall_cut
 from taccl_py.bounds.cut import CutBound, binding_cut, crossing_alpha_us, cut_bound, route_links
 from taccl_py.errors import ArgumentError
-from taccl_py.ir.collectives import Collective
+from taccl_py.ir.collectives import Collective, parse_collective
 from taccl_py.topology.model import Link, Topology
 
 __all__ = [
@@ -74,7 +74,7 @@ def bound_label(collective: Collective | str) -> str:
     >>> bound_label("allreduce"), bound_label("allgather")
     ('RS+AG bound', 'bound')
     """
-    return "RS+AG bound" if _collective(collective) is Collective.ALLREDUCE else "bound"
+    return "RS+AG bound" if parse_collective(collective) is Collective.ALLREDUCE else "bound"
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def lower_bounds(
 
     Raises ``ArgumentError`` for an unknown collective or a size below 1 byte.
     """
-    collective = _collective(collective)
+    collective = parse_collective(collective)
     return lower_bounds_by_collective(topology, (collective,), sizes_bytes)[collective]
 
 
@@ -172,7 +172,7 @@ def lower_bounds_by_collective(
 
     Raises ``ArgumentError`` for an unknown collective or a size below 1 byte.
     """
-    chosen = tuple(dict.fromkeys(_collective(collective) for collective in collectives))
+    chosen = tuple(dict.fromkeys(parse_collective(collective) for collective in collectives))
     sizes = checked_sizes(topology, sizes_bytes)
     links = route_links(topology)
     floor = route_latency_floor_us(topology, links)
@@ -246,15 +246,6 @@ def _alltoall_bounds(
         )
         for size in sizes
     )
-
-
-def _collective(collective: Collective | str) -> Collective:
-    try:
-        return Collective(collective)
-    except ValueError:
-        raise ArgumentError(
-            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter, allreduce or alltoall"
-        ) from None
 
 
 def lower_bound(topology: Topology, collective: Collective | str, size_bytes: int) -> LowerBound:

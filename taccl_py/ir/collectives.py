@@ -26,6 +26,7 @@ from taccl_py.errors import ArgumentError
 
 __all__ = [
     "Collective",
+    "parse_collective",
     "Contribution",
     "ChunkLayout",
     "chunk_layout",
@@ -49,6 +50,16 @@ class Collective(str, Enum):
     def reduces(self) -> bool:
         """Return True when the collective combines inputs with a reduction operator."""
         return self in (Collective.REDUCESCATTER, Collective.ALLREDUCE)
+
+
+def parse_collective(collective: Collective | str) -> Collective:
+    """Return ``collective`` as a Collective; raise ``ArgumentError`` naming it when it is none."""
+    try:
+        return Collective(collective)
+    except ValueError:
+        raise ArgumentError(
+            None, "collective", f"unknown collective {collective!r}", "allgather, reducescatter, allreduce or alltoall"
+        ) from None
 
 
 @dataclass(frozen=True)
