@@ -21,6 +21,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.msccl import Dialect, looks_like_msccl_xml, write_library_xml
 from taccl_py.msccl.convention import check_send_recv_fields
+from taccl_py.msccl.library import folder_selection_keys, unwritten_placements
 from taccl_py.msccl.limits import RCCL_LL128_GPU_ARCHS
 from taccl_py.msccl.selection import (
     DTYPE_SIZES,
@@ -167,8 +168,6 @@ def _export_msccl(args: argparse.Namespace) -> int:
     check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
     libraries = libraries_to_export(args.library, args.nodes)
     dialect = xml_dialect(limits, args.dialect)
-    from taccl_py.msccl.library import folder_selection_keys, unwritten_placements
-
     written = 0
     for library in libraries:
         if sys.stderr.isatty():  # verifying in-place forms and choosing protocols takes a minute on 64 GPUs
