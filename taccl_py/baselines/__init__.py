@@ -19,6 +19,13 @@ from taccl_py.baselines.choice import (
     compare_baselines,
 )
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
+from taccl_py.baselines.nccl import (
+    ModelledBaseline,
+    NcclChoice,
+    is_schedule,
+    nccl_best_times,
+    nccl_modelled_times,
+)
 from taccl_py.baselines.packing import packed_trees_algorithm
 from taccl_py.baselines.ring import ring_algorithm, ring_orders
 from taccl_py.baselines.tree import tree_algorithm, tree_parents
@@ -34,6 +41,11 @@ __all__ = [
     "best_baselines",
     "best_baselines_by_band",
     "size_groups",
+    "ModelledBaseline",
+    "NcclChoice",
+    "is_schedule",
+    "nccl_best_times",
+    "nccl_modelled_times",
     "ring_algorithm",
     "ring_orders",
     "tree_algorithm",

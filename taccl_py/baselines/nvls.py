@@ -43,7 +43,15 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["NVLS", "NVLS_TREE", "NvlsTime", "has_nvls", "nvls_allreduce_times", "nvls_times_for"]
+__all__ = [
+    "NVLS",
+    "NVLS_TREE",
+    "NvlsTime",
+    "has_nvls",
+    "nvls_allreduce_times",
+    "nvls_switch_rate",
+    "nvls_times_for",
+]
 
 NVLS, NVLS_TREE = "nvls", "nvls-tree"  # NCCL's names (NCCL_ALGO=NVLS, NVLSTree)
 # Above two machines NCCL halves NVLS-Tree's network bandwidth: the tree's inner machines take in two
@@ -127,7 +135,7 @@ def nvls_allreduce_times(topology: Topology, sizes_bytes: Iterable[int]) -> tupl
         raise ArgumentError(
             topology.name, "topology", "no switch that reduces in the network", "an NVLink SHARP machine (dgx-h100)"
         )
-    switch_GBps, switch_alpha_us = _switch_rate(topology)
+    switch_GBps, switch_alpha_us = nvls_switch_rate(topology)
     net_GBps, net_alpha_us = _network_route(topology)
     per_node = topology.gpus_per_node
     share = _TREE_SHARE_ABOVE_TWO_MACHINES if topology.nodes > 2 else 1
@@ -162,7 +170,7 @@ def nvls_times_for(
     return nvls_allreduce_times(topology, sizes_bytes)
 
 
-def _switch_rate(topology: Topology) -> tuple[float, float]:
+def nvls_switch_rate(topology: Topology) -> tuple[float, float]:
     """Return the slowest GPU port's NVLS rate (GB/s: the switch's, capped by its links) and the largest α (µs)."""
     rates, alphas = [], []
     for switch in reducing_switches(topology):
