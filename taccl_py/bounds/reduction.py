@@ -19,16 +19,16 @@ against; it is below the class bound wherever N > 2.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from taccl_py.bounds import LowerBound, checked_sizes, make_lower_bound, route_latency_floor_us
+from taccl_py.bounds import LowerBound, checked_sizes, lower_bounds, make_lower_bound, route_latency_floor_us
 from taccl_py.bounds.cut import CutBound, crossing_alpha_us, route_links
 from taccl_py.ir.collectives import Collective
 from taccl_py.topology.fingerprint import node_signature
 from taccl_py.topology.model import Link, Topology, Vertex, VertexKind
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["in_network_reduction_bounds", "reducing_switches"]
+__all__ = ["in_network_reduction_bounds", "reducing_switches", "schedule_bounds"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,28 @@ def in_network_reduction_bounds(topology: Topology, sizes_bytes: Iterable[int]) 
             make_lower_bound(Collective.ALLREDUCE, size, bandwidth_us, side.alpha_us, floor, cut, description)
         )
     return tuple(bounds)
+
+
+def schedule_bounds(
+    topology: Topology, collective: Collective, sizes_bytes: Iterable[int], *, reduces_in_switch: bool = False
+) -> tuple[LowerBound, ...]:
+    """Return, per size, the lower bound (µs) that holds for a schedule of ``collective`` on ``topology``.
+
+    A schedule that sums in a switch (``Algorithm.reduces_in_switch``) is held to the bounds that
+    hold for in-network reduction: AllReduce's here, and for ReduceScatter the same argument with
+    each GPU's output block of M/N bytes (a set holding some GPUs sends M/N out, for a block
+    outside that depends on its inputs, and takes M/N in). Every other schedule is held to
+    ``lower_bounds`` (for AllReduce, the ReduceScatter + AllGather class bound).
+    """
+    sizes = checked_sizes(topology, sizes_bytes)
+    if reduces_in_switch and collective is Collective.ALLREDUCE:
+        return in_network_reduction_bounds(topology, sizes)
+    if reduces_in_switch and collective is Collective.REDUCESCATTER:
+        blocks = in_network_reduction_bounds(topology, [max(1, size // topology.num_ranks) for size in sizes])
+        return tuple(
+            replace(bound, collective=Collective.REDUCESCATTER, size_bytes=size) for bound, size in zip(blocks, sizes)
+        )
+    return lower_bounds(topology, collective, sizes)
 
 
 def _sides(topology: Topology, links: tuple[Link, ...]) -> list[_Side]:

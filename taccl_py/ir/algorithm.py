@@ -18,7 +18,20 @@ rrcs    as rrc, then send the sum to the send peer
 cpy     copy ``src`` to ``dst``
 re      ``dst`` <- ``dst`` + ``src`` (local reduction)
 nop     nothing; carries a dependency
+mrs     switch reduce-store: ``dst`` on every member of the threadblock's switch group
+        <- the sum of ``src`` over every member (NVLink SHARP ``multimem.ld_reduce`` then
+        ``multimem.st``; MSCCL++'s ``glres``)
+ms      switch store: ``dst`` on every member of the switch group <- the local ``src``
+        (``multimem.st``; MSCCL++'s ``gstore``)
 ======  =========================================================================
+
+Switch steps are collective over the group, as NCCL's NVLS kernels run them: the k-th switch
+step of the threadblocks with one ``(switch_group, channel)`` on every member forms one *group
+step*. No member's switch step of a group step starts before every member has finished what
+precedes its own (a barrier), and what follows a member's switch step waits for every member's
+(a second barrier): so a member's own ``src`` must hold its operand when it reaches the step,
+and a member may read what others stored once its step is done. Inside one group step the
+members' steps run concurrently: their accesses must not conflict (the race check says so).
 """
 
 from __future__ import annotations
@@ -61,6 +74,13 @@ class OpType(str, Enum):
     COPY = "cpy"
     REDUCE = "re"
     NOP = "nop"
+    SWITCH_REDUCE_STORE = "mrs"
+    SWITCH_STORE = "ms"
+
+    @property
+    def switches(self) -> bool:
+        """Return True for a step that goes through the threadblock's switch group (multimem)."""
+        return self in _SWITCHING
 
     @property
     def sends(self) -> bool:
@@ -92,7 +112,16 @@ _SENDING = frozenset({OpType.SEND, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEN
 _RECEIVING = frozenset(
     {OpType.RECV, OpType.RECV_COPY_SEND, OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND}
 )
-_REDUCING = frozenset({OpType.RECV_REDUCE_SEND, OpType.RECV_REDUCE_COPY, OpType.RECV_REDUCE_COPY_SEND, OpType.REDUCE})
+_REDUCING = frozenset(
+    {
+        OpType.RECV_REDUCE_SEND,
+        OpType.RECV_REDUCE_COPY,
+        OpType.RECV_REDUCE_COPY_SEND,
+        OpType.REDUCE,
+        OpType.SWITCH_REDUCE_STORE,
+    }
+)
+_SWITCHING = frozenset({OpType.SWITCH_REDUCE_STORE, OpType.SWITCH_STORE})
 _USING_SRC = frozenset(
     {
         OpType.SEND,
@@ -101,6 +130,8 @@ _USING_SRC = frozenset(
         OpType.RECV_REDUCE_COPY_SEND,
         OpType.COPY,
         OpType.REDUCE,
+        OpType.SWITCH_REDUCE_STORE,
+        OpType.SWITCH_STORE,
     }
 )
 _USING_DST = frozenset(
@@ -111,6 +142,8 @@ _USING_DST = frozenset(
         OpType.RECV_REDUCE_COPY_SEND,
         OpType.COPY,
         OpType.REDUCE,
+        OpType.SWITCH_REDUCE_STORE,
+        OpType.SWITCH_STORE,
     }
 )
 
@@ -134,13 +167,18 @@ class Step:
 
 @dataclass(frozen=True)
 class Threadblock:
-    """An ordered program with at most one send peer and one receive peer on one channel."""
+    """An ordered program with at most one send peer and one receive peer on one channel.
+
+    ``switch_group`` lists, in increasing order and including the threadblock's own rank, the
+    ranks its switch steps (``mrs``, ``ms``) reach through their NVSwitch; () when it has none.
+    """
 
     id: int
     steps: tuple[Step, ...]
     send_peer: int | None = None
     recv_peer: int | None = None
     channel: int = 0
+    switch_group: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,6 +229,21 @@ class Algorithm:
     def num_channels(self) -> int:
         """Return the number of channels used (highest channel + 1)."""
         return 1 + max((tb.channel for prog in self.ranks for tb in prog.threadblocks), default=0)
+
+    @property
+    def uses_switch(self) -> bool:
+        """Return True when some step goes through a switch (``mrs``, ``ms``): in-network, no MSCCL-IR form."""
+        return any(step.op.switches for prog in self.ranks for tb in prog.threadblocks for step in tb.steps)
+
+    @property
+    def reduces_in_switch(self) -> bool:
+        """Return True when some step sums in the switch (``mrs``): the class bound RS + AG no longer holds."""
+        return any(
+            step.op is OpType.SWITCH_REDUCE_STORE
+            for prog in self.ranks
+            for tb in prog.threadblocks
+            for step in tb.steps
+        )
 
     def with_metadata(self, **items: str) -> Algorithm:
         """Return a copy with ``items`` merged into ``metadata``."""

@@ -72,7 +72,9 @@ def generate_algorithm_json(algorithm: Algorithm, provenance: Provenance | None 
             lines.append(
                 f'      {{"id": {tb.id}, "send_peer": {json.dumps(tb.send_peer)}, '
                 f'"recv_peer": {json.dumps(tb.recv_peer)}, '
-                f'"channel": {tb.channel}, "steps": ['
+                f'"channel": {tb.channel}, '
+                + (f'"switch_group": {json.dumps(list(tb.switch_group))}, ' if tb.switch_group else "")
+                + '"steps": ['
             )
             for s_index, step in enumerate(tb.steps):
                 comma = "," if s_index < len(tb.steps) - 1 else ""
@@ -176,7 +178,18 @@ def _parse_threadblock(obj: Any, source: str, where: str, rank: int, num_ranks: 
         _peer(obj, "send_peer", source, where, rank, num_ranks),
         _peer(obj, "recv_peer", source, where, rank, num_ranks),
         _int(_optional(obj, "channel", 0), "channel", source, where, 0),
+        _parse_switch_group(obj.get("switch_group", []), source, f"{where}.switch_group", num_ranks),
     )
+
+
+def _parse_switch_group(obj: Any, source: str, where: str, num_ranks: int) -> tuple[int, ...]:
+    """Return a threadblock's switch group: distinct ranks in increasing order ((): none)."""
+    if not isinstance(obj, list):
+        raise FormatError(source, where, f"{type(obj).__name__}", "a list of ranks")
+    group = tuple(_int({"rank": r}, "rank", source, where, 0, num_ranks - 1) for r in obj)
+    if list(group) != sorted(set(group)):
+        raise FormatError(source, where, f"ranks {list(group)}", "distinct ranks in increasing order")
+    return group
 
 
 def _parse_rank(obj: Any, source: str, where: str, num_ranks: int) -> RankProgram:

@@ -4,6 +4,12 @@ Every MSCCL step becomes one to three actions: a RECV, a COMPUTE (copy or sum in
 per-step temporary) and a SEND. Sends are buffered (they complete without their receiver), so a
 program deadlocks only when receives wait, in a cycle, on sends that cannot be issued.
 
+A switch step (``mrs``, ``ms``) becomes one SWITCH_REDUCE or SWITCH_STORE action whose ``group``
+lists the ranks it reads (a reduction reads ``sources`` on every member) and writes (``target`` on
+every member). The members' actions of one group step (``taccl_py.ir.algorithm``) are joined by
+two barriers: each waits for what precedes every member's action, and whatever follows one of
+them waits for all of them.
+
 Rounds are the replay order the verifier and the executor share. In round L a rank (1) issues its
 SENDs of round L, snapshotting their source, (2) posts its RECVs of round L, (3) waits for them,
 (4) runs its COMPUTEs of round L in topological order. Hence a SEND or RECV that follows a COMPUTE
@@ -31,6 +37,13 @@ class ActionKind(str, Enum):
     SEND = "send"
     RECV = "recv"
     COMPUTE = "compute"
+    SWITCH_REDUCE = "switch-reduce"
+    SWITCH_STORE = "switch-store"
+
+    @property
+    def is_switch(self) -> bool:
+        """Return True for an action that reads or writes other ranks' memory through a switch."""
+        return self in (ActionKind.SWITCH_REDUCE, ActionKind.SWITCH_STORE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +62,11 @@ class Region:
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    """A primitive action of one rank; COMPUTE stores the sum of ``sources`` into ``target``."""
+    """A primitive action of one rank; COMPUTE stores the sum of ``sources`` into ``target``.
+
+    A switch action reads ``sources`` (SWITCH_REDUCE: on every rank of ``group``, summed;
+    SWITCH_STORE: its own) and writes ``target`` on every rank of ``group``.
+    """
 
     id: int
     kind: ActionKind
@@ -60,6 +77,7 @@ class Action:
     target: Region | None = None
     peer: int | None = None
     channel: int = 0
+    group: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,12 +106,12 @@ class Dataflow:
         """Return the actions sorted by (round, phase, topological position)."""
         if self.order is None or self.rounds is None:
             return ()
-        phase = {ActionKind.SEND: 0, ActionKind.RECV: 1, ActionKind.COMPUTE: 2}
+        phase = {ActionKind.SEND: 0, ActionKind.RECV: 1}  # COMPUTEs and switch actions last
         position = [0] * len(self.actions)
         for index, action_id in enumerate(self.order):
             position[action_id] = index
         rounds = self.rounds
-        return tuple(sorted(self.actions, key=lambda a: (rounds[a.id], phase[a.kind], position[a.id])))
+        return tuple(sorted(self.actions, key=lambda a: (rounds[a.id], phase.get(a.kind, 2), position[a.id])))
 
 
 _Part = tuple[ActionKind, tuple[Region, ...], Region | None, int | None]
@@ -121,6 +139,11 @@ def _decompose_step(tb: Threadblock, index: int, step: Step, regions: dict[tuple
     if op is OpType.SEND:
         src = _interned(regions, step.src_buffer, step.src_offset, step.count)
         return [(ActionKind.SEND, (src,), None, tb.send_peer)]
+    if op.switches:
+        src = _interned(regions, step.src_buffer, step.src_offset, step.count)
+        dst = _interned(regions, step.dst_buffer, step.dst_offset, step.count)
+        kind = ActionKind.SWITCH_REDUCE if op is OpType.SWITCH_REDUCE_STORE else ActionKind.SWITCH_STORE
+        return [(kind, (src,), dst, None)]
     dst = _interned(regions, step.dst_buffer, step.dst_offset, step.count)
     if op is OpType.RECV:
         return [(ActionKind.RECV, (), dst, tb.recv_peer)]
@@ -159,6 +182,7 @@ def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> Non
         sizes = {buffer: prog.chunks(buffer) for buffer in Buffer}
         for tb in prog.threadblocks:
             bad_peers = [p for p in (tb.send_peer, tb.recv_peer) if p is not None and not 0 <= p < algorithm.num_ranks]
+            _check_switch_group(algorithm, prog.rank, tb, violations)
             for index, step in enumerate(tb.steps):
                 if tb.send_peer is None and step.op.sends:
                     violations.append(
@@ -191,6 +215,29 @@ def _structural_checks(algorithm: Algorithm, violations: list[Violation]) -> Non
                         )
 
 
+def _check_switch_group(algorithm: Algorithm, rank: int, tb: Threadblock, violations: list[Violation]) -> None:
+    """Report a switch step without a group, and a group that is unsorted, out of range or lacks the rank."""
+    group = tb.switch_group
+    switching = [index for index, step in enumerate(tb.steps) if step.op.switches]
+    if switching and not group:
+        violations.append(
+            Violation(
+                "structure", f"{tb.steps[switching[0]].op.value} on a threadblock with no switch group", rank, tb.id
+            )
+        )
+    if group and (
+        list(group) != sorted(set(group)) or rank not in group or not all(0 <= r < algorithm.num_ranks for r in group)
+    ):
+        violations.append(
+            Violation(
+                "structure",
+                f"switch group {list(group)}: expected distinct ranks in increasing order, this rank among them",
+                rank,
+                tb.id,
+            )
+        )
+
+
 def _add_actions(algorithm: Algorithm, builder: _Builder) -> dict[tuple[int, int, int], tuple[int, int]]:
     """Create the actions with program-order edges; return (rank, tb, step) -> (first, last) action id."""
     span: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -205,7 +252,8 @@ def _add_actions(algorithm: Algorithm, builder: _Builder) -> dict[tuple[int, int
                 parts = _decompose_step(tb, index, step, regions) or _NOP_PARTS
                 first = len(actions)
                 preds.append([] if previous_last is None else [previous_last])
-                actions.append(Action(first, parts[0][0], rank, tb.id, index, *parts[0][1:], tb.channel))
+                group = tb.switch_group if parts[0][0].is_switch else ()
+                actions.append(Action(first, parts[0][0], rank, tb.id, index, *parts[0][1:], tb.channel, group))
                 for kind, sources, target, peer in parts[1:]:
                     action_id = len(actions)
                     actions.append(Action(action_id, kind, rank, tb.id, index, sources, target, peer, tb.channel))
@@ -289,6 +337,64 @@ def _match_transfers(actions: list[Action], violations: list[Violation]) -> list
     return match
 
 
+def _group_switch_steps(actions: list[Action], violations: list[Violation]) -> list[list[int]]:
+    """Return the actions of each group step: the k-th switch action on (group, channel) of every member.
+
+    Reports a rank with two threadblocks on one (group, channel), and members whose counts of
+    switch steps there differ (a group step some member never reaches).
+    """
+    by_member: dict[tuple[tuple[int, ...], int], dict[int, list[int]]] = defaultdict(dict)
+    owner: dict[tuple[tuple[int, ...], int, int], int] = {}
+    for action in actions:  # actions of one threadblock are in program order
+        if not action.kind.is_switch or not action.group:
+            continue
+        key = (action.group, action.channel)
+        first_tb = owner.setdefault((*key, action.rank), action.threadblock)
+        if first_tb != action.threadblock:
+            violations.append(
+                Violation(
+                    "structure",
+                    f"threadblocks {first_tb} and {action.threadblock} both run switch steps on group "
+                    f"{list(action.group)} channel {action.channel}",
+                    action.rank,
+                    action.threadblock,
+                    action.step,
+                )
+            )
+            continue
+        by_member[key].setdefault(action.rank, []).append(action.id)
+    steps: list[list[int]] = []
+    for (group, channel), members in sorted(by_member.items()):
+        counts = {rank: len(members.get(rank, ())) for rank in group}
+        if len(set(counts.values())) > 1:
+            most = max(counts.values())
+            rank = min(r for r, c in counts.items() if c < most)
+            violations.append(
+                Violation(
+                    "unmatched switch step",
+                    f"{counts[rank]} switch steps on group {list(group)} channel {channel} where another member has "
+                    f"{most}",
+                    rank,
+                )
+            )
+            continue
+        steps.extend([members[rank][k] for rank in group] for k in range(counts[group[0]]))
+    return steps
+
+
+def _add_switch_barriers(steps: list[list[int]], preds: list[list[int]]) -> None:
+    """Join each group step's actions by the two barriers the module docstring describes."""
+    step_of = {action: index for index, members in enumerate(steps) for action in members}
+    for members in steps:  # before: every member waits for what precedes each member
+        before = sorted({p for action in members for p in preds[action] if step_of.get(p) != step_of[action]})
+        for action in members:
+            preds[action] = list(before)
+    for action_preds in preds:  # after: a successor of one member waits for all of them
+        joined = [m for p in action_preds if p in step_of for m in steps[step_of[p]]]
+        if joined:
+            action_preds[:] = sorted(set(action_preds) | set(joined))
+
+
 def _successors(preds: list[list[int]]) -> tuple[list[int], list[int]]:
     """Return (targets, offsets): the successors of node i are ``targets[offsets[i]:offsets[i + 1]]``.
 
@@ -344,11 +450,12 @@ def _describe_deadlock(actions: list[Action], preds: list[list[int]], stuck: set
 
 def _assign_rounds(actions: list[Action], preds: list[list[int]], order: list[int]) -> list[int]:
     rounds = [0] * len(actions)
-    compute, send = ActionKind.COMPUTE, ActionKind.SEND
+    send, recv = ActionKind.SEND, ActionKind.RECV
     kinds = [action.kind for action in actions]
     for node in order:
-        # a transfer reads state at the start of its round: after a RECV or COMPUTE it waits a round
-        transfer = kinds[node] is not compute
+        # a transfer reads state at the start of its round: after a RECV or COMPUTE it waits a round;
+        # switch actions run with the COMPUTEs, in topological order
+        transfer = kinds[node] is send or kinds[node] is recv
         level = 0
         for pred in preds[node]:
             here = rounds[pred] + 1 if transfer and kinds[pred] is not send else rounds[pred]
@@ -373,6 +480,7 @@ def build_dataflow(algorithm: Algorithm) -> Dataflow:
     for action in builder.actions:
         if action.kind is ActionKind.RECV and match[action.id] is not None:
             builder.preds[action.id].append(match[action.id])
+    _add_switch_barriers(_group_switch_steps(builder.actions, builder.violations), builder.preds)
     order, stuck = _topological_order(builder.preds)
     if stuck:
         builder.violations.append(_describe_deadlock(builder.actions, builder.preds, stuck))

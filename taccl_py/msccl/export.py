@@ -319,8 +319,9 @@ def generate_msccl_xml(
     Raises
     ------
     ArgumentError
-        For an unknown dialect, runtime or protocol, a dependency on a missing step, or a GPU
-        beyond ``runtime``'s limits (``taccl_py.msccl.limits``: threadblocks, steps, channels, peers).
+        For an unknown dialect, runtime or protocol, a dependency on a missing step, a switch
+        step (MSCCL-IR has no in-network operation), or a GPU beyond ``runtime``'s limits
+        (``taccl_py.msccl.limits``: threadblocks, steps, channels, peers).
 
     Examples
     --------
@@ -335,6 +336,13 @@ def generate_msccl_xml(
     """  # noqa: E501
     dialect = parse_dialect(dialect)
     limits = runtime_limits(runtime)
+    if algorithm.uses_switch:
+        raise ArgumentError(
+            algorithm.name,
+            "step",
+            "switch steps (mrs, ms: NVLink SHARP multimem) have no MSCCL-IR form",
+            "point-to-point steps only; export it as an MSCCL++ plan (taccl export-mscclpp)",
+        )
     if algorithm.protocol not in {p.value for p in Protocol}:
         raise ArgumentError(
             algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol)

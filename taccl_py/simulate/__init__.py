@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from taccl_py.bounds import lower_bounds
+from taccl_py.bounds.reduction import schedule_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.collectives import Collective, bus_factor
+from taccl_py.ir.collectives import bus_factor
 from taccl_py.simulate.engine import ReplayOutcome, replay
 from taccl_py.simulate.model import (
     EXECUTION_MODELS,
@@ -23,7 +23,7 @@ from taccl_py.simulate.model import (
     ExecutionModel,
     execution_model,
 )
-from taccl_py.simulate.plan import SimulationPlan, prepare_simulation
+from taccl_py.simulate.plan import ProgramSummary, SimulationPlan, prepare_simulation
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, PROTOCOLS, RCCL_PROTOCOL_COSTS, ProtocolCost
 from taccl_py.simulate.result import (
     LinkUsage,
@@ -65,8 +65,12 @@ def _check_size(name: str, size_bytes: object) -> int:
     return size_bytes
 
 
-def _bounds_us(topology: Topology, collective: Collective, sizes: tuple[int, ...]) -> tuple[float, ...]:
-    return tuple(bound.time_us for bound in lower_bounds(topology, collective, sizes))
+def _bounds_us(topology: Topology, program: Algorithm | ProgramSummary, sizes: tuple[int, ...]) -> tuple[float, ...]:
+    """Return the bound (µs) that holds for ``program`` at each size: in-network ones where it sums in a switch."""
+    reduces = program.reduces_in_switch
+    return tuple(
+        bound.time_us for bound in schedule_bounds(topology, program.collective, sizes, reduces_in_switch=reduces)
+    )
 
 
 def _timeline(plan: SimulationPlan, outcome: ReplayOutcome) -> tuple[TimelineRecord, ...]:
@@ -133,7 +137,7 @@ def simulate_plan(
     """
     size_bytes = _check_size(plan.algorithm.name, size_bytes)
     if bound_time_us is None:
-        bound_time_us = _bounds_us(plan.topology, plan.algorithm.collective, (size_bytes,))[0]
+        bound_time_us = _bounds_us(plan.topology, plan.algorithm, (size_bytes,))[0]
     outcome = replay(plan, size_bytes, record=record_timeline)
     return _result(plan, size_bytes, outcome, bound_time_us)
 
@@ -224,7 +228,7 @@ def simulate_sizes(
     """Return ``simulate`` at each size, preparing the plan and the lower bounds once."""
     sizes = tuple(_check_size(algorithm.name, size) for size in sizes_bytes)
     plan = prepare_simulation(algorithm, topology, protocol_costs=protocol_costs, model=execution_model(model))
-    bounds = _bounds_us(topology, algorithm.collective, sizes)
+    bounds = _bounds_us(topology, algorithm, sizes)
     return tuple(
         _result(plan, size, replay(plan, size, record=record_timeline), bound) for size, bound in zip(sizes, bounds)
     )

@@ -154,7 +154,8 @@ class _Replay:
             route_id = send_route[action]
             if route_id >= 0:
                 self.ready_us[action] = now
-                if alpha_us[route_id] > 0 and not self.pipelined:
+                # a switch step has no RECV to take its α later: it pays it before its bytes move
+                if alpha_us[route_id] > 0 and (not self.pipelined or self.program.matched_recv[action] < 0):
                     self.push(now + alpha_us[route_id], _START, action, 0)
                 else:
                     self.start_flow(action, now, stack)

@@ -89,7 +89,8 @@ def _add_slot_waits(plan, passes: int, slots: int, successors: list[list[int]], 
     count = len(plan.send_route)
     by_connection: dict[tuple[int, int, int], list[int]] = defaultdict(list)
     for action in plan.send_actions:  # in id order, so in each threadblock's program order
-        by_connection[plan.send_connection[action]].append(action)
+        if action in plan.send_connection:  # a switch step holds no connection's slots
+            by_connection[plan.send_connection[action]].append(action)
     for sends in by_connection.values():
         per_pass = len(sends)
         for k in range(slots, per_pass * passes):

@@ -18,10 +18,18 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import ActionKind, build_dataflow
 from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
+from taccl_py.simulate.switch import switch_path
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
-__all__ = ["ProgramSummary", "PlannedSend", "SimulationPlan", "assemble_simulation_plan", "prepare_simulation"]
+__all__ = [
+    "ProgramSummary",
+    "PlannedSend",
+    "PlannedSwitch",
+    "SimulationPlan",
+    "assemble_simulation_plan",
+    "prepare_simulation",
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,7 @@ class ProgramSummary:
     num_ranks: int
     chunks_per_loop: int
     protocol: str
+    reduces_in_switch: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,17 @@ class PlannedSend:
     chunks: float
     recv: int
     connection: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class PlannedSwitch:
+    """One switch action: ``chunks`` chunks through the switch of ``group`` (``taccl_py.simulate.switch``)."""
+
+    action: int
+    rank: int
+    group: tuple[int, ...]
+    chunks: float
+    reduces: bool
 
 
 @dataclass(frozen=True)
@@ -117,12 +137,15 @@ def prepare_simulation(
     flow = build_dataflow(algorithm)
     if flow.violations:
         raise VerificationError(algorithm.name, flow.violations)
-    sends = []
+    sends, switches = [], []
     spans: dict[tuple[int, int], list[int]] = {}
     for action in flow.actions:
         span = spans.setdefault((action.rank, action.threadblock), [action.id, action.id])
         span[1] = action.id  # a threadblock's actions are numbered in program order
-        if action.kind is ActionKind.SEND:
+        if action.kind.is_switch:
+            reduces = action.kind is ActionKind.SWITCH_REDUCE
+            switches.append(PlannedSwitch(action.id, action.rank, action.group, action.sources[0].count, reduces))
+        elif action.kind is ActionKind.SEND:
             connection = (action.rank, action.peer, action.channel)
             sends.append(
                 PlannedSend(
@@ -137,6 +160,7 @@ def prepare_simulation(
         tuple(tuple(span) for span in spans.values()),
         protocol_costs=protocol_costs,
         model=model,
+        switches=switches,
     )
 
 
@@ -149,13 +173,16 @@ def assemble_simulation_plan(
     *,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
     model: ExecutionModel = MSCCL_LOOP,
+    switches: Sequence[PlannedSwitch] = (),
 ) -> SimulationPlan:
     """Return the replay's tables for a program given as actions; every action not in ``sends`` takes 0 µs.
 
     ``predecessors[a]`` are the actions ``a`` waits for; ``sends`` (in increasing action order) move
     chunks over ``route(topology, src, dst)`` at ``program.protocol``'s α (µs) and capacity
-    (bytes/µs); ``threadblock_spans`` (first, last action) join the passes of a sliced model.
-    Raises ``ArgumentError`` when the protocol is not in ``protocol_costs``.
+    (bytes/µs); ``switches`` move chunks through a switch (``switch_path``), each on its own
+    route and met by no RECV; ``threadblock_spans`` (first, last action) join the passes of a
+    sliced model. Raises ``ArgumentError`` when the protocol is not in ``protocol_costs`` or a
+    switch group shares no reducing switch.
     """
     cost = protocol_cost(program.protocol, protocol_costs, program.name)
     count = len(predecessors)
@@ -187,6 +214,23 @@ def assemble_simulation_plan(
         send_route[send.action] = route_index[pair]
         send_chunks[send.action] = send.chunks
         matched_recv[send.action] = send.recv
+    route_ranks = sorted(route_index, key=route_index.__getitem__)
+    switch_routes: dict[tuple, int] = {}
+    for step in switches:
+        key = (step.rank, step.group, step.reduces)
+        if key not in switch_routes:
+            path = switch_path(topology, step.rank, step.group, step.reduces, cost)
+            for link_key, bandwidth_GBps in path.links:
+                if link_key not in link_index:
+                    link_index[link_key] = len(link_capacity)
+                    link_capacity.append(_capacity(bandwidth_GBps, cost))
+            switch_routes[key] = len(route_alpha_us)
+            route_alpha_us.append(path.alpha_us)
+            route_links.append(tuple(link_index[link_key] for link_key, _ in path.links))
+            route_ranks.append((step.rank, step.rank))
+        send_route[step.action] = switch_routes[key]
+        send_chunks[step.action] = step.chunks
+    send_actions = sorted([send.action for send in sends] + [step.action for step in switches])
     return SimulationPlan(
         algorithm=program,
         topology=topology,
@@ -194,8 +238,8 @@ def assemble_simulation_plan(
         num_predecessors=tuple(len(p) for p in predecessors),
         send_route=tuple(send_route),
         send_chunks=tuple(send_chunks),
-        send_actions=tuple(send.action for send in sends),
-        route_ranks=tuple(sorted(route_index, key=route_index.__getitem__)),
+        send_actions=tuple(send_actions),
+        route_ranks=tuple(route_ranks),
         route_alpha_us=tuple(route_alpha_us),
         route_links=tuple(route_links),
         link_keys=tuple(sorted(link_index, key=link_index.__getitem__)),

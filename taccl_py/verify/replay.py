@@ -130,8 +130,10 @@ class _Replay:
     accesses: AccessLog
 
 
-def _read(replay: _Replay, action: Action, region: Region) -> list[Contribution]:
-    rank, code, temp, values = action.rank, _buffer_code(region.buffer), region.temp, replay.values
+def _read(replay: _Replay, action: Action, region: Region, rank: int | None = None) -> list[Contribution]:
+    """Return the values of ``region`` on ``rank`` (default: the action's own), logging the reads."""
+    rank = action.rank if rank is None else rank
+    code, temp, values = _buffer_code(region.buffer), region.temp, replay.values
     log = replay.accesses.read if code is not None else None
     out = []
     for chunk in range(region.offset, region.offset + region.count):
@@ -145,7 +147,9 @@ def _read(replay: _Replay, action: Action, region: Region) -> list[Contribution]
                 replay.violations.append(
                     Violation(
                         "uninitialized read",
-                        f"{action.kind.value} reads {_where(region, chunk)}, which nothing wrote before",
+                        f"{action.kind.value} reads {_where(region, chunk)}"
+                        + (f" of rank {rank}" if rank != action.rank else "")
+                        + ", which nothing wrote before",
                         action.rank,
                         action.threadblock,
                         action.step,
@@ -157,8 +161,12 @@ def _read(replay: _Replay, action: Action, region: Region) -> list[Contribution]
     return out
 
 
-def _write(replay: _Replay, action: Action, region: Region, values: Sequence[Contribution]) -> None:
-    rank, code, temp, stored = action.rank, _buffer_code(region.buffer), region.temp, replay.values
+def _write(
+    replay: _Replay, action: Action, region: Region, values: Sequence[Contribution], rank: int | None = None
+) -> None:
+    """Store ``values`` into ``region`` on ``rank`` (default: the action's own), logging the writes."""
+    rank = action.rank if rank is None else rank
+    code, temp, stored = _buffer_code(region.buffer), region.temp, replay.values
     log = replay.accesses.write if code is not None else None
     for chunk, value in zip(range(region.offset, region.offset + region.count), values):
         key = (rank, code, temp, chunk)
@@ -203,6 +211,22 @@ def _compute(replay: _Replay, action: Action) -> None:
     if len(operands) == 1:
         _write(replay, action, action.target, operands[0])
         return
+    _write(replay, action, action.target, _sums(replay, action, operands))
+
+
+def _switch(replay: _Replay, action: Action) -> None:
+    """Run a switch action: read its operand (on every member when it reduces), store on every member."""
+    (source,) = action.sources
+    if action.kind is ActionKind.SWITCH_REDUCE:
+        values = _sums(replay, action, [_read(replay, action, source, rank) for rank in action.group])
+    else:
+        values = _read(replay, action, source)
+    for rank in action.group:
+        _write(replay, action, action.target, values, rank)
+
+
+def _sums(replay: _Replay, action: Action, operands: Sequence[Sequence[Contribution]]) -> list[Contribution]:
+    """Return the chunk-wise sums of ``operands``; report a sum in a collective that must only copy."""
     algorithm = replay.flow.algorithm
     if not algorithm.collective.reduces and (action.rank, action.threadblock, action.step) not in replay.reported:
         replay.reported.add((action.rank, action.threadblock, action.step))
@@ -216,11 +240,10 @@ def _compute(replay: _Replay, action: Action) -> None:
                 action.step,
             )
         )
-    sums = [
+    return [
         _sum(replay, action, [values[j] for values in operands], action.target.offset + j)
         for j in range(action.target.count)
     ]
-    _write(replay, action, action.target, sums)
 
 
 def _initial_values(algorithm: Algorithm) -> dict[_Key, Contribution]:
@@ -284,6 +307,8 @@ def _replay_actions(flow: Dataflow, actions: Iterable[Action]) -> _Replay:
             replay.snapshots[action.id] = _read(replay, action, action.sources[0])
         elif action.kind is ActionKind.RECV:
             _write(replay, action, action.target, replay.snapshots[flow.match[action.id]])
+        elif action.kind.is_switch:
+            _switch(replay, action)
         else:
             _compute(replay, action)
     return replay

@@ -249,7 +249,8 @@ def compile_rank_plan(
     Raises
     ------
     ArgumentError
-        ``rank`` is not a rank of the algorithm.
+        ``rank`` is not a rank of the algorithm, or it has switch steps (in-network: no
+        point-to-point transport runs them; callers hand such bands to the backend's collective).
     VerificationError
         The algorithm's structure is broken (the dataflow's violations).
 
@@ -264,6 +265,13 @@ def compile_rank_plan(
     >>> [(len(r.sends), len(r.recvs), len(r.computes)) for r in plan.rounds]
     [(1, 1, 1)]
     """
+    if algorithm.uses_switch:
+        raise ArgumentError(
+            algorithm.name,
+            "step",
+            "switch steps (NVLink SHARP multimem) cannot run over a point-to-point transport",
+            "a point-to-point algorithm; the group's own collective (NCCL's NVLS) serves such a band",
+        )
     flow = _checked_dataflow(algorithm, rank, dataflow)
     spans = _Spans(algorithm, rank, {})
     mine = [a for a in flow.actions_in_round_order() if a.rank == rank]
