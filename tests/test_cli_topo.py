@@ -23,8 +23,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_list(capsys):
     assert main(["topo", "list"]) == 0
     out = capsys.readouterr().out
-    for name in ("ndv2", "ndv2-teccl", "dgx1", "dgx2", "dgx-a100", "dgx-h100", "pcie-8gpu"):
-        assert f"\n{name:>10}  " in out
+    names = ("ndv2", "ndv2-teccl", "dgx1", "dgx2", "dgx-a100", "dgx-h100", "dgx-b200", "gb200-nvl72", "pcie-8gpu")
+    width = len("gb200-nvl72")  # the name column is as wide as the longest built-in name
+    for name in names:
+        assert f"\n{name:>{width}}  " in out
     assert "ndv4" in out
 
 

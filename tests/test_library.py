@@ -30,9 +30,11 @@ NDV2_SINGLE = [(0, 2), (0, 3), (1, 2), (1, 5), (3, 7), (4, 6), (4, 7), (5, 6)]
 def test_builtin_names():
     assert builtin_topology_names() == (
         "dgx-a100",
+        "dgx-b200",
         "dgx-h100",
         "dgx1",
         "dgx2",
+        "gb200-nvl72",
         "mi300x",
         "ndv2",
         "ndv2-teccl",
@@ -51,7 +53,7 @@ def test_unknown_name_lists_the_builtins():
     with pytest.raises(
         ArgumentError,
         match=r"^nosuch: no such built-in topology or file; "
-        r"expected one of dgx-a100, dgx-h100, dgx1, dgx2, mi300x, ndv2, ",
+        r"expected one of dgx-a100, dgx-b200, dgx-h100, dgx1, dgx2, gb200-nvl72, mi300x, ndv2, ",
     ):
         load_topology("nosuch")
 

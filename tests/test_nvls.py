@@ -91,7 +91,7 @@ def test_dgx_h100_has_nvls_and_reaches_nccls_published_bandwidth():
     assert one.time_us < ring_bound.time_us  # NVLS beats every point-to-point AllReduce there
 
 
-@pytest.mark.parametrize("name", sorted(set(builtin_topology_names()) - {"dgx-h100"}))
+@pytest.mark.parametrize("name", sorted(set(builtin_topology_names()) - {"dgx-h100", "dgx-b200", "gb200-nvl72"}))
 def test_machines_without_a_reducing_switch_have_no_nvls(name):
     topology = load_topology(name)
     assert not has_nvls(topology) and reducing_switches(topology) == ()

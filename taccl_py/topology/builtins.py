@@ -40,6 +40,16 @@ ALIASES = MappingProxyType(
         "dgx-1": "dgx1",
         "dgx-2": "dgx2",
         "ndmi300xv5": "mi300x",  # Azure ND MI300X v5
+        # DGX H200 differs from DGX H100 only in GPU memory (141 GB HBM3e per GPU): the same four
+        # NVSwitch chips (NVLink4), 2 Xeon 8480C and 8 ConnectX-7 400 Gb/s, one spec list for both
+        # (docs.nvidia.com/dgx-basepod/reference-architecture-infrastructure-foundation-enterprise-ai/latest/core-components.html)  # noqa: E501
+        "h200": "dgx-h100",
+        "dgx-h200": "dgx-h100",
+        "dgxh200": "dgx-h100",
+        "b200": "dgx-b200",
+        "dgxb200": "dgx-b200",
+        "gb200": "gb200-nvl72",
+        "nvl72": "gb200-nvl72",
     }
 )
 
