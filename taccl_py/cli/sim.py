@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from taccl_py._io import read_text
-from taccl_py.baselines import BaselineKind, best_baselines, build_baseline
+from taccl_py.baselines import BaselineKind, best_baselines, build_baseline, nccl_best_times
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
 from taccl_py.baselines.ring import ring_steps_per_threadblock
 from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
@@ -22,11 +23,12 @@ from taccl_py.cli._output import (
     progress_to_stderr,
 )
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
-from taccl_py.cli._topology import add_topology_options, topology_from_args
+from taccl_py.cli._topology import add_topology_options, topology_from_args, topology_name
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, parse_any_algorithm, read_any_algorithm, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
+from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
 from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
@@ -39,7 +41,9 @@ from taccl_py.simulate import (
     simulate_plan,
     simulation_result_to_dict,
 )
+from taccl_py.simulate.bands import BandRun, library_bound_label, simulate_library
 from taccl_py.simulate.plot import plot_format, plot_timeline
+from taccl_py.topology.builtins import builtin_topology_name, builtin_topology_names
 from taccl_py.topology.model import Topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
@@ -48,6 +52,11 @@ __all__ = ["register", "format_simulation_table"]
 _PROGRESS = progress_to_stderr()
 
 DEFAULT_SIZES = "1KB,32KB,1MB,32MB,1GB"
+LIBRARY_SUFFIX = ".library.json"
+LIBRARY_HEADERS = ("size", "band", "time (us)")
+NCCL_HEADERS = ("nccl best", "nccl (us)", "vs nccl")
+NATIVE_NOTE = "native: the backend's own collective (NCCL) runs there; its time is NCCL's best modelled"
+IN_NETWORK_NOTE = "allreduce: the in-network reduction bound, which holds for NCCL's NVLS too"
 
 
 def format_simulation_table(
@@ -119,13 +128,135 @@ def _prepared(args: argparse.Namespace, program: Algorithm | ExecutionPlan, topo
     return prepare_simulation(program, topology, model=model)
 
 
+def _shipped_library(source: str, machine: str, nodes: int, collective: str | None) -> AlgorithmLibrary:
+    """Return built-in ``machine``'s shipped library of ``collective`` at ``nodes`` nodes."""
+    if collective is None:
+        raise ArgumentError(source, "--collective", "not given with a machine name", "--collective to pick its library")
+    counts = shipped_node_counts(machine)
+    paths = shipped_library_paths(machine, nodes)
+    if not paths:
+        shipped = [name for name in builtin_topology_names() if shipped_node_counts(name)]
+        expected = f"one of {', '.join(map(str, counts))} nodes" if counts else "a machine among " + ", ".join(shipped)
+        raise ArgumentError(source, "--nodes", f"no shipped library at {nodes} nodes", expected)
+    found = [path for path in paths if path.name == f"{collective}{LIBRARY_SUFFIX}"]
+    if not found:
+        names = ", ".join(path.name.removesuffix(LIBRARY_SUFFIX) for path in paths)
+        raise ArgumentError(source, "--collective", f"no shipped {collective} library at {nodes} nodes", names)
+    return read_library(found[0])
+
+
+def _library_source(args: argparse.Namespace) -> tuple[AlgorithmLibrary, Topology] | None:
+    """Return the library FILE names (a ``*.library.json``, or a built-in machine's shipped one) and the topology
+    to run it on; None when FILE is an algorithm or a plan.
+
+    A machine name runs on that machine at ``--nodes`` (``--nic-down``, ``--nic-speed`` apply); a
+    library file on ``--topology``/``--cluster`` where given, else on the machine it names.
+    """
+    source = str(args.file)
+    machine = None if Path(source).exists() else builtin_topology_name(source)
+    if not source.endswith(LIBRARY_SUFFIX) and machine is None:
+        if args.collective is not None:
+            raise ArgumentError(source, "--collective", "given with an algorithm file", "a library or a machine name")
+        return None
+    if args.plot is not None:
+        raise ArgumentError(source, "--plot", "given with a library", "an algorithm file to draw")
+    chosen = topology_name(args) is not None or args.cluster is not None
+    if machine is not None:
+        if chosen:
+            raise ArgumentError(source, "--topology", "given with a machine name", "a library file to run elsewhere")
+        library = _shipped_library(source, machine, args.nodes, args.collective)
+        return library, topology_from_args(argparse.Namespace(**{**vars(args), "topology": machine}))
+    library = read_library(source)
+    if args.collective not in (None, library.collective.value):
+        fault, expected = f"{args.collective} for a library of {library.collective.value}", "no --collective"
+        raise ArgumentError(source, "--collective", fault, expected)
+    if chosen:
+        return library, topology_from_args(args)
+    if builtin_topology_name(library.topology) is None:
+        raise ArgumentError(source, "topology", f"{library.topology!r} is no built-in machine", "--topology for it")
+    if args.nodes not in (1, library.nodes):
+        expected = f"--nodes {library.nodes}, or --topology to run it elsewhere"
+        raise ArgumentError(source, "--nodes", f"{args.nodes} for a library of {library.nodes} nodes", expected)
+    named = argparse.Namespace(**{**vars(args), "topology": library.topology})
+    return library, topology_from_args(named, nodes=library.nodes)
+
+
+def _library_record(library: AlgorithmLibrary, run: BandRun, nccl: Any) -> dict[str, Any]:
+    """Return one size of ``taccl simulate LIBRARY``: the band, its time (µs), its fraction of the bound, NCCL's best.
+
+    A native band (or a size no band covers) runs NCCL's own collective: its time is NCCL's.
+    """
+    band = None if run.band is None else library.bands[run.band]
+    time_us = run.result.time_us if run.result is not None else (None if nccl is None else nccl.time_us)
+    return {
+        "size_bytes": run.size_bytes,
+        "band": run.band,
+        "band_algorithm": None if band is None else band.algorithm_file,
+        "native": run.result is None,
+        "time_us": time_us,
+        "bound_time_us": run.bound.time_us,
+        "fraction_of_bound": None if time_us is None else run.bound.time_us / time_us,
+        "nccl_best": None if nccl is None else {"algorithm": nccl.name, "time_us": nccl.time_us},
+        "vs_nccl": None if nccl is None or time_us is None else nccl.time_us / time_us,
+    }
+
+
+def _library_row(record: dict[str, Any]) -> tuple[str, ...]:
+    """Return the table cells of one ``_library_record``."""
+    band = "-" if record["band"] is None else str(record["band"])
+    time_us, fraction = record["time_us"], record["fraction_of_bound"]
+    row = (
+        format_size(record["size_bytes"]),
+        f"{band} native" if record["native"] else band,
+        "-" if time_us is None else f"{time_us:.2f}",
+        "-" if fraction is None else f"{fraction:.3f}",
+    )
+    nccl = record["nccl_best"]
+    if nccl is None:
+        return row
+    return row + (nccl["algorithm"], f"{nccl['time_us']:.2f}", format_ratio(record["vs_nccl"]))
+
+
+def _simulate_library(
+    args: argparse.Namespace, sizes: tuple[int, ...], library: AlgorithmLibrary, topology: Topology
+) -> int:
+    """Print, per size, the band ``library`` runs on ``topology``, its time, fraction of the bound and NCCL's best."""
+    if library.num_ranks != topology.num_ranks:
+        fault = f"{library.num_ranks} ranks but topology {topology.name} has {topology.num_ranks} GPUs"
+        raise ArgumentError(str(args.file), "num_ranks", fault, "a library for the topology's rank count")
+    model = execution_model(args.model)
+    runs = simulate_library(library, topology, sizes, model=model)
+    nccl = (
+        [None] * len(runs) if args.no_baselines else nccl_best_times(topology, library.collective, sizes, model=model)
+    )
+    records = [_library_record(library, run, best) for run, best in zip(runs, nccl)]
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    label = library_bound_label(topology, library.collective)
+    headers = LIBRARY_HEADERS + (f"of {label}",) + (() if args.no_baselines else NCCL_HEADERS)
+    print(
+        f"{library.topology} n{library.nodes} {library.collective.value} library: {len(library.bands)} bands, "
+        f"{topology.num_ranks} ranks on {topology.name} ({model.name} model)"
+    )
+    print(format_table(headers, [_library_row(record) for record in records]))
+    if any(record["native"] for record in records):
+        print(f"note: {NATIVE_NOTE}")
+    if library.collective is Collective.ALLREDUCE:
+        print(f"note: {IN_NETWORK_NOTE if label != bound_label(library.collective) else ALLREDUCE_BOUND_NOTE}")
+    return 0
+
+
 def _simulate(args: argparse.Namespace) -> int:
+    sizes = parse_sizes(args.sizes, "--sizes")
+    library = _library_source(args)
+    if library is not None:
+        return _simulate_library(args, sizes, *library)
     if args.plot is not None:
         from taccl_py.simulate.plot import require_matplotlib
 
         plot_format(args.plot)
         require_matplotlib()
-    sizes = parse_sizes(args.sizes, "--sizes")
     read = _read_program(args)
     topology = topology_from_args(args)
     prepared = _prepared(args, read, topology)
@@ -214,8 +345,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Replay the algorithm in the alpha-beta model with fair link sharing; print time, bandwidths, "
         "the fraction of the lower bound reached and the fastest baseline at each size.",
     )
-    sim.add_argument("file", metavar="FILE", help=ALGORITHM_FILE_HELP + "; or an MSCCL++ execution plan (.json)")
+    sim.add_argument(
+        "file",
+        metavar="FILE",
+        help=ALGORITHM_FILE_HELP + "; an MSCCL++ execution plan (.json); a *.library.json; or a built-in machine "
+        "name with --collective (its shipped library at --nodes): per size, the band run against NCCL's best",
+    )
     add_topology_options(sim)
+    sim.add_argument("--collective", "-c", choices=[c.value for c in Collective], help="with a machine name")
     sim.add_argument(
         "--sizes",
         default=DEFAULT_SIZES,
