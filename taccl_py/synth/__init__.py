@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from taccl_py.baselines import ComparedBaseline
 from taccl_py.bounds import LowerBound, lower_bounds
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.progress import prefixed
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, execution_model
@@ -55,6 +57,7 @@ from taccl_py.synth.outcome import (
     library_of,
     synthesis_provenance,
 )
+from taccl_py.synth.switch_candidates import switch_candidates
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -300,6 +303,22 @@ def _run_candidates(
     return [run for runs in values[:-1] for run in runs], values[-1]
 
 
+def _split_parts(
+    everything: Sequence[tuple[Algorithm, tuple]], baselines: Sequence[ComparedBaseline], most: int = 4
+) -> list[Algorithm]:
+    """Return the point-to-point AllReduces to split the buffer with: the fastest per size, then kept baselines."""
+    parts: dict[str, Algorithm] = {}
+    for index in range(len(baselines)):
+        timed = [(pair[1][index].time_us, pair[0]) for pair in everything if pair[1][index] is not None]
+        if timed:
+            fastest = min(timed, key=lambda item: item[0])[1]
+            parts.setdefault(fastest.name, fastest)
+    for compared in baselines:
+        if compared.kept is not None:
+            parts.setdefault(compared.kept[0].name, compared.kept[0])
+    return [part for part in parts.values() if part.collective is Collective.ALLREDUCE][:most]
+
+
 def synthesize(
     topology: Topology,
     collective: Collective | str,
@@ -433,6 +452,8 @@ def _synthesize_impl(
     if collective is Collective.ALLREDUCE:
         runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, model, progress)
     everything = [(c.algorithm, r) for c, r in runs]
+    parts = _split_parts(everything, baselines)
+    everything += switch_candidates(topology, collective, sizes, parts, model=model, progress=progress)
     choices, best_at_top = choose_bands(sizes, banded, everything, baselines)
     budget_bound = first_budget_bound(candidate.budget_bound for candidate, _ in runs)
     timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP

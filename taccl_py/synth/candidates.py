@@ -36,6 +36,7 @@ __all__ = [
     "candidate_chunkings",
     "simulate_at",
     "exportable",
+    "band_writable",
     "geometric_middle",
 ]
 
@@ -139,6 +140,19 @@ def exportable(algorithm: Algorithm, runtime: str = "portable") -> bool:
         logger.info("%s: not exportable to MSCCL XML: %s", algorithm.name, error)
         return False
     return True
+
+
+def band_writable(algorithm: Algorithm) -> bool:
+    """Return True when a library band may hold ``algorithm``: MSCCL loads it, or MSCCL++ does.
+
+    A schedule with switch steps has no MSCCL-IR form: it is writable where MSCCL++ selects its
+    loop at power-of-two sizes, and ``export-msccl`` leaves its sizes to NCCL (NVLS there).
+    """
+    from taccl_py.msccl.selection import selectable_for_powers_of_two
+
+    if algorithm.uses_switch:
+        return selectable_for_powers_of_two(algorithm)
+    return exportable(algorithm)
 
 
 def geometric_middle(low: int, high: int) -> int:

@@ -20,7 +20,7 @@ from taccl_py.simulate import MSCCL_LOOP, ExecutionModel
 from taccl_py.solvers import BudgetBound, SolverOptions, describe_solver, prepare_highs_threads, solver_settings
 from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size
-from taccl_py.synth.candidates import exportable
+from taccl_py.synth.candidates import band_writable, exportable
 from taccl_py.topology.model import Topology
 
 __all__ = ["SynthesisResult", "best_baselines_per_size", "choose_bands", "library_of", "synthesis_provenance"]
@@ -84,10 +84,11 @@ def choose_bands(
 
     Each size's writable baseline (``ComparedBaseline.kept``) competes (for one size too: a slower
     synthesis must not be written as if it were better), and every choice is reported against the
-    fastest baseline (``ComparedBaseline.fastest``). With bands, only algorithms that load in the
-    MSCCL runtimes win: synthesized ones are filtered here, the kept baselines already are.
+    fastest baseline (``ComparedBaseline.fastest``). With bands, only algorithms a band may hold win
+    (``band_writable``: MSCCL loads them, or MSCCL++ loads a switch schedule): synthesized ones are
+    filtered here, the kept baselines already are.
     """
-    usable = [pair for pair in everything if not banded or exportable(pair[0])]
+    usable = [pair for pair in everything if not banded or band_writable(pair[0])]
     choices = choose_per_size(sizes, usable, baselines, fallback=everything)
     best_at_top = min(
         (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
