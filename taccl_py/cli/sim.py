@@ -226,9 +226,10 @@ def _simulate_library(
         raise ArgumentError(str(args.file), "num_ranks", fault, "a library for the topology's rank count")
     model = execution_model(args.model)
     runs = simulate_library(library, topology, sizes, model=model)
-    nccl = (
-        [None] * len(runs) if args.no_baselines else nccl_best_times(topology, library.collective, sizes, model=model)
-    )
+    nccl: list[Any] = [None] * len(runs)
+    if not args.no_baselines:  # a minute or more across 8 machines: NCCL's ring and tree are built and simulated
+        _PROGRESS(f"modelling NCCL's algorithms on {topology.name} at {len(sizes)} sizes")
+        nccl = list(nccl_best_times(topology, library.collective, sizes, model=model))
     records = [_library_record(library, run, best) for run, best in zip(runs, nccl)]
     if args.json:
         print(json.dumps(records, indent=2))
