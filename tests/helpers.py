@@ -46,6 +46,18 @@ requires_cbc = pytest.mark.skipif(find_cbc() is None, reason=f"no CBC program he
 BROKEN_MSCCL_FIXTURES = {"sccl_allreduce_dgx1_composed.xml": "uninitialized read"}
 
 
+# Built-in machines whose size (72 GPUs a machine) makes a per-machine test take minutes on 2 cores:
+# such cases run with --runslow.
+LARGE_BUILTINS = frozenset({"gb200-nvl72"})
+
+
+def builtin_machine_params() -> list:
+    """Return the built-in machine names as pytest parameters, the large ones marked slow."""
+    from taccl_py.topology import builtin_topology_names
+
+    return [pytest.param(n, marks=pytest.mark.slow) if n in LARGE_BUILTINS else n for n in builtin_topology_names()]
+
+
 def error_line(stderr: str) -> str:
     """Return the one line of a failed command's ``stderr``, asserting it is exactly one ``error:`` line."""
     lines = stderr.splitlines()

@@ -20,10 +20,10 @@ from taccl_py.errors import ArgumentError
 from taccl_py.files import read_any_algorithm
 from taccl_py.msccl import generate_msccl_xml, parse_msccl_xml
 from taccl_py.simulate import simulate_sizes
-from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.topology import load_topology
 from taccl_py.topology.cluster import load_cluster
 
-from helpers import assert_valid_algorithm
+from helpers import assert_valid_algorithm, builtin_machine_params
 
 GB = 10**9
 SIZES = (2**20, 16 * 2**20, 2**30)
@@ -68,7 +68,7 @@ def test_the_weakest_machine_binds_a_degraded_cluster():
     assert bound.cut_capacity_GBps == pytest.approx(7 * 24.0)
 
 
-@pytest.mark.parametrize("name", builtin_topology_names())
+@pytest.mark.parametrize("name", builtin_machine_params())
 def test_baselines_verify_and_never_beat_the_bound(name):
     topology = load_topology(name, nodes=2)
     algorithms = [direct_alltoall_algorithm(topology)] + [

@@ -22,11 +22,11 @@ from taccl_py.baselines.hierarchical import local_rings, machines_local_rings
 from taccl_py.baselines.tree import MAX_TREE_CHUNKS, default_tree_channels, default_tree_chunks
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import simulate
-from taccl_py.topology import builtin_topology_names, load_topology
+from taccl_py.topology import load_topology
 from taccl_py.topology.cluster import load_cluster
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology, route
 
-from helpers import assert_valid_algorithm
+from helpers import assert_valid_algorithm, builtin_machine_params
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 KINDS = tuple(kind.value for kind in BaselineKind if kind is not BaselineKind.DIRECT)  # direct: alltoall only
@@ -56,14 +56,14 @@ def _builtin(name: str, nodes: int):
     return load_topology(name, nodes=nodes)
 
 
-@pytest.mark.parametrize("name", builtin_topology_names())
+@pytest.mark.parametrize("name", builtin_machine_params())
 @pytest.mark.parametrize(("kind", "collective"), _cases())
 def test_baselines_verify_on_one_builtin_machine(name, kind, collective):
     assert_valid_algorithm(build_baseline(kind, _builtin(name, 1), collective))
 
 
 @pytest.mark.parametrize("nodes", [2, 4])
-@pytest.mark.parametrize("name", builtin_topology_names())
+@pytest.mark.parametrize("name", builtin_machine_params())
 @pytest.mark.parametrize(("kind", "collective"), _cases())
 def test_baselines_verify_across_builtin_machines(name, nodes, kind, collective):
     topology = _builtin(name, nodes)
@@ -76,7 +76,7 @@ def test_baselines_verify_across_builtin_machines(name, nodes, kind, collective)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nodes", [2, 4])
-@pytest.mark.parametrize("name", builtin_topology_names())
+@pytest.mark.parametrize("name", builtin_machine_params())
 def test_default_baselines_verify_across_builtin_machines(name, nodes):
     topology = _builtin(name, nodes)
     for collective in COLLECTIVES:
