@@ -5,6 +5,10 @@ against "the best baseline" (``taccl synthesize`` for one size or a library, ``t
 exporters' rival checks, the benchmark scripts) comes from it, so the same algorithm at the same
 size is compared with the same baseline everywhere. Where only some baselines may be written (a
 library's bands must load in the MSCCL runtimes), it also names the fastest of those.
+
+NCCL's algorithms that no schedule expresses (NVLS, NVLS-Tree, PAT: ``baselines.nccl``) compete
+for the fastest, as a ``ModelledBaseline`` with its modelled time, never for the one that may be
+written: a library band cannot be replaced by them, but every ratio is against them where they win.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from taccl_py.baselines.build import BaselineKind, applicable_kinds, build_baseline, size_groups
+from taccl_py.baselines.nccl import ModelledBaseline, modelled_results
 from taccl_py.baselines.packing import phase_packings
 from taccl_py.baselines.shipped import shipped_alternatives
 from taccl_py.bounds import lower_bounds
@@ -33,12 +38,14 @@ __all__ = ["ComparedBaseline", "compare_baselines", "best_baselines", "best_base
 class ComparedBaseline:
     """The fastest baseline at one size, and the fastest that ``keep`` accepts (each with its result, or None).
 
-    ``fastest`` is what a result is compared with; ``kept`` is what may be written in a result's place
-    (the same as ``fastest`` without ``keep``).
+    ``fastest`` is what a result is compared with: an ``Algorithm``, or a ``ModelledBaseline`` (NCCL's
+    NVLS, NVLS-Tree or PAT, modelled: ``is_schedule`` False, its result's ``model`` ``nccl-model``)
+    where one is faster than every schedule. ``kept`` is what may be written in a result's place:
+    always an ``Algorithm`` (the fastest schedule without ``keep``).
     """
 
     size_bytes: int
-    fastest: tuple[Algorithm, SimulationResult] | None
+    fastest: tuple[Algorithm | ModelledBaseline, SimulationResult] | None
     kept: tuple[Algorithm, SimulationResult] | None
 
 
@@ -58,15 +65,16 @@ def compare_baselines(
     for ``kept`` reshaped where that is accepted (sends spread over more channels, or fewer
     channels: ``_loadable_variant``). Rings and hierarchical algorithms are built once; trees and
     packed trees once per pipeline depth the sizes call for. Ties go to the earlier of ring, tree,
-    hierarchical, trees (AlltoAll: direct, hierarchical). ``progress`` receives one line per
-    baseline built.
+    hierarchical, trees (AlltoAll: direct, hierarchical), and all of them to NCCL's modelled
+    algorithms (``modelled_results``: NVLS, NVLS-Tree, PAT), which compete for ``fastest`` only.
+    ``progress`` receives one line per baseline built.
     """
     collective = parse_collective(collective)
     sizes = tuple(sizes_bytes)
     if not sizes:
         return ()
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
-    fastest: dict[int, tuple[Algorithm, SimulationResult]] = {}
+    fastest: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
     kept: dict[int, tuple[Algorithm, SimulationResult]] = {}
     for kind in applicable_kinds(topology, collective):
         # Packed trees of every pipeline depth share one packing (seconds on 64 GPUs).
@@ -89,6 +97,10 @@ def compare_baselines(
             _keep_faster(fastest, shipped[0], (size,), (shipped[1],))
             if keep is None or keep(shipped[0]):
                 _keep_faster(kept, shipped[0], (size,), (shipped[1],))
+    for modelled, results in modelled_results(topology, collective, sizes):
+        if progress is not None:
+            progress(f"baseline {modelled.name}: modelled from NCCL's tuning, not a schedule")
+        _keep_faster(fastest, modelled, sizes, results)
     return tuple(ComparedBaseline(size, fastest.get(size), kept.get(size)) for size in sizes)
 
 
@@ -108,8 +120,8 @@ def _simulated(
 
 
 def _keep_faster(
-    best: dict[int, tuple[Algorithm, SimulationResult]],
-    algorithm: Algorithm,
+    best: dict,
+    algorithm: Algorithm | ModelledBaseline,
     sizes: Sequence[int],
     results: Sequence[SimulationResult],
 ) -> None:
@@ -129,7 +141,7 @@ def best_baselines(
 ) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
     """Return, per size, the fastest baseline ``keep`` accepts (all without it) and its result; None where none.
 
-    The ``kept`` half of ``compare_baselines``.
+    The ``kept`` half of ``compare_baselines``: always a schedule, never NCCL's modelled algorithms.
     """
     return tuple(c.kept for c in compare_baselines(topology, collective, sizes_bytes, progress, keep, model))
 

@@ -62,8 +62,9 @@ COMMANDS = MappingProxyType(
         ),
         "simulate": ("sim", "predict an algorithm's time on a topology, against the best baseline"),
         "baseline": (
-            "sim",
-            "write an NCCL-like ring, double binary tree, hierarchical, packed-trees or direct algorithm",
+            "baseline",
+            "write an NCCL-like ring, double binary tree, hierarchical, packed-trees or direct algorithm; "
+            "print NCCL's modelled NVLS or PAT times",
         ),
         "synthesize": ("synth", "synthesize a verified algorithm for a topology (TACCL-style MILP)"),
         "bench": ("bench", "time an algorithm or library against torch.distributed's own collectives"),
@@ -123,7 +124,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if chosen is not None:
         importlib.import_module(f"{__name__}.{chosen}").register(subparsers)
     for name, (module, line) in COMMANDS.items():
-        if module != chosen:
+        if module != chosen and name not in subparsers.choices:  # sim.py still registers a baseline parser too
             subparsers.add_parser(name, help=line, add_help=False)
     return parser
 

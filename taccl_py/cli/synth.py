@@ -96,16 +96,23 @@ def unwritable_baseline_notes(result: SynthesisResult) -> list[str]:
 
     A library's bands must load in the MSCCL runtimes; a faster baseline that does not (NCCL's own
     rings with a channel count whose chunk loop MSCCL never selects, say) is reported, not written.
+    Nor is one of NCCL's modelled algorithms (NVLS, NVLS-Tree, PAT: ``baselines.nccl``), which no
+    schedule expresses: its note says so, for one size too.
     """
     notes = []
     for choice in result.choices:
         base, chosen = choice.baseline, choice.chosen_result
         if base is None or base.time_us >= chosen.time_us:
             continue
+        why = (
+            "but does not load in the MSCCL runtimes; the band keeps the fastest algorithm that does"
+            if choice.baseline_is_schedule
+            else "but is NCCL's own algorithm, modelled, which no schedule can express; it is not written"
+        )
         notes.append(
             f"note: at {format_size(choice.size_bytes)} {choice.baseline_name} ({base.time_us:.2f} us) is "
             f"{format_ratio(chosen.time_us / base.time_us)} faster than {choice.chosen.name} ({chosen.time_us:.2f} us) "
-            "but does not load in the MSCCL runtimes; the band keeps the fastest algorithm that does"
+            + why
         )
     return notes
 
@@ -207,6 +214,8 @@ def _synthesize(args: argparse.Namespace) -> int:
         algorithm, note = choose_written_algorithm(result, xml_limits=xml_limits)
         if note is not None:
             _stderr(note)
+        for modelled_note in unwritable_baseline_notes(result):  # one size: only a modelled baseline is unwritten
+            _stderr(modelled_note)
         provenance = replace(
             result.provenance,
             command=shlex.join(["taccl", *args.argv]),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from taccl_py._io import write_text_atomic
 from taccl_py.baselines.choice import ComparedBaseline
+from taccl_py.baselines.nccl import is_schedule
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
@@ -33,6 +34,8 @@ class SizeChoice:
     ``baseline`` and ``baseline_name`` are the fastest baseline (``ComparedBaseline.fastest``), the
     one every printed ratio is against; ``baseline_chosen`` says the winner is a baseline, which
     where only some may be written (library bands) can be a slower one than ``baseline_name``.
+    ``baseline_is_schedule`` is False where the fastest baseline is one of NCCL's modelled
+    algorithms (``baselines.nccl``: NVLS, PAT), which is compared with but never written.
     """
 
     size_bytes: int
@@ -42,6 +45,7 @@ class SizeChoice:
     baseline: SimulationResult | None
     baseline_name: str | None
     baseline_chosen: bool = False
+    baseline_is_schedule: bool = True
 
 
 def choose_per_size(
@@ -84,6 +88,7 @@ def choose_per_size(
                 None if reference is None else reference[1],
                 None if reference is None else reference[0].name,
                 from_baseline == 1,
+                reference is None or is_schedule(reference[0]),
             )
         )
     return tuple(choices)
