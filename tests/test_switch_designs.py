@@ -97,3 +97,16 @@ def test_synthesis_on_dgx_h100_beats_nvls_with_a_switch_design(h100):
     assert choice.baseline_name == "nccl-nvls"
     assert choice.baseline.time_us / choice.chosen_result.time_us >= 1.05
     assert result.library is not None and result.library.bands[0].algorithm.uses_switch
+
+
+def test_a_library_without_routing_chooses_among_designs_and_baselines(h100):
+    from taccl_py.synth.designs_only import DESIGNS_ONLY_NOTE, choose_designs
+
+    result = choose_designs(h100, "allreduce", [2**20, 2**26])
+    assert result.library.provenance.note == DESIGNS_ONLY_NOTE
+    assert result.choices[-1].chosen.uses_switch  # no MILP, yet ahead of NVLS at 64 MiB
+    assert result.choices[-1].baseline.time_us > result.choices[-1].chosen_result.time_us
+    scatter = choose_designs(h100, "reducescatter", [2**20, 2**26])  # no design: the kept baselines
+    assert all(not band.algorithm.uses_switch for band in scatter.library.bands)
+    with pytest.raises(ArgumentError, match="two or more sizes"):
+        choose_designs(h100, "alltoall", [2**20, 2**26])
