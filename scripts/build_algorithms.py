@@ -18,6 +18,12 @@ workers included) and its largest single process (``peak_process_MB``).
 
     python scripts/build_algorithms.py                           # 1, 2, 4 nodes: about 40 min on 2 cores
     python scripts/build_algorithms.py --topologies ndv2 --nodes 1,2 --skip-existing
+    python scripts/build_algorithms.py --topologies gb200-nvl72 --nodes 1,2 --designs-only \
+        --collectives allgather,reducescatter,allreduce
+
+``--designs-only`` skips the routing MILPs (``taccl_py.synth.designs_only``): the library is chosen
+among the switch designs and the baselines, for machines of one NVLink domain too large to route
+(GB200 NVL72: 72 GPUs, every pair a logical link).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from process_memory import TreeMemory
 
 from taccl_py.stages.routing import ALTERNATIVE_STATUS
 from taccl_py.synth import SynthesisResult, synthesize, write_library
+from taccl_py.synth.designs_only import choose_designs
 from taccl_py.topology import load_topology
 from taccl_py.units import parse_sizes
 
@@ -81,13 +88,16 @@ def source_commit() -> str | None:
     return head + ("-dirty" if dirty.strip() else "")
 
 
-def instance_command(topology: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None) -> str:
+def instance_command(
+    topology: str, nodes: int, collective: str, sizes: str, time_limit_s: float | None, designs_only: bool = False
+) -> str:
     """Return the command that rebuilds one instance's library."""
     command = (
         f"python scripts/build_algorithms.py --topologies {topology} --nodes {nodes} "
         f"--collectives {collective} --sizes {sizes}"
     )
-    return command + (f" --time-limit {time_limit_s:g}" if time_limit_s is not None else "")
+    command += f" --time-limit {time_limit_s:g}" if time_limit_s is not None else ""
+    return command + (" --designs-only" if designs_only else "")
 
 
 def _greedy_bands(result: SynthesisResult, statuses: tuple[str, ...] = ("heuristic", ALTERNATIVE_STATUS)) -> int:
@@ -110,18 +120,22 @@ def build_instance(
     time_limit_s: float | None,
     write: bool,
     jobs: int | None = None,
+    designs_only: bool = False,
 ) -> dict:
     """Synthesize one instance (in this process), optionally write its library; return its metrics."""
     topology = load_topology(topology_name, nodes=nodes)
     began = time.perf_counter()
-    result = synthesize(
-        topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=log, jobs=jobs
-    )
+    if designs_only:
+        result = choose_designs(topology, collective, parse_sizes(sizes), progress=log)
+    else:
+        result = synthesize(
+            topology, collective, sizes=parse_sizes(sizes), time_limit_s=time_limit_s, progress=log, jobs=jobs
+        )
     wall = time.perf_counter() - began
     provenance = replace(
         result.library.provenance,
         source_commit=source_commit(),
-        command=instance_command(topology_name, nodes, collective, sizes, time_limit_s),
+        command=instance_command(topology_name, nodes, collective, sizes, time_limit_s, designs_only),
     )
     library = replace(result.library, topology=topology_name, provenance=provenance)
     if write:
@@ -170,6 +184,8 @@ def run_instance(topology: str, nodes: int, collective: str, args: argparse.Name
         cmd += ["--time-limit", str(args.time_limit)]
     if args.jobs is not None:
         cmd += ["--jobs", str(args.jobs)]
+    if args.designs_only:
+        cmd.append("--designs-only")
     if not args.no_write:
         cmd.append("--write")
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
@@ -204,6 +220,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_jobs_argument(parser, None, per="instance")
     parser.add_argument("--metrics", type=Path, help="append each instance's metrics (JSON lines) to this file")
+    parser.add_argument(
+        "--designs-only", action="store_true", help="no routing MILPs: choose among switch designs and baselines"
+    )
 
 
 def sweep_instances(
@@ -240,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.one:
         name, nodes, collective = args.one
-        metrics = build_instance(name, int(nodes), collective, args.sizes, args.time_limit, args.write, args.jobs)
+        metrics = build_instance(
+            name, int(nodes), collective, args.sizes, args.time_limit, args.write, args.jobs, args.designs_only
+        )
         print(json.dumps(metrics))
         return 0
     _metrics, failures = sweep_instances(args, args, skip_existing=args.skip_existing)
