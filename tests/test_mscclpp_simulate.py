@@ -19,9 +19,10 @@ from taccl_py.mscclpp import (
     read_mscclpp_plan,
     verify_mscclpp_plan,
 )
+from taccl_py.mscclpp.plan import ChannelKind
 from taccl_py.mscclpp.simulate import prepare_plan_simulation, simulate_mscclpp_plan
 from taccl_py.simulate import simulate_plan, simulate_sizes
-from taccl_py.topology import load_topology, write_topology
+from taccl_py.topology import load_topology, read_topology, write_topology
 from taccl_py.topology.model import route
 from taccl_py.verify import exported_inplace_form
 
@@ -175,6 +176,12 @@ def test_wrong_rank_count_is_an_argument_error():
 def test_mscclpp_fixture_plans_simulate_on_a_matching_mesh(name):
     plan = read_mscclpp_plan(FIXTURES / name)
     topology = full_mesh(len(plan.gpus))
+    if any(c.channel_type is ChannelKind.SWITCH for gpu in plan.gpus for c in gpu.channels):
+        # a switch op is a switch flow: it needs a switch that reduces (tests/test_mscclpp_switch.py)
+        gpus = len(plan.gpus)
+        topology = (
+            load_topology("dgx-h100") if gpus == 8 else read_topology(FIXTURES.parent / f"topo/nvls-{gpus}gpu.json")
+        )
     results = simulate_mscclpp_plan(plan, topology, [1 << 20, 1 << 26], model="chunks")
     for result in results:
         assert result.num_transfers > 0

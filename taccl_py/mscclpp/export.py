@@ -56,6 +56,7 @@ from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, 
 from taccl_py.ir.collectives import chunk_layout
 from taccl_py.mscclpp.lower.lanes import Lane, lane_semaphores, merge_lanes, step_positions
 from taccl_py.mscclpp.lower.ops import (
+    MAX_CHANNELS_PER_OPERATION,
     MAX_OPERATIONS_PER_THREADBLOCK,
     MAX_SEMAPHORES_PER_OPERATION,
     BatchedLaneOps,
@@ -65,6 +66,7 @@ from taccl_py.mscclpp.lower.ops import (
     lower_step,
 )
 from taccl_py.mscclpp.lower.packets import PacketSlots, lower_packet_step, packet_slots
+from taccl_py.mscclpp.lower.switch import SwitchFacts, switch_facts, switch_op
 from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
 from taccl_py.topology.model import Topology
 
@@ -103,6 +105,7 @@ class _Facts:
     targets: dict[StepKey, Slot]  # where each sending step's put lands, on the receiver
     scratch: dict[int, int]  # scratch chunks per rank, landing slots included
     packets: PacketSlots | None  # LL's slots; None under Simple
+    switch: SwitchFacts = SwitchFacts()  # switch channels and group-step barriers (``lower.switch``)
 
     def kind(self, rank: int, peer: int) -> str:
         """Return the channel type between two ranks: ``memory`` within a machine, ``port`` across."""
@@ -111,6 +114,20 @@ class _Facts:
 
 def _fault(algorithm: Algorithm, field: str, fault: str, expected: str) -> ArgumentError:
     return ArgumentError(algorithm.name, field, fault, expected)
+
+
+def _switch_facts(algorithm: Algorithm, nodes: tuple[int, ...], protocol: str) -> SwitchFacts:
+    """Return the switch facts of ``algorithm``; refuse switch steps under LL or a group over several machines."""
+    if not algorithm.uses_switch:
+        return SwitchFacts()
+    if protocol != "Simple":
+        raise _fault(algorithm, "protocol", f"switch steps under {protocol}", "Simple (glres has no packet form)")
+    for prog in algorithm.ranks:
+        for tb in prog.threadblocks:
+            if len({nodes[rank] for rank in tb.switch_group}) > 1:
+                where = f"rank {prog.rank} tb {tb.id}"
+                raise _fault(algorithm, where, f"switch group {list(tb.switch_group)} spans machines", "one machine")
+    return switch_facts(algorithm)
 
 
 def _links(algorithm: Algorithm) -> tuple[dict[Link, Threadblock], dict[Link, Threadblock]]:
@@ -212,6 +229,10 @@ class _Gpu:
             listed = self.connected[facts.kind(rank, peer)]
             self.channel_of[link] = len(listed)
             listed.append(peer)
+        for a, b, key in (pair for pair in facts.switch.barrier_pairs if rank in pair[:2]):  # one group, one machine
+            self.channel_of[(a, b, key)] = len(self.connected["memory"])
+            self.connected["memory"].append(b if a == rank else a)
+        self.switch_channels = facts.switch.channels_of(rank)
         self.remote_buffers: dict[tuple[int, Buffer], int] = {}
 
     def remote_buffer(self, peer: int, buffer: Buffer) -> int:
@@ -219,6 +240,14 @@ class _Gpu:
 
     def to_json(self) -> tuple[list[dict], list[dict]]:
         channels = [{"channel_type": k, "connected_to": peers} for k, peers in self.connected.items() if peers]
+        channels += [
+            {
+                "channel_type": "switch",
+                "buffer_type": buffer.value,
+                "rank_groups": [{"size": len(group), "ranks": list(group)}],
+            }
+            for group, buffer in self.switch_channels
+        ]
         remote = [
             {"rank": peer, "type": buffer.value, "access_channel_types": [self.kind(self.rank, peer)]}
             for (peer, buffer), _ in sorted(self.remote_buffers.items(), key=lambda item: item[1])
@@ -247,7 +276,9 @@ def _lane_ops(
             kind, channel = facts.kind(rank, tb.send_peer), gpu.channel_of[(rank, tb.send_peer, tb.channel)]
             target = facts.targets[key]
             send = (kind, channel, gpu.remote_buffer(tb.send_peer, target[0]), target)
-        if facts.packets is not None:
+        if step.op.switches:
+            _switch_step(ops, gpu, facts, key, step, tb)
+        elif facts.packets is not None:
             lower_packet_step(ops, step, key, facts.packets, send)
         else:
             if step.op.receives:
@@ -267,6 +298,25 @@ def _lane_ops(
     return ops
 
 
+def _switch_step(ops: LaneOps, gpu: _Gpu, facts: _Facts, key: StepKey, step: Step, tb: Threadblock) -> None:
+    """Append a switch step's op between its group step's barriers (``lower.switch``)."""
+    group, rank = tb.switch_group, gpu.rank
+    channels = [gpu.channel_of[(min(rank, p), max(rank, p), (group, tb.channel))] for p in group if p != rank]
+    batches = [
+        channels[i : i + MAX_CHANNELS_PER_OPERATION] for i in range(0, len(channels), MAX_CHANNELS_PER_OPERATION)
+    ]
+
+    def barrier() -> None:
+        for name in ("signal", "wait"):
+            for batch in batches:
+                ops.control(name, "memory", batch)
+
+    if key not in facts.switch.no_barrier_before:
+        barrier()
+    ops.data(switch_op(step, rank, group, lambda channel: ops.channel_ref("switch", channel), facts.switch))
+    barrier()
+
+
 def _lane_pieces(
     prog: RankProgram, lanes: list[Lane], gpu: _Gpu, facts: _Facts, batched: bool = False
 ) -> tuple[list, int] | None:
@@ -276,8 +326,8 @@ def _lane_pieces(
     count, pieces = semaphores[2], []
     for lane in lanes:
         ops = _lane_ops(prog.rank, lane, tbs, gpu, facts, semaphores, batched)
-        for kind in ("memory", "port"):
-            if max(len(ops.channels[kind]), len(ops.remote[kind])) > MAX_CHANNELS_PER_THREADBLOCK:
+        for kind in ("memory", "port", "switch"):
+            if max(len(ops.channels[kind]), len(ops.remote.get(kind, ()))) > MAX_CHANNELS_PER_THREADBLOCK:
                 return None
         pieces.append((ops, cut_threadblock(ops.ops, count)))
         count += len(pieces[-1][1]) - 1
@@ -379,7 +429,8 @@ def generate_mscclpp_plan(
     else:
         landing, scratch = _landings(algorithm)
     targets = _put_targets(algorithm, receivers, landing)
-    facts = _Facts(nodes, tuple(sorted(set(senders) | set(receivers))), landing, targets, scratch, packets)
+    links = tuple(sorted(set(senders) | set(receivers)))
+    facts = _Facts(nodes, links, landing, targets, scratch, packets, _switch_facts(algorithm, nodes, protocol))
     positions = functools.cache(functools.partial(step_positions, algorithm))  # only a rank over the limit needs them
     if algorithm.max_bytes is not None and algorithm.max_bytes <= 1:
         raise _fault(algorithm, "max_bytes", f"{algorithm.max_bytes}", "a band holding some size above 0")

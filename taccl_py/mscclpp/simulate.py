@@ -6,7 +6,7 @@ flushes, packet reads after their writes) becomes the engine's actions
 (``taccl_py.simulate.engine``):
 
 * an event that moves data between GPUs (``put``, ``get``, a remote read or write of a reduce, a
-  packet put, a port channel's proxy write, a switch op) is one SEND per (source GPU,
+  packet put, a port channel's proxy write) is one SEND per (source GPU,
   destination GPU) over ``route(topology, src, dst)`` of the chunks it moves there, with a RECV
   when the bytes have arrived; its threadblock goes on when what it sends has left (serialized:
   arrived) and what it reads has arrived;
@@ -24,8 +24,12 @@ flushes, packet reads after their writes) becomes the engine's actions
   (``taccl_py.ir.collectives.chunk_layout``), so a plan and the Algorithm it was exported from
   move the same bytes.
 
-A switch op (NVLS multimem) is modelled as the point-to-point transfers of its remote reads and
-writes, not as in-switch reduction; a pipeline op's body runs ``DEFAULT_PIPELINE_ITERATIONS``
+A switch op (NVLS multimem: ``glres``, ``gstore``, ``gstorepkt``) is one switch flow, as our
+simulator charges a switch step (``taccl_py.simulate.switch.switch_path``): ``glres`` a
+reduce-store, the others a store, over the GPUs its switch channel spans, of the chunks it writes
+on its own GPU; it needs a switch that reduces in the network under those GPUs. What follows it
+goes on when the flow is done (the plan's own signals order the other GPUs after it). A pipeline
+op's body runs ``DEFAULT_PIPELINE_ITERATIONS``
 times, each over its share of the range, as the verifier replays it. MSCCL++ runs a plan once over
 whole chunks, so ``model="chunks"`` is how its executor runs; the sliced models run the whole plan
 once per slice as MSCCL would (entry handshake included, so it is paid once per pass), for
@@ -39,7 +43,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
-from taccl_py.bounds import lower_bounds
+from taccl_py.bounds.reduction import schedule_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.collectives import Collective, chunk_layout
 from taccl_py.mscclpp.event_order import topological_order
@@ -60,7 +64,13 @@ from taccl_py.simulate import (
     execution_model,
     simulate_plan,
 )
-from taccl_py.simulate.plan import PlannedSend, ProgramSummary, SimulationPlan, assemble_simulation_plan
+from taccl_py.simulate.plan import (
+    PlannedSend,
+    PlannedSwitch,
+    ProgramSummary,
+    SimulationPlan,
+    assemble_simulation_plan,
+)
 from taccl_py.topology.model import Topology
 
 __all__ = ["plan_summary", "prepare_plan_simulation", "simulate_mscclpp_plan"]
@@ -68,6 +78,7 @@ __all__ = ["plan_summary", "prepare_plan_simulation", "simulate_mscclpp_plan"]
 logger = logging.getLogger(__name__)
 
 _SIGNALS = frozenset({OpName.SIGNAL, OpName.RELAXED_SIGNAL})
+_SWITCH_OPS = frozenset({OpName.MULTI_LOAD_REDUCE_STORE, OpName.MULTI_STORE, OpName.MULTI_STORE_PACKETS})
 
 
 def plan_summary(plan: ExecutionPlan) -> ProgramSummary:
@@ -98,7 +109,13 @@ def plan_summary(plan: ExecutionPlan) -> ProgramSummary:
                 f"{gpu.input_chunks} input and {gpu.output_chunks} output chunks",
                 f"{layout.input_chunks} and {layout.output_chunks} ({collective.value} over {len(plan.gpus)} GPUs)",
             )
-    return ProgramSummary(plan.name, collective, len(plan.gpus), per_loop, plan.protocol.value)
+    reduces = any(
+        op.name is OpName.MULTI_LOAD_REDUCE_STORE
+        for gpu in plan.gpus
+        for tb in gpu.threadblocks
+        for op in all_ops(tb.ops)
+    )
+    return ProgramSummary(plan.name, collective, len(plan.gpus), per_loop, plan.protocol.value, reduces)
 
 
 def prepare_plan_simulation(
@@ -149,12 +166,25 @@ def prepare_plan_simulation(
         )
     summary = plan_summary(plan)
     graph, slices = _replay_graph(plan)
-    predecessors, sends, spans = _ActionTables(graph, slices).build()
+    tables = _ActionTables(graph, slices)
+    predecessors, sends, spans = tables.build()
     logger.debug(
-        "%s: %d events as %d actions, %d transfers", plan.name, len(graph.events), len(predecessors), len(sends)
+        "%s: %d events as %d actions, %d transfers, %d switch flows",
+        plan.name,
+        len(graph.events),
+        len(predecessors),
+        len(sends),
+        len(tables.switches),
     )
     return assemble_simulation_plan(
-        summary, topology, predecessors, sends, spans, protocol_costs=protocol_costs, model=execution_model(model)
+        summary,
+        topology,
+        predecessors,
+        sends,
+        spans,
+        protocol_costs=protocol_costs,
+        model=execution_model(model),
+        switches=tables.switches,
     )
 
 
@@ -176,7 +206,9 @@ def simulate_mscclpp_plan(
     for size in sizes:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ArgumentError(plan.name, "size_bytes", f"size {size!r}", "an integer number of bytes >= 1")
-    bounds = lower_bounds(topology, prepared.algorithm.collective, sizes)
+    # a plan that sums in a switch is held to the in-network bound, as its Algorithm would be
+    reduces = prepared.algorithm.reduces_in_switch
+    bounds = schedule_bounds(topology, prepared.algorithm.collective, sizes, reduces_in_switch=reduces)
     return tuple(simulate_plan(prepared, size, bound_time_us=b.time_us) for size, b in zip(sizes, bounds))
 
 
@@ -216,6 +248,16 @@ def _flows(graph: ReplayGraph, event_id: int, slices: int) -> dict[tuple[int, in
     return {pair: len(locs) / slices for pair, locs in remote.items()}
 
 
+def _switch_flow(graph: ReplayGraph, event_id: int, slices: int) -> tuple[tuple[int, ...], float] | None:
+    """Return a switch op's group (the GPUs it writes) and the chunks it writes on its own GPU; None for others."""
+    event = graph.events[event_id]
+    if event.name not in _SWITCH_OPS:
+        return None
+    written = [loc for dst_locs, _ in event.writes for loc in dst_locs]
+    group = tuple(sorted({loc[0] for loc in written} | {event.gpu}))
+    return group, sum(1 for loc in written if loc[0] == event.gpu) / slices
+
+
 def _proxies(graph: ReplayGraph) -> dict[int, list[int]]:
     """Return each port op's issue event -> its proxy events (an unnamed event labelled as the issue it follows)."""
     found: dict[int, list[int]] = defaultdict(list)
@@ -236,15 +278,30 @@ def _proxies(graph: ReplayGraph) -> dict[int, list[int]]:
 class _ActionTables:
     """The engine's actions for a replay graph: per event its start, end (done) and arrival action."""
 
-    __slots__ = ("graph", "slices", "preds", "sends", "start", "done", "arrive", "flows", "proxy_of", "issues")
+    __slots__ = (
+        "graph",
+        "slices",
+        "preds",
+        "sends",
+        "switches",
+        "switch_of",
+        "start",
+        "done",
+        "arrive",
+        "flows",
+        "proxy_of",
+        "issues",
+    )
 
     def __init__(self, graph: ReplayGraph, slices: int) -> None:
         self.graph, self.slices = graph, slices
         self.preds: list[set[int]] = []
         self.sends: list[PlannedSend] = []
+        self.switches: list[PlannedSwitch] = []
         count = len(graph.events)
         self.start, self.done, self.arrive = [-1] * count, [-1] * count, [-1] * count
-        self.flows = [_flows(graph, index, slices) for index in range(count)]
+        self.switch_of = {i: flow for i in range(count) if (flow := _switch_flow(graph, i, slices)) is not None}
+        self.flows = [{} if index in self.switch_of else _flows(graph, index, slices) for index in range(count)]
         self.issues = _proxies(graph)
         self.proxy_of = {proxy: issue for issue, proxies in self.issues.items() for proxy in proxies}
 
@@ -276,6 +333,13 @@ class _ActionTables:
     def _allocate(self, index: int, travels: bool) -> None:
         """Create event ``index``'s actions: one COMPUTE, or a SEND and RECV per flow with joins."""
         event, flows = self.graph.events[index], self.flows[index]
+        if index in self.switch_of:  # one switch flow: done when its bytes are through the switch
+            group, chunks = self.switch_of[index]
+            action = self._action()
+            reduces = event.name is OpName.MULTI_LOAD_REDUCE_STORE
+            self.switches.append(PlannedSwitch(action, event.gpu, group, chunks, reduces))
+            self.start[index] = self.done[index] = self.arrive[index] = action
+            return
         if not flows:
             action = self._action()
             self.start[index] = self.done[index] = self.arrive[index] = action

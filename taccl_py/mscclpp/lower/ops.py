@@ -32,7 +32,9 @@ Slot = tuple[Buffer, int]
 
 
 # Ops every thread of a threadblock runs, whatever the channel (the packet ops loop over threadIdx.x).
-_ALL_THREAD_OPS = frozenset({"copy", "re", "res", "cpkt", "upkt", "repkt", "recpkt", "respkt", "recspkt"})
+_ALL_THREAD_OPS = frozenset(
+    {"copy", "re", "res", "cpkt", "upkt", "repkt", "recpkt", "respkt", "recspkt", "glres", "gstore"}
+)
 
 
 def _all_threads(op: dict) -> bool:
@@ -113,7 +115,7 @@ class LaneOps:
 
     def __init__(self) -> None:
         self.ops: list[dict] = []
-        self.channels: dict[str, list[int]] = {"memory": [], "port": []}
+        self.channels: dict[str, list[int]] = {"memory": [], "port": [], "switch": []}
         self.remote: dict[str, list[int]] = {"memory": [], "port": []}
         self.busy: list[tuple[set, set]] = []  # reads and writes of all-thread ops since the last nop
         self.gated = False  # thread 0 passed a wait, acquire, flush or port put since the last nop
@@ -267,7 +269,7 @@ def _footprint(op: dict) -> tuple[set, set]:
     for key in ("src_buff", "dst_buff"):
         slots.append(
             {
-                (ref.get("type", ref.get("buffer_id")), i)
+                (ref.get("type", ref.get("buffer_id", ("switch", ref.get("switch_channel_id")))), i)
                 for ref in op[key]
                 for i in range(ref["index"], ref["index"] + ref["size"])
             }
