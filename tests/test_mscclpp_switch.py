@@ -24,7 +24,7 @@ from taccl_py.topology import load_topology
 from taccl_py.topology.model import route
 from taccl_py.topology.schema import read_topology
 
-from helpers import FIXTURES
+from helpers import FIXTURES, ring_algorithm
 
 MSCCLPP_FIXTURES = FIXTURES / "mscclpp"
 SIZES = [2**10, 2**20, 2**28]
@@ -226,3 +226,18 @@ def test_export_mscclpp_writes_switch_bands_that_verify_and_a_plan_without_glres
     broken.write_text(json.dumps(plan))
     assert main(["verify", str(broken)]) != 0
     assert "never written" in capsys.readouterr().out
+
+
+def test_export_msccl_leaves_a_switch_band_to_nccl_with_one_line(tmp_path, capsys):
+    ring = ring_algorithm(Collective.ALLREDUCE, 8)
+    bands = (SizeBand(0, 2**20, ring, "x"), SizeBand(2**20, None, _switch_allreduce(channels=2), "y"))
+    path = tmp_path / "ar.library.json"
+    write_library(AlgorithmLibrary("dgx-h100", 1, Collective.ALLREDUCE, 8, bands), path)
+    out = tmp_path / "xml"
+    assert main(["export-msccl", str(path), "-o", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    switch_lines = [line for line in err if "switch steps" in line]
+    assert switch_lines == [
+        "dgx-h100-n1-allreduce-1: band 1 (1MiB and up) uses switch steps: no MSCCL-IR form; left to NCCL"
+    ]
+    assert out.is_dir() and all("-1" not in p.name for p in out.iterdir()) and any(out.iterdir())

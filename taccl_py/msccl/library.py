@@ -9,7 +9,8 @@ runtime's limits (``taccl_py.msccl.limits``) is left out and reported: our own r
 runs it from the library. A "native" band gets no file, silently: where no XML covers a size, MSCCL
 runs NCCL's own collective, which is what the band asks for. A band whose chunk loop MSCCL never
 selects at the power-of-two element counts users pass, where another loop would be selected
-(``selectable_for_powers_of_two``), gets no file either, and says so: its sizes stay with NCCL.
+(``selectable_for_powers_of_two``), gets no file either, and says so: its sizes stay with NCCL;
+so does a band whose algorithm has switch steps (NVLink SHARP: MSCCL-IR has no in-network op).
 
 Writing into a folder that holds an earlier export of the same library, ``write_library_xml``
 removes that export's files this one does not overwrite (``replace_earlier``), so that no stale
@@ -147,13 +148,17 @@ def generate_library_xml(
     runs (``taccl_py.msccl.protocol.band_protocols``; ``rccl_gpu_arch`` names the AMD GPU RCCL
     runs LL128 on, e.g. ``"gfx942"``). The open-ended last band gets ``maxBytes="0"``, which the
     MSCCL tools write for "no upper end". A band whose chunk loop MSCCL never selects at
-    power-of-two counts, where another loop would be, gets no file (``LibraryXml.to_nccl``).
+    power-of-two counts, where another loop would be, or that has switch steps (no MSCCL-IR
+    form), gets no file (``LibraryXml.to_nccl``).
     """
     dialect = parse_dialect(dialect)
     protocols = band_protocols(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
     files, keys, skipped, notes, to_nccl = [], [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
+            continue
+        if band.algorithm.uses_switch:  # in-network steps: MSCCL-IR has no form for them
+            to_nccl.append((index, _switch_band(library, index, band)))
             continue
         try:
             band_files, band_notes = _band_files(library, index, band, dialect, runtime, protocols[index])
@@ -169,14 +174,23 @@ def generate_library_xml(
     return LibraryXml(tuple(files), tuple(skipped), tuple(keys), tuple(notes), tuple(to_nccl))
 
 
+def _band_sizes(band: SizeBand) -> str:
+    low = format_size(band.min_bytes)
+    return f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
+
+
+def _switch_band(library: AlgorithmLibrary, index: int, band: SizeBand) -> str:
+    """Return the line saying band ``index`` gets no file: its switch steps have no MSCCL-IR form."""
+    name = library_xml_name(library, index).removesuffix(".xml")
+    return f"{name}: band {index} ({_band_sizes(band)}) uses switch steps: no MSCCL-IR form; left to NCCL"
+
+
 def _never_selected(library: AlgorithmLibrary, index: int, band: SizeBand) -> str:
     """Return the line saying why band ``index`` gets no file, and which sizes stay with NCCL."""
     name = library_xml_name(library, index).removesuffix(".xml")
-    low = format_size(band.min_bytes)
-    sizes = f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
     return (
         f"{name}: {band.algorithm.chunks_per_loop} chunks per loop divide no power-of-two element count, "
-        f"so MSCCL never selects it; sizes {sizes} stay with NCCL"
+        f"so MSCCL never selects it; sizes {_band_sizes(band)} stay with NCCL"
     )
 
 
