@@ -7,13 +7,19 @@ topology (its shipped libraries), or a sequence of these. Pure Python: no torch 
 Every candidate knows the cluster it was made for (``MadeFor``): a library's ``cluster`` record, or
 else the built-in topology and node count it names; an algorithm's ``cluster_fingerprint``
 metadata, or else nothing. ``match_cluster`` keeps the candidates made for the live cluster.
+
+A band whose algorithm has switch steps (``mrs``, ``ms``: NVLink SHARP multimem) runs no
+point-to-point transport of ours (``compile_rank_plan`` refuses it): ``collect_algorithms`` makes
+it a "native" band, logged once, so the group's own collective runs those sizes (NCCL's runs NVLS
+on such a machine) and no call errors.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,8 @@ __all__ = [
 CLUSTER_METADATA_KEY = "cluster_fingerprint"
 
 _SOURCE = "Communicator"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -294,5 +302,23 @@ def collect_algorithms(
                     f"{candidate.name} runs on {candidate.num_ranks} ranks, the group has {world_size}",
                     "an algorithm for the group's world size",
                 )
-            candidates.append(candidate)
+            candidates.append(_runnable(candidate))
     return AlgorithmChoices(world_size, tuple(candidates))
+
+
+def _runnable(candidate: Candidate) -> Candidate:
+    """Return ``candidate``, or its native form where its algorithm has switch steps (see the module notes)."""
+    algorithm = candidate.algorithm
+    if algorithm is None or not algorithm.uses_switch:
+        return candidate
+    high = "up" if candidate.max_bytes is None else f"to {candidate.max_bytes} B"
+    logger.info(
+        "%s: %s %s uses switch steps (NVLink SHARP), which no point-to-point transport runs; "
+        "sizes from %d B %s run the group's own collective (NCCL: NVLS)",
+        candidate.origin,
+        candidate.collective.value,
+        algorithm.name,
+        candidate.min_bytes,
+        high,
+    )
+    return replace(candidate, algorithm=None)
