@@ -4,7 +4,9 @@ hierarchical exchanges.
 
 Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved
 it implements its collective (``build.py``). ``compare_baselines`` (``choice.py``) simulates the
-applicable ones and gives, per size, the fastest: what every result is compared with.
+applicable ones and gives, per size, the fastest: what every result is compared with. NCCL's
+algorithms that no schedule expresses (NVLS, NVLS-Tree, PAT: ``nccl.py``) are modelled and compete
+for the fastest too, never for what may be written; ``nccl_best_times`` gives NCCL's best per size.
 """
 
 from __future__ import annotations
