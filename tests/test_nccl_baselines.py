@@ -233,3 +233,15 @@ def test_cli_baseline_nvls_refuses_a_machine_without_it(capsys):
 def test_cli_baseline_ring_still_needs_an_output_file(capsys):
     assert main(["baseline", "ring", "--topology", "ndv2", "-c", "allgather"]) == 2
     assert "-o: missing for ring" in capsys.readouterr().err
+
+
+def test_cli_baseline_pat_prints_its_time_on_one_gpu_machines(tmp_path, capsys):
+    path = _one_gpu_machine(tmp_path)
+    assert (
+        main(["baseline", "pat", "--topology", str(path), "--nodes", "4", "-c", "reducescatter", "--sizes", "1MB"]) == 0
+    )
+    out = capsys.readouterr().out
+    (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("1MB")]
+    expected = 2 * PAT_ROUTE_ALPHA_US + 3 / 4 * MB / (PAT_ROUTE_GBPS * 1000)
+    assert row[1] == "nccl-pat" and float(row[2]) == pytest.approx(expected, abs=0.01)
+    assert "reducescatter, 4 GPUs" in out
