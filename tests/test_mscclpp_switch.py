@@ -241,3 +241,45 @@ def test_export_msccl_leaves_a_switch_band_to_nccl_with_one_line(tmp_path, capsy
         "dgx-h100-n1-allreduce-1: band 1 (1MiB and up) uses switch steps: no MSCCL-IR form; left to NCCL"
     ]
     assert out.is_dir() and all("-1" not in p.name for p in out.iterdir()) and any(out.iterdir())
+
+
+def test_a_transfer_never_lands_in_place_where_a_peers_switch_store_writes():
+    """Rank 1 multicasts into rank 0's output chunk 1 and also sends it there: the put lands in scratch."""
+    group = (0, 1)
+    rank0 = RankProgram(
+        0,
+        (
+            Threadblock(0, (Step(OpType.SWITCH_STORE, Buffer.INPUT, 0, Buffer.OUTPUT, 0),), switch_group=group),
+            Threadblock(
+                1, (Step(OpType.RECV, dst_buffer=Buffer.OUTPUT, dst_offset=1, depends=((0, 0),)),), recv_peer=1
+            ),
+        ),
+        1,
+        2,
+    )
+    rank1 = RankProgram(
+        1,
+        (
+            Threadblock(0, (Step(OpType.SWITCH_STORE, Buffer.INPUT, 0, Buffer.OUTPUT, 1),), switch_group=group),
+            Threadblock(1, (Step(OpType.SEND, Buffer.INPUT, 0),), send_peer=0),
+        ),
+        1,
+        2,
+    )
+    plan = generate_mscclpp_plan(Algorithm("twice", Collective.ALLGATHER, 2, 2, (rank0, rank1)))
+    # in place, rank 1's put could land while its gstore writes the same chunk (the replay calls it a race)
+    assert plan["gpus"][0]["scratch_chunks"] == 1
+    assert check_mscclpp_plan(parse_mscclpp_plan(json.dumps(plan))) == []
+
+
+def test_members_multicasting_over_scratch_get_one_scratch_size():
+    """A switch channel binds one multicast object to every member's scratch: the sizes are made equal."""
+    group = (0, 1)
+    ranks = []
+    for r, scratch in ((0, 2), (1, 3)):
+        copy = Threadblock(0, (Step(OpType.COPY, Buffer.INPUT, 0, Buffer.SCRATCH, 0, 2),))
+        step = Step(OpType.SWITCH_REDUCE_STORE, Buffer.SCRATCH, r, Buffer.OUTPUT, r, depends=((0, 0),))
+        ranks.append(RankProgram(r, (copy, Threadblock(1, (step,), switch_group=group)), 2, 2, scratch))
+    plan = generate_mscclpp_plan(Algorithm("staged", Collective.ALLREDUCE, 2, 2, tuple(ranks)))
+    assert [gpu["scratch_chunks"] for gpu in plan["gpus"]] == [3, 3]
+    assert check_mscclpp_plan(parse_mscclpp_plan(json.dumps(plan))) == []

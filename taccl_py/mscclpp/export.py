@@ -15,7 +15,13 @@ rrcs    wait; reduce ``dst`` <- ``src`` + slot; put ``dst`` on, signal
 cpy     copy ``src`` -> ``dst``
 re      reduce ``dst`` <- ``dst`` + ``src``
 nop     nothing (its dependencies still wait and release)
+mrs     barrier; ``glres`` over the switch channels of ``src`` and ``dst``; barrier
+ms      barrier; ``gstore`` of ``src`` over the switch channel of ``dst``; barrier
 ======  ====================================================================================
+
+Switch steps (NVLink SHARP) run on switch channels, one per (switch group, buffer), and a group
+step's two barriers are memory-channel signals to and waits on every other member
+(``lower.switch``); other members' multimem accesses count as touches of a rank's chunks below.
 
 Overwrite safety: every transfer lands in a slot no one else touches during the call. That is
 the receive's ``dst`` itself when no other step of the receiving rank touches any of its chunks
@@ -56,7 +62,6 @@ from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, RankProgram, Step, 
 from taccl_py.ir.collectives import chunk_layout
 from taccl_py.mscclpp.lower.lanes import Lane, lane_semaphores, merge_lanes, step_positions
 from taccl_py.mscclpp.lower.ops import (
-    MAX_CHANNELS_PER_OPERATION,
     MAX_OPERATIONS_PER_THREADBLOCK,
     MAX_SEMAPHORES_PER_OPERATION,
     BatchedLaneOps,
@@ -66,7 +71,13 @@ from taccl_py.mscclpp.lower.ops import (
     lower_step,
 )
 from taccl_py.mscclpp.lower.packets import PacketSlots, lower_packet_step, packet_slots
-from taccl_py.mscclpp.lower.switch import SwitchFacts, switch_facts, switch_op
+from taccl_py.mscclpp.lower.switch import (
+    SwitchFacts,
+    equal_switched_scratch,
+    lower_switch_step,
+    switch_facts,
+    switch_touches,
+)
 from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
 from taccl_py.topology.model import Topology
 
@@ -116,20 +127,6 @@ def _fault(algorithm: Algorithm, field: str, fault: str, expected: str) -> Argum
     return ArgumentError(algorithm.name, field, fault, expected)
 
 
-def _switch_facts(algorithm: Algorithm, nodes: tuple[int, ...], protocol: str) -> SwitchFacts:
-    """Return the switch facts of ``algorithm``; refuse switch steps under LL or a group over several machines."""
-    if not algorithm.uses_switch:
-        return SwitchFacts()
-    if protocol != "Simple":
-        raise _fault(algorithm, "protocol", f"switch steps under {protocol}", "Simple (glres has no packet form)")
-    for prog in algorithm.ranks:
-        for tb in prog.threadblocks:
-            if len({nodes[rank] for rank in tb.switch_group}) > 1:
-                where = f"rank {prog.rank} tb {tb.id}"
-                raise _fault(algorithm, where, f"switch group {list(tb.switch_group)} spans machines", "one machine")
-    return switch_facts(algorithm)
-
-
 def _links(algorithm: Algorithm) -> tuple[dict[Link, Threadblock], dict[Link, Threadblock]]:
     """Return the sending and the receiving threadblock of every link; refuse a link two threadblocks share."""
     senders: dict[Link, Threadblock] = {}
@@ -174,11 +171,17 @@ def _lands_in_dst(step: Step, owner: tuple[int, int], touched: dict[Slot, set[tu
 
 
 def _landings(algorithm: Algorithm) -> tuple[dict[StepKey, Slot], dict[int, int]]:
-    """Return the landing slot of every receiving step and each rank's scratch size in chunks."""
+    """Return the landing slot of every receiving step and each rank's scratch size in chunks.
+
+    Other members' switch steps touch a rank's buffers too: a transfer never lands in place where they do.
+    """
     landing: dict[StepKey, Slot] = {}
     scratch: dict[int, int] = {}
+    foreign = switch_touches(algorithm) if algorithm.uses_switch else {}
     for prog in algorithm.ranks:
         touched = _touches(prog)
+        for slot, users in foreign.get(prog.rank, {}).items():
+            touched[slot] |= users
         top = prog.scratch_chunks
         for tb in sorted(prog.threadblocks, key=lambda t: t.id):
             for index, step in enumerate(tb.steps):
@@ -277,7 +280,7 @@ def _lane_ops(
             target = facts.targets[key]
             send = (kind, channel, gpu.remote_buffer(tb.send_peer, target[0]), target)
         if step.op.switches:
-            _switch_step(ops, gpu, facts, key, step, tb)
+            lower_switch_step(ops, gpu.channel_of, rank, key, step, tb, facts.switch)
         elif facts.packets is not None:
             lower_packet_step(ops, step, key, facts.packets, send)
         else:
@@ -296,25 +299,6 @@ def _lane_ops(
             ops.semaphores("sem_release", releases[(tb_id, index)])
     ops.close()
     return ops
-
-
-def _switch_step(ops: LaneOps, gpu: _Gpu, facts: _Facts, key: StepKey, step: Step, tb: Threadblock) -> None:
-    """Append a switch step's op between its group step's barriers (``lower.switch``)."""
-    group, rank = tb.switch_group, gpu.rank
-    channels = [gpu.channel_of[(min(rank, p), max(rank, p), (group, tb.channel))] for p in group if p != rank]
-    batches = [
-        channels[i : i + MAX_CHANNELS_PER_OPERATION] for i in range(0, len(channels), MAX_CHANNELS_PER_OPERATION)
-    ]
-
-    def barrier() -> None:
-        for name in ("signal", "wait"):
-            for batch in batches:
-                ops.control(name, "memory", batch)
-
-    if key not in facts.switch.no_barrier_before:
-        barrier()
-    ops.data(switch_op(step, rank, group, lambda channel: ops.channel_ref("switch", channel), facts.switch))
-    barrier()
 
 
 def _lane_pieces(
@@ -405,7 +389,8 @@ def generate_mscclpp_plan(
     Raises
     ------
     ArgumentError
-        A protocol other than Simple and LL; a topology of another rank count; two threadblocks of
+        A protocol other than Simple and LL; switch steps under LL, or a switch group over several
+        machines; a topology of another rank count; two threadblocks of
         a rank on one link; a rank over ``MAX_THREADBLOCKS_PER_GPU`` threadblocks even with its lanes
         merged, or a threadblock of ours over ``MAX_CHANNELS_PER_THREADBLOCK`` channels.
 
@@ -428,9 +413,10 @@ def generate_mscclpp_plan(
         landing, scratch = packets.landing, packets.scratch
     else:
         landing, scratch = _landings(algorithm)
+        scratch = equal_switched_scratch(algorithm, scratch)
     targets = _put_targets(algorithm, receivers, landing)
     links = tuple(sorted(set(senders) | set(receivers)))
-    facts = _Facts(nodes, links, landing, targets, scratch, packets, _switch_facts(algorithm, nodes, protocol))
+    facts = _Facts(nodes, links, landing, targets, scratch, packets, switch_facts(algorithm, nodes, protocol))
     positions = functools.cache(functools.partial(step_positions, algorithm))  # only a rank over the limit needs them
     if algorithm.max_bytes is not None and algorithm.max_bytes <= 1:
         raise _fault(algorithm, "max_bytes", f"{algorithm.max_bytes}", "a band holding some size above 0")

@@ -31,8 +31,17 @@ from dataclasses import dataclass
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer, OpType, Step, Threadblock
+from taccl_py.mscclpp.lower.ops import MAX_CHANNELS_PER_OPERATION, LaneOps, Slot
 
-__all__ = ["SwitchKey", "SwitchFacts", "switch_facts", "switch_op"]
+__all__ = [
+    "SwitchKey",
+    "SwitchFacts",
+    "equal_switched_scratch",
+    "lower_switch_step",
+    "switch_facts",
+    "switch_op",
+    "switch_touches",
+]
 
 SwitchKey = tuple[tuple[int, ...], int]  # (switch group, channel): one sequence of group steps
 
@@ -60,8 +69,24 @@ def _switch_steps(tb: Threadblock) -> list[int]:
     return [index for index, step in enumerate(tb.steps) if step.op.switches]
 
 
-def switch_facts(algorithm: Algorithm) -> SwitchFacts:
-    """Return the switch channels, barrier channel pairs and barrier-free group steps of ``algorithm``."""
+def switch_facts(algorithm: Algorithm, nodes: tuple[int, ...], protocol: str) -> SwitchFacts:
+    """Return the switch channels, barrier channel pairs and barrier-free group steps of ``algorithm``.
+
+    ``nodes`` holds the machine of each rank. Raises ``ArgumentError`` for switch steps under a
+    protocol other than Simple (``glres`` has no packet form) or a group over several machines.
+    """
+    if not algorithm.uses_switch:
+        return SwitchFacts()
+    if protocol != "Simple":
+        raise ArgumentError(
+            algorithm.name, "protocol", f"switch steps under {protocol}", "Simple (glres has no packet form)"
+        )
+    for prog in algorithm.ranks:
+        for tb in prog.threadblocks:
+            if len({nodes[rank] for rank in tb.switch_group}) > 1:
+                where = f"rank {prog.rank} tb {tb.id}"
+                fault = f"switch group {list(tb.switch_group)} spans machines"
+                raise ArgumentError(algorithm.name, where, fault, "the GPUs of one machine")
     channels: set[tuple[tuple[int, ...], Buffer]] = set()
     keys: set[SwitchKey] = set()
     chained: dict[tuple[SwitchKey, int], list[bool]] = defaultdict(list)  # (key, k) -> per member
@@ -112,3 +137,63 @@ def switch_op(step: Step, rank: int, group: tuple[int, ...], channel_ref, facts:
         dst = [ref(step.dst_buffer, step.dst_offset)]
         return {"name": "gstore", "src_buff": src, "dst_buff": dst, "channel_type": "switch"}
     raise ArgumentError("step", "op", f"{step.op.value}", "a switch step (mrs, ms)")
+
+
+def lower_switch_step(
+    ops: LaneOps,
+    channel_of: dict,
+    rank: int,
+    key: tuple[int, int, int],
+    step: Step,
+    tb: Threadblock,
+    facts: SwitchFacts,
+) -> None:
+    """Append a switch step's op between its group step's barriers (``channel_of``: the GPU's channel numbers)."""
+    group = tb.switch_group
+    channels = [channel_of[(min(rank, p), max(rank, p), (group, tb.channel))] for p in group if p != rank]
+    size = MAX_CHANNELS_PER_OPERATION
+    batches = [channels[i : i + size] for i in range(0, len(channels), size)]
+
+    def barrier() -> None:
+        for name in ("signal", "wait"):
+            for batch in batches:
+                ops.control(name, "memory", batch)
+
+    if key not in facts.no_barrier_before:
+        barrier()
+    ops.data(switch_op(step, rank, group, lambda channel: ops.channel_ref("switch", channel), facts))
+    barrier()
+
+
+def switch_touches(algorithm: Algorithm) -> dict[int, dict[Slot, set]]:
+    """Return, per rank, the chunks of its buffers other members' switch steps read or write (multimem)."""
+    touched: dict[int, dict[Slot, set]] = defaultdict(lambda: defaultdict(set))
+    for prog in algorithm.ranks:
+        for tb in prog.threadblocks:
+            for index, step in enumerate(tb.steps):
+                if not step.op.switches:
+                    continue
+                regions = [(step.dst_buffer, step.dst_offset)]
+                regions += [(step.src_buffer, step.src_offset)] if step.op is OpType.SWITCH_REDUCE_STORE else []
+                for member in (m for m in tb.switch_group if m != prog.rank):
+                    for buffer, offset in regions:
+                        for chunk in range(offset, offset + step.count):
+                            touched[member][(buffer, chunk)].add((-1 - prog.rank, tb.id, index))
+    return touched
+
+
+def equal_switched_scratch(algorithm: Algorithm, scratch: dict[int, int]) -> dict[int, int]:
+    """Return ``scratch`` (chunks per rank), each group multicasting over scratch sized at its largest member's.
+
+    A switch channel binds one NVLS multicast object to the buffer of every member
+    (``connectNvlsCollective`` with each rank's buffer size, src/core/executor/executor.cc), so
+    the members' scratch buffers are made one size.
+    """
+    sized = dict(scratch)
+    for prog in algorithm.ranks:
+        for tb in prog.threadblocks:
+            steps = [s for s in tb.steps if s.op.switches]
+            if any(Buffer.SCRATCH in (s.src_buffer, s.dst_buffer) for s in steps):
+                top = max(sized[m] for m in tb.switch_group)
+                sized.update((m, top) for m in tb.switch_group)
+    return sized
