@@ -42,7 +42,7 @@ def _ops(document: dict, gpu: int, tb: int) -> list:
 
 def test_every_fixture_is_listed_in_the_readme():
     readme = (FIXTURES.parent / "README.md").read_text()
-    assert len(ALL_PLANS) == 11
+    assert len(ALL_PLANS) == 12
     for name in ALL_PLANS:
         assert f"mscclpp/{name}" in readme
 
