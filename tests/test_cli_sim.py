@@ -174,7 +174,7 @@ def test_a_ring_beyond_the_runtime_step_limit_is_refused_before_it_is_built(
     tmp_path, capsys, monkeypatch, runtime, chunks, message
 ):
     # Issue 14: 8 DGX A100s, all-reduce: the refusal used to come after the ring was built (2 min 41 s with 4 chunks).
-    monkeypatch.setattr("taccl_py.cli.sim.build_baseline", lambda *a, **k: pytest.fail("the ring was built"))
+    monkeypatch.setattr("taccl_py.cli.baseline.build_baseline", lambda *a, **k: pytest.fail("the ring was built"))
     out = tmp_path / "ring.xml"
     argv = ["baseline", "ring", "-t", "dgx-a100", "--nodes", "8", "-c", "allreduce", "--chunks", str(chunks)]
     assert main(argv + ["-o", str(out)] + ([] if runtime is None else ["--runtime", runtime])) == 2

@@ -124,7 +124,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     if chosen is not None:
         importlib.import_module(f"{__name__}.{chosen}").register(subparsers)
     for name, (module, line) in COMMANDS.items():
-        if module != chosen and name not in subparsers.choices:  # sim.py still registers a baseline parser too
+        if module != chosen:
             subparsers.add_parser(name, help=line, add_help=False)
     return parser
 

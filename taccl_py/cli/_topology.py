@@ -1,14 +1,15 @@
-"""The options every command that takes a topology shares: a machine, copies of it, or a cluster."""
+"""The options every command that takes a topology shares: a machine, copies of it, or a cluster; and ``--model``."""
 
 from __future__ import annotations
 
 import argparse
 
 from taccl_py.errors import ArgumentError
+from taccl_py.simulate import EXECUTION_MODELS, MSCCL_LOOP
 from taccl_py.topology.cluster import Cluster, cluster_topology, describe_cluster
 from taccl_py.topology.model import Topology
 
-__all__ = ["add_topology_options", "cluster_from_args", "topology_from_args", "topology_name"]
+__all__ = ["add_model_option", "add_topology_options", "cluster_from_args", "topology_from_args", "topology_name"]
 
 TOPOLOGY_HELP = "a built-in name (see `taccl topo list`), a taccl-topology JSON file or a file to import"
 CLUSTER_HELP = (
@@ -77,3 +78,14 @@ def topology_name(args: argparse.Namespace) -> str | None:
 def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> Topology:
     """Return the topology the options name; ``nodes`` overrides ``args.nodes`` (e.g. from a sketch)."""
     return cluster_topology(cluster_from_args(args, nodes))
+
+
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--model {chunks,msccl,pipelined}`` (default msccl): which execution model times a schedule."""
+    described = "; ".join(f"{name}: {model.description}" for name, model in EXECUTION_MODELS.items())
+    parser.add_argument(
+        "--model",
+        choices=tuple(EXECUTION_MODELS),
+        default=MSCCL_LOOP.name,
+        help=f"how the runtime runs the program (default {MSCCL_LOOP.name}; {described})",
+    )

@@ -9,11 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from taccl_py._io import read_text
-from taccl_py.baselines import BaselineKind, best_baselines, build_baseline, nccl_best_times
+from taccl_py.baselines import best_baselines, nccl_best_times
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
-from taccl_py.baselines.ring import ring_steps_per_threadblock
 from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
-from taccl_py.cli._model import add_model_option
 from taccl_py.cli._output import (
     ALGORITHM_FILE_HELP,
     NVLS_HEADERS,
@@ -22,14 +20,12 @@ from taccl_py.cli._output import (
     nvls_cells,
     progress_to_stderr,
 )
-from taccl_py.cli._runtime import add_runtime_argument, xml_target
-from taccl_py.cli._topology import add_topology_options, topology_from_args, topology_name
+from taccl_py.cli._topology import add_model_option, add_topology_options, topology_from_args, topology_name
 from taccl_py.errors import ArgumentError
-from taccl_py.files import algorithm_format, parse_any_algorithm, read_any_algorithm, write_any_algorithm
+from taccl_py.files import parse_any_algorithm, read_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_paths, shipped_node_counts
-from taccl_py.msccl.limits import RuntimeLimits, check_steps_per_threadblock
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
 from taccl_py.mscclpp.simulate import prepare_plan_simulation
@@ -45,7 +41,7 @@ from taccl_py.simulate.bands import BandRun, library_bound_label, simulate_libra
 from taccl_py.simulate.plot import plot_format, plot_timeline
 from taccl_py.topology.builtins import builtin_topology_name, builtin_topology_names
 from taccl_py.topology.model import Topology
-from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
+from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
 
 __all__ = ["register", "format_simulation_table"]
 
@@ -308,39 +304,8 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_ring_fits(args: argparse.Namespace, topology_name: str, num_ranks: int, limits: RuntimeLimits) -> None:
-    """Raise ``ArgumentError`` before building when a ring's threadblocks need more steps than ``limits`` allow."""
-    if args.kind != BaselineKind.RING.value or (args.chunks is not None and args.chunks < 1):
-        return  # other kinds' step counts are known once built; a bad --chunks is the builder's to refuse
-    chunks = 1 if args.chunks is None else args.chunks
-    steps = ring_steps_per_threadblock(args.collective, num_ranks, chunks)
-    fault = (
-        f"at least {steps} steps per threadblock ({num_ranks} ranks, {chunks} chunk{'s' * (chunks > 1)} per channel)"
-    )
-    check_steps_per_threadblock(topology_name, f"ring {args.collective}", steps, fault, limits)
-
-
-def _baseline(args: argparse.Namespace) -> int:
-    fmt = algorithm_format(args.output)
-    limits = xml_target(args.runtime, None, xml=fmt == "xml", path=args.output)
-    topology = topology_from_args(args)
-    size = parse_size(args.size, "--size") if args.size is not None else None
-    if fmt == "xml":
-        _check_ring_fits(args, topology.name, topology.num_ranks, limits)
-    algorithm = build_baseline(
-        args.kind, topology, args.collective, args.chunks, channels=args.channels, size_bytes=size
-    )
-    write_any_algorithm(algorithm, args.output, limits.dialect if fmt == "xml" else None, runtime=limits.runtime)
-    if args.output != "-":
-        _PROGRESS(
-            f"wrote {args.output} ({algorithm.name}: {algorithm.collective.value}, {algorithm.num_ranks} ranks, "
-            f"{algorithm.chunks_per_loop} chunks, {algorithm.num_channels} channels)"
-        )
-    return 0
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``simulate`` and ``baseline`` to ``subparsers``."""
+    """Add ``simulate`` to ``subparsers``."""
     sim = subparsers.add_parser(
         "simulate",
         description="Replay the algorithm in the alpha-beta model with fair link sharing; print time, bandwidths, "
@@ -364,35 +329,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--no-baselines", action="store_true", help="skip simulating the baselines")
     add_model_option(sim)
     sim.set_defaults(func=_simulate)
-
-    base = subparsers.add_parser(
-        "baseline",
-        description="Build the baseline for the topology, verify it and write it (.json or MSCCL-IR .xml).",
-    )
-    base.add_argument(
-        "kind",
-        choices=[k.value for k in BaselineKind],
-        help="ring, tree (allreduce only), hierarchical or trees (spanning-tree packing); "
-        "for alltoall direct or hierarchical",
-    )
-    add_topology_options(base)
-    base.add_argument("--collective", "-c", required=True, choices=[c.value for c in Collective], help="the collective")
-    base.add_argument(
-        "--channels",
-        type=int,
-        help="rings or trees in parallel, or trees per rank for packed trees (default: as the topology suggests)",
-    )
-    base.add_argument(
-        "--chunks",
-        type=int,
-        help="pieces per channel, the pipeline depth (default: 1; trees 4); hierarchical alltoall: messages per "
-        "parcel of one machine's blocks",
-    )
-    base.add_argument(
-        "--size", help=f"packed trees: the size their pipeline depth is tuned for (e.g. 64MB; {SIZE_SUFFIXES_HELP})"
-    )
-    base.add_argument(
-        "-o", "--output", required=True, metavar="OUT", help="output file: *.json or *.xml ('-' for JSON on stdout)"
-    )
-    add_runtime_argument(base)
-    base.set_defaults(func=_baseline)

@@ -10,10 +10,9 @@ from dataclasses import replace
 
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
 from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label
-from taccl_py.cli._model import add_model_option
 from taccl_py.cli._output import NVLS_HEADERS, format_ratio, format_table, nvls_cells
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
-from taccl_py.cli._topology import add_topology_options, topology_from_args
+from taccl_py.cli._topology import add_model_option, add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
 from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
