@@ -110,3 +110,26 @@ def test_a_library_without_routing_chooses_among_designs_and_baselines(h100):
     assert all(not band.algorithm.uses_switch for band in scatter.library.bands)
     with pytest.raises(ArgumentError, match="two or more sizes"):
         choose_designs(h100, "alltoall", [2**20, 2**26])
+
+
+def test_a_size_where_nccls_modelled_algorithm_wins_is_left_to_nccl(h100):
+    """A library band never holds a schedule slower than NVLS: that size becomes a native band."""
+    from taccl_py.baselines.nccl import is_schedule
+    from taccl_py.ir.library import NATIVE_ALGORITHM
+    from taccl_py.solvers import SolverOptions
+    from taccl_py.synth.bands import build_library, choose_per_size
+    from taccl_py.synth.outcome import best_baselines_per_size
+
+    sizes = (2**16, 2**28)
+    baselines = best_baselines_per_size(h100, Collective.ALLREDUCE, sizes, SolverOptions(), True, None)
+    assert is_schedule(baselines[0].fastest[0]) and baselines[1].fastest[0].name == "nccl-nvls"
+    ring = build_baseline("ring", h100, "allreduce", channels=1)
+    pool = [(ring, tuple(simulate_sizes(ring, h100, sizes)))]
+    choices = choose_per_size(sizes, pool, baselines, leave_to_native=True)
+    assert not choices[0].native  # at 64 KiB a schedule is NCCL's fastest: it may be written
+    assert choices[-1].native  # at 256 MiB the ring is 0.7x NVLS
+    library = build_library("dgx-h100", 1, Collective.ALLREDUCE, 8, choices, "allreduce")
+    top = library.bands[-1]
+    assert top.native and top.algorithm_file == NATIVE_ALGORITHM
+    assert top.simulated_time_us == baselines[-1].fastest[1].time_us
+    assert not any(c.native for c in choose_per_size(sizes, pool, baselines))  # one size: never native

@@ -20,7 +20,14 @@ from taccl_py.baselines.nccl import is_schedule
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import AlgorithmLibrary, ClusterRecord, Provenance, SizeBand, generate_library
+from taccl_py.ir.library import (
+    NATIVE_ALGORITHM,
+    AlgorithmLibrary,
+    ClusterRecord,
+    Provenance,
+    SizeBand,
+    generate_library,
+)
 from taccl_py.simulate import SimulationResult
 from taccl_py.synth.candidates import geometric_middle
 
@@ -36,6 +43,8 @@ class SizeChoice:
     where only some may be written (library bands) can be a slower one than ``baseline_name``.
     ``baseline_is_schedule`` is False where the fastest baseline is one of NCCL's modelled
     algorithms (``baselines.nccl``: NVLS, PAT), which is compared with but never written.
+    ``native`` says a library leaves this size to NCCL: such a modelled algorithm is faster than
+    everything a band may hold (``chosen`` is then the fastest of those, not written).
     """
 
     size_bytes: int
@@ -46,6 +55,7 @@ class SizeChoice:
     baseline_name: str | None
     baseline_chosen: bool = False
     baseline_is_schedule: bool = True
+    native: bool = False
 
 
 def choose_per_size(
@@ -55,6 +65,7 @@ def choose_per_size(
     *,
     eligible: Sequence[bool] | None = None,
     fallback: Sequence[tuple[Algorithm, Sequence[SimulationResult]]] = (),
+    leave_to_native: bool = False,
 ) -> tuple[SizeChoice, ...]:
     """Return, per size, the fastest of the synthesized algorithms and that size's writable baseline.
 
@@ -89,6 +100,10 @@ def choose_per_size(
                 None if reference is None else reference[0].name,
                 from_baseline == 1,
                 reference is None or is_schedule(reference[0]),
+                leave_to_native
+                and reference is not None
+                and not is_schedule(reference[0])
+                and reference[1].time_us < result.time_us,
             )
         )
     return tuple(choices)
@@ -111,7 +126,7 @@ def build_library(
     """
     runs: list[list[SizeChoice]] = []
     for choice in choices:
-        if runs and runs[-1][-1].chosen == choice.chosen:
+        if runs and _runs_the_same(runs[-1][-1], choice):
             runs[-1].append(choice)
         else:
             runs.append([choice])
@@ -119,10 +134,18 @@ def build_library(
     for index, run in enumerate(runs):
         low = 0 if index == 0 else geometric_middle(runs[index - 1][-1].size_bytes, run[0].size_bytes)
         high = None if index == len(runs) - 1 else geometric_middle(run[-1].size_bytes, runs[index + 1][0].size_bytes)
+        if run[0].native:  # NCCL's own collective runs here; the band records NCCL's modelled time
+            bands.append(SizeBand(low, high, None, NATIVE_ALGORITHM, run[0].baseline.time_us))
+            continue
         algorithm = replace(run[0].chosen, name=f"{stem}-{index}", min_bytes=low, max_bytes=high)
         algorithm = algorithm.with_metadata(source_algorithm=run[0].chosen.name, band=str(index))
         bands.append(SizeBand(low, high, algorithm, f"{stem}-{index}.json", run[0].chosen_result.time_us))
     return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands), provenance, cluster)
+
+
+def _runs_the_same(one: SizeChoice, other: SizeChoice) -> bool:
+    """Return True when two sizes' choices make one band: both native, or both the same algorithm."""
+    return (one.native, None if one.native else one.chosen) == (other.native, None if other.native else other.chosen)
 
 
 def band_file_stem(path: str | Path) -> str:

@@ -60,7 +60,7 @@ def choose_designs(
     parts = list({c.kept[0].name: c.kept[0] for c in baselines if c.kept is not None}.values())
     designs = switch_candidates(topology, collective, sizes, parts, model=model, progress=progress)
     usable = [pair for pair in designs if band_writable(pair[0])]
-    choices = choose_per_size(sizes, usable, baselines, fallback=designs)
+    choices = choose_per_size(sizes, usable, baselines, fallback=designs, leave_to_native=True)
     sketch = Sketch(name="none")
     library = library_of(topology, collective, sizes, sketch, options, choices, None, model)
     provenance = replace(library.provenance, note=DESIGNS_ONLY_NOTE)

@@ -86,10 +86,11 @@ def choose_bands(
     synthesis must not be written as if it were better), and every choice is reported against the
     fastest baseline (``ComparedBaseline.fastest``). With bands, only algorithms a band may hold win
     (``band_writable``: MSCCL loads them, or MSCCL++ loads a switch schedule): synthesized ones are
-    filtered here, the kept baselines already are.
+    filtered here, the kept baselines already are; and a size where one of NCCL's modelled
+    algorithms (NVLS, NVLS-Tree, PAT) is faster than all of them is left to NCCL (a native band).
     """
     usable = [pair for pair in everything if not banded or band_writable(pair[0])]
-    choices = choose_per_size(sizes, usable, baselines, fallback=everything)
+    choices = choose_per_size(sizes, usable, baselines, fallback=everything, leave_to_native=banded)
     best_at_top = min(
         (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
     )[0]

@@ -23,13 +23,14 @@ from dataclasses import replace
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, cluster_record
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.solvers import SolverOptions
 from taccl_py.synth.bands import SizeChoice, build_library
 from taccl_py.synth.candidates import geometric_middle, simulate_at
 from taccl_py.synth.outcome import best_baselines_per_size, choose_bands
+from taccl_py.synth.switch_candidates import switch_candidates
 from taccl_py.topology.model import Topology
 
 __all__ = ["rechoose_bands", "band_algorithms", "single_pass_limit", "keep_bands_below"]
@@ -58,13 +59,19 @@ def rechoose_bands(
     *,
     model: ExecutionModel = MSCCL_LOOP,
     progress: Callable[[str], None] | None = None,
+    machine: str | None = None,
 ) -> tuple[AlgorithmLibrary, tuple[SizeChoice, ...]]:
     """Return ``library`` with its bands chosen under ``model``, and the choice at each of its sizes.
 
-    The candidates are the library's band algorithms and the baselines that load in MSCCL,
-    simulated on ``topology`` at the sizes in the library's provenance. ``choices`` hold the
-    fastest candidate at every size; below ``single_pass_limit`` the returned library keeps its
-    own bands instead (``keep_bands_below``), whose times the model does not change.
+    The candidates are the library's band algorithms, the switch designs (on a machine whose
+    NVSwitch reduces, split with the library's AllReduces: ``switch_candidates``) and the
+    baselines that a band may hold, simulated on ``topology`` at the sizes in the library's
+    provenance; sizes where NCCL's modelled algorithms are faster become native bands.
+    ``choices`` hold the choice at every size; below ``single_pass_limit`` the returned library
+    keeps its own bands instead (``keep_bands_below``), whose times the model does not change.
+    ``machine`` names another built-in machine of the same GPU graph (dgx-b200 for a dgx-h100
+    library): its bands are then chosen from the library's algorithms on ``topology``'s rates,
+    every size anew, and the result is that machine's library.
 
     Raises ``ArgumentError`` when the library records no sizes or was made for another rank count.
     """
@@ -82,12 +89,17 @@ def rechoose_bands(
     pool: list[tuple[Algorithm, tuple[SimulationResult, ...]]] = []
     for algorithm in band_algorithms(library):
         pool.append((algorithm, simulate_at(algorithm, topology, sizes, bounds, progress, model=model)))
+    parts = [algorithm for algorithm, _ in pool if not algorithm.uses_switch]
+    pool += switch_candidates(topology, library.collective, sizes, parts, model=model, progress=progress)
     baselines = best_baselines_per_size(
         topology, library.collective, sizes, SolverOptions(), True, progress, model=model
     )
     choices, _ = choose_bands(sizes, True, pool, baselines)
     limit = single_pass_limit(library, model)
     note = f"bands chosen again under the {model.name} model from the library's band algorithms and the baselines"
+    derived = machine is not None and machine != library.topology
+    if derived:
+        note = f"band algorithms of {library.topology} x{library.nodes} chosen again on {machine}'s rates"
     earlier = library.provenance.note
     provenance = replace(
         library.provenance,
@@ -96,18 +108,21 @@ def rechoose_bands(
     )
     stem = library.collective.value
     rechosen = build_library(
-        library.topology,
+        machine if derived else library.topology,
         library.nodes,
         library.collective,
         library.num_ranks,
         choices,
         stem,
         provenance,
-        library.cluster,
+        cluster_record(topology) if derived else library.cluster,
     )
-    if limit is None:  # every band runs one pass at every size: the model changes no band's time
+    # Bands the model leaves alone are kept, unless the choice now holds what the library could not:
+    # a switch design, a size left to NCCL, or another machine's rates.
+    anew = derived or any(choice.native or choice.chosen.uses_switch for choice in choices)
+    if not anew and limit is None:  # every band runs one pass at every size: the model changes no band's time
         rechosen = replace(rechosen, bands=library.bands)
-    else:
+    elif not anew:
         rechosen = keep_bands_below(library, rechosen, limit, topology, model)
     logger.info(
         "%s x%d %s: %d bands under the %s model (was %d)",
