@@ -28,6 +28,7 @@ from taccl_py.topology.model import Topology
 __all__ = ["DESIGNS_ONLY_NOTE", "choose_designs"]
 
 DESIGNS_ONLY_NOTE = "no routing MILP: bands chosen among the switch designs and the baselines"
+SPLIT_PART_SIZES = 3  # the largest sizes whose kept baselines split the buffer with the switch
 
 
 def choose_designs(
@@ -57,7 +58,9 @@ def choose_designs(
         )
     options = SolverOptions()
     baselines = best_baselines_per_size(topology, collective, sizes, options, True, progress, model=model)
-    parts = list({c.kept[0].name: c.kept[0] for c in baselines if c.kept is not None}.values())
+    # The splits pay where the buffer is large (the switch part's α is NCCL's NVLS latency): the
+    # point-to-point parts are the baselines kept at the largest sizes, each simulated at every size.
+    parts = list({c.kept[0].name: c.kept[0] for c in baselines[-SPLIT_PART_SIZES:] if c.kept is not None}.values())
     designs = switch_candidates(topology, collective, sizes, parts, model=model, progress=progress)
     usable = [pair for pair in designs if band_writable(pair[0])]
     choices = choose_per_size(sizes, usable, baselines, fallback=designs, leave_to_native=True)
