@@ -53,7 +53,8 @@ def rechoose_one(machine: str, source: str, nodes: int, collective: str, command
     target.parent.mkdir(parents=True, exist_ok=True)
     old_files = set(target.parent.glob(f"{collective}-*.json.xz"))
     write_library(rechosen, target, compress=True)
-    for stale in old_files - {target.parent / band.algorithm_file for band in rechosen.bands}:
+    written = {target.parent / f"{collective}-{i}.json.xz" for i, band in enumerate(rechosen.bands) if not band.native}
+    for stale in old_files - written:
         stale.unlink()
     rows = []
     for choice in choices:
