@@ -45,6 +45,7 @@ from taccl_py.topology.model import Link, Topology
 
 __all__ = [
     "ALLREDUCE_BOUND_NOTE",
+    "IN_NETWORK_BOUND_NOTE",
     "checked_sizes",
     "make_lower_bound",
     "route_latency_floor_us",
@@ -65,6 +66,9 @@ _USES_AG_CUT = frozenset({Collective.ALLGATHER, Collective.ALLREDUCE})
 ALLREDUCE_BOUND_NOTE = (
     "allreduce: the ReduceScatter+AllGather class bound (point-to-point algorithms); "
     "in-network reduction such as NCCL's NVLS can beat it"
+)
+IN_NETWORK_BOUND_NOTE = (
+    "allreduce: the in-network reduction bound, which holds for switch schedules and NCCL's NVLS too"
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from taccl_py._io import read_text
 from taccl_py.baselines import best_baselines, nccl_best_times
 from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
-from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label, lower_bounds
+from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, IN_NETWORK_BOUND_NOTE, bound_label, lower_bounds
 from taccl_py.cli._output import (
     ALGORITHM_FILE_HELP,
     NVLS_HEADERS,
@@ -52,7 +52,6 @@ LIBRARY_SUFFIX = ".library.json"
 LIBRARY_HEADERS = ("size", "band", "time (us)")
 NCCL_HEADERS = ("nccl best", "nccl (us)", "vs nccl")
 NATIVE_NOTE = "native: the backend's own collective (NCCL) runs there; its time is NCCL's best modelled"
-IN_NETWORK_NOTE = "allreduce: the in-network reduction bound, which holds for NCCL's NVLS too"
 
 
 def format_simulation_table(
@@ -240,7 +239,7 @@ def _simulate_library(
     if any(record["native"] for record in records):
         print(f"note: {NATIVE_NOTE}")
     if library.collective is Collective.ALLREDUCE:
-        print(f"note: {IN_NETWORK_NOTE if label != bound_label(library.collective) else ALLREDUCE_BOUND_NOTE}")
+        print(f"note: {IN_NETWORK_BOUND_NOTE if label != bound_label(library.collective) else ALLREDUCE_BOUND_NOTE}")
     return 0
 
 

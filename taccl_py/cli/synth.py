@@ -8,9 +8,8 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from taccl_py.baselines.nvls import NvlsTime, nvls_times_for
-from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, bound_label
-from taccl_py.cli._output import NVLS_HEADERS, format_ratio, format_table, nvls_cells
+from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, IN_NETWORK_BOUND_NOTE, LowerBound, bound_label
+from taccl_py.cli._output import format_ratio, format_table
 from taccl_py.cli._runtime import add_runtime_argument, xml_target
 from taccl_py.cli._topology import add_model_option, add_topology_options, topology_from_args
 from taccl_py.errors import ArgumentError
@@ -18,6 +17,7 @@ from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits
+from taccl_py.simulate.bands import IN_NETWORK_BOUND_LABEL, library_bound_label, library_bounds
 from taccl_py.solvers import SOLVERS, BudgetBound
 from taccl_py.stages.sketch import read_sketch
 from taccl_py.synth import SynthesisResult, synthesize, write_library
@@ -52,41 +52,45 @@ def _shows_progress(args: argparse.Namespace) -> bool:
     return args.progress if args.progress is not None else sys.stderr.isatty()
 
 
-def format_synthesis_table(result: SynthesisResult, *, nvls: Sequence[NvlsTime] = ()) -> str:
+def format_synthesis_table(
+    result: SynthesisResult, *, bounds: Sequence[LowerBound] = (), bound_name: str | None = None
+) -> str:
     """Return one row per size: the chosen algorithm against the best baseline, and the best synthesized one.
 
     ``of bound`` is the lower bound over the chosen algorithm's time (AllReduce: ``of RS+AG bound``,
-    the ReduceScatter+AllGather class bound, with a note under the table).
+    the ReduceScatter+AllGather class bound, with a note under the table). ``bounds`` (one per
+    size) and ``bound_name`` replace it where another bound holds for every row: on a machine
+    whose switch reduces, the in-network reduction bound (``library_bounds``), which switch
+    schedules and NCCL's NVLS respect and the class bound does not.
     ``vs baseline`` is the best baseline's time over the chosen algorithm's (above 1: the chosen
-    one is faster; 1.00x where the baseline itself is chosen); ``synth vs baseline`` is the best
-    baseline's time over the best synthesized algorithm's, so a synthesis that lost to the
-    baseline shows below 1 there. ``-`` marks a size without a baseline or a synthesized result.
-    With ``nvls`` (AllReduce on an NVLink SHARP machine), NCCL's modelled NVLS time and its time
-    over the chosen algorithm's close each row.
+    one is faster; 1.00x where the baseline itself is chosen); the best baseline includes NCCL's
+    modelled algorithms (NVLS, NVLS-Tree, PAT). ``synth vs baseline`` is the best baseline's time
+    over the best synthesized algorithm's, so a synthesis that lost to the baseline shows below 1
+    there. ``-`` marks a size without a baseline or a synthesized result.
     """
-    label = bound_label(result.collective)
-    headers = tuple(header.format(label=label) for header in _HEADERS) + (NVLS_HEADERS if nvls else ())
+    label = bound_name or bound_label(result.collective)
+    headers = tuple(header.format(label=label) for header in _HEADERS)
     rows = []
     for index, choice in enumerate(result.choices):
         syn, base = choice.synthesized, choice.baseline
         chosen_us = choice.chosen_result.time_us
-        row = (
-            format_size(choice.size_bytes),
-            choice.chosen.name,
-            f"{chosen_us:.2f}",
-            f"{choice.chosen_result.fraction_of_bound:.3f}",
-            "-" if base is None else format_ratio(base.time_us / chosen_us),
-            "-" if syn is None else f"{syn.time_us:.2f}",
-            "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
-            choice.baseline_name or "-",
-            "-" if base is None else f"{base.time_us:.2f}",
+        of_bound = bounds[index].time_us / chosen_us if bounds else choice.chosen_result.fraction_of_bound
+        rows.append(
+            (
+                format_size(choice.size_bytes),
+                choice.chosen.name,
+                f"{chosen_us:.2f}",
+                f"{of_bound:.3f}",
+                "-" if base is None else format_ratio(base.time_us / chosen_us),
+                "-" if syn is None else f"{syn.time_us:.2f}",
+                "-" if base is None or syn is None else format_ratio(base.time_us / syn.time_us),
+                choice.baseline_name or "-",
+                "-" if base is None else f"{base.time_us:.2f}",
+            )
         )
-        if nvls:
-            row += nvls_cells(nvls[index].time_us, chosen_us)
-        rows.append(row)
     table = format_table(headers, rows)
     if result.collective is Collective.ALLREDUCE:
-        table += f"\nnote: {ALLREDUCE_BOUND_NOTE}"
+        table += f"\nnote: {IN_NETWORK_BOUND_NOTE if bounds else ALLREDUCE_BOUND_NOTE}"
     return table
 
 
@@ -234,8 +238,9 @@ def _synthesize(args: argparse.Namespace) -> int:
         f"candidates {', '.join(result.candidates)}"
     )
     sizes = [choice.size_bytes for choice in result.choices]
-    nvls = nvls_times_for(topology, result.collective, sizes)
-    print(format_synthesis_table(result, nvls=nvls))
+    label = library_bound_label(topology, result.collective)
+    holding = library_bounds(topology, result.collective, sizes) if label == IN_NETWORK_BOUND_LABEL else ()
+    print(format_synthesis_table(result, bounds=holding, bound_name=label if holding else None))
     return 0
 
 
