@@ -16,6 +16,7 @@ import pytest
 from taccl_py.baselines import (
     ModelledBaseline,
     best_baselines,
+    build_baseline,
     compare_baselines,
     is_schedule,
     nccl_best_times,
@@ -26,6 +27,7 @@ from taccl_py.bounds.reduction import in_network_reduction_bounds
 from taccl_py.cli import main
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import read_library
+from taccl_py.simulate import simulate
 from taccl_py.synth.candidates import exportable
 from taccl_py.topology import load_topology
 
@@ -155,6 +157,48 @@ def test_nccl_best_times_is_nvls_at_64mb_and_a_ring_or_tree_without_a_reducing_s
     compared = compare_baselines(load_topology("dgx-a100"), "allreduce", [2**10, 64 * 2**20])
     for choice, baseline in zip(a100, compared):
         assert choice.time_us >= baseline.fastest[1].time_us
+
+
+def _every_candidate_simulated(topology, collective: str, sizes) -> list[tuple[str, float]]:
+    """Return NCCL's best per size the exhaustive way: every ring and tree built and simulated at every size.
+
+    The path ``nccl_best_times`` took before it skipped sizes where the bound exceeds a modelled
+    time: a tree per size at its own pipeline depth, ties to the earlier of ring, tree, modelled.
+    """
+    best: dict[int, tuple[str, float]] = {}
+
+    def faster(size: int, name: str, time_us: float) -> None:
+        if size not in best or time_us < best[size][1]:
+            best[size] = (name, time_us)
+
+    kinds = ("ring", "tree") if collective == "allreduce" else ("ring",)
+    for kind in kinds:
+        for size in sizes:
+            algorithm = build_baseline(kind, topology, collective, size_bytes=size)
+            faster(size, algorithm.name, simulate(algorithm, topology, size).time_us)
+    for name, times in nccl_modelled_times(topology, collective, sizes).items():
+        for time in times:
+            faster(time.size_bytes, name, time.time_us)
+    return [best[size] for size in sizes]
+
+
+@pytest.mark.parametrize(
+    ("machine", "nodes", "collective"),
+    [
+        ("dgx-h100", 1, "allreduce"),
+        ("dgx-h100", 2, "allreduce"),
+        ("dgx-h100", 1, "allgather"),
+        ("dgx-a100", 1, "allreduce"),
+    ],
+)
+def test_nccl_best_times_equals_simulating_every_candidate_at_every_size(machine, nodes, collective):
+    topology = load_topology(machine, nodes=nodes)
+    sizes = [2**k for k in range(16, 31, 2)]
+    fast = [(choice.name, choice.time_us) for choice in nccl_best_times(topology, collective, sizes)]
+    assert fast == _every_candidate_simulated(topology, collective, sizes)
+    # the one-machine AllReduce skips rings and trees at large sizes, where NVLS is below every one's bound
+    if (machine, nodes, collective) == ("dgx-h100", 1, "allreduce"):
+        assert fast[-1][0] == "nccl-nvls"
 
 
 def test_nvls_is_the_fastest_baseline_at_64mb_on_dgx_h100_but_never_kept():

@@ -300,6 +300,14 @@ def nccl_best_times(
     tuple of NcclChoice
         One per size, in the order given.
 
+    Notes
+    -----
+    Each ring and tree is built and prepared once (a tree once per pipeline depth) and replayed at
+    its sizes. Where the lower bound every point-to-point schedule is held to (``lower_bounds``)
+    exceeds a modelled time, no ring or tree is simulated at that size: none could be the fastest
+    (large AllReduce on a reducing switch, where a 72-GPU ring takes seconds per size). The bounds
+    are computed once for all sizes and handed to the simulator.
+
     Examples
     --------
     >>> from taccl_py.topology import load_topology
@@ -315,17 +323,28 @@ def nccl_best_times(
         if collective is Collective.ALLTOALL
         else (BaselineKind.RING,) + ((BaselineKind.TREE,) if collective is Collective.ALLREDUCE else ())
     )
+    modelled = nccl_modelled_times(topology, collective, sizes)
+    bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     best: dict[int, tuple[str, float]] = {}
+    for name, times in modelled.items():
+        for time in times:
+            _faster(best, time.size_bytes, name, time.time_us)
+    # Every ring and tree is held to the bound: where it exceeds a modelled time, none of them can win.
+    simulated = [size for size in sizes if size not in best or bounds[size] <= best[size][1]]
+    found: dict[int, tuple[str, float]] = {}
     for kind in kinds:
-        _, groups = size_groups(kind, topology, collective, sizes)
+        _, groups = size_groups(kind, topology, collective, simulated)
         for chunks, group in groups.items():
+            if not group:
+                continue
             algorithm = build_baseline(kind, topology, collective, chunks, size_bytes=group[-1])
             plan = prepare_simulation(algorithm, topology, model=model)
             for size in group:
-                _faster(best, size, algorithm.name, simulate_plan(plan, size).time_us)
-    for name, times in nccl_modelled_times(topology, collective, sizes).items():
-        for time in times:
-            _faster(best, time.size_bytes, name, time.time_us)
+                _faster(found, size, algorithm.name, simulate_plan(plan, size, bound_time_us=bounds[size]).time_us)
+    # ties go to the ring or tree, as when they were compared first
+    for size, (name, time_us) in found.items():
+        if size not in best or time_us <= best[size][1]:
+            best[size] = (name, time_us)
     return tuple(NcclChoice(size, *best[size]) for size in sizes)
 
 
