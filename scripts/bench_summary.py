@@ -4,9 +4,10 @@ Per machine and node count, over its four collectives and the 11 sizes from 1 KB
 ``scripts/rechoose_bands.py`` simulates (``scripts/data/slice_model.csv``, MSCCL's slice-loop
 model), the shipped band's time is compared with the fastest baseline simulated the same way
 (rings with NCCL's channel counts, double binary trees, hierarchical rings, packed trees; loadable
-by MSCCL or not: ``taccl_py.baselines.compare_baselines``) and with today's lower bound. For
-DGX-H100 AllReduce it also reads NCCL's modelled NVLS (``scripts/data/nvls.csv``). No simulation
-runs here: rerun the two scripts that write those CSVs, then this one.
+by MSCCL or not: ``taccl_py.baselines.compare_baselines``) and with today's lower bound. On the
+NVSwitch machines it also reads each shipped AllReduce against NCCL's best algorithm, NVLS
+included (``scripts/data/vs_nccl.csv``, ``scripts/bench_nccl.py``). No simulation runs here: rerun
+the two scripts that write those CSVs, then this one.
 
     python scripts/bench_summary.py
     python scripts/bench_summary.py --no-write
@@ -33,10 +34,12 @@ from bench_harness import (
 from taccl_py.units import format_size
 
 SHIPPED_CSV = DATA_DIR / "slice_model.csv"
-NVLS_CSV = DATA_DIR / "nvls.csv"
+NCCL_CSV = DATA_DIR / "vs_nccl.csv"
 # GitHub's anchors of the sections holding the detail.
 DETAIL = "[detail](#shipped-bands-under-msccls-slice-loop)"
-NVLS_DETAIL = "[detail](#our-allreduce-against-nccl-nvls-on-dgx-h100-simulated-against-modelled)"
+NCCL_DETAIL = "[detail](#shipped-libraries-against-nccls-algorithms-on-nvswitch-machines)"
+# NCCL's algorithms that reduce in the switch (``taccl_py.baselines.nccl``), as the summary names them.
+SWITCH_ALGORITHMS = {"nccl-nvls": "NVLS", "nccl-nvls-tree": "NVLS-Tree"}
 HEADERS = (
     "machine",
     "nodes",
@@ -80,16 +83,34 @@ def _where(row: dict) -> str:
     return f"{row['collective']} {format_size(row['size_bytes'])}"
 
 
-def nvls_line(records: list[dict]) -> str:
-    """Return one sentence: DGX-H100 AllReduce against NCCL's modelled NVLS, per node count."""
+def nccl_line(records: list[dict]) -> str:
+    """Return one sentence: each NVSwitch machine's shipped AllReduce against NCCL's best, per node count.
+
+    E.g. ``DGX-H100 x1 1.12-2.85x (NVLS from 4MiB)``: the span of NCCL's time over the library's
+    across the sizes, and the smallest size from which NCCL's best is its switch algorithm.
+    """
     parts = []
-    for (nodes,), group in sorted(group_records(records, "nodes").items()):
-        ratios = [row["vs_nvls"] for row in group]
-        parts.append(f"x{nodes} {min(ratios):.2f}-{max(ratios):.2f}x")
-    return (
-        "DGX-H100 AllReduce against NCCL's NVLS (in-switch reduction, modelled; not among the baselines "
-        f"above): {', '.join(parts)} over 1 MB-1 GB ({NVLS_DETAIL})."
-    )
+    allreduce = [row for row in records if row["collective"] == "allreduce"]
+    for (machine, nodes), group in group_records(allreduce, "machine", "nodes").items():
+        ratios = [row["vs_nccl"] for row in group]
+        text = f"{machine.upper()} x{nodes} {min(ratios):.2f}-{max(ratios):.2f}x"
+        switch = _switch_from(group)
+        parts.append(text + (f" ({switch})" if switch else ""))
+    sizes = sorted({row["size_bytes"] for row in allreduce})
+    span = f"{format_size(sizes[0])}-{format_size(sizes[-1])}" if sizes else "no sizes"
+    lead = "Shipped AllReduce against NCCL's best algorithm (NVLS included, modelled)"
+    return f"{lead}: {'; '.join(parts)} over {span} ({NCCL_DETAIL})."
+
+
+def _switch_from(group: list[dict]) -> str:
+    """Return e.g. ``NVLS from 4MiB``: NCCL's switch algorithm and the size from which it is NCCL's best throughout."""
+    names = [row["nccl_algorithm"] for row in group]
+    if names[-1] not in SWITCH_ALGORITHMS:
+        return ""
+    first = len(names)
+    while first > 0 and names[first - 1] == names[-1]:
+        first -= 1
+    return f"{SWITCH_ALGORITHMS[names[-1]]} from {format_size(group[first]['size_bytes'])}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             "the ReduceScatter+AllGather class bound). A baseline MSCCL cannot load (NCCL's own 6 rings on "
             "NDv2, 48 chunks per loop) still counts: it is what NCCL runs without us.",
             markdown_table(HEADERS, rows),
-            nvls_line(read_csv(NVLS_CSV)),
+            nccl_line(read_csv(NCCL_CSV)),
             f"From `{SHIPPED_CSV.relative_to(Path(__file__).resolve().parents[1])}` and "
-            f"`{NVLS_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
+            f"`{NCCL_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
         )
     )
     update_benchmarks_section("summary", "Summary", command_line(__file__, argv), body)
