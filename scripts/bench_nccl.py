@@ -12,6 +12,7 @@ switch: the in-network reduction bound, which NCCL's NVLS is held to too).
 
     python scripts/bench_nccl.py                                  # the three machines; writes BENCHMARKS.md
     python scripts/bench_nccl.py --topologies dgx-h100 --nodes 1 --no-write
+    python scripts/bench_nccl.py --topologies gb200-nvl72 --merge  # replace those rows, keep the others
     python scripts/bench_nccl.py --from-csv                       # re-render the CSV; simulates nothing
 """
 
@@ -41,6 +42,7 @@ from bench_harness import (
     split_names,
     update_benchmarks_section,
     value_span,
+    write_csv,
 )
 
 from taccl_py.baselines import nccl_best_times
@@ -342,6 +344,13 @@ reduction bound, which holds for NVLS too.
 **Where a target is missed, why.** {missed_targets(records)}"""
 
 
+def _earlier_rows() -> list[tuple]:
+    """Return the CSV's rows as tuples in ``CSV_HEADER`` order ([] where there is no CSV yet)."""
+    if not CSV_PATH.exists():
+        return []
+    return [tuple(record[column] for column in CSV_HEADER) for record in read_csv(CSV_PATH)]
+
+
 def _recorded_run() -> tuple[str | None, str | None]:
     """Return the command and date the section states now (None where it has none): ``--from-csv`` keeps them."""
     text = BENCHMARKS_PATH.read_text(encoding="utf-8") if BENCHMARKS_PATH.exists() else ""
@@ -369,17 +378,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_collectives_argument(parser, "allreduce,allgather,reducescatter")
     add_no_write_argument(parser, kept="BENCHMARKS.md, the CSV and the picture")
     parser.add_argument("--from-csv", action="store_true", help="render scripts/data/vs_nccl.csv; simulate nothing")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the CSV's rows of the cases not run (written after each case)"
+    )
     args = parser.parse_args(argv)
     args.topologies = args.topologies or ",".join(DEFAULT_CASES)
     if args.from_csv:
         records = read_csv(CSV_PATH)
     else:
-        rows = []
+        kept = _earlier_rows() if args.merge else []
+        rows: list[tuple] = []
         for machine, nodes, collective in _cases(args):
             began = time.perf_counter()
             rows += case_rows(machine, nodes, collective, SIZES)
             log(f"{_case(machine, nodes)} {collective}: {time.perf_counter() - began:.0f} s")
-        records = csv_output(CSV_PATH, CSV_HEADER, rows, _row_key, write=not args.no_write)
+            kept = [row for row in kept if tuple(row[:3]) != (machine, nodes, collective)]
+            if args.merge and not args.no_write:  # a long sweep keeps what it has done so far
+                write_csv(CSV_PATH, CSV_HEADER, kept + rows, _row_key)
+        records = csv_output(CSV_PATH, CSV_HEADER, kept + rows, _row_key, write=not args.no_write)
     table = print_table(TABLE_HEADER, summary_rows(records), markdown=True)
     if args.no_write:
         print()
