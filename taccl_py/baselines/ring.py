@@ -108,8 +108,9 @@ def ring_steps_per_threadblock(collective: Collective | str, num_ranks: int, chu
 def ring_orders(topology: Topology, channels: int | None = None) -> tuple[tuple[int, ...], ...]:
     """Return one ring (ranks in sending order) per channel, built as NCCL would on ``topology``.
 
-    ``channels`` defaults to the number of distinct rings found (see the module notes); more
-    channels reuse them cyclically. Raises ``ArgumentError`` for a channel count outside
+    ``channels`` defaults to the number of distinct rings found (see the module notes), at most
+    ``MAX_CHANNELS`` as NCCL caps them (72 NICs per machine on GB200 NVL72 racks give 72 rings);
+    more channels reuse them cyclically. Raises ``ArgumentError`` for a channel count outside
     1..``MAX_CHANNELS`` or a topology with fewer than 2 GPUs.
 
     Examples
@@ -121,7 +122,7 @@ def ring_orders(topology: Topology, channels: int | None = None) -> tuple[tuple[
     if topology.num_ranks < 2:
         raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs for a ring")
     candidates = list(machine_rings(topology)) if topology.nodes == 1 else _multi_node_rings(topology)
-    count = len(candidates) if channels is None else channels
+    count = min(len(candidates), MAX_CHANNELS) if channels is None else channels
     if not 1 <= count <= MAX_CHANNELS:
         raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_CHANNELS}")
     return tuple(candidates[k % len(candidates)] for k in range(count))
