@@ -32,6 +32,7 @@ from bench_harness import (
     print_table,
     split_names,
 )
+from build_algorithms import source_commit
 
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.simulate import execution_model
@@ -48,7 +49,10 @@ def rechoose_one(machine: str, source: str, nodes: int, collective: str, command
     library = read_library(path)
     topology = load_topology(machine, nodes)
     rechosen, choices = rechoose_bands(library, topology, model=execution_model("msccl"), progress=log, machine=machine)
-    rechosen = replace(rechosen, provenance=replace(rechosen.provenance, command=command))
+    # the commit whose code chose these bands, as build_algorithms records the one that synthesized them
+    rechosen = replace(
+        rechosen, provenance=replace(rechosen.provenance, command=command, source_commit=source_commit())
+    )
     target = REPO_ROOT / "algorithms" / machine / f"n{nodes}" / f"{collective}.library.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     old_files = set(target.parent.glob(f"{collective}-*.json.xz"))
