@@ -333,6 +333,10 @@ def test_allreduce_on_dgx_h100_is_ahead_of_nccls_nvls_and_measured_against_the_i
         assert float(row[3]) == pytest.approx(bound_us / float(row[2]), abs=1e-3)
     assert read_library(out).bands[-1].algorithm.uses_switch
     assert note.startswith("note: allreduce: the in-network reduction bound")
+    plans = tmp_path / "plans"  # MSCCL++ runs the switch band: its plan has switch channels and verifies
+    assert main(["export-mscclpp", str(out), "-o", str(plans)]) == 0
+    switched = [p for p in sorted(plans.iterdir()) if '"channel_type": "switch"' in p.read_text()]
+    assert switched and all(main(["verify", str(p)]) == 0 for p in switched)
 
 
 def test_a_librarys_vs_baseline_is_what_simulate_prints_for_the_written_band(tmp_path, capsys):
