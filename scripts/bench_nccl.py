@@ -207,13 +207,31 @@ def _mix_sentence(machine: str, measured: float | None) -> str:
     )
 
 
+def _band_edge(group: Sequence[dict], below: Sequence[dict]) -> str:
+    """Return why a band runs where NCCL is faster, where the rows show it: the band's edge sits below the crossover."""
+    native = [r["size"] for r in group if _native(r)]
+    parts = []
+    for row in below:
+        wins = [r["size"] for r in group if r["band"] == row["band"] and r["vs_nccl"] >= VS_TARGET]
+        if wins:
+            parts.append(
+                f"band {row['band']} ({row['algorithm']}) runs {row['size']} but beats NCCL only at {', '.join(wins)}"
+            )
+    if not parts:
+        return ""
+    edge = "; ".join(parts) + ", so the band's edge sits below its crossover with NCCL's algorithm"
+    if native:
+        edge += f"; leaving those sizes to NCCL, as the library does at {native[-1]}, would make them 1.00x"
+    return f": {edge}"
+
+
 def _allreduce_misses(key: tuple, group: Sequence[dict]) -> list[str]:
     machine, nodes, _ = key
     out = []
     below = _below(group)
     if below:
         where = ", ".join(f"{r['size']} ({r['vs_nccl']:.3f}x against {r['nccl_algorithm']})" for r in below)
-        out.append(f"{_case(machine, nodes)} AllReduce is below NCCL's best at {where}: NCCL's time there is shorter.")
+        out.append(f"{_case(machine, nodes)} AllReduce is below NCCL's best at {where}{_band_edge(group, below)}.")
     large = _large(group)
     low = [r for r in large if r["of_bound"] < BOUND_TARGET]
     if not low:
@@ -229,9 +247,11 @@ def _allreduce_misses(key: tuple, group: Sequence[dict]) -> list[str]:
     (bound,) = in_network_reduction_bounds(load_topology(machine, nodes=nodes), [worst["size_bytes"]])
     binding = bound.description.split(": ", 1)[-1]
     setter = f"the NICs set it there ({binding})" if bound.cut_gpus > 1 else f"one GPU's links set it ({binding})"
+    nccl_fraction = worst["bound_us"] / worst["nccl_us"]
     text = (
         f"{_case(machine, nodes)} AllReduce reaches {worst['of_bound']:.3f} of the in-network bound at "
-        f"{worst['size']} (target {BOUND_TARGET:.2f}): {setter}"
+        f"{worst['size']} (target {BOUND_TARGET:.2f}): {setter}; NCCL's best there ({worst['nccl_algorithm']}) "
+        f"reaches {nccl_fraction:.3f}"
     )
     if native:
         fractions = [r["of_bound"] for r in native]
@@ -273,19 +293,16 @@ def missed_targets(records: Sequence[dict]) -> str:
     parts = [
         f"Targets (issue 44): AllReduce at least {VS_TARGET:.2f}x NCCL's best at every size and at least "
         f"{BOUND_TARGET:.2f} of the in-network bound from 64 MiB; AllGather and ReduceScatter at least "
-        f"{VS_TARGET:.2f}x."
+        f"{VS_TARGET:.2f}x. Met: " + (", ".join(met) if met else "none") + "."
     ]
-    parts.append("Met: " + (", ".join(met) if met else "none") + ".")
-    if lines:
-        parts.append("Missed: " + " ".join(lines))
+    parts += [f"- {line}" for line in lines]
     if native:
         parts.append(
-            "Sizes left to NCCL (native bands: " + "; ".join(native) + ") run NCCL's own algorithm, whose time "
-            "the row takes: 1.00x by construction, not a measured win. Across machines AllReduce is bounded by the "
-            "NICs, and where NCCL's NVLS-Tree is already the fastest schedule the model knows the library leaves "
-            "those sizes to it."
+            "- Sizes left to NCCL (native bands: " + "; ".join(native) + ") run NCCL's own algorithm, whose time "
+            "the row takes: 1.00x by construction, not a measured win. The library leaves a size to NCCL where "
+            "NCCL's modelled algorithm beats every schedule a band may hold."
         )
-    return " ".join(parts)
+    return "\n".join(parts) + "\n"
 
 
 def draw_allreduce(records: Sequence[dict], path: Path) -> bool:
@@ -324,7 +341,7 @@ def draw_allreduce(records: Sequence[dict], path: Path) -> bool:
     return True
 
 
-def _body(records: Sequence[dict], table: str, picture: bool) -> str:
+def _body(records: Sequence[dict], table: str, picture: bool, merged: bool = False) -> str:
     models = "msccl"
     relative = PLOT_PATH.relative_to(REPO_ROOT).as_posix()
     image = f"\n\n![AllReduce vs nccl by size]({relative})" if picture else ""
@@ -339,9 +356,12 @@ reduction bound, which holds for NVLS too.
 
 {table}
 
-{csv_pointer(CSV_PATH, len(records), "Every size")}{image}
+{csv_pointer(CSV_PATH, len(records), "Every size")}{MERGED_NOTE if merged else ""}{image}
 
 **Where a target is missed, why.** {missed_targets(records)}"""
+
+
+MERGED_NOTE = " Rows of cases the command does not name come from earlier runs of this script (`--merge`)."
 
 
 def _earlier_rows() -> list[tuple]:
@@ -404,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     picture = draw_allreduce(records, PLOT_PATH)
     command, date = _recorded_run() if args.from_csv else (None, None)
     command = command or command_line(__file__, argv)
-    update_benchmarks_section(SECTION, TITLE, command, _body(records, table, picture), date=date)
+    update_benchmarks_section(SECTION, TITLE, command, _body(records, table, picture, "--merge" in command), date=date)
     return 0
 
 

@@ -125,3 +125,14 @@ def test_a_multi_machine_miss_names_the_nic_cut_and_the_sizes_left_to_nvls_tree(
     assert "(node 0 (8 GPUs): 400 GB/s out)" in text
     assert "1 of these 2 sizes from 64 MiB are native bands, left to NCCL's nccl-nvls-tree" in text
     assert "dgx-h100 x2 allreduce 1 of 2 (nccl-nvls-tree)" in text
+
+
+def test_a_band_running_below_its_crossover_with_nccl_is_named_with_where_it_wins() -> None:
+    records = [
+        _record("dgx-h100", 8, "allreduce", 2**26, 1.0, native="true", band=0, nccl_algorithm="nccl-nvls-tree"),
+        _record("dgx-h100", 8, "allreduce", 2**27, 0.988, band=1, nccl_algorithm="nccl-nvls-tree"),
+        _record("dgx-h100", 8, "allreduce", 2**28, 1.028, band=1, nccl_algorithm="nccl-nvls-tree"),
+    ]
+    text = bench_nccl.missed_targets(records)
+    assert "below NCCL's best at 128MiB (0.988x against nccl-nvls-tree): band 1 (a) runs 128MiB" in text
+    assert "beats NCCL only at 256MiB" in text and "as the library does at 64MiB, would make them 1.00x" in text
