@@ -29,6 +29,7 @@ from bench_harness import (
     read_csv,
     row_bound_us,
     update_benchmarks_section,
+    value_span,
 )
 
 from taccl_py.units import format_size
@@ -87,30 +88,35 @@ def nccl_line(records: list[dict]) -> str:
     """Return one sentence: each NVSwitch machine's shipped AllReduce against NCCL's best, per node count.
 
     E.g. ``DGX-H100 x1 1.12-2.85x (NVLS from 4MiB)``: the span of NCCL's time over the library's
-    across the sizes, and the smallest size from which NCCL's best is its switch algorithm.
+    across the sizes, and the size from which NCCL's best is its switch algorithm, where that is
+    not the smallest size (the sentence says NCCL's best is NVLS or NVLS-Tree elsewhere).
     """
     parts = []
     allreduce = [row for row in records if row["collective"] == "allreduce"]
     for (machine, nodes), group in group_records(allreduce, "machine", "nodes").items():
         ratios = [row["vs_nccl"] for row in group]
-        text = f"{machine.upper()} x{nodes} {min(ratios):.2f}-{max(ratios):.2f}x"
         switch = _switch_from(group)
-        parts.append(text + (f" ({switch})" if switch else ""))
+        parts.append(f"{machine.upper()} x{nodes} {value_span(ratios, 2)}x" + (f" ({switch})" if switch else ""))
     sizes = sorted({row["size_bytes"] for row in allreduce})
     span = f"{format_size(sizes[0])}-{format_size(sizes[-1])}" if sizes else "no sizes"
-    lead = "Shipped AllReduce against NCCL's best algorithm (NVLS included, modelled)"
-    return f"{lead}: {'; '.join(parts)} over {span} ({NCCL_DETAIL})."
+    return (
+        f"Shipped AllReduce on NVSwitch machines, {span}, against NCCL's best algorithm (modelled; NVLS on one "
+        f"machine, NVLS-Tree across machines at every size unless noted): {'; '.join(parts)} ({NCCL_DETAIL})."
+    )
 
 
 def _switch_from(group: list[dict]) -> str:
-    """Return e.g. ``NVLS from 4MiB``: NCCL's switch algorithm and the size from which it is NCCL's best throughout."""
+    """Return e.g. ``NVLS from 4MiB`` where NCCL's best turns to a switch algorithm above the smallest size, or "".
+
+    Also names NCCL's best at the largest size where that is no switch algorithm.
+    """
     names = [row["nccl_algorithm"] for row in group]
     if names[-1] not in SWITCH_ALGORITHMS:
-        return ""
+        return f"{names[-1]} at {format_size(group[-1]['size_bytes'])}"
     first = len(names)
     while first > 0 and names[first - 1] == names[-1]:
         first -= 1
-    return f"{SWITCH_ALGORITHMS[names[-1]]} from {format_size(group[first]['size_bytes'])}"
+    return "" if first == 0 else f"{SWITCH_ALGORITHMS[names[-1]]} from {format_size(group[first]['size_bytes'])}"
 
 
 def main(argv: list[str] | None = None) -> int:
