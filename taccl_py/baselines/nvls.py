@@ -33,10 +33,10 @@ shown beside AllReduce results on machines that have it, with the bound that hol
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from taccl_py.bounds import checked_sizes
+from taccl_py.bounds import LowerBound, checked_sizes
 from taccl_py.bounds.reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
@@ -103,7 +103,9 @@ def has_nvls(topology: Topology) -> bool:
     return topology.num_ranks > 1 and bool(reducing_switches(topology))
 
 
-def nvls_allreduce_times(topology: Topology, sizes_bytes: Iterable[int]) -> tuple[NvlsTime, ...]:
+def nvls_allreduce_times(
+    topology: Topology, sizes_bytes: Iterable[int], *, bounds: Sequence[LowerBound] | None = None
+) -> tuple[NvlsTime, ...]:
     """Return NCCL's NVLS (NVLS-Tree across machines) AllReduce time (µs) at each size, modelled.
 
     Parameters
@@ -112,6 +114,9 @@ def nvls_allreduce_times(topology: Topology, sizes_bytes: Iterable[int]) -> tupl
         A machine, or machines, whose GPUs each hang off a reducing switch (``has_nvls``).
     sizes_bytes : iterable of int
         AllReduce buffer sizes M (bytes).
+    bounds : sequence of LowerBound, optional
+        ``in_network_reduction_bounds(topology, sizes_bytes)`` when the caller has them already
+        (``taccl topo show`` prints them too); computed here otherwise.
 
     Returns
     -------
@@ -141,7 +146,9 @@ def nvls_allreduce_times(topology: Topology, sizes_bytes: Iterable[int]) -> tupl
     share = _TREE_SHARE_ABOVE_TWO_MACHINES if topology.nodes > 2 else 1
     levels = topology.nodes.bit_length() - 1  # NCCL's log2i: the depth of a binary tree of the machines
     alpha_us = switch_alpha_us + 2 * levels * net_alpha_us
-    bounds = in_network_reduction_bounds(topology, sizes)
+    bounds = in_network_reduction_bounds(topology, sizes) if bounds is None else tuple(bounds)
+    if len(bounds) != len(sizes):
+        raise ArgumentError(topology.name, "bounds", f"{len(bounds)} bounds for {len(sizes)} sizes", "one per size")
     times = []
     for size, bound in zip(sizes, bounds):
         switch_us = size * (1 + 1 / per_node) / (switch_GBps * BYTES_PER_US_PER_GBPS)

@@ -166,19 +166,24 @@ def lower_bounds(
 
 
 def lower_bounds_by_collective(
-    topology: Topology, collectives: Iterable[Collective | str], sizes_bytes: Iterable[int]
+    topology: Topology,
+    collectives: Iterable[Collective | str],
+    sizes_bytes: Iterable[int],
+    *,
+    links: tuple[Link, ...] | None = None,
 ) -> dict[Collective, tuple[LowerBound, ...]]:
     """Return ``lower_bounds`` of each collective (in the order given), sharing the work between them.
 
     The routes and the latency floor serve every collective, and AllReduce takes the AllGather and
     ReduceScatter cuts, so each is computed once here where one ``lower_bounds`` call per
-    collective computes the routes four times and each cut twice (``taccl topo show``).
+    collective computes the routes four times and each cut twice (``taccl topo show``). ``links``,
+    when given, is ``route_links(topology)`` computed by the caller, who needs it elsewhere too.
 
     Raises ``ArgumentError`` for an unknown collective or a size below 1 byte.
     """
     chosen = tuple(dict.fromkeys(parse_collective(collective) for collective in collectives))
     sizes = checked_sizes(topology, sizes_bytes)
-    links = route_links(topology)
+    links = route_links(topology) if links is None else links
     floor = route_latency_floor_us(topology, links)
     cuts: dict[bool, CutBound] = {}  # by direction: reverse True for ReduceScatter, False for AllGather
     bounds = {}

@@ -19,12 +19,13 @@ only machine 0's GPUs need a max-flow. ``taccl_py.bounds`` turns the cut into a 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import networkx as nx
 from networkx.algorithms.flow import build_residual_network, preflow_push
 
+from taccl_py.bounds.symmetry import GpuClass, gpu_classes
 from taccl_py.topology.compose import node_prefix
 from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Link, LinkKind, Topology, Vertex, VertexKind, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
@@ -191,17 +192,32 @@ def _node_swap(topology: Topology, node: int, other: int) -> dict[str, str] | No
     return swap if set(swap.values()) == set(swap) else None
 
 
-def _violated_cuts(graph: nx.DiGraph, gpus: Sequence[str], sinks: Sequence[str], rate_GBps: float) -> list[frozenset]:
-    """Return, per sink GPU v whose min cut from the source is below rate_GBps * N, its source side."""
+def _violated_cuts(
+    graph: nx.DiGraph,
+    gpus: Sequence[str],
+    sinks: Sequence[str],
+    rate_GBps: float,
+    classes: Mapping[str, GpuClass] | None = None,
+) -> list[frozenset]:
+    """Return, per sink GPU v whose min cut from the source is below rate_GBps * N, its source side.
+
+    With ``classes`` (``gpu_classes`` of the sinks), a sink's max-flow is its class representative's
+    (earlier in ``sinks``), and its source side the representative's mapped by the automorphism.
+    """
     network = graph.copy()
     network.add_edges_from((_SOURCE, g, {"capacity": rate_GBps}) for g in gpus)
     residual = build_residual_network(network, "capacity")
     threshold = rate_GBps * len(gpus) * (1 - _REL_TOL)
     found = []
+    by_sink: dict[str, frozenset | None] = {}
     for sink in sinks:
-        preflow_push(network, _SOURCE, sink, residual=residual, value_only=True)
-        if residual.graph["flow_value"] < threshold:
-            found.append(frozenset(network.nodes) - _reaching(residual, sink) - {_SOURCE})
+        first, mapping = classes[sink] if classes is not None and classes[sink][0] in by_sink else (sink, {})
+        if first not in by_sink:
+            preflow_push(network, _SOURCE, sink, residual=residual, value_only=True)
+            violated = residual.graph["flow_value"] < threshold
+            by_sink[first] = frozenset(network.nodes) - _reaching(residual, sink) - {_SOURCE} if violated else None
+        if by_sink[first] is not None:
+            found.append(frozenset(mapping.get(name, name) for name in by_sink[first]))
     return found
 
 
@@ -222,10 +238,11 @@ def _binding_set(topology: Topology, graph: nx.DiGraph) -> frozenset:
     gpus = frozenset(v.name for v in topology.gpus)
     order = [v.name for v in topology.gpus]
     sinks = _sinks(topology, graph)
+    classes = gpu_classes(topology, graph, sinks)
     best = min(_candidates(topology, graph, gpus), key=lambda s: _ratio(graph, s, gpus))
     rate = _ratio(graph, best, gpus)
     for _ in range(_MAX_ROUNDS):
-        violated = _violated_cuts(graph, order, sinks, rate)
+        violated = _violated_cuts(graph, order, sinks, rate, classes)
         if not violated:
             break
         candidate = min(violated, key=lambda s: _ratio(graph, s, gpus))

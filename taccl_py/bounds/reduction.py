@@ -77,7 +77,9 @@ def reducing_switches(topology: Topology) -> tuple[Vertex, ...]:
     return tuple(found)
 
 
-def in_network_reduction_bounds(topology: Topology, sizes_bytes: Iterable[int]) -> tuple[LowerBound, ...]:
+def in_network_reduction_bounds(
+    topology: Topology, sizes_bytes: Iterable[int], *, links: tuple[Link, ...] | None = None
+) -> tuple[LowerBound, ...]:
     """Return, per size, a lower bound (µs) on any AllReduce of that many bytes, in-network reduction included.
 
     Parameters
@@ -86,6 +88,8 @@ def in_network_reduction_bounds(topology: Topology, sizes_bytes: Iterable[int]) 
         Any topology; only links some GPU-to-GPU route holds count.
     sizes_bytes : iterable of int
         AllReduce buffer sizes M (bytes).
+    links : tuple of Link, optional
+        ``route_links(topology)`` when the caller has it already (computed here otherwise).
 
     Returns
     -------
@@ -111,7 +115,7 @@ def in_network_reduction_bounds(topology: Topology, sizes_bytes: Iterable[int]) 
         return tuple(
             make_lower_bound(Collective.ALLREDUCE, s, 0.0, 0.0, 0.0, nothing, nothing.description) for s in sizes
         )
-    links = route_links(topology)
+    links = route_links(topology) if links is None else links
     floor = route_latency_floor_us(topology, links)
     sides = _sides(topology, links)
     bounds = []

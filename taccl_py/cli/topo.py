@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from taccl_py.baselines.nvls import NvlsTime, has_nvls, nvls_allreduce_times
 from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, LowerBound, lower_bounds_by_collective
+from taccl_py.bounds.cut import route_links
 from taccl_py.bounds.reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.cli import topo_probe
 from taccl_py.cli._output import format_table
@@ -167,10 +168,11 @@ def _run_show(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args)
     topology = cluster_topology(cluster)
     machines = node_statuses(topology, cluster)
-    by_collective = lower_bounds_by_collective(topology, _BOUND_COLLECTIVES, sizes)
+    links = route_links(topology)  # computed once: every bound below reads it
+    by_collective = lower_bounds_by_collective(topology, _BOUND_COLLECTIVES, sizes, links=links)
     bounds = [bound for collective in _BOUND_COLLECTIVES for bound in by_collective[collective]]
-    nvls = nvls_allreduce_times(topology, sizes) if has_nvls(topology) else ()
-    in_network = in_network_reduction_bounds(topology, sizes) if nvls else ()
+    in_network = in_network_reduction_bounds(topology, sizes, links=links) if has_nvls(topology) else ()
+    nvls = nvls_allreduce_times(topology, sizes, bounds=in_network) if in_network else ()
     affinity = nic_affinity(topology)
     nics = [
         {
