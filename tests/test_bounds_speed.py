@@ -132,3 +132,26 @@ def test_precomputed_routes_and_bounds_give_what_is_computed_afresh():
     in_network = in_network_reduction_bounds(topology, SIZES, links=links)
     assert in_network == in_network_reduction_bounds(topology, SIZES)
     assert nvls_allreduce_times(topology, SIZES, bounds=in_network) == nvls_allreduce_times(topology, SIZES)
+
+
+@pytest.mark.parametrize("name", sorted(CLUSTERS))
+def test_class_shortcut_gives_the_per_gpu_latency_floor(name, monkeypatch):
+    import taccl_py.bounds as bounds_package
+
+    topology = CLUSTERS[name]
+    links = route_links(topology)
+    shortcut = bounds_package.route_latency_floor_us(topology, links)
+    monkeypatch.setattr(bounds_package, "gpu_classes", _per_gpu_classes)
+    assert bounds_package.route_latency_floor_us(topology, links) == shortcut
+
+
+def test_latency_floor_classes_keep_every_alpha():
+    # n1.nic3 down on dgx-a100 x2 leaves its PCIe switch's GPUs a longer way out of the machine
+    topology = CLUSTERS["dgx-a100x2-nic3-down"]
+    graph = nx.DiGraph()
+    graph.add_weighted_edges_from(((k.src, k.dst, k.alpha_us) for k in route_links(topology)), weight="alpha_us")
+    classes = gpu_classes(topology, graph, [v.name for v in topology.gpus])
+    for gpu, (first, mapping) in classes.items():
+        lengths = nx.single_source_dijkstra_path_length(graph, first, weight="alpha_us")
+        mapped = {mapping.get(name, name): length for name, length in lengths.items()}
+        assert mapped == nx.single_source_dijkstra_path_length(graph, gpu, weight="alpha_us")

@@ -39,6 +39,7 @@ import networkx as nx
 
 from taccl_py.bounds.alltoall import alltoall_cut
 from taccl_py.bounds.cut import CutBound, binding_cut, crossing_alpha_us, cut_bound, route_links
+from taccl_py.bounds.symmetry import gpu_classes
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective, parse_collective
 from taccl_py.topology.model import Link, Topology
@@ -143,12 +144,21 @@ def latency_floor_us(topology: Topology) -> float:
 
 
 def route_latency_floor_us(topology: Topology, links: tuple[Link, ...]) -> float:
-    """Return ``latency_floor_us`` over ``links`` (``route_links(topology)``, computed once by the caller)."""
+    """Return ``latency_floor_us`` over ``links`` (``route_links(topology)``, computed once by the caller).
+
+    One search per class of GPUs (``gpu_classes`` of the α graph): an automorphism that keeps
+    every α maps each path from one GPU of a class onto a path from another with the same α in
+    the same order, so both see the same distances to the GPUs (a set it maps onto itself).
+    """
     graph = nx.DiGraph()
     graph.add_weighted_edges_from(((link.src, link.dst, link.alpha_us) for link in links), weight="alpha_us")
     names = [v.name for v in topology.gpus]
+    in_graph = [name for name in names if name in graph]
+    firsts = dict.fromkeys(first for first, _ in gpu_classes(topology, graph, in_graph).values())
     floor = 0.0
     for src in names:
+        if src in graph and src not in firsts:
+            continue  # its class's first GPU has the same distances
         lengths = nx.single_source_dijkstra_path_length(graph, src, weight="alpha_us") if src in graph else {}
         floor = max([floor] + [lengths[dst] for dst in names if dst != src and dst in lengths])
     return float(floor)

@@ -13,7 +13,9 @@ x |GPUs in S| iff, with a super source feeding every GPU at rate x, each GPU v h
 >= x N. Starting from x = the best of a few candidate sets (one GPU's ingress or egress, one
 node), Dinkelbach's iteration lowers x to the ratio of the most violated minimum cut until no GPU
 has one; the last set is the binding cut. When the machines of a composed topology are alike,
-only machine 0's GPUs need a max-flow. ``taccl_py.bounds`` turns the cut into a bound.
+only machine 0's GPUs need a max-flow, and of those only one per class of GPUs that an
+automorphism of the network maps onto each other (``bounds.symmetry``: 1 of GB200 NVL72 x2's 72).
+``taccl_py.bounds`` turns the cut into a bound.
 """
 
 from __future__ import annotations
