@@ -234,7 +234,7 @@ def _options(
         image = mapping[near[0]]
         pool = [w for w in dict.fromkeys((*graph.succ[image], *graph.pred[image])) if w in target]
     else:
-        pool = list(target)
+        pool = sorted(target)  # a fixed order whatever the string hashing
     return [w for w in pool if colour[w] == colour[name]][::-1]  # popped from the end: first in pool order first
 
 
