@@ -323,6 +323,8 @@ def test_no_shipped_algorithm_or_baseline_beats_the_bound(name, nodes):
             inr = dict(zip(VALIDITY_SIZES, in_network_reduction_bounds(topology, VALIDITY_SIZES)))
         runs = []
         for band in library.bands:
+            if band.native:  # NCCL's own algorithm runs there: nothing of ours to check
+                continue
             sizes = [
                 s for s in VALIDITY_SIZES if band.min_bytes <= s and (band.max_bytes is None or s < band.max_bytes)
             ]
@@ -334,8 +336,11 @@ def test_no_shipped_algorithm_or_baseline_beats_the_bound(name, nodes):
             for result in simulate_sizes(algorithm, topology, sizes) if sizes else ():
                 bound = bounds[result.size_bytes]
                 message = f"{algorithm.name} at {result.size_bytes} B: {result.time_us} < {bound.time_us} µs"
-                assert result.time_us >= bound.time_us * (1 - 1e-12), message
+                # a switch schedule (NVLink SHARP) is held to the in-network bound only, as NCCL's NVLS is
+                if not algorithm.reduces_in_switch:
+                    assert result.time_us >= bound.time_us * (1 - 1e-12), message
+                assert result.bound_time_us <= result.time_us * (1 + 1e-12), message
                 if collective is Collective.ALLREDUCE:
                     assert result.time_us >= inr[result.size_bytes].time_us * (1 - 1e-12), message
                 checked += 1
-    assert checked >= 40
+    assert checked >= 30  # native bands (NCCL faster there) hold nothing of ours to check
