@@ -342,7 +342,7 @@ def draw_allreduce(records: Sequence[dict], path: Path) -> bool:
 
 
 def _body(records: Sequence[dict], table: str, picture: bool, merged: bool = False) -> str:
-    models = "msccl"
+    models = MSCCL_LOOP.name
     relative = PLOT_PATH.relative_to(REPO_ROOT).as_posix()
     image = f"\n\n![AllReduce vs nccl by size]({relative})" if picture else ""
     return f"""Simulated (α-β, max-min fair sharing, execution model `{models}`): at each power of two from 64 KiB
