@@ -37,22 +37,37 @@ from build_algorithms import source_commit
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.simulate import execution_model
 from taccl_py.synth.bands import write_library
-from taccl_py.synth.rechoose import rechoose_bands
+from taccl_py.synth.rechoose import rechoose_bands, refine_native_edges
 from taccl_py.topology import load_topology
 
 HEADERS = ("machine", "nodes", "collective", "size", "band", "time (us)", "baseline", "baseline (us)", "vs baseline")
 
 
-def rechoose_one(machine: str, source: str, nodes: int, collective: str, command: str) -> list[tuple]:
-    """Choose one library again (from ``source``'s shipped one), write it under ``machine``; return table rows."""
+def rechoose_one(
+    machine: str, source: str, nodes: int, collective: str, command: str, refine_only: bool = False
+) -> list[tuple]:
+    """Choose one library again (from ``source``'s shipped one), write it under ``machine``; return table rows.
+
+    ``refine_only`` keeps the bands and only moves the edges to native bands (``refine_native_edges``).
+    """
     path = next(p for p in shipped_library_paths(source, nodes) if p.name == f"{collective}.library.json")
     library = read_library(path)
     topology = load_topology(machine, nodes)
-    rechosen, choices = rechoose_bands(library, topology, model=execution_model("msccl"), progress=log, machine=machine)
-    # the commit whose code chose these bands, as build_algorithms records the one that synthesized them
-    rechosen = replace(
-        rechosen, provenance=replace(rechosen.provenance, command=command, source_commit=source_commit())
-    )
+    model = execution_model("msccl")
+    if refine_only:
+        rechosen, choices = library, ()
+    else:
+        rechosen, choices = rechoose_bands(library, topology, model=model, progress=log, machine=machine)
+    rechosen = refine_native_edges(rechosen, topology, model=model)
+    if refine_only:  # the bands are the recorded command's; only their edges moved
+        note = "edges to native bands moved to powers of two where NCCL takes over (rechoose_libraries --refine-only)"
+        earlier = rechosen.provenance.note
+        noted = earlier if earlier and note in earlier else f"{earlier}; {note}" if earlier else note
+        rechosen = replace(rechosen, provenance=replace(rechosen.provenance, note=noted))
+    else:  # the commit whose code chose these bands, as build_algorithms records the one that synthesized them
+        rechosen = replace(
+            rechosen, provenance=replace(rechosen.provenance, command=command, source_commit=source_commit())
+        )
     target = REPO_ROOT / "algorithms" / machine / f"n{nodes}" / f"{collective}.library.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     old_files = set(target.parent.glob(f"{collective}-*.json.xz"))
@@ -78,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     add_nodes_argument(parser, "1,2,4,8")
     add_collectives_argument(parser, "allgather,reducescatter,allreduce")
     parser.add_argument("--from", dest="source", help="take the band algorithms of this machine (same GPU graph)")
+    parser.add_argument(
+        "--refine-only", action="store_true", help="keep the bands, only move their edges to native bands"
+    )
     args = parser.parse_args(argv)
     rows: list[tuple] = []
     for machine, nodes in machine_cases(args.topologies, args.nodes):
@@ -97,9 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                     "--collectives",
                     collective,
                     *(["--from", source] if args.source else []),
+                    *(["--refine-only"] if args.refine_only else []),
                 ],
             )
-            rows += rechoose_one(machine, source, nodes, collective, command)
+            rows += rechoose_one(machine, source, nodes, collective, command, args.refine_only)
             log(f"{machine} x{nodes} {collective}: {time.perf_counter() - began:.0f} s")
     print_table(HEADERS, [(*row[:5], f"{row[5]:.2f}", row[6], f"{row[7]:.2f}", f"{row[8]:.2f}x") for row in rows])
     return 0

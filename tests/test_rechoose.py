@@ -79,3 +79,32 @@ def test_bad_libraries_are_refused():
         rechoose_bands(replace(library, provenance=None), load_topology("ndv2"))
     with pytest.raises(ArgumentError, match="8 ranks but topology"):
         rechoose_bands(library, load_topology("ndv2", nodes=2))
+
+
+def test_edges_to_native_bands_move_to_where_nccl_takes_over():
+    """At every power of two between the chosen sizes, the band in effect is ours only where ours is faster."""
+    from taccl_py.baselines.nccl import modelled_results
+    from taccl_py.ir.library import NATIVE_ALGORITHM, AlgorithmLibrary, Provenance, SizeBand, shipped_library_paths
+    from taccl_py.msccl.selection import power_of_two_sizes
+    from taccl_py.simulate import simulate_sizes
+    from taccl_py.synth.rechoose import refine_native_edges
+
+    topology = load_topology("dgx-h100", nodes=2)
+    shipped = read_library(next(p for p in shipped_library_paths("dgx-h100", 2) if p.name.startswith("allreduce")))
+    ours = shipped.bands[0].algorithm
+    edge = 2_048_000  # the geometric middle of the two chosen sizes
+    bands = (SizeBand(0, edge, ours, "allreduce-0.json"), SizeBand(edge, None, None, NATIVE_ALGORITHM))
+    provenance = Provenance(
+        taccl_py="test", solver="highs", solver_options={}, sketch="auto", sizes=(1_024_000, 4_096_000)
+    )
+    library = AlgorithmLibrary("dgx-h100", 2, ours.collective, 16, bands, provenance)
+    refined = refine_native_edges(library, topology)
+    probes = power_of_two_sizes(1_024_001, 4_095_999)
+    mine = [r.time_us for r in simulate_sizes(ours, topology, probes)]
+    nccl = [
+        min(times)
+        for times in zip(*([r.time_us for r in rs] for _, rs in modelled_results(topology, "allreduce", probes)))
+    ]
+    for size, us, them in zip(probes, mine, nccl):
+        assert (refined.select(size) is not None) == (us <= them), size
+    assert refined.bands[0].max_bytes == refined.bands[1].min_bytes != edge

@@ -20,11 +20,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
+from taccl_py.baselines.nccl import modelled_results
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, cluster_record
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate
+from taccl_py.msccl.selection import power_of_two_sizes
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate, simulate_sizes
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.solvers import SolverOptions
 from taccl_py.synth.bands import SizeChoice, build_library
@@ -33,7 +35,7 @@ from taccl_py.synth.outcome import best_baselines_per_size, choose_bands
 from taccl_py.synth.switch_candidates import switch_candidates
 from taccl_py.topology.model import Topology
 
-__all__ = ["rechoose_bands", "band_algorithms", "single_pass_limit", "keep_bands_below"]
+__all__ = ["rechoose_bands", "band_algorithms", "single_pass_limit", "keep_bands_below", "refine_native_edges"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,3 +203,48 @@ def _clipped(band: SizeBand, low: int, high: int | None) -> SizeBand:
     if algorithm is not None:
         algorithm = replace(algorithm, min_bytes=low, max_bytes=high)
     return replace(band, min_bytes=low, max_bytes=high, algorithm=algorithm)
+
+
+def refine_native_edges(
+    library: AlgorithmLibrary, topology: Topology, *, model: ExecutionModel = MSCCL_LOOP
+) -> AlgorithmLibrary:
+    """Return ``library`` with each edge between a band of ours and a native band moved to where NCCL takes over.
+
+    Bands are chosen at the library's sizes (x4 apart) and meet at their geometric middle, so a
+    power-of-two size between two chosen sizes can fall in a band slower there than NCCL's
+    modelled algorithm. At each power of two between the two sizes around such an edge, ours
+    (simulated) and NCCL's (``modelled_results``) are compared, and the edge moves to the
+    smallest power of two from which the later band's side wins at every probed size up to the
+    next chosen size (the earlier side's band keeps the rest).
+    """
+    sizes = sorted(library.provenance.sizes) if library.provenance else []
+    bands = list(library.bands)
+    for index in range(len(bands) - 1):
+        low, high = bands[index], bands[index + 1]
+        if low.native == high.native:
+            continue
+        below = [s for s in sizes if s < high.min_bytes]
+        above = [s for s in sizes if s >= high.min_bytes]
+        if not below or not above:
+            continue
+        probes = [p for p in power_of_two_sizes(below[-1] + 1, above[0] - 1)]
+        if not probes:
+            continue
+        ours_band = high if low.native else low
+        ours = [r.time_us for r in simulate_sizes(ours_band.algorithm, topology, probes, model=model)]
+        nccl = [min(times) for times in zip(*(t for _, t in _modelled_us(topology, library.collective, probes)))]
+        later_wins = [(n < o) if low.native is False else (o <= n) for o, n in zip(ours, nccl)]
+        edge = next((p for i, p in enumerate(probes) if all(later_wins[i:])), above[0])
+        if edge != high.min_bytes:
+            bands[index] = replace(low, max_bytes=edge, algorithm=_clip(low.algorithm, low.min_bytes, edge))
+            bands[index + 1] = replace(high, min_bytes=edge, algorithm=_clip(high.algorithm, edge, high.max_bytes))
+    return replace(library, bands=tuple(bands))
+
+
+def _modelled_us(topology: Topology, collective, sizes: list[int]) -> list[tuple[str, list[float]]]:
+    """Return each NCCL modelled algorithm's times (µs) at ``sizes``."""
+    return [(b.name, [r.time_us for r in results]) for b, results in modelled_results(topology, collective, sizes)]
+
+
+def _clip(algorithm: Algorithm | None, low: int, high: int | None) -> Algorithm | None:
+    return None if algorithm is None else replace(algorithm, min_bytes=low, max_bytes=high)
