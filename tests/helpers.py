@@ -46,9 +46,9 @@ requires_cbc = pytest.mark.skipif(find_cbc() is None, reason=f"no CBC program he
 BROKEN_MSCCL_FIXTURES = {"sccl_allreduce_dgx1_composed.xml": "uninitialized read"}
 
 
-# Built-in machines whose size (72 GPUs a machine) makes a per-machine test take minutes on 2 cores:
-# such cases run with --runslow.
-LARGE_BUILTINS = frozenset({"gb200-nvl72"})
+# Built-in machines whose per-machine tests run with --runslow only: gb200-nvl72 (72 GPUs a machine:
+# minutes on 2 cores) and dgx-b200 (dgx-h100's graph at other rates: the default run checks dgx-h100).
+LARGE_BUILTINS = frozenset({"gb200-nvl72", "dgx-b200"})
 
 
 def builtin_machine_params() -> list:

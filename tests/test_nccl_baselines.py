@@ -186,7 +186,7 @@ def _every_candidate_simulated(topology, collective: str, sizes) -> list[tuple[s
     ("machine", "nodes", "collective"),
     [
         ("dgx-h100", 1, "allreduce"),
-        ("dgx-h100", 2, "allreduce"),
+        pytest.param("dgx-h100", 2, "allreduce", marks=pytest.mark.slow),  # 40 s: 16 GPUs' ring and tree
         ("dgx-h100", 1, "allgather"),
         ("dgx-a100", 1, "allreduce"),
     ],

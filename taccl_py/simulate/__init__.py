@@ -200,6 +200,7 @@ def simulate(
     --------
     >>> from taccl_py.ir.lowering import Transfer, lower_plan
     >>> from taccl_py.ir.algorithm import Buffer
+    >>> from taccl_py.ir.collectives import Collective
     >>> from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
     >>> gpus = [Vertex(f"gpu{r}", VertexKind.GPU, rank=r) for r in range(2)]
     >>> links = [Link("gpu0", "gpu1", LinkKind.NVLINK, 1.0, 10.0), Link("gpu1", "gpu0", LinkKind.NVLINK, 1.0, 10.0)]
