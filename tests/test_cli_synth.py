@@ -357,3 +357,16 @@ def test_a_librarys_vs_baseline_is_what_simulate_prints_for_the_written_band(tmp
         if float(row[4].rstrip("x")) < 1:
             assert f"note: at {row[0]} {row[7]} ({row[8]} us) is " in captured.err
     assert [row[7] for row in rows] == ["ring-6ch-1p", "ring-6ch-1p"]
+
+
+def test_asking_for_xml_writes_the_fastest_point_to_point_schedule_where_a_switch_schedule_wins(tmp_path, capsys):
+    """MSCCL XML cannot hold switch steps: the written file is the fastest schedule it can, and a note says why."""
+    out, xml = tmp_path / "a.json", tmp_path / "a.xml"
+    args = ["synthesize", "-t", "dgx-h100", "-c", "allreduce", "--size", "64MB", "-o", str(out)]
+    assert main([*args, "--xml", str(xml)]) == 0
+    err = capsys.readouterr().err
+    written = read_algorithm(out)
+    assert not written.uses_switch and "goes through the switch, which MSCCL XML cannot express" in err
+    assert read_msccl_xml(xml).chunks_per_loop == written.chunks_per_loop
+    assert main(args) == 0  # without --xml the switch schedule itself is written
+    assert read_algorithm(out).uses_switch

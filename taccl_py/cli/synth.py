@@ -128,9 +128,16 @@ def choose_written_algorithm(
     The best baseline is written where it is faster than every synthesized algorithm (as a library
     band would choose it), so a slower synthesis is never written as if it were better; when XML
     is written (``xml_limits``) only if the baseline loads in that runtime, else the synthesis is
-    written and the note says the baseline is faster.
+    written and the note says the baseline is faster. A switch schedule has no XML: with
+    ``xml_limits`` the fastest point-to-point synthesis is written instead, and the note says so.
     """
     choice = result.choices[-1]
+    if xml_limits is not None and result.algorithm.uses_switch and result.point_to_point is not None:
+        return result.point_to_point, (
+            f"note: the fastest schedule ({result.algorithm.name}) goes through the switch, which MSCCL XML "
+            f"cannot express; writing the fastest point-to-point one ({result.point_to_point.name}); "
+            "taccl export-mscclpp writes the switch schedule"
+        )
     if not choice.baseline_chosen or choice.synthesized is None:
         return result.algorithm, None
     slower = (

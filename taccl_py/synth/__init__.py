@@ -472,4 +472,12 @@ def _synthesize_impl(
         time.perf_counter() - began,
         budget_bound,
         synthesis_provenance(sizes, sketch, options, budget_bound, model),
+        _fastest_point_to_point(everything) if best_at_top.uses_switch else None,
     )
+
+
+def _fastest_point_to_point(everything: Sequence[tuple[Algorithm, tuple]]) -> Algorithm | None:
+    """Return the fastest algorithm without switch steps at the largest size (None: there is none)."""
+    timed = [(pair[1][-1].time_us, pair[0]) for pair in everything if pair[1][-1] is not None]
+    plain = [item for item in timed if not item[1].uses_switch]
+    return min(plain, key=lambda item: item[0])[1] if plain else None

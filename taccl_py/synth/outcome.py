@@ -37,7 +37,9 @@ class SynthesisResult:
     stopped a MILP before it proved its gap: ``node limit`` (the work budget: the same input gives
     the same bytes) or ``wall-clock cap`` (the safety cap: the result may differ run to run); None
     when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
-    algorithm is the best verified schedule found. ``provenance`` says how it was made (the
+    algorithm is the best verified schedule found. ``point_to_point`` is the fastest synthesized
+    algorithm without switch steps where ``algorithm`` has them (what MSCCL XML can hold), else None.
+    ``provenance`` says how it was made (the
     library's, for several sizes), for the file it is written to.
     """
 
@@ -52,6 +54,7 @@ class SynthesisResult:
     wall_s: float
     budget_bound: BudgetBound | None = None
     provenance: Provenance | None = None
+    point_to_point: Algorithm | None = None
 
 
 def best_baselines_per_size(
