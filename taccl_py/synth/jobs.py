@@ -150,10 +150,16 @@ def _collect(
         order = range(len(jobs)) if costs is None else sorted(range(len(jobs)), key=lambda i: -costs[i])
         futures = {pool.submit(_reporting, jobs[index], lines): index for index in order}
         pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
-            if lines is not None:
-                _pass_on(lines, progress)
-            for future in done:
-                values[futures[future]] = future.result()
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                if lines is not None:
+                    _pass_on(lines, progress)
+                for future in done:
+                    values[futures[future]] = future.result()
+        except BaseException:
+            # End the workers while the manager still runs: a worker that unpickles a queued job's
+            # progress queue after the manager stopped dies with a traceback on the user's terminal.
+            _stop_workers(pool)
+            raise
     return values
