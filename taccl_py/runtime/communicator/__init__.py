@@ -83,7 +83,11 @@ def _make_transport(transport: Any, group: Any) -> Transport:
         from taccl_py.runtime.transports.cupy_nccl import CupyNcclTransport
 
         return CupyNcclTransport(group)
-    raise ArgumentError(_SOURCE, "transport", f"{transport!r}", "None, 'torch', 'cupy' or a Transport")
+    if transport == "mscclpp":
+        from taccl_py.runtime.communicator.mscclpp_runner import MscclppTransport
+
+        return MscclppTransport(group)
+    raise ArgumentError(_SOURCE, "transport", f"{transport!r}", "None, 'torch', 'cupy', 'mscclpp' or a Transport")
 
 
 class Communicator(AlgorithmChoice):
@@ -100,8 +104,10 @@ class Communicator(AlgorithmChoice):
         A built-in topology name whose shipped algorithms to use (after ``library``'s).
     nodes : int, optional
         The node count for a topology name (None: whichever fits the world size).
-    transport : None, "torch", "cupy" or Transport
+    transport : None, "torch", "cupy", "mscclpp" or Transport
         How messages move; None picks torch.distributed point-to-point on the group's backend.
+        "mscclpp" runs each call a plan serves as one MSCCL++ kernel, the rest as "torch" does
+        (see :mod:`taccl_py.runtime.communicator.mscclpp_runner`).
     timeout_s : float
         Longest wait for one message; a peer silent for longer fails the call.
     verify : bool
@@ -134,8 +140,8 @@ class Communicator(AlgorithmChoice):
     Raises
     ------
     ArgumentError
-        An explicitly given algorithm or library is for another world size, or ``library`` names
-        nothing readable.
+        An explicitly given algorithm or library is for another world size, ``library`` names
+        nothing readable, or ``transport="mscclpp"`` lacks MSCCL++'s Python bindings or CUDA.
     VerificationError
         With ``verify``, an algorithm does not implement its collective.
     TransportError
@@ -378,6 +384,9 @@ class Communicator(AlgorithmChoice):
         algorithm = self._form_for_call(collective, algorithm, inplace_call)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s of %d bytes runs %s", collective.value, size_bytes, describe_form(algorithm, inplace_call))
+        plans = getattr(self.transport, "plan_runner", None)  # the mscclpp transport's whole-call plans
+        if plans is not None and plans.run(collective, output, input, op, algorithm, candidate):
+            return
         executor = self._executor(algorithm, input.dtype, numel, input.device)
         executor.run(output, input, self.transport, op, self.timeout_s, cuda_graph=self.cuda_graphs)
 
