@@ -37,7 +37,7 @@ FLOORS = (
     ("taccl_py.bounds", "taccl_py.verify", "taccl_py.solvers", "taccl_py.placement"),
     ("taccl_py.simulate",),
     ("taccl_py.msccl", "taccl_py.mscclpp"),
-    ("taccl_py.files",),
+    ("taccl_py.files", "taccl_py.deploy"),
     ("taccl_py.stages",),
     ("taccl_py.baselines",),
     ("taccl_py.synth",),

@@ -70,6 +70,7 @@ COMMANDS = MappingProxyType(
         "bench": ("bench", "time an algorithm or library against torch.distributed's own collectives"),
         "profile": ("profile", "measure alpha and bandwidth between ranks; write a topology with the measured links"),
         "place": ("place", "place pipeline stages on GPUs (NVLink chains, NIC-near boundary GPUs)"),
+        "deploy": ("deploy", "print how a job loads an exported folder: MSCCL++ registration dry run, MSCCL env"),
     }
 )
 #: Exit status for a fault of the input, an argument or the environment.
