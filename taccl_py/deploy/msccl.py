@@ -5,7 +5,9 @@ file and link in it, and pick per call the first file whose collective, rank cou
 chunk divisibility and placement fit (``taccl_py.msccl.selection`` holds that rule); every other
 call runs the library's own algorithm. Facts from Azure/msccl-executor-nccl @c6f6b36d
 (``src/misc/msccl/msccl_lifecycle.cc``) and ROCm/rccl @0cbce2a7 (the same file, and
-``src/init.cc``); each variable's docstring line below cites where it is read.
+``src/init.cc``); each variable's docstring line below cites where it is read. Neither reads
+``MSCCL_XML_FILES`` (microsoft/msccl's older runtime); RCCL declares ``MSCCL_ALGO_FILE_PATH``
+(msccl_lifecycle.cc:32) and never reads it.
 """
 
 from __future__ import annotations
