@@ -240,7 +240,9 @@ def test_export_msccl_leaves_a_switch_band_to_nccl_with_one_line(tmp_path, capsy
     assert switch_lines == [
         "dgx-h100-n1-allreduce-1: band 1 (1MiB and up) uses switch steps: no MSCCL-IR form; left to NCCL"
     ]
-    assert out.is_dir() and all("-1" not in p.name for p in out.iterdir()) and any(out.iterdir())
+    # the ring band loses to NCCL's own algorithms on DGX-H100 at every size, so it is left to NCCL too (issue 45)
+    assert any(line.startswith("dgx-h100-n1-allreduce-0: sizes 0B-1MiB left to NCCL: nccl ") for line in err), err
+    assert not out.exists()
 
 
 def test_a_transfer_never_lands_in_place_where_a_peers_switch_store_writes():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from itertools import groupby
 from pathlib import Path
@@ -25,12 +26,15 @@ from taccl_py.msccl.library import folder_selection_keys, unwritten_placements
 from taccl_py.msccl.limits import RCCL_LL128_GPU_ARCHS
 from taccl_py.msccl.selection import (
     DTYPE_SIZES,
+    ExportedFallback,
     Selection,
     SelectionKey,
+    exported_fallback,
     power_of_two_sizes,
     selection_report,
     why_not_selected,
 )
+from taccl_py.mscclpp.load_checks import executor_warnings
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.replay import mscclpp_report
 from taccl_py.units import format_size, parse_size_range
@@ -92,6 +96,8 @@ def _verify(args: argparse.Namespace) -> int:
     if text is not None and looks_like_mscclpp_plan(text):
         plan = parse_mscclpp_plan(text, str(args.file))
         report, collective, num_ranks = mscclpp_report(plan), plan.collective, len(plan.gpus)
+        for warning in executor_warnings(plan):  # correct as read, yet run otherwise by MSCCL++'s executor
+            print(f"warning: {args.file}: {warning}", file=sys.stderr)
     else:
         algorithm = parse_any_algorithm(text, args.file) if args.file == "-" else read_any_algorithm(args.file)
         report = verify_algorithm(algorithm)
@@ -168,7 +174,7 @@ def _export_msccl(args: argparse.Namespace) -> int:
     check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
     libraries = libraries_to_export(args.library, args.nodes)
     dialect = xml_dialect(limits, args.dialect)
-    written = 0
+    written, fallbacks = 0, []
     for library in libraries:
         if sys.stderr.isatty():  # verifying in-place forms and choosing protocols takes a minute on 64 GPUs
             label = f"{library.topology} n{library.nodes} {library.collective.value}"
@@ -183,6 +189,7 @@ def _export_msccl(args: argparse.Namespace) -> int:
             print(f"warning: {band_label(library, index)}: {note}", file=sys.stderr)
         for _index, line in export.to_nccl:
             print(line, file=sys.stderr)
+        fallbacks += export.fallbacks
         if export.removed:
             names = ", ".join(export.removed)
             print(f"removed {len(export.removed)} files of an earlier export from {folder}: {names}", file=sys.stderr)
@@ -197,7 +204,7 @@ def _export_msccl(args: argparse.Namespace) -> int:
             print(
                 f"warning: {why}; MSCCL loads every file of its folder and fails to start on this one", file=sys.stderr
             )
-        print(format_selection(list(keys), check_sizes))
+        print(format_selection(list(keys), check_sizes, fallbacks))
     return 0
 
 
@@ -209,15 +216,21 @@ def _check_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
-def format_selection(keys: list[SelectionKey], sizes: tuple[int, ...]) -> str:
-    """Return which file MSCCL's rule selects per collective, placement, dtype and run of sizes, and a total."""
+def format_selection(
+    keys: list[SelectionKey], sizes: tuple[int, ...], fallbacks: Sequence[ExportedFallback] = ()
+) -> str:
+    """Return which file MSCCL's rule selects per collective, placement, dtype and run of sizes, and a total.
+
+    ``fallbacks``: the sizes the export left to NCCL on purpose; a call there that selects no file
+    says ``NCCL (left to NCCL: <why>)``.
+    """
     rows = [("collective", "ranks", "placement", "dtype", "sizes", "selected")]
     calls = selection_report(keys, sizes, _PLACEMENTS_CHECKED)
     chosen = sum(selection.chosen is not None for selection in calls)
     ambiguous = [selection for selection in calls if selection.ambiguous]
     # consecutive sizes of one call form with the same outcome make one row
     for (_form, outcome), run in groupby(
-        calls, key=lambda selection: (_call_form(selection), _outcome(keys, selection))
+        calls, key=lambda selection: (_call_form(selection), _outcome(keys, selection, fallbacks))
     ):
         run = list(run)
         first, last = run[0].call, run[-1].call
@@ -248,8 +261,11 @@ def _call_form(selection: Selection) -> tuple:
     return (call.collective, call.num_ranks, call.inplace, call.dtype_size)
 
 
-def _outcome(keys: list[SelectionKey], selection: Selection) -> str:
+def _outcome(keys: list[SelectionKey], selection: Selection, fallbacks: Sequence[ExportedFallback] = ()) -> str:
     if selection.chosen is None:
+        fallback = exported_fallback(fallbacks, selection.call)
+        if fallback is not None:
+            return f"NCCL (left to NCCL: {fallback.reason})"
         return f"NCCL ({why_not_selected(keys, selection.call)})"
     more = f" (also {', '.join(selection.matches[1:])})" if selection.ambiguous else ""
     return selection.chosen + more
@@ -293,10 +309,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export-msccl",
         description="Write one XML file per band with minBytes/maxBytes set to the band's sizes; a band beyond the "
         "MSCCL runtime limits is reported and left out, and so is a band whose chunk loop MSCCL never selects at "
-        "power-of-two element counts (its sizes stay with NCCL). Files of an earlier export of the same machine, "
-        "node count and collective in DIR (named <machine>-n<nodes>-<collective>-<band>[-inplace].xml) that this "
-        "export does not overwrite are removed, and named on stderr, once every new file is written: MSCCL loads "
-        "every file of its folder, so a stale band would overlap the new ones. Other files are left alone.",
+        "power-of-two element counts (its sizes stay with NCCL). On a built-in machine, sizes where NCCL's own "
+        "algorithm (rings with NCCL's channel count, trees, NVLS, PAT) is modelled more than 1% faster than the band "
+        "under MSCCL's loop are left to NCCL too, each run named on stderr with its reason; a band may become several "
+        "files (<band>-part<n>). Files of an earlier export of the same machine, node count and collective in DIR "
+        "(named <machine>-n<nodes>-<collective>-<band>[-part<n>][-inplace].xml) that this export does not overwrite "
+        "are removed, and named on stderr, once every new file is written: MSCCL loads every file of its folder, so a "
+        "stale band would overlap the new ones. Other files are left alone.",
     )
     add_library_source_arguments(export)
     export.add_argument(
@@ -314,7 +333,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="LOW-HIGH",
         help="print which file of DIR (every file MSCCL would load from it, not only those written) MSCCL's "
         f"selection rule picks for every power-of-two size in LOW-HIGH (default {DEFAULT_CHECK_SIZES}), in bf16 "
-        "and fp32, in place and out of place, and how many sizes more than one file matches",
+        "and fp32, in place and out of place, and how many sizes more than one file matches; a size this export left "
+        "to NCCL says why",
     )
     export.add_argument(
         "--rccl-gpu-arch",

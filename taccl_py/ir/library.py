@@ -228,12 +228,12 @@ def earlier_band_files(
 ) -> tuple[Path, ...]:
     """Return the files of ``folder`` named as an export of ``library``'s bands that ``keep`` does not name, by name.
 
-    The exporters name a band's file ``<topology>-n<nodes>-<collective>-<band>[-inplace]<extension>``
+    The exporters name a band's file ``<topology>-n<nodes>-<collective>-<band>[-part<n>][-inplace]<extension>``
     (``taccl_py.msccl.library.library_xml_name``, ``taccl_py.mscclpp.files.library_plan_name``);
     only such names count, so a user's own files in the folder are never touched.
     """
     stem = re.escape(f"{library.topology}-n{library.nodes}-{library.collective.value}-")
-    pattern = re.compile(stem + r"[0-9]+(-inplace)?" + re.escape(extension))
+    pattern = re.compile(stem + r"[0-9]+(-part[0-9]+)?(-inplace)?" + re.escape(extension))
     folder = Path(folder)
     if not folder.is_dir():
         return ()

@@ -360,6 +360,7 @@ def generate_msccl_xml(
             prog.rank,
             [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs],
             limits,
+            algorithm.num_ranks,
         )
         programs.append((prog.rank, tbs))
     for prog, (_, tbs) in zip(algorithm.ranks, _with_peer_fields(programs)):

@@ -12,6 +12,12 @@ selects at the power-of-two element counts users pass, where another loop would 
 (``selectable_for_powers_of_two``), gets no file either, and says so: its sizes stay with NCCL;
 so does a band whose algorithm has switch steps (NVLink SHARP: MSCCL-IR has no in-network op).
 
+Sizes where NCCL's own algorithm is modelled faster than the band's file under MSCCL's loop, in
+its protocol (``taccl_py.baselines.leave_to_nccl``), are left to NCCL too: a band's file covers only
+the runs of sizes it keeps, one file per run (``<band>``, then ``<band>-part2``...), and each run left
+is reported with its reason. Only a library of a built-in machine can be simulated; others keep
+their bands whole, with a note.
+
 Writing into a folder that holds an earlier export of the same library, ``write_library_xml``
 removes that export's files this one does not overwrite (``replace_earlier``), so that no stale
 band's size range overlaps a new one; ``folder_selection_keys`` reads what MSCCL would load there.
@@ -19,29 +25,45 @@ band's size range overlaps a new one; ``folder_selection_keys`` reads what MSCCL
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taccl_py._io import read_text
+from taccl_py.baselines.leave_to_nccl import (
+    LeftToNccl,
+    NcclVerdict,
+    SizeRange,
+    compare_with_nccl,
+    library_probe_sizes,
+)
+from taccl_py.baselines.nccl import nccl_best_times
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.inplace import BOTH_PLACES_KEY, serves_both_placements
+from taccl_py.ir.inplace import BOTH_PLACES_KEY, DERIVED_FROM_KEY, serves_both_placements
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, write_band_files
 from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
-from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime
+from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime, protocol_limits
 from taccl_py.msccl.parse import parse_msccl_selection_key
 from taccl_py.msccl.protocol import band_protocols
 from taccl_py.msccl.selection import (
+    ExportedFallback,
     SelectionKey,
     loop_divides_powers_of_two,
     selectable_for_powers_of_two,
     selection_key,
     size_multiplier,
 )
+from taccl_py.simulate.model import MSCCL_LOOP
+from taccl_py.simulate.protocol import PROTOCOL_COST_TABLES
+from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.units import format_size
 from taccl_py.verify import exported_inplace_form
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "LibraryXml",
@@ -59,9 +81,11 @@ class LibraryXml:
 
     ``keys`` holds each file's selection fields, in the order of ``files``; ``notes`` the warnings
     per band (band index, text): a placement without a file, a chunk loop MSCCL selects only at
-    counts users rarely pass. ``to_nccl`` holds (band index, why and which sizes) for each band left
-    to NCCL because MSCCL would never select its file; ``removed`` the files of an earlier export
-    that writing removed.
+    counts users rarely pass. ``to_nccl`` holds (band index, why and which sizes) for each band, or
+    run of a band's sizes, left to NCCL: MSCCL would never select its file, it has switch steps, or
+    NCCL is modelled faster there; ``fallbacks`` the same runs as ``ExportedFallback`` records (for
+    ``--check-selection``); ``removed`` the files of an earlier export that writing removed;
+    ``unchecked`` why the bands were not compared with NCCL (None: they were, or had nothing to compare).
     """
 
     files: tuple[tuple[str, str], ...]
@@ -70,6 +94,8 @@ class LibraryXml:
     notes: tuple[tuple[int, str], ...] = ()
     to_nccl: tuple[tuple[int, str], ...] = ()
     removed: tuple[str, ...] = ()
+    fallbacks: tuple[ExportedFallback, ...] = ()
+    unchecked: str | None = None
 
 
 def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = False) -> str:
@@ -83,6 +109,19 @@ def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = Fals
     """
     suffix = "-inplace" if inplace else ""
     return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.xml"
+
+
+def _part_name(name: str, part: int) -> str:
+    """Return the file name of run ``part`` (0: the first) of a band split where NCCL is faster.
+
+    >>> _part_name("ndv2-n1-allgather-2-inplace.xml", 1)
+    'ndv2-n1-allgather-2-part2-inplace.xml'
+    """
+    if part == 0:
+        return name
+    stem = name.removesuffix(".xml")
+    inplace = stem.endswith("-inplace")
+    return f"{stem.removesuffix('-inplace')}-part{part + 1}{'-inplace' if inplace else ''}.xml"
 
 
 def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
@@ -101,9 +140,19 @@ def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
 
 
 def _band_files(
-    library: AlgorithmLibrary, index: int, band: SizeBand, dialect: Dialect, runtime: Runtime | str, protocol: str
+    library: AlgorithmLibrary,
+    index: int,
+    band: SizeBand,
+    dialect: Dialect,
+    runtime: Runtime | str,
+    protocol: str,
+    ranges: tuple[SizeRange, ...] | None = None,
 ) -> tuple[list[tuple[str, str, SelectionKey]], list[str]]:
-    """Return the (file name, text, selection key) of each placement of band ``index``, and its notes."""
+    """Return the (file name, text, selection key) of each placement of band ``index``, and its notes.
+
+    ``ranges``: the runs of the band's sizes to write, one file per run and placement (None: the
+    whole band); every placement gets the same runs.
+    """
     # The band's range is what a runtime selects by, whatever range the algorithm was saved with.
     base = replace(
         band.algorithm,
@@ -127,9 +176,17 @@ def _band_files(
     if why_not is not None:
         notes.append(why_not)
     files = []
-    for algorithm in algorithms:
-        name = library_xml_name(library, index, inplace=algorithm.inplace)
-        files.append((name, generate_msccl_xml(algorithm, dialect, runtime=runtime), selection_key(algorithm)))
+    for part, sizes in enumerate((SizeRange(band.min_bytes, band.max_bytes),) if ranges is None else ranges):
+        for algorithm in algorithms:
+            name = _part_name(library_xml_name(library, index, inplace=algorithm.inplace), part)
+            piece = replace(
+                algorithm, name=name.removesuffix(".xml"), min_bytes=sizes.min_bytes, max_bytes=sizes.max_bytes
+            )
+            if part and piece.meta(DERIVED_FROM_KEY) is not None:
+                piece = piece.with_metadata(
+                    **{DERIVED_FROM_KEY: _part_name(library_xml_name(library, index), part)[:-4]}
+                )
+            files.append((name, generate_msccl_xml(piece, dialect, runtime=runtime), selection_key(piece)))
     return files, notes
 
 
@@ -139,6 +196,7 @@ def generate_library_xml(
     *,
     runtime: Runtime | str = DEFAULT_RUNTIME,
     rccl_gpu_arch: str | None = None,
+    leave_to_nccl: bool = True,
 ) -> LibraryXml:
     """Return the MSCCL XML of every band of ``library`` that ``runtime`` (default: every MSCCL runtime) can load.
 
@@ -149,29 +207,96 @@ def generate_library_xml(
     runs LL128 on, e.g. ``"gfx942"``). The open-ended last band gets ``maxBytes="0"``, which the
     MSCCL tools write for "no upper end". A band whose chunk loop MSCCL never selects at
     power-of-two counts, where another loop would be, or that has switch steps (no MSCCL-IR
-    form), gets no file (``LibraryXml.to_nccl``).
+    form), gets no file (``LibraryXml.to_nccl``). With ``leave_to_nccl`` (a library of a built-in
+    machine), sizes where NCCL's own algorithm is modelled faster under MSCCL's loop are left to
+    it too (``taccl_py.baselines.leave_to_nccl``): a band may become several files, or none.
     """
     dialect = parse_dialect(dialect)
     protocols = band_protocols(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
-    files, keys, skipped, notes, to_nccl = [], [], [], [], []
+    compare, unchecked = _nccl_comparison(library, runtime, rccl_gpu_arch) if leave_to_nccl else (None, None)
+    files, keys, skipped, notes, to_nccl, fallbacks = [], [], [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
             continue
         if band.algorithm.uses_switch:  # in-network steps: MSCCL-IR has no form for them
             to_nccl.append((index, _switch_band(library, index, band)))
+            fallbacks.append(_fallback(library, band.min_bytes, band.max_bytes, "switch steps have no MSCCL-IR form"))
             continue
-        try:
-            band_files, band_notes = _band_files(library, index, band, dialect, runtime, protocols[index])
-        except ArgumentError as error:
-            skipped.append((index, str(error)))
-            continue
-        if not selectable_for_powers_of_two(band.algorithm):  # a band beyond the limits says that first
+        selectable = selectable_for_powers_of_two(band.algorithm)
+        verdict = compare(band, protocols[index]) if compare is not None and selectable else None
+        left = () if verdict is None else verdict.left
+        if verdict is not None and not verdict.kept:  # NCCL is faster at every size: no file to check or write
+            band_files, band_notes = [], []
+        else:
+            try:
+                band_files, band_notes = _band_files(
+                    library, index, band, dialect, runtime, protocols[index], None if verdict is None else verdict.kept
+                )
+            except ArgumentError as error:
+                skipped.append((index, str(error)))
+                continue
+        if not selectable:  # a band beyond the limits says that first
             to_nccl.append((index, _never_selected(library, index, band)))
+            loop = f"{band.algorithm.chunks_per_loop} chunks per loop divide no power-of-two element count"
+            fallbacks.append(_fallback(library, band.min_bytes, band.max_bytes, loop))
             continue
         files += [(name, text) for name, text, _key in band_files]
         keys += [key for _name, _text, key in band_files]
         notes += [(index, note) for note in band_notes]
-    return LibraryXml(tuple(files), tuple(skipped), tuple(keys), tuple(notes), tuple(to_nccl))
+        for run in left:
+            to_nccl.append((index, _slower_run(library, index, run)))
+            fallbacks.append(_fallback(library, run.sizes.min_bytes, run.sizes.max_bytes, run.reason))
+    return LibraryXml(
+        tuple(files),
+        tuple(skipped),
+        tuple(keys),
+        tuple(notes),
+        tuple(to_nccl),
+        fallbacks=tuple(fallbacks),
+        unchecked=unchecked,
+    )
+
+
+def _nccl_comparison(
+    library: AlgorithmLibrary, runtime: Runtime | str, rccl_gpu_arch: str | None
+) -> tuple[Callable[[SizeBand, str], NcclVerdict] | None, str | None]:
+    """Return (compare, None): ``compare(band, protocol)`` gives a band's ``NcclVerdict``; (None, why) if none.
+
+    NCCL's best times (under MSCCL's loop) are simulated once, at every probe size of the bands
+    that may get a file.
+    """
+    if builtin_topology_name(library.topology) is None:
+        why = (
+            f"{library.topology} n{library.nodes} {library.collective.value}: not compared with NCCL's own algorithms: "
+            f"{library.topology!r} is not a built-in machine, so its bands keep every size"
+        )
+        logger.info("%s", why)
+        return None, why
+    topology = load_topology(library.topology, library.nodes)
+    bands = [(b.min_bytes, b.max_bytes) for b in library.bands if not b.native and not b.algorithm.uses_switch]
+    if not bands:
+        return None, None
+    best = nccl_best_times(topology, library.collective, library_probe_sizes(bands), model=MSCCL_LOOP)
+    times = {choice.size_bytes: choice for choice in best}
+    costs = PROTOCOL_COST_TABLES[protocol_limits(runtime, rccl_gpu_arch=rccl_gpu_arch).cost_table]
+
+    def compare(band: SizeBand, protocol: str) -> NcclVerdict:
+        algorithm = replace(band.algorithm, protocol=protocol)
+        return compare_with_nccl(
+            algorithm, band.min_bytes, band.max_bytes, topology, times, model=MSCCL_LOOP, protocol_costs=costs
+        )
+
+    return compare, None
+
+
+def _fallback(library: AlgorithmLibrary, min_bytes: int, max_bytes: int | None, reason: str) -> ExportedFallback:
+    return ExportedFallback(library.collective, library.num_ranks, min_bytes, max_bytes, reason)
+
+
+def _slower_run(library: AlgorithmLibrary, index: int, run: LeftToNccl) -> str:
+    """Return the line saying which sizes of band ``index`` are left to NCCL, being faster there."""
+    name = library_xml_name(library, index).removesuffix(".xml")
+    return f"{name}: sizes {run.sizes.label} left to NCCL: {run.reason}"
 
 
 def _band_sizes(band: SizeBand) -> str:
@@ -212,6 +337,7 @@ def write_library_xml(
     runtime: Runtime | str = DEFAULT_RUNTIME,
     rccl_gpu_arch: str | None = None,
     replace_earlier: bool = False,
+    leave_to_nccl: bool = True,
 ) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 
@@ -223,7 +349,9 @@ def write_library_xml(
     Every text is generated before the first file is written, each file through a temporary name,
     and earlier files are removed only once every new one is written.
     """
-    export = generate_library_xml(library, dialect, runtime=runtime, rccl_gpu_arch=rccl_gpu_arch)
+    export = generate_library_xml(
+        library, dialect, runtime=runtime, rccl_gpu_arch=rccl_gpu_arch, leave_to_nccl=leave_to_nccl
+    )
     removed = write_band_files(library, folder, export.files, ".xml", replace_earlier)
     return replace(export, removed=removed)
 

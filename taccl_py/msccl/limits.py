@@ -27,6 +27,15 @@ Sources (``MSCCL_MAX_NUM_STEPS``, ``MSCCL_MAX_NUM_THREAD_BLOCKS``,
 * portable: the strictest figure of each column, so a file loads in every runtime above. It is
   what export checked before runtimes could be named, and stays the default.
 
+msccl-executor-nccl's XML reader (and so portable) also caps each rank's parse tree
+(``src/include/msccl/msccl_parser.h`` @c6f6b36d:22-23, ``MAX_SUBS`` 1024, ``MAX_NODES`` 4096). Each
+rank parses the whole file (``mscclAlgoXmlLoad``) but keeps only the elements it handles: the
+``<algo>``, every ``<gpu>`` and the ``<tb>`` and ``<step>`` elements of its own GPU; comments and other
+GPUs' elements take no node. The reader fails once 4096 nodes are kept and it reads on (it always
+does: closing tags follow), so a rank may hold at most 4095: 1 + GPUs + its threadblocks + its steps
+(``mscclXmlLoadSub``, msccl_parser.cc:166-206). A node's children go into a 1024-entry array with no
+bound check, so at most 1024 GPUs, threadblocks per GPU and steps per threadblock.
+
 Protocols (``proto``): every runtime runs Simple, LL and LL128 kernels for an MSCCL algorithm, with
 two exceptions in RCCL, which depend on the GPU (``rccl_gpu_arch``): LL128 exists only on gfx90a,
 gfx942 and gfx950 (and in builds with ``ENABLE_LL128``), LL not on gfx12. Each pass of the MSCCL
@@ -80,6 +89,9 @@ __all__ = [
     "runtime_limits",
     "check_gpu_limits",
     "check_steps_per_threadblock",
+    "check_parse_tree",
+    "MAX_PARSE_NODES",
+    "MAX_PARSE_CHILDREN",
     "NCCL_STEPS",
     "RCCL_LL128_GPU_ARCHS",
     "ProtocolLimits",
@@ -94,6 +106,9 @@ MAX_THREADBLOCKS_PER_GPU = 64  # <tb> elements per <gpu>
 MAX_THREADBLOCKS_PER_CHANNEL = 32  # sending (and, separately, receiving) <tb>s per channel
 MAX_COUNT = 72  # a step's cnt must be below this: at most 71 chunks per step
 MAX_CHANNELS = 32  # channels 0..31
+# msccl-executor-nccl's XML reader, per rank: MAX_NODES 4096 (it fails on reaching it) and MAX_SUBS 1024
+MAX_PARSE_NODES = 4096 - 1
+MAX_PARSE_CHILDREN = 1024
 
 
 class Runtime(str, Enum):
@@ -119,10 +134,14 @@ class RuntimeLimits:
     max_channels: int
     max_count: int
     dialect: Dialect
+    max_parse_nodes: int | None = None  # elements one rank's XML reader keeps (None: no such limit)
+    max_parse_children: int | None = None  # children of one element
 
 
 _RUNTIME_LIMITS = {
-    Runtime.EXECUTOR: RuntimeLimits(Runtime.EXECUTOR, 64, 32 * 32, 32, 32, 72, Dialect.NEW),
+    Runtime.EXECUTOR: RuntimeLimits(
+        Runtime.EXECUTOR, 64, 32 * 32, 32, 32, 72, Dialect.NEW, MAX_PARSE_NODES, MAX_PARSE_CHILDREN
+    ),
     Runtime.MSCCL: RuntimeLimits(Runtime.MSCCL, 256, 108 * 2, 32, 32, 72, Dialect.OLD),
     Runtime.RCCL: RuntimeLimits(Runtime.RCCL, 64, 64, 32, 32, 72, Dialect.NEW),
 }
@@ -153,6 +172,8 @@ def runtime_limits(runtime: Runtime | str = DEFAULT_RUNTIME) -> RuntimeLimits:
         MAX_CHANNELS,
         MAX_COUNT,
         Dialect.NEW,
+        MAX_PARSE_NODES,
+        MAX_PARSE_CHILDREN,
     )
 
 
@@ -185,12 +206,14 @@ def check_gpu_limits(
     rank: int,
     threadblocks: Sequence[tuple[int, int | None, int | None, int, int]],
     limits: RuntimeLimits | None = None,
+    num_gpus: int | None = None,
 ) -> None:
     """Raise ``ArgumentError`` naming the limit, rank and threadblock a GPU's program breaks.
 
     ``threadblocks`` holds (id, send peer, recv peer, channel, number of steps) per threadblock,
     after dependency nops and count splitting were added. Counts are split before this check.
-    ``limits`` default to the portable ones.
+    ``limits`` default to the portable ones; ``num_gpus`` (the file's ``<gpu>`` count) also checks
+    the XML reader's parse tree (``check_parse_tree``).
     """
     limits = runtime_limits() if limits is None else limits
     runtime = _runtime_label(limits)
@@ -223,6 +246,41 @@ def check_gpu_limits(
                     f"{count} {role} threadblocks",
                     f"at most {limits.max_threadblocks_per_channel} per channel for {runtime} "
                     "(MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL)",
+                )
+    if num_gpus is not None:
+        check_parse_tree(name, rank, num_gpus, [tb[4] for tb in threadblocks], limits)
+
+
+def check_parse_tree(name: str, rank: int, num_gpus: int, steps: Sequence[int], limits: RuntimeLimits) -> None:
+    """Raise ``ArgumentError`` when rank ``rank``'s parse tree of the file is past ``limits``' XML reader.
+
+    ``steps`` holds the ``<step>`` count of each of the rank's threadblocks (nops included); the
+    tree holds ``<algo>``, ``num_gpus`` ``<gpu>`` elements, the rank's ``<tb>`` and its ``<step>``s.
+    """
+    if limits.max_parse_nodes is not None:
+        nodes = 1 + num_gpus + len(steps) + sum(steps)
+        if nodes > limits.max_parse_nodes:
+            raise ArgumentError(
+                name,
+                f"rank {rank}",
+                f"{nodes} XML elements (1 algo, {num_gpus} gpu, {len(steps)} tb, {sum(steps)} step)",
+                f"at most {limits.max_parse_nodes} per rank for {_runtime_label(limits)} "
+                "(MAX_NODES 4096 in msccl_parser.h, reached is refused)",
+            )
+    if limits.max_parse_children is not None:
+        counts = (
+            ("gpu elements", num_gpus),
+            ("threadblocks", len(steps)),
+            ("steps in a threadblock", max(steps, default=0)),
+        )
+        for what, count in counts:
+            if count > limits.max_parse_children:
+                raise ArgumentError(
+                    name,
+                    f"rank {rank}",
+                    f"{count} {what}",
+                    f"at most {limits.max_parse_children} children per XML element for {_runtime_label(limits)} "
+                    "(MAX_SUBS in msccl_parser.h)",
                 )
 
 

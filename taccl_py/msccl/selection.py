@@ -32,6 +32,8 @@ __all__ = [
     "DTYPE_SIZES",
     "MscclCall",
     "SelectionKey",
+    "ExportedFallback",
+    "exported_fallback",
     "Selection",
     "selection_key",
     "size_multiplier",
@@ -60,6 +62,17 @@ class SelectionKey:
     max_bytes: int
     inplace: bool
     outofplace: bool
+
+
+@dataclass(frozen=True)
+class ExportedFallback:
+    """Sizes [min_bytes, max_bytes) of a collective an export left to NCCL on purpose, and why (None: no end)."""
+
+    collective: Collective
+    num_ranks: int
+    min_bytes: int
+    max_bytes: int | None
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -169,6 +182,19 @@ def power_of_two_sizes(low: int, high: int) -> tuple[int, ...]:
         out.append(size)
         size <<= 1
     return tuple(out)
+
+
+def exported_fallback(fallbacks: Sequence[ExportedFallback], call: MscclCall) -> ExportedFallback | None:
+    """Return the run of sizes an export left to NCCL that holds ``call`` (its ``nbytes``), if any."""
+    for fallback in fallbacks:
+        if (
+            fallback.collective is call.collective
+            and fallback.num_ranks == call.num_ranks
+            and fallback.min_bytes <= call.nbytes
+            and (fallback.max_bytes is None or call.nbytes < fallback.max_bytes)
+        ):
+            return fallback
+    return None
 
 
 def select_file(keys: Sequence[SelectionKey], call: MscclCall) -> Selection:
