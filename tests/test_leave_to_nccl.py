@@ -7,13 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from taccl_py.baselines.leave_to_nccl import (
-    KEEP_RATIO,
-    SizeRange,
-    compare_with_nccl,
-    library_probe_sizes,
-    probe_sizes,
-)
 from taccl_py.baselines.nccl import NcclChoice, nccl_best_times
 from taccl_py.cli import main
 from taccl_py.errors import ArgumentError
@@ -22,6 +15,13 @@ from taccl_py.ir.library import read_library, shipped_library_dir, shipped_libra
 from taccl_py.msccl import generate_library_xml, parse_msccl_xml, write_library_xml
 from taccl_py.msccl.selection import MscclCall, exported_fallback, power_of_two_sizes, select_file
 from taccl_py.simulate import simulate
+from taccl_py.simulate.leave_to_nccl import (
+    KEEP_RATIO,
+    SizeRange,
+    compare_with_nccl,
+    library_probe_sizes,
+    probe_sizes,
+)
 from taccl_py.simulate.protocol import PROTOCOL_COST_TABLES
 from taccl_py.topology import load_topology
 
@@ -68,7 +68,7 @@ def test_runs_are_cut_at_the_geometric_mean_of_probes_with_different_verdicts():
 
 
 def test_ndv2_export_leaves_the_six_ring_sizes_to_nccl_with_reasons_in_both_placements():
-    export = generate_library_xml(_ndv2_allgather())
+    export = generate_library_xml(_ndv2_allgather(), leave_to_nccl=nccl_best_times)
     names = [name for name, _text in export.files]
     assert not [name for name in names if name.startswith("ndv2-n1-allgather-3")], "NCCL's rings win the last band"
     assert [index for index, _line in export.to_nccl] == [2, 3]
@@ -80,13 +80,13 @@ def test_ndv2_export_leaves_the_six_ring_sizes_to_nccl_with_reasons_in_both_plac
     assert select_file(export.keys, call).chosen is None
     assert "ring-6ch-1p" in exported_fallback(export.fallbacks, call).reason
     # without the comparison every band keeps every size
-    whole = generate_library_xml(_ndv2_allgather(), leave_to_nccl=False)
+    whole = generate_library_xml(_ndv2_allgather())
     assert "ndv2-n1-allgather-3.xml" in dict(whole.files) and not whole.fallbacks
 
 
 def test_a_band_split_in_two_gets_part_files_that_a_later_export_replaces(tmp_path, monkeypatch):
     import taccl_py.msccl.library as msccl_library
-    from taccl_py.baselines.leave_to_nccl import LeftToNccl, NcclVerdict
+    from taccl_py.simulate.leave_to_nccl import LeftToNccl, NcclVerdict
 
     def split(algorithm, min_bytes, max_bytes, *_args, **_kwargs):
         if max_bytes is not None:
@@ -99,7 +99,7 @@ def test_a_band_split_in_two_gets_part_files_that_a_later_export_replaces(tmp_pa
         )
 
     monkeypatch.setattr(msccl_library, "compare_with_nccl", split)
-    export = write_library_xml(_ndv2_allgather(), tmp_path, replace_earlier=True)
+    export = write_library_xml(_ndv2_allgather(), tmp_path, replace_earlier=True, leave_to_nccl=nccl_best_times)
     written = sorted(path.name for path in tmp_path.iterdir())
     assert "ndv2-n1-allgather-3-part2.xml" in written and "ndv2-n1-allgather-3-part2-inplace.xml" in written
     texts = dict(export.files)
@@ -111,7 +111,7 @@ def test_a_band_split_in_two_gets_part_files_that_a_later_export_replaces(tmp_pa
     assert (first.min_bytes, first.max_bytes) == (8_192_000, 64 * MiB)
     assert export.fallbacks[-1].reason == "why"
     monkeypatch.undo()
-    again = write_library_xml(_ndv2_allgather(), tmp_path, replace_earlier=True, leave_to_nccl=False)
+    again = write_library_xml(_ndv2_allgather(), tmp_path, replace_earlier=True)
     assert "ndv2-n1-allgather-3-part2.xml" in again.removed
     assert not [path for path in tmp_path.iterdir() if "-part" in path.name]
 
@@ -131,7 +131,7 @@ def test_check_selection_keeps_the_reason_of_other_fallbacks():
     from taccl_py.cli.algo import format_selection
     from taccl_py.msccl.selection import ExportedFallback
 
-    export = generate_library_xml(_ndv2_allgather(), leave_to_nccl=False)
+    export = generate_library_xml(_ndv2_allgather())
     keys = [key for key in export.keys if not key.name.startswith("ndv2-n1-allgather-3")]
     fallback = ExportedFallback(Collective.ALLGATHER, 8, 32 * MiB, None, "because")
     text = format_selection(keys, power_of_two_sizes(16 * MiB, 64 * MiB), [fallback])
@@ -149,7 +149,7 @@ def _done_when(machine: str, nodes: int) -> None:
         library = read_library(path)
         if library.collective not in DONE_COLLECTIVES:
             continue
-        export = generate_library_xml(library)
+        export = generate_library_xml(library, leave_to_nccl=nccl_best_times)
         nccl = {c.size_bytes: c for c in nccl_best_times(topology, library.collective, DONE_SIZES)}
         texts = dict(export.files)
         costs = PROTOCOL_COST_TABLES["rccl"]  # the portable runtime's table (Simple costs as in every table)
@@ -182,6 +182,6 @@ def test_done_when_picked_files_are_never_slower_than_nccl(machine, nodes):
 
 def test_a_library_of_no_built_in_machine_keeps_its_bands_with_a_note():
     library = _ndv2_allgather()
-    export = generate_library_xml(replace(library, topology="toy"))
+    export = generate_library_xml(replace(library, topology="toy"), leave_to_nccl=nccl_best_times)
     assert "'toy' is not a built-in machine" in export.unchecked
-    assert not export.fallbacks and len(export.keys) == len(generate_library_xml(library, leave_to_nccl=False).keys)
+    assert not export.fallbacks and len(export.keys) == len(generate_library_xml(library).keys)

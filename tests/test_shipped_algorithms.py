@@ -127,7 +127,7 @@ def _verify(path) -> None:
     """
     library = read_library(path)
     # every band whole: which sizes go to NCCL instead is tested in test_leave_to_nccl (NCCL's times cost minutes here)
-    export = generate_library_xml(library, leave_to_nccl=False)
+    export = generate_library_xml(library)
     xml_of = dict(export.files)
     skipped = dict(export.skipped)
     assert not [note for _index, note in export.notes if note.startswith("no in-place file")], export.notes

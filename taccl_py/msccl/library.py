@@ -13,7 +13,7 @@ selects at the power-of-two element counts users pass, where another loop would 
 so does a band whose algorithm has switch steps (NVLink SHARP: MSCCL-IR has no in-network op).
 
 Sizes where NCCL's own algorithm is modelled faster than the band's file under MSCCL's loop, in
-its protocol (``taccl_py.baselines.leave_to_nccl``), are left to NCCL too: a band's file covers only
+its protocol (``taccl_py.simulate.leave_to_nccl``), are left to NCCL too: a band's file covers only
 the runs of sizes it keeps, one file per run (``<band>``, then ``<band>-part2``...), and each run left
 is reported with its reason. Only a library of a built-in machine can be simulated; others keep
 their bands whole, with a note.
@@ -32,14 +32,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from taccl_py._io import read_text
-from taccl_py.baselines.leave_to_nccl import (
-    LeftToNccl,
-    NcclVerdict,
-    SizeRange,
-    compare_with_nccl,
-    library_probe_sizes,
-)
-from taccl_py.baselines.nccl import nccl_best_times
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.inplace import BOTH_PLACES_KEY, DERIVED_FROM_KEY, serves_both_placements
@@ -56,6 +48,14 @@ from taccl_py.msccl.selection import (
     selectable_for_powers_of_two,
     selection_key,
     size_multiplier,
+)
+from taccl_py.simulate.leave_to_nccl import (
+    LeftToNccl,
+    NcclTimes,
+    NcclVerdict,
+    SizeRange,
+    compare_with_nccl,
+    library_probe_sizes,
 )
 from taccl_py.simulate.model import MSCCL_LOOP
 from taccl_py.simulate.protocol import PROTOCOL_COST_TABLES
@@ -196,7 +196,7 @@ def generate_library_xml(
     *,
     runtime: Runtime | str = DEFAULT_RUNTIME,
     rccl_gpu_arch: str | None = None,
-    leave_to_nccl: bool = True,
+    leave_to_nccl: NcclTimes | None = None,
 ) -> LibraryXml:
     """Return the MSCCL XML of every band of ``library`` that ``runtime`` (default: every MSCCL runtime) can load.
 
@@ -207,13 +207,16 @@ def generate_library_xml(
     runs LL128 on, e.g. ``"gfx942"``). The open-ended last band gets ``maxBytes="0"``, which the
     MSCCL tools write for "no upper end". A band whose chunk loop MSCCL never selects at
     power-of-two counts, where another loop would be, or that has switch steps (no MSCCL-IR
-    form), gets no file (``LibraryXml.to_nccl``). With ``leave_to_nccl`` (a library of a built-in
-    machine), sizes where NCCL's own algorithm is modelled faster under MSCCL's loop are left to
-    it too (``taccl_py.baselines.leave_to_nccl``): a band may become several files, or none.
+    form), gets no file (``LibraryXml.to_nccl``). Given ``leave_to_nccl`` (what times NCCL's own
+    algorithms: ``taccl_py.baselines.nccl.nccl_best_times``, as ``taccl export-msccl`` passes it)
+    and a library of a built-in machine, sizes where NCCL is modelled faster under MSCCL's loop are
+    left to it too (``taccl_py.simulate.leave_to_nccl``): a band may become several files, or none.
     """
     dialect = parse_dialect(dialect)
     protocols = band_protocols(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
-    compare, unchecked = _nccl_comparison(library, runtime, rccl_gpu_arch) if leave_to_nccl else (None, None)
+    compare, unchecked = (
+        _nccl_comparison(library, runtime, rccl_gpu_arch, leave_to_nccl) if leave_to_nccl else (None, None)
+    )
     files, keys, skipped, notes, to_nccl, fallbacks = [], [], [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:  # no XML: MSCCL runs NCCL's own collective wherever no algorithm covers the size
@@ -258,7 +261,7 @@ def generate_library_xml(
 
 
 def _nccl_comparison(
-    library: AlgorithmLibrary, runtime: Runtime | str, rccl_gpu_arch: str | None
+    library: AlgorithmLibrary, runtime: Runtime | str, rccl_gpu_arch: str | None, nccl_times: NcclTimes
 ) -> tuple[Callable[[SizeBand, str], NcclVerdict] | None, str | None]:
     """Return (compare, None): ``compare(band, protocol)`` gives a band's ``NcclVerdict``; (None, why) if none.
 
@@ -276,7 +279,7 @@ def _nccl_comparison(
     bands = [(b.min_bytes, b.max_bytes) for b in library.bands if not b.native and not b.algorithm.uses_switch]
     if not bands:
         return None, None
-    best = nccl_best_times(topology, library.collective, library_probe_sizes(bands), model=MSCCL_LOOP)
+    best = nccl_times(topology, library.collective, library_probe_sizes(bands), model=MSCCL_LOOP)
     times = {choice.size_bytes: choice for choice in best}
     costs = PROTOCOL_COST_TABLES[protocol_limits(runtime, rccl_gpu_arch=rccl_gpu_arch).cost_table]
 
@@ -337,7 +340,7 @@ def write_library_xml(
     runtime: Runtime | str = DEFAULT_RUNTIME,
     rccl_gpu_arch: str | None = None,
     replace_earlier: bool = False,
-    leave_to_nccl: bool = True,
+    leave_to_nccl: NcclTimes | None = None,
 ) -> LibraryXml:
     """Write the XML of every loadable band of ``library`` into ``folder``; return what was written and left out.
 

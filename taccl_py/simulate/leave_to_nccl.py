@@ -6,7 +6,8 @@ covers a size. So an export should cover only the sizes where the band's schedul
 best (``taccl_py.baselines.nccl.nccl_best_times``): rings with NCCL's channel count, trees, NVLS,
 PAT. ``compare_with_nccl`` probes a band at ``probe_sizes`` and returns the sub-ranges to keep and
 the runs left to NCCL, each with a reason. The caller computes NCCL's times once per library, at
-``library_probe_sizes`` of its bands, and passes them in.
+``library_probe_sizes`` of its bands, and passes them in: the exporters sit below the baselines,
+so they are handed ``nccl_best_times`` (an ``NcclTimes``) rather than import it.
 
 Between two consecutive probes with different verdicts the band is cut at their geometric mean;
 sizes below the first probe and above the last follow that probe.
@@ -15,10 +16,10 @@ sizes below the first probe and above the last follow that probe.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from taccl_py.baselines.nccl import NcclChoice
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.simulate.engine import replay
@@ -29,6 +30,8 @@ from taccl_py.topology.model import Topology
 from taccl_py.units import format_size
 
 __all__ = [
+    "NcclTime",
+    "NcclTimes",
     "KEEP_RATIO",
     "SMALLEST_PROBE_BYTES",
     "LARGEST_PROBE_BYTES",
@@ -50,13 +53,29 @@ SMALLEST_PROBE_BYTES = 1024
 LARGEST_PROBE_BYTES = 2**30
 
 
+class NcclTime(Protocol):
+    """NCCL's best algorithm at one size: ``taccl_py.baselines.nccl.NcclChoice`` (bytes, µs)."""
+
+    size_bytes: int
+    name: str
+    time_us: float
+
+
+class NcclTimes(Protocol):
+    """What gives NCCL's best per size: ``taccl_py.baselines.nccl.nccl_best_times``."""
+
+    def __call__(
+        self, topology: Topology, collective: object, sizes_bytes: Iterable[int], *, model: ExecutionModel
+    ) -> Sequence[NcclTime]: ...
+
+
 @dataclass(frozen=True)
 class Probe:
     """One probe size (bytes): our band's time and NCCL's best there (µs)."""
 
     size_bytes: int
     ours_us: float
-    nccl: NcclChoice
+    nccl: NcclTime
 
     @property
     def speed_ratio(self) -> float:
@@ -141,7 +160,7 @@ def compare_with_nccl(
     min_bytes: int,
     max_bytes: int | None,
     topology: Topology,
-    nccl_times: Mapping[int, NcclChoice],
+    nccl_times: Mapping[int, NcclTime],
     *,
     model: ExecutionModel = MSCCL_LOOP,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
