@@ -8,14 +8,21 @@ the expected outputs are the collectives' definitions.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from taccl_py.baselines import ring_algorithm
 from taccl_py.cli.algo import libraries_to_export
+from taccl_py.ir.collectives import Collective
+from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.files import generate_library_plans
+from taccl_py.topology import load_topology
+
+from helpers import ring_algorithm as toy_ring
 
 SCRIPT_DIR = Path(__file__).resolve().parents[1] / "scripts" / "mscclpp_executor"
 if str(SCRIPT_DIR) not in sys.path:
@@ -36,29 +43,44 @@ def passes_check_message_size(plan: dict, input_bytes: int, output_bytes: int) -
 
 
 @pytest.fixture(scope="module")
-def ndv2_plans() -> list[dict]:
+def ndv2_plans() -> list[str]:
     plans = []
     for library in libraries_to_export("ndv2", None):
         if library.collective.value != "alltoall":
-            plans += [json.loads(text) for _, text in generate_library_plans(library).files]
+            plans += [text for _, text in generate_library_plans(library).files]
     return plans
 
 
-def test_every_shipped_ndv2_plan_gets_a_size_the_executor_accepts(ndv2_plans: list[dict]) -> None:
+def test_every_shipped_ndv2_plan_runs_at_powers_of_two_the_executor_accepts(ndv2_plans: list[str]) -> None:
     assert len(ndv2_plans) >= 20
-    for plan in ndv2_plans:
-        ranks, size = len(plan["gpus"]), run_plans.message_bytes(plan)
-        inputs, expected = run_plans.collective_data(plan["collective"], ranks, size)
-        assert len(inputs) == len(expected) == ranks
-        assert passes_check_message_size(plan, inputs[0].nbytes, expected[0].nbytes), plan["name"]
+    for text in ndv2_plans:
+        plan = json.loads(text)
+        sizes = run_plans.message_sizes(text, plan["name"])
+        assert sizes and all(size & (size - 1) == 0 for size in sizes), (plan["name"], sizes)  # NDv2 bands: no MiB
+        assert sizes[0] >= plan["min_message_size"] and sizes[-1] <= min(plan["max_message_size"], 64 << 20)
+        for size in sizes:
+            ranks = len(plan["gpus"])
+            inputs, expected = run_plans.collective_data(plan["collective"], ranks, size)
+            assert len(inputs) == len(expected) == ranks
+            assert passes_check_message_size(plan, inputs[0].nbytes, expected[0].nbytes), (plan["name"], size)
 
 
-def test_a_band_with_no_whole_size_is_refused() -> None:
-    gpu = {"input_chunks": 3, "output_chunks": 3}
-    plan = {"name": "odd", "collective": "allreduce", "gpus": [gpu, gpu], "min_message_size": 100}
-    plan["max_message_size"] = 150  # whole sizes are multiples of 16 * lcm(3, 3, 2) = 96 bytes
-    with pytest.raises(ValueError, match="no multiple of 96 bytes"):
-        run_plans.message_bytes(plan)
+def test_a_plan_refusing_powers_of_two_is_not_run() -> None:
+    # six rings on NDv2: 6 chunks per rank, so an AllGather takes multiples of 16 * 6 * 8 bytes only
+    plan = generate_mscclpp_plan(ring_algorithm(load_topology("ndv2"), Collective.ALLGATHER))
+    with pytest.raises(
+        ValueError, match=r"refuses \d+ sizes frameworks pass \(1, 2, 4, 8, \.\.\.\): multiples of 768 B"
+    ):
+        run_plans.message_sizes(json.dumps(plan), "six-rings.json")
+
+
+def test_a_range_holding_no_framework_size_is_refused() -> None:
+    plan = generate_mscclpp_plan(toy_ring(Collective.ALLREDUCE, 2))
+    plan["min_message_size"], plan["max_message_size"] = 1100, 2000  # no power of two between
+    with pytest.raises(ValueError, match=r"odd.json: no size frameworks pass in \[1100, 2000\]"):
+        run_plans.message_sizes(json.dumps(plan), "odd.json")
+    plan["max_message_size"] = 2048
+    assert run_plans.message_sizes(json.dumps(plan), "odd.json") == (2048,)
 
 
 def test_the_expected_outputs_are_the_collectives() -> None:
@@ -97,10 +119,20 @@ def test_a_wrong_output_after_the_later_calls_fails_the_plan(tmp_path, capsys, l
     runner = tmp_path / "run_plan"
     runner.write_text(FAKE_RUN_PLAN.format(python=sys.executable, last=last))
     runner.chmod(0o755)
-    gpu = {"input_chunks": 1, "output_chunks": 2}
-    plan = {"name": "ag", "collective": "allgather", "inplace": False, "gpus": [gpu, gpu], "buffer_alignment": 16}
+    plan = generate_mscclpp_plan(toy_ring(Collective.ALLGATHER, 2))
+    # 16-byte units, one per rank: from 32 bytes; run at the smallest, the nearest 1 MiB and the largest
+    plan["min_message_size"], plan["max_message_size"] = 32, 8192
     path = tmp_path / "ag.json"
     path.write_text(json.dumps(plan))
     assert run_plans.run_plan_file(tmp_path, path) is (last == "right")
-    line = capsys.readouterr().out
-    assert ("EXACT" in line) is (last == "right") and ("WRONG on ranks [0, 1]" in line) is (last == "stale")
+    lines = capsys.readouterr().out.splitlines()
+    assert [re.search(r"(\d+) bytes: ", line)[1] for line in lines] == ["32", "8192"]
+    assert all(("EXACT" in line) is (last == "right") for line in lines)
+    assert all(("WRONG on ranks [0, 1]" in line) is (last == "stale") for line in lines)
+
+
+def test_a_plan_refused_at_a_framework_size_fails_without_running(tmp_path, capsys) -> None:
+    path = tmp_path / "ag.json"
+    path.write_text(json.dumps(generate_mscclpp_plan(toy_ring(Collective.ALLGATHER, 2))))  # from 0 bytes
+    assert run_plans.run_plan_file(tmp_path, path) is False  # no run_plan in tmp_path: nothing ran
+    assert capsys.readouterr().out.startswith("ag.json: MSCCL++ refuses 5 sizes frameworks pass (1, 2, 4, 8, ...)")

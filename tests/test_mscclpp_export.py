@@ -23,6 +23,7 @@ from taccl_py.mscclpp.export import (
     generate_mscclpp_plan,
 )
 from taccl_py.mscclpp.files import write_mscclpp_plan
+from taccl_py.mscclpp.sizes import addressable_size
 from taccl_py.topology import load_topology
 
 from helpers import run_calls_interleaved
@@ -216,7 +217,11 @@ def test_shipped_band_plans_are_whole_and_correct(case):
     assert sync_faults(plan) == []  # 2-node bands put over port channels right after multi-semaphore acquires
     run_plan(plan, algorithm, seed=index)
     assert plan["min_message_size"] == algorithm.min_bytes
-    assert plan["max_message_size"] == (2**64 - 1 if algorithm.max_bytes is None else algorithm.max_bytes - 1)
+    chunks = [(gpu["input_chunks"], gpu["output_chunks"], gpu["scratch_chunks"]) for gpu in plan["gpus"]]
+    largest = addressable_size(plan["collective"], algorithm.num_ranks, chunks)  # no buffer reaches 2^32 bytes
+    assert largest < 2**32 and plan["max_message_size"] == min(
+        largest, 2**64 - 1 if algorithm.max_bytes is None else algorithm.max_bytes - 1
+    )
 
 
 def test_internode_puts_use_port_channels_and_flush():

@@ -195,3 +195,60 @@ def test_verdicts_match_the_full_closure_on_mutated_plans(seed, monkeypatch):
 @pytest.mark.parametrize("seed", range(4))
 def test_verdicts_match_the_full_closure_on_mutated_port_plans(seed, monkeypatch):
     _assert_same_verdicts([_exported("dgx-a100", 2, Collective.ALLGATHER)], seed, 4, monkeypatch)
+
+
+def _flush_then_reuse_plan(flush_outputs: bool) -> str:
+    """Return a 2-GPU AllGather whose port put reads a scratch chunk that a copy overwrites after a ``flush``.
+
+    The flush waits for the proxy's read only where it names the put in ``dst_buff``: the executor
+    flushes ``nOutputs`` channels (``handleFlush``), counted from ``dst_buff`` alone.
+    """
+
+    def ref(kind: str, index: int) -> list[dict]:
+        return [{"type": kind, "index": index, "size": 1}]
+
+    gpus = []
+    for rank in range(2):
+        remote = [{"buffer_id": 0, "index": rank, "size": 1}]
+        port = {"channel_type": "port", "channel_ids": [0]}
+        flush = {"name": "flush", **port} | ({"dst_buff": remote} if flush_outputs else {})
+        ops = [
+            {"name": "copy", "src_buff": ref("i", 0), "dst_buff": ref("o", rank)},
+            {"name": "copy", "src_buff": ref("i", 0), "dst_buff": ref("s", 0)},
+            {"name": "nop"},
+            {"name": "put", "src_buff": ref("s", 0), "dst_buff": remote, **port},
+            {"name": "signal", **port},
+            flush,
+            {"name": "nop"},
+            {"name": "copy", "src_buff": ref("o", rank), "dst_buff": ref("s", 0)},  # reuses the put's source
+            {"name": "wait", **port},
+        ]
+        threadblock = {
+            "id": 0,
+            "ops": ops,
+            "channels": [{"channel_type": "port", "channel_ids": [0]}],
+            "remote_buffer_refs": [{"access_channel_type": "port", "remote_buffer_ids": [0]}],
+        }
+        gpus.append(
+            {
+                "id": rank,
+                "input_chunks": 1,
+                "output_chunks": 2,
+                "scratch_chunks": 1,
+                "threadblocks": [threadblock],
+                "channels": [{"channel_type": "port", "connected_to": [1 - rank]}],
+                "remote_buffers": [{"rank": 1 - rank, "type": "o", "access_channel_types": ["port"]}],
+                "semaphores": [],
+            }
+        )
+    document = {"name": "flush", "collective": "allgather", "protocol": "Simple", "inplace": False, "gpus": gpus}
+    return json.dumps(document)
+
+
+def test_a_flush_without_outputs_flushes_nothing_as_in_the_executor():
+    # W4: the DSL writes a flush with channel_ids alone, which the executor runs as no flush at all
+    assert check_mscclpp_plan(parse_mscclpp_plan(_flush_then_reuse_plan(True), "flush.json")) == []
+    problems = check_mscclpp_plan(parse_mscclpp_plan(_flush_then_reuse_plan(False), "flush.json"))
+    assert problems and {problem.kind for problem in problems} == {"race"}
+    # the proxy's read of the put's source may come after the copy over it
+    assert all("s slice 0" in p.message and "op 7 (copy)" in p.message for p in problems), problems

@@ -2,20 +2,22 @@
 
     python3 scripts/mscclpp_executor/run_plans.py BUILD PLAN.json [PLAN.json ...]
 
-BUILD holds ``run_plan`` (``build.sh`` makes it). Each plan runs with one ``run_plan`` process
-per rank, rank r on GPU r mod the GPU count (it ran with every rank on one GPU), at a message size
-inside the plan's band that its chunks split evenly; ranks meet over MSCCL++'s TCP bootstrap and
-share memory through CUDA IPC. The first call's output and that of a call after ``MORE_CALLS`` more
-(on a cleared output, the input restored; an LL plan's packet flags and scratch half have moved on)
-are both checked. Inputs are small random integers in float32, so every order of reduction gives
-the same bits; the expected output is the collective's definition, computed with numpy. The
-per-call time ``run_plan`` prints is not a speed when ranks share a GPU: their kernels take turns.
+BUILD holds ``run_plan`` (``build.sh`` makes it); this imports taccl_py from the repository.
+Each plan runs with one ``run_plan`` process per rank, rank r on GPU r mod the GPU count (it ran
+with every rank on one GPU), at sizes frameworks pass (powers of two, 3, 25 and 100 MiB) inside its
+range: the smallest, the nearest 1 MiB and the largest up to ``LARGEST_RUN_BYTES``. A plan whose
+executor would refuse such a size (``taccl_py.mscclpp.sizes``: a PyTorch job's call would fail)
+fails without running. Ranks meet over MSCCL++'s TCP bootstrap and share memory through CUDA IPC.
+The first call's output and that of a call after ``MORE_CALLS`` more (on a cleared output, the
+input restored; an LL plan's packet flags and scratch half have moved on) are both checked. Inputs
+are small random integers in float32, so every order of reduction gives the same bits; the
+expected output is the collective's definition, computed with numpy. The per-call time
+``run_plan`` prints is not a speed when ranks share a GPU: their kernels take turns.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -24,29 +26,35 @@ from pathlib import Path
 
 import numpy as np
 
-TIMEOUT_S = 40  # per plan: every rank's process, set-up included
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository, for taccl_py
+from taccl_py.mscclpp.parse import parse_mscclpp_plan  # noqa: E402
+from taccl_py.mscclpp.sizes import acceptance_rule, framework_sizes, refused_sizes  # noqa: E402
+
+TIMEOUT_S = 40  # per plan and size: every rank's process, set-up included
 MORE_CALLS = 5  # calls after the checked one (reusing the plan's connections), timed by run_plan
+LARGEST_RUN_BYTES = 64 << 20  # every rank's data is made on the host, ranks may share one GPU
+MIDDLE_BYTES = 1 << 20
+SHOWN = 4  # refused sizes named
 
 
-def message_bytes(plan: dict) -> int:
-    """Return a message size (bytes) in the plan's band that passes MSCCL++'s ``checkMessageSize``.
+def message_sizes(text: str, name: str) -> tuple[int, ...]:
+    """Return the sizes (bytes, ascending) to run the plan ``text`` at, from the framework sizes in its range.
 
-    The size is the one MSCCL++ selects by (AllGather: the output, else the input); every
-    buffer it implies must split into the plan's chunks of whole ``buffer_alignment`` units.
+    The smallest, the nearest ``MIDDLE_BYTES`` and the largest up to ``LARGEST_RUN_BYTES`` (the
+    smallest alone where all are larger). Raises ValueError where MSCCL++'s executor refuses a
+    framework size in the range (``checkMessageSize``), or where the range holds none.
     """
-    gpu, ranks, collective = plan["gpus"][0], len(plan["gpus"]), plan["collective"]
-    input_share = ranks if collective == "allgather" else 1  # message bytes per input byte
-    output_share = ranks if collective == "reducescatter" else 1
-    unit = plan.get("buffer_alignment", 16) * math.lcm(
-        gpu["input_chunks"] * input_share, gpu["output_chunks"] * output_share, ranks
-    )
-    low, high = plan.get("min_message_size", 0), plan.get("max_message_size", 1 << 62)
-    size = max(unit, min(high, max(low, 1 << 20)) // unit * unit)
-    if size < low:
-        size += unit
-    if not low <= size <= high:
-        raise ValueError(f"{plan['name']}: no multiple of {unit} bytes in [{low}, {high}]")
-    return size
+    plan = parse_mscclpp_plan(text, name)
+    rule = acceptance_rule(plan)  # its max_bytes: the plan's, at most where offsets would wrap
+    sizes = framework_sizes(plan.min_message_size, rule.max_bytes)
+    if refused := refused_sizes(plan, sizes):
+        shown = ", ".join(map(str, refused[:SHOWN])) + (", ..." if len(refused) > SHOWN else "")
+        raise ValueError(f"{name}: MSCCL++ refuses {len(refused)} sizes frameworks pass ({shown}): {rule.describe()}")
+    if not sizes:
+        raise ValueError(f"{name}: no size frameworks pass in [{plan.min_message_size}, {rule.max_bytes}] bytes")
+    runnable = [size for size in sizes if size <= LARGEST_RUN_BYTES] or [sizes[0]]
+    middle = min(runnable, key=lambda size: abs(size - MIDDLE_BYTES))
+    return tuple(sorted({runnable[0], middle, runnable[-1]}))
 
 
 def collective_data(collective: str, ranks: int, size: int, seed: int = 7) -> tuple[list, list]:
@@ -75,10 +83,19 @@ def buffer_offsets(collective: str, inplace: bool, rank: int, input_bytes: int, 
 
 
 def run_plan_file(build: Path, path: Path) -> bool:
-    """Run one plan on every rank; print one line; return whether every rank's output is exact."""
-    plan = json.loads(path.read_text())
+    """Run one plan on every rank at each of ``message_sizes``, one line each; return whether all are exact."""
+    text = path.read_text()
+    try:
+        sizes = message_sizes(text, path.name)
+    except ValueError as error:
+        print(f"{error}: NOT RUN")
+        return False
+    return all([_run_at(build, path, json.loads(text), size) for size in sizes])
+
+
+def _run_at(build: Path, path: Path, plan: dict, size: int) -> bool:
+    """Run ``plan`` on every rank at ``size`` bytes; print one line; return whether every rank's output is exact."""
     ranks, collective, inplace = len(plan["gpus"]), plan["collective"], plan["inplace"]
-    size = message_bytes(plan)
     inputs, expected = collective_data(collective, ranks, size)
     work = Path(tempfile.mkdtemp())
     started, procs = time.time(), []
@@ -96,10 +113,10 @@ def run_plan_file(build: Path, path: Path) -> bool:
         except subprocess.TimeoutExpired:
             for other in procs:
                 other.kill()
-            print(f"{path.name}: TIMEOUT after {TIMEOUT_S} s")
+            print(f"{path.name}: {size} bytes: TIMEOUT after {TIMEOUT_S} s")
             return False
     if any(proc.returncode for proc in procs):
-        print(f"{path.name}: FAILED\n" + "\n".join(out[-2000:] for out in outputs))
+        print(f"{path.name}: {size} bytes: FAILED\n" + "\n".join(out[-2000:] for out in outputs))
         return False
     wrong = [
         r

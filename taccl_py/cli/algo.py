@@ -34,6 +34,7 @@ from taccl_py.msccl.selection import (
     selection_report,
     why_not_selected,
 )
+from taccl_py.mscclpp.load_checks import executor_warnings
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.replay import mscclpp_report
 from taccl_py.units import format_size, parse_size_range
@@ -95,6 +96,8 @@ def _verify(args: argparse.Namespace) -> int:
     if text is not None and looks_like_mscclpp_plan(text):
         plan = parse_mscclpp_plan(text, str(args.file))
         report, collective, num_ranks = mscclpp_report(plan), plan.collective, len(plan.gpus)
+        for warning in executor_warnings(plan):  # correct as read, yet run otherwise by MSCCL++'s executor
+            print(f"warning: {args.file}: {warning}", file=sys.stderr)
     else:
         algorithm = parse_any_algorithm(text, args.file) if args.file == "-" else read_any_algorithm(args.file)
         report = verify_algorithm(algorithm)

@@ -5,20 +5,22 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+from collections import Counter
 from pathlib import Path
 
 from taccl_py.baselines import best_baselines_by_band
 from taccl_py.cli.algo import add_library_source_arguments, band_label, libraries_to_export
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import PLAN_PROTOCOLS
-from taccl_py.mscclpp.files import fits_mscclpp, write_library_plans
+from taccl_py.mscclpp.files import LibraryPlans, fits_mscclpp, write_library_plans
 from taccl_py.simulate import WHOLE_CHUNKS
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import Topology
 
-__all__ = ["register"]
+__all__ = ["library_rivals", "register"]
 
 
 def _library_topology(library: AlgorithmLibrary) -> Topology | None:
@@ -36,6 +38,37 @@ def _library_topology(library: AlgorithmLibrary) -> Topology | None:
     )
 
 
+def library_rivals(library: AlgorithmLibrary, topology: Topology) -> dict[int, tuple[Algorithm, ...]]:
+    """Return, per band index of ``library``, the baselines whose plans compete with its own (``faster_rival_plan``).
+
+    The fastest at the band's sample sizes (whole-chunk model) among baselines with a plan within
+    MSCCL++'s limits that takes powers of two; a baseline whose chunk counts take none (6 rings on
+    NDv2: 48 chunks) competes in its loadable variant (``baselines.choice._loadable_variant``).
+    """
+    keep = functools.partial(fits_mscclpp, topology=topology, powers_of_two=True)
+    return best_baselines_by_band(library, topology, WHOLE_CHUNKS, keep=keep)
+
+
+def _print_ranges(library: AlgorithmLibrary, plans: LibraryPlans) -> None:
+    """Print one line per plan serving less than its band, and one line of the size rules the library's plans follow."""
+    for served in plans.ranges:
+        if served.narrowed is not None:
+            print(
+                f"{served.file_name}: {served.narrowed} (it takes multiples of {served.rule.multiple_bytes} B)",
+                file=sys.stderr,
+            )
+    if plans.ranges:
+        multiples = Counter(served.rule.multiple_bytes for served in plans.ranges)
+        summary = ", ".join(f"{multiple} B ({count})" for multiple, count in sorted(multiples.items()))
+        largest = max(served.max_bytes for served in plans.ranges)
+        label = f"{library.topology} n{library.nodes} {library.collective.value}"
+        print(
+            f"{label}: plans take multiples of {summary}, every power of two in their ranges; "
+            f"largest size {largest} bytes (32-bit offsets)",
+            file=sys.stderr,
+        )
+
+
 def _export_mscclpp(args: argparse.Namespace) -> int:
     folder = Path(args.output)  # its parent exists: taccl_py.cli checks every output first
     libraries = libraries_to_export(args.library, args.nodes)
@@ -51,10 +84,7 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
         protocol = None if args.protocol == "auto" else args.protocol
         topology = _library_topology(library)
         # Never worse than a baseline: where the best baseline's plan simulates faster, it is written instead.
-        rivals = None
-        if topology is not None and not args.no_baselines:
-            fits = functools.partial(fits_mscclpp, topology=topology)  # a baseline with no plan is no rival
-            rivals = best_baselines_by_band(library, topology, WHOLE_CHUNKS, keep=fits)
+        rivals = None if topology is None or args.no_baselines else library_rivals(library, topology)
         plans = write_library_plans(library, folder, topology, protocol, rivals, replace_earlier=True)
         written += len(plans.files)
         for name, choice in plans.protocols:
@@ -64,6 +94,7 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
             print(f"{name}: {why} than the band's own plan; written instead", file=sys.stderr)
         for index, why in plans.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
+        _print_ranges(library, plans)
         if plans.removed:
             names = ", ".join(plans.removed)
             print(f"removed {len(plans.removed)} plans of an earlier export from {folder}: {names}", file=sys.stderr)
@@ -77,7 +108,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export-mscclpp",
         description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
         "band's sizes; where the best baseline's plan simulates faster, it is written instead (and named); a band "
-        "beyond MSCCL++'s limits is reported and left out. Plans of an earlier export of the same machine, node "
+        "beyond MSCCL++'s limits is reported and left out. Every plan takes every power of two and 3, 25 and 100 MiB "
+        "in its range (MSCCL++ refuses sizes its buffers do not split into the plan's chunks): a plan refusing the "
+        "least sizes of its band serves from the first it takes, one taking no power of two is left out, and ranges "
+        "end where an offset would pass 2^32 bytes; the sizes left out go to NCCL. "
+        "Plans of an earlier export of the same machine, node "
         "count and collective in DIR (named <machine>-n<nodes>-<collective>-<band>[-inplace].json) that this export "
         "does not overwrite are removed, and named on stderr, once every new plan is written, so that no stale size "
         "range outlives the export. Other files are left alone.",

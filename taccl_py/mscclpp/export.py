@@ -79,6 +79,7 @@ from taccl_py.mscclpp.lower.switch import (
     switch_touches,
 )
 from taccl_py.mscclpp.plan import MAX_MESSAGE_SIZE
+from taccl_py.mscclpp.sizes import addressable_size
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -420,17 +421,26 @@ def generate_mscclpp_plan(
     positions = functools.cache(functools.partial(step_positions, algorithm))  # only a rank over the limit needs them
     if algorithm.max_bytes is not None and algorithm.max_bytes <= 1:
         raise _fault(algorithm, "max_bytes", f"{algorithm.max_bytes}", "a band holding some size above 0")
+    gpus = [_rank_json(algorithm, p, facts, positions) for p in sorted(algorithm.ranks, key=lambda p: p.rank)]
+    # MSCCL++ tests the upper end inclusively (execution_plan.cc checkMessageSize); ours is exclusive.
+    # Its offsets are 32-bit, so no size may make a buffer, scratch included, reach 2^32 bytes.
+    scratch_factor = 4 if packets is not None else 1  # LL: data and flag, double-buffered
+    chunks = [(gpu["input_chunks"], gpu["output_chunks"], gpu["scratch_chunks"]) for gpu in gpus]
+    largest = addressable_size(algorithm.collective.value, algorithm.num_ranks, chunks, scratch_factor)
+    max_size = min(MAX_MESSAGE_SIZE if algorithm.max_bytes is None else algorithm.max_bytes - 1, largest)
+    if max_size < algorithm.min_bytes:
+        fault = f"offsets past 2^32 bytes from {largest + 1} bytes, below the band's {algorithm.min_bytes}"
+        raise _fault(algorithm, "min_bytes", fault, "a band MSCCL++'s 32-bit offsets can address")
     return {
         "name": algorithm.name,
         "collective": algorithm.collective.value,
         "protocol": protocol,
         "inplace": algorithm.inplace,
         "reuse_resources": False,
-        "gpus": [_rank_json(algorithm, p, facts, positions) for p in sorted(algorithm.ranks, key=lambda p: p.rank)],
+        "gpus": gpus,
         "num_threads_per_block": THREADS_PER_BLOCK,
         "use_double_scratch_buffer": packets is not None,
         "buffer_alignment": BUFFER_ALIGNMENT_BYTES,
         "min_message_size": algorithm.min_bytes,
-        # MSCCL++ tests the upper end inclusively (execution_plan.cc checkMessageSize); ours is exclusive
-        "max_message_size": MAX_MESSAGE_SIZE if algorithm.max_bytes is None else algorithm.max_bytes - 1,
+        "max_message_size": max_size,
     }

@@ -10,6 +10,13 @@ Never worse than a baseline: given ``rivals`` (the baselines fastest at each ban
 ``taccl_py.baselines.best_baselines_by_band``), a band whose plan simulates slower than a rival's
 plan by more than ``NEAR_TIE`` gets the rival's plan instead, named after it (``faster_rival_plan``).
 
+Loadable at every size a framework passes: MSCCL++'s executor refuses a size its buffers do not
+split into the plan's chunks (``taccl_py.mscclpp.sizes``), and its NCCL shim selects by range alone,
+so a refused size is a failed call. Every plan written takes every power of two (and 3, 25 and
+100 MiB) in its range: a plan refusing the smallest of its band serves from the first size it takes
+(the sizes below are left to NCCL), one taking no power of two is left out, and a rival must take
+every size the band's own plan would serve. Ranges end where an offset would pass 2^32 bytes.
+
 Each plan is written in the protocol that simulates faster as MSCCL++ runs it (whole chunks,
 ``taccl_py.mscclpp.simulate``) at the band's sample sizes: LL (packets) must beat Simple by
 ``NEAR_TIE``. LL is not tried where it cannot win (twice the bandwidth term of the lower bound, as
@@ -27,7 +34,7 @@ from pathlib import Path
 
 from taccl_py._io import write_text_atomic
 from taccl_py.bounds import lower_bounds
-from taccl_py.errors import ArgumentError, VerificationError
+from taccl_py.errors import ArgumentError, VerificationError, Violation
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary, write_band_files
 from taccl_py.mscclpp.export import generate_mscclpp_plan
@@ -35,6 +42,14 @@ from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
 from taccl_py.mscclpp.replay import verify_mscclpp_plan
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
+from taccl_py.mscclpp.sizes import (
+    AcceptanceRule,
+    acceptance_rule,
+    first_accepted_min,
+    framework_sizes,
+    refused_sizes,
+    size_multiple,
+)
 from taccl_py.simulate import WHOLE_CHUNKS, simulate_sizes
 from taccl_py.simulate.protocol import LL, LL_DATA_FRACTION, NEAR_TIE, SIMPLE, band_sample_sizes
 from taccl_py.topology.model import Topology
@@ -43,6 +58,7 @@ from taccl_py.verify import check_algorithm, exported_inplace_form
 __all__ = [
     "LibraryPlans",
     "PlanProtocol",
+    "PlanRange",
     "choose_plan_protocol",
     "faster_rival_plan",
     "fits_mscclpp",
@@ -67,12 +83,28 @@ class PlanProtocol:
 
 
 @dataclass(frozen=True)
+class PlanRange:
+    """The sizes (bytes, both inclusive) a written plan serves, the sizes its executor takes, and why they narrow.
+
+    ``narrowed``: why the plan serves less than its band (the sizes left are NCCL's); None: the
+    whole band, up to the last size MSCCL++'s 32-bit offsets address.
+    """
+
+    file_name: str
+    min_bytes: int
+    max_bytes: int
+    rule: AcceptanceRule
+    narrowed: str | None = None
+
+
+@dataclass(frozen=True)
 class LibraryPlans:
     """The plan files of a library as (file name, JSON text), and the placements left out as (band index, why).
 
     ``protocols`` holds (file name, PlanProtocol) for every file, in the same order; ``baselines``
-    (file name, why) for every file that holds a baseline's plan instead of the band's; ``removed``
-    the files of an earlier export that writing removed.
+    (file name, why) for every file that holds a baseline's plan instead of the band's; ``ranges``
+    a PlanRange per file, in the same order; ``removed`` the files of an earlier export that
+    writing removed.
     """
 
     files: tuple[tuple[str, str], ...]
@@ -80,6 +112,7 @@ class LibraryPlans:
     protocols: tuple[tuple[str, PlanProtocol], ...] = ()
     baselines: tuple[tuple[str, str], ...] = ()
     removed: tuple[str, ...] = ()
+    ranges: tuple[PlanRange, ...] = ()
 
 
 def _verified_plan(algorithm: Algorithm, topology: Topology | None, protocol: str) -> tuple[str, ExecutionPlan]:
@@ -145,6 +178,7 @@ def faster_rival_plan(
     protocol: str | None = None,
     inplace: bool = False,
     ours_us: float | None = None,
+    served_from: int | None = None,
 ) -> tuple[str, PlanProtocol, str] | None:
     """Return the verified plan of the fastest rival that beats the plan ``text`` of ``band``, its protocol and why.
 
@@ -152,8 +186,10 @@ def faster_rival_plan(
     more than ``NEAR_TIE``. Its plan takes the band's sizes and the placement ``inplace``, and is
     named ``<band name>-<rival name>``. A plan costs at least its algorithm in the plan's protocol,
     so only a rival whose algorithm simulates faster in some protocol the plan may take gets a plan
-    built; one with no plan within MSCCL++'s limits, or no in-place form, drops out. ``ours_us``:
-    the plan's time over the sample sizes where already simulated. None: no rival is faster.
+    built; one with no plan within MSCCL++'s limits, or no in-place form, drops out, and so does one
+    whose executor refuses a framework size (``sizes.framework_sizes``) from ``served_from`` bytes
+    (default: the band's least) to its maximum. ``ours_us``: the plan's time over the sample sizes
+    where already simulated. None: no rival is faster.
     """
     sizes = band_sample_sizes(band.min_bytes, band.max_bytes)
     ours = sum(_times_us(parse_mscclpp_plan(text, band.name), topology, sizes)) if ours_us is None else ours_us
@@ -172,20 +208,66 @@ def faster_rival_plan(
         except VerificationError as error:  # a fault of ours: say so, and keep the band's plan
             logger.warning("baseline %s gives no verified plan for %s: %s", baseline.name, band.name, error)
             continue
-        theirs = sum(_times_us(parse_mscclpp_plan(rival_text, rival.name), topology, sizes))
+        rival_plan = parse_mscclpp_plan(rival_text, rival.name)
+        low = band.min_bytes if served_from is None else served_from
+        if refused := refused_sizes(rival_plan, framework_sizes(low, _largest_served(rival_plan))):
+            logger.info(
+                "baseline %s refuses %d sizes of %s, %d bytes first", baseline.name, len(refused), band.name, refused[0]
+            )
+            continue
+        theirs = sum(_times_us(rival_plan, topology, sizes))
         if theirs * (1 + NEAR_TIE) < ours and (best is None or theirs < best[0]):
             speedup = ours / theirs
             best = (theirs, rival_text, choice, f"baseline {baseline.name} simulates {speedup:.2f}x faster")
     return None if best is None else best[1:]
 
 
-def fits_mscclpp(algorithm: Algorithm, topology: Topology | None = None) -> bool:
-    """Return whether ``algorithm`` lowers to a plan within MSCCL++'s limits (the plan is not verified here)."""
+def fits_mscclpp(algorithm: Algorithm, topology: Topology | None = None, powers_of_two: bool = False) -> bool:
+    """Return whether ``algorithm`` lowers to a plan within MSCCL++'s limits (the plan is not verified here).
+
+    ``powers_of_two``: and whether the plan's chunk counts take every power of two from some size on.
+    """
     try:
-        generate_mscclpp_plan(algorithm, topology)
+        plan = generate_mscclpp_plan(algorithm, topology)
     except ArgumentError:
         return False
-    return True
+    if not powers_of_two:
+        return True
+    chunks = [(gpu["input_chunks"], gpu["output_chunks"]) for gpu in plan["gpus"]]
+    multiple = size_multiple(plan["collective"], len(plan["gpus"]), plan["buffer_alignment"], chunks)
+    return multiple & (multiple - 1) == 0
+
+
+def _largest_served(plan: ExecutionPlan) -> int:
+    """Return the largest size (bytes) ``plan`` may serve: its maximum, at most where offsets pass 2^32 bytes."""
+    return acceptance_rule(plan).max_bytes
+
+
+def _with_range(text: str, min_bytes: int, max_bytes: int) -> str:
+    """Return the plan ``text`` with its size range set to ``min_bytes``..``max_bytes`` (both inclusive)."""
+    document = json.loads(text)
+    document["min_message_size"], document["max_message_size"] = min_bytes, max_bytes
+    return json.dumps(document, indent=2) + "\n"
+
+
+def _served_plan(
+    file_name: str, text: str, plan: ExecutionPlan, min_bytes: int, band_max_bytes: int | None
+) -> tuple[str, PlanRange]:
+    """Return the plan ``text`` serving from ``min_bytes`` on, and its range (``band_max_bytes``: exclusive or None).
+
+    Raises ``VerificationError`` (a fault of ours) where it still refuses a framework size in its range.
+    """
+    max_bytes, narrowed = _largest_served(plan), []
+    if min_bytes > plan.min_message_size:
+        narrowed.append(f"serves from {min_bytes} bytes, {plan.min_message_size}-{min_bytes - 1} left to NCCL")
+        text = _with_range(text, min_bytes, max_bytes)
+        plan = parse_mscclpp_plan(text, file_name)
+    if band_max_bytes is not None and max_bytes < band_max_bytes - 1:  # an open band ends there always
+        narrowed.append(f"serves up to {max_bytes} bytes (32-bit offsets), {max_bytes + 1} and up left to NCCL")
+    if refused := refused_sizes(plan):
+        fault = f"refuses {len(refused)} framework sizes in its range, {refused[0]} bytes first"
+        raise VerificationError(file_name, [Violation("unloadable size", fault)])
+    return text, PlanRange(file_name, min_bytes, max_bytes, acceptance_rule(plan), "; ".join(narrowed) or None)
 
 
 def mscclpp_plan_text(algorithm: Algorithm, topology: Topology | None = None, protocol: str | None = None) -> str:
@@ -231,9 +313,11 @@ def generate_library_plans(
     (``faster_rival_plan``; needs ``topology``).
 
     A "native" band gets no plan: where no plan covers a size, MSCCL++'s NCCL-compatible library
-    runs its own collective, which is what the band asks for.
+    runs its own collective, which is what the band asks for. Nor does a placement whose plan takes
+    no power of two; a plan refusing its band's least sizes serves from the first it takes
+    (``sizes.first_accepted_min``, ``LibraryPlans.ranges``).
     """
-    files, skipped, protocols, replaced = [], [], [], []
+    files, skipped, protocols, replaced, ranges = [], [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:
             continue
@@ -246,22 +330,32 @@ def generate_library_plans(
             skipped.append((index, f"no in-place plan: {why_not}"))
         for algorithm in [base] if variant is None else [base, variant]:
             file_name = library_plan_name(library, index, algorithm.inplace)
+            placement = "in place" if algorithm.inplace else "out of place"
             try:
                 text, choice = _plan_and_protocol(algorithm, topology, protocol)
             except (ArgumentError, VerificationError) as error:
-                placement = "in place" if algorithm.inplace else "out of place"
                 skipped.append((index, f"{placement}: {error}"))
+                continue
+            plan = parse_mscclpp_plan(text, file_name)
+            if (served_from := first_accepted_min(plan)) is None:
+                why = f"its plan takes {acceptance_rule(plan).describe()}; its sizes are left to NCCL"
+                skipped.append((index, f"{placement}: {why}"))
                 continue
             if rivals and topology is not None and rivals.get(index):
                 timed = dict(choice.times_us).get(choice.protocol)  # the protocol choice timed it at these sizes
                 ours_us = None if timed is None else sum(timed)
-                rival = faster_rival_plan(text, base, topology, rivals[index], protocol, algorithm.inplace, ours_us)
+                rival = faster_rival_plan(
+                    text, base, topology, rivals[index], protocol, algorithm.inplace, ours_us, served_from
+                )
                 if rival is not None:
                     text, choice, why = rival
+                    plan = parse_mscclpp_plan(text, file_name)
                     replaced.append((file_name, why))
+            text, served = _served_plan(file_name, text, plan, served_from, base.max_bytes)
             files.append((file_name, text))
             protocols.append((file_name, choice))
-    return LibraryPlans(tuple(files), tuple(skipped), tuple(protocols), tuple(replaced))
+            ranges.append(served)
+    return LibraryPlans(tuple(files), tuple(skipped), tuple(protocols), tuple(replaced), ranges=tuple(ranges))
 
 
 def write_library_plans(

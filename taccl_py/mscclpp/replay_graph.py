@@ -133,6 +133,10 @@ class ReplayBuilder:
         node = self.graph.add(Event(gpu.id, tb.id, step, label, op.name))
         if op.name in _SIGNALS or op.name in _WAITS or op.name is OpName.FLUSH:
             channels = self._channels(tb, op)
+            if op.name is OpName.FLUSH:
+                # handleFlush flushes op.nOutputs channels (execution_kernel.hpp:120-127), and the parser
+                # counts nOutputs from dst_buff alone (execution_plan.cc:550-551): none without one
+                channels = channels[: len(op.dst or ())]
             gates = op.name in _WAITS or op.name is OpName.FLUSH
             for channel, event in zip(channels, self._per_thread(node, len(channels), gates)):
                 key = (gpu.id, op.channel_type, channel)

@@ -29,11 +29,14 @@ __all__ = [
     "OFFSET_LIMIT",
     "AcceptanceRule",
     "acceptance_rule",
+    "addressable_size",
     "buffer_bytes",
     "executor_accepts",
+    "first_accepted_min",
     "framework_sizes",
     "largest_addressable_size",
     "refused_sizes",
+    "size_multiple",
 ]
 
 # One past the largest byte offset an operation can hold (uint32_t).
@@ -122,24 +125,43 @@ class AcceptanceRule:
 
 def acceptance_rule(plan: ExecutionPlan) -> AcceptanceRule:
     """Return the least message-size multiple ``plan`` takes on every rank, and where powers of two start."""
-    num_ranks = len(plan.gpus)
-    multiple = 1
-    for gpu in plan.gpus:
-        views = (
-            (gpu.input_chunks, _input_share(plan.collective, num_ranks)),
-            (gpu.output_chunks, _output_share(plan.collective, num_ranks)),
-        )
-        for chunks, share in views:
-            multiple = lcm(multiple, plan.buffer_alignment * max(chunks, 1) * share)
-    odd = multiple
-    while odd % 2 == 0:
-        odd //= 2
+    chunks = ((gpu.input_chunks, gpu.output_chunks) for gpu in plan.gpus)
+    multiple = size_multiple(plan.collective, len(plan.gpus), plan.buffer_alignment, chunks)
     high = min(plan.max_message_size, largest_addressable_size(plan))
     start = None
-    if odd == 1:
+    if multiple & (multiple - 1) == 0:  # no odd factor: every power of two from the multiple on
         start = max(multiple, 1 << max(0, plan.min_message_size - 1).bit_length())
         start = start if start <= high else None
     return AcceptanceRule(multiple, plan.min_message_size, high, start)
+
+
+def size_multiple(collective: str, num_ranks: int, alignment: int, chunk_counts: Iterable[tuple[int, int]]) -> int:
+    """Return the least message size (bytes) every rank's (input, output) chunk counts split into aligned units."""
+    multiple = 1
+    for input_chunks, output_chunks in chunk_counts:
+        for chunks, share in (
+            (input_chunks, _input_share(collective, num_ranks)),
+            (output_chunks, _output_share(collective, num_ranks)),
+        ):
+            multiple = lcm(multiple, alignment * max(chunks, 1) * share)
+    return multiple
+
+
+def first_accepted_min(plan: ExecutionPlan) -> int | None:
+    """Return the least ``min_message_size`` from which ``plan`` takes every framework size up to its maximum (bytes).
+
+    The plan's own minimum when it refuses none; else the first framework size above the
+    largest it refuses. None: it takes no power of two in its range.
+    """
+    if acceptance_rule(plan).powers_of_two_from is None:
+        return None
+    high = min(plan.max_message_size, largest_addressable_size(plan))
+    sizes = framework_sizes(plan.min_message_size, high)
+    refused = refused_sizes(plan, sizes)
+    if not refused:
+        return plan.min_message_size
+    later = [size for size in sizes if size > refused[-1]]
+    return later[0] if later else None
 
 
 def _input_share(collective: str, num_ranks: int) -> int:
@@ -158,20 +180,31 @@ def largest_addressable_size(plan: ExecutionPlan) -> int:
     A buffer's bytes grow linearly with the message: input and output as ``buffer_bytes`` says,
     scratch as ``scratch_chunks`` per-rank chunks (x2 under LL, x2 again when double-buffered).
     """
-    num_ranks = len(plan.gpus)
     scratch_factor = (2 if plan.protocol is Protocol.LL else 1) * (2 if plan.use_double_scratch_buffer else 1)
+    chunks = ((gpu.input_chunks, gpu.output_chunks, gpu.scratch_chunks) for gpu in plan.gpus)
+    return addressable_size(plan.collective, len(plan.gpus), chunks, scratch_factor)
+
+
+def addressable_size(
+    collective: str, num_ranks: int, chunk_counts: Iterable[tuple[int, int, int]], scratch_factor: int = 1
+) -> int:
+    """Return the largest message size (bytes) whose buffers stay below ``OFFSET_LIMIT`` on every rank.
+
+    ``chunk_counts``: each rank's (input, output, scratch) chunks; ``scratch_factor``: scratch
+    bytes per scratch chunk's data bytes (2 under LL, 2 again when double-buffered).
+    """
+    input_share = _input_share(collective, num_ranks)
+    output_share = _output_share(collective, num_ranks)
     largest = OFFSET_LIMIT * num_ranks  # bytes of message at which a 1/N-per-rank buffer would reach the limit
-    for gpu in plan.gpus:
-        # per message byte: input and output shares, and the scratch's share through the chunk it is counted in
-        input_share = _input_share(plan.collective, num_ranks)
-        output_share = _output_share(plan.collective, num_ranks)
-        # (numerator, denominator) of buffer bytes per message byte
+    for input_chunks, output_chunks, scratch_chunks in chunk_counts:
+        # (numerator, denominator) of buffer bytes per message byte; scratch counts chunks of the input
+        # (of the output where a rank has no input chunks)
         ratios = [(1, input_share), (1, output_share)]
-        if gpu.scratch_chunks:
-            if gpu.input_chunks:
-                ratios.append((gpu.scratch_chunks * scratch_factor, gpu.input_chunks * input_share))
-            elif gpu.output_chunks:
-                ratios.append((gpu.scratch_chunks * scratch_factor, gpu.output_chunks * output_share))
+        if scratch_chunks:
+            if input_chunks:
+                ratios.append((scratch_chunks * scratch_factor, input_chunks * input_share))
+            elif output_chunks:
+                ratios.append((scratch_chunks * scratch_factor, output_chunks * output_share))
         for numerator, denominator in ratios:
             # buffer = message * numerator / denominator < OFFSET_LIMIT
             largest = min(largest, ((OFFSET_LIMIT * denominator) - 1) // numerator)
