@@ -16,7 +16,7 @@ from taccl_py.baselines import ring_algorithm
 from taccl_py.cli.mscclpp import library_rivals
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.library import read_library, shipped_library_paths
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, read_library, shipped_library_paths
 from taccl_py.mscclpp import parse_mscclpp_plan
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.files import generate_library_plans
@@ -141,3 +141,12 @@ def test_the_ndv2_allgather_export_takes_every_framework_size_in_every_range():
         assert served.rule.powers_of_two_from is not None
     band0 = dict(zip((name for name, _ in plans.files), plans.ranges))["ndv2-n1-allgather-0.json"]
     assert band0.min_bytes == 128 and band0.narrowed == "serves from 128 bytes, 0-127 left to NCCL"
+
+
+def test_a_band_whose_plan_takes_no_power_of_two_is_left_to_nccl():
+    six_rings = ring_algorithm(load_topology("ndv2"), Collective.ALLGATHER)  # 6 chunks per rank
+    bands = (SizeBand(0, MIB, None, "native"), SizeBand(MIB, 8 * MIB, six_rings, "1.json"))
+    plans = generate_library_plans(AlgorithmLibrary("ndv2", 1, Collective.ALLGATHER, 8, bands))
+    assert plans.files == () and plans.ranges == ()
+    why = "its plan takes multiples of 768 B (no power of two); its sizes are left to NCCL"
+    assert plans.skipped == ((1, f"out of place: {why}"), (1, f"in place: {why}"))
