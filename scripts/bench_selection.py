@@ -1,11 +1,13 @@
 """Which shipped bands an MSCCL runtime would select: the calls PyTorch makes, 1 MiB to 1 GiB, per machine.
 
 For every built-in machine and node count with shipped libraries, export the libraries as
-``taccl export-msccl`` does (every band and placement, in-place forms verified) and apply
-MSCCL's selection rule (``taccl_py.msccl.selection``) to the calls PyTorch users make: in-place
-``all_reduce`` (always in place), ``all_gather_into_tensor`` in place (FSDP2) and out of place,
-``reduce_scatter_tensor`` out of place and in place, ``all_to_all_single`` out of place; at every
-power-of-two size in bf16 and fp32. A call no file serves falls back to NCCL's own collective.
+``taccl export-msccl`` does (every band and placement, in-place forms verified, the sizes where
+NCCL's own algorithm is modelled faster left to it) and apply MSCCL's selection rule
+(``taccl_py.msccl.selection``) to the calls PyTorch users make: in-place ``all_reduce`` (always in
+place), ``all_gather_into_tensor`` in place (FSDP2) and out of place, ``reduce_scatter_tensor`` out
+of place and in place, ``all_to_all_single`` out of place; at every power-of-two size in bf16 and
+fp32. A call no file serves falls back to NCCL's own collective. Each served call's file is
+simulated (MSCCL's loop, its protocol) against NCCL's best there (``nccl_best_times``, same model).
 
     python scripts/bench_selection.py                 # every built-in machine at 1, 2 and 4 nodes
     python scripts/bench_selection.py --topologies ndv2 --nodes 1 --no-write
@@ -34,15 +36,26 @@ from bench_harness import (
     update_benchmarks_section,
 )
 
+from taccl_py.baselines.nccl import nccl_best_times
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
-from taccl_py.msccl import generate_library_xml
+from taccl_py.msccl import generate_library_xml, parse_msccl_xml
 from taccl_py.msccl.selection import power_of_two_sizes, selectable_for_powers_of_two, selection_report
 from taccl_py.simulate import simulate
 from taccl_py.topology import load_topology
 
 CSV_PATH = DATA_DIR / "selection.csv"
-CSV_HEADER = ("topology", "nodes", "collective", "placement", "dtype_bytes", "size_bytes", "selected", "matches")
+CSV_HEADER = (
+    "topology",
+    "nodes",
+    "collective",
+    "placement",
+    "dtype_bytes",
+    "size_bytes",
+    "selected",
+    "matches",
+    "vs_nccl",
+)
 # (collective, in place) in the order of the table's columns
 CALLS = (
     (Collective.ALLREDUCE, True),
@@ -56,18 +69,33 @@ SIZES = power_of_two_sizes(1 << 20, 1 << 30)
 
 
 def instance_rows(name: str, nodes: int) -> list[tuple]:
-    """Return one CSV row per call of one machine and node count: the file selected (or ``NCCL``), how many matched."""
+    """Return one CSV row per call of one machine and node count.
+
+    The file selected (or ``NCCL``), how many matched, and NCCL's best time over the file's there
+    (above 1: the file is faster; empty where NCCL runs).
+    """
     rows = []
+    topology = load_topology(name, nodes)
     for path in shipped_library_paths(name, nodes):
         library = read_library(path)
-        export = generate_library_xml(library)
+        export = generate_library_xml(library, leave_to_nccl=nccl_best_times)
+        texts = dict(export.files)
+        nccl = {choice.size_bytes: choice.time_us for choice in nccl_best_times(topology, library.collective, SIZES)}
         placements = tuple(inplace for collective, inplace in CALLS if collective is library.collective)
+        ratios: dict[tuple[str, int], float] = {}
         for selection in selection_report(export.keys, SIZES, {library.collective: placements}):
             call = selection.call
             placement = "in place" if call.inplace else "out of place"
             chosen = selection.chosen or "NCCL"
+            ratio = ""
+            if selection.chosen is not None:
+                key = (selection.chosen, call.size_bytes)
+                if key not in ratios:
+                    algorithm = parse_msccl_xml(texts[selection.chosen + ".xml"], selection.chosen)
+                    ratios[key] = nccl[call.size_bytes] / simulate(algorithm, topology, call.size_bytes).time_us
+                ratio = f"{ratios[key]:.3f}"
             row = (name, nodes, call.collective.value, placement, call.dtype_size, call.size_bytes, chosen)
-            rows.append((*row, len(selection.matches)))
+            rows.append((*row, len(selection.matches), ratio))
     return rows
 
 
@@ -80,9 +108,18 @@ def summary_table(records: Sequence[dict]) -> str:
         for collective, inplace in CALLS:
             key = (name, nodes, collective.value, "in place" if inplace else "out of place")
             calls = [r for r in records if (r["topology"], r["nodes"], r["collective"], r["placement"]) == key]
-            cells.append(f"{sum(r['selected'] != 'NCCL' for r in calls)}/{len(calls)}" if calls else "-")
+            cells.append(_cell(calls))
         rows.append(cells)
     return markdown_table(header, rows)
+
+
+def _cell(calls: Sequence[dict]) -> str:
+    """Return ``served/all (worst vs NCCL)`` for one kind of call, ``-`` where the machine has none."""
+    if not calls:
+        return "-"
+    served = [float(r["vs_nccl"]) for r in calls if r["selected"] != "NCCL"]
+    worst = f" ({min(served):.2f}x)" if served else ""
+    return f"{len(served)}/{len(calls)}{worst}"
 
 
 COMPARED_SIZES = (1 << 20, 1 << 24, 1 << 28, 1 << 30)
@@ -116,12 +153,17 @@ def render(records: Sequence[dict], elapsed_s: float, previous: list[list[str]] 
     """Return the BENCHMARKS.md body: what is counted, the table and the pointer to the CSV."""
     selected = sum(r["selected"] != "NCCL" for r in records)
     ambiguous = sum(int(r["matches"]) > 1 for r in records)
+    served = [float(r["vs_nccl"]) for r in records if r["selected"] != "NCCL"]
+    worst = f"; the slowest served call runs at {min(served):.3f}x NCCL's best" if served else ""
     return (
-        "Calls an MSCCL runtime (msccl-executor-nccl's rule, RCCL's copy of it) serves from our exported files: "
-        "every power-of-two size from 1 MiB to 1 GiB, in bf16 and fp32 (so 22 calls per cell); the rest fall back "
-        "to NCCL's own collective. In-place calls are the ones PyTorch makes for `all_reduce` and FSDP2's "
+        "Calls an MSCCL runtime (msccl-executor-nccl's rule, RCCL's copy of it) serves from our exported files "
+        "(`taccl export-msccl`, which leaves to NCCL every size where NCCL's own algorithm is modelled more than "
+        "1% faster): every power-of-two size from 1 MiB to 1 GiB, in bf16 and fp32 (so 22 calls per cell); the "
+        "rest fall back to NCCL's own collective. In brackets: the slowest served call's speed against NCCL's best "
+        "there (NCCL's time over the file's, both simulated under MSCCL's loop; below 1: the file is slower). "
+        "In-place calls are the ones PyTorch makes for `all_reduce` and FSDP2's "
         f"all-gather.\n\n{summary_table(records)}\n\n"
-        f"{selected} of {len(records)} calls select an exported file; {ambiguous} match more than one.\n\n"
+        f"{selected} of {len(records)} calls select an exported file{worst}; {ambiguous} match more than one.\n\n"
         f"{csv_pointer(CSV_PATH, len(records), 'Per call')}\n\n{_previous_text(previous)}Runtime: {elapsed_s:.0f} s."
     )
 

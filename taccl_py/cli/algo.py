@@ -169,6 +169,8 @@ def band_label(library: AlgorithmLibrary, index: int) -> str:
 
 
 def _export_msccl(args: argparse.Namespace) -> int:
+    from taccl_py.baselines.nccl import nccl_best_times  # the baselines take a second to import
+
     folder = Path(args.output)  # its parent exists: taccl_py.cli checks every output first
     limits = xml_target(args.runtime, args.dialect, xml=True, path=args.output)
     check_sizes = None if args.check_selection is None else _check_sizes(args.check_selection)
@@ -180,7 +182,13 @@ def _export_msccl(args: argparse.Namespace) -> int:
             label = f"{library.topology} n{library.nodes} {library.collective.value}"
             print(f"exporting {label}: {len(library.bands)} bands", file=sys.stderr, flush=True)
         export = write_library_xml(
-            library, folder, dialect, runtime=limits.runtime, rccl_gpu_arch=args.rccl_gpu_arch, replace_earlier=True
+            library,
+            folder,
+            dialect,
+            runtime=limits.runtime,
+            rccl_gpu_arch=args.rccl_gpu_arch,
+            replace_earlier=True,
+            leave_to_nccl=nccl_best_times,
         )
         written += len(export.files)
         for index, why in export.skipped:
