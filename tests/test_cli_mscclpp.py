@@ -34,7 +34,8 @@ def _error_line(capsys) -> str:
 
 def test_export_writes_both_placements_of_every_band_and_each_verifies(tmp_path, capsys) -> None:
     out = tmp_path / "plans"
-    assert main(["export-mscclpp", "ndv2", "--collective", "reducescatter", "-o", str(out)]) == 0
+    # every size of every band (--all-sizes): which sizes NCCL takes is test_export_leaves_to_nccl_...
+    assert main(["export-mscclpp", "ndv2", "--collective", "reducescatter", "--all-sizes", "-o", str(out)]) == 0
     library = read_library(next(p for p in shipped_library_paths("ndv2", 1) if "reducescatter" in p.name))
     bands = [index for index, band in enumerate(library.bands) if not band.native]
     names = sorted(path.name for path in out.iterdir())
@@ -64,7 +65,7 @@ def test_export_writes_a_faster_baselines_plan_instead_and_names_it(tmp_path, ca
     slow = baseline_ring(load_topology("ndv2"), Collective.ALLGATHER, channels=1)
     bands = (SizeBand(0, MIB, None, "native"), SizeBand(MIB, None, slow, "1.json"))
     write_library(AlgorithmLibrary("ndv2", 1, Collective.ALLGATHER, 8, bands), tmp_path / "ag.library.json")
-    args = ["export-mscclpp", str(tmp_path / "ag.library.json"), "-o"]
+    args = ["export-mscclpp", str(tmp_path / "ag.library.json"), "--all-sizes", "-o"]  # NCCL's 6 rings beat both
     assert main([*args, str(tmp_path / "plans")]) == 0
     err = capsys.readouterr().err.splitlines()
     lines = [line for line in err if "baseline" in line]
@@ -83,6 +84,20 @@ def test_export_writes_a_faster_baselines_plan_instead_and_names_it(tmp_path, ca
     assert "baseline" not in capsys.readouterr().err
     names = {p.name: json.loads(p.read_text())["name"] for p in (tmp_path / "own").iterdir()}
     assert names["ndv2-n1-allgather-1.json"] == "ndv2-n1-allgather-1"
+
+
+def test_export_leaves_to_nccl_the_sizes_where_nccls_own_rings_are_faster(tmp_path, capsys) -> None:
+    # NDv2: NCCL runs 6 rings natively (48 chunks per loop, which no plan that takes powers of two has)
+    out = tmp_path / "plans"
+    assert main(["export-mscclpp", "ndv2", "--collective", "allgather", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "ndv2-n1-allgather-3.json: sizes 8192KB and up left to NCCL: nccl ring-6ch-1p modelled" in err
+    plans = [read_mscclpp_plan(path) for path in out.iterdir()]
+    for size in (MIB, 4 * MIB, 16 * MIB, 1 << 30):  # the model has NCCL faster at each
+        assert not [plan.name for plan in plans if plan.min_message_size <= size <= plan.max_message_size], size
+    assert any(plan.min_message_size <= 64 * 1024 <= plan.max_message_size for plan in plans)
+    for plan in plans:
+        assert refused_sizes(plan) == (), plan.name
 
 
 def test_plans_across_machines_use_port_channels_and_verify(tmp_path) -> None:

@@ -150,3 +150,11 @@ def test_a_band_whose_plan_takes_no_power_of_two_is_left_to_nccl():
     assert plans.files == () and plans.ranges == ()
     why = "its plan takes multiples of 768 B (no power of two); its sizes are left to NCCL"
     assert plans.skipped == ((1, f"out of place: {why}"), (1, f"in place: {why}"))
+
+
+def test_verify_warns_where_mscclpp_would_misread_min_message_size():
+    from taccl_py.mscclpp.sizes import MIN_MESSAGE_SIZE_LIMIT, executor_warnings
+
+    plan = _plan("allreduce", 4, 8, 8, 8, min_message_size=MIN_MESSAGE_SIZE_LIMIT, max_message_size=2**32 - 1)
+    assert any("reads as a negative int" in line for line in executor_warnings(plan))
+    assert not any("negative" in line for line in executor_warnings(replace(plan, min_message_size=2**31 - 16)))

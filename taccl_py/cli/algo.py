@@ -34,9 +34,9 @@ from taccl_py.msccl.selection import (
     selection_report,
     why_not_selected,
 )
-from taccl_py.mscclpp.load_checks import executor_warnings
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.replay import mscclpp_report
+from taccl_py.mscclpp.sizes import executor_warnings
 from taccl_py.units import format_size, parse_size_range
 from taccl_py.verify import VerificationReport, verify_algorithm
 

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 from taccl_py.baselines import best_baselines_by_band
+from taccl_py.baselines.nccl import NcclChoice, nccl_best_times
 from taccl_py.cli.algo import add_library_source_arguments, band_label, libraries_to_export
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
@@ -16,11 +17,12 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import PLAN_PROTOCOLS
 from taccl_py.mscclpp.files import LibraryPlans, fits_mscclpp, write_library_plans
-from taccl_py.simulate import WHOLE_CHUNKS
+from taccl_py.simulate import MSCCL_LOOP, WHOLE_CHUNKS
+from taccl_py.simulate.leave_to_nccl import library_probe_sizes
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import Topology
 
-__all__ = ["library_rivals", "register"]
+__all__ = ["library_nccl_times", "library_rivals", "register"]
 
 
 def _library_topology(library: AlgorithmLibrary) -> Topology | None:
@@ -49,6 +51,13 @@ def library_rivals(library: AlgorithmLibrary, topology: Topology) -> dict[int, t
     return best_baselines_by_band(library, topology, WHOLE_CHUNKS, keep=keep)
 
 
+def library_nccl_times(library: AlgorithmLibrary, topology: Topology) -> dict[int, NcclChoice]:
+    """Return NCCL's best (MSCCL's loop) at every probe size of the bands that get plans, by size (bytes)."""
+    bands = [(band.min_bytes, band.max_bytes) for band in library.bands if not band.native]
+    best = nccl_best_times(topology, library.collective, library_probe_sizes(bands), model=MSCCL_LOOP)
+    return {choice.size_bytes: choice for choice in best}
+
+
 def _print_ranges(library: AlgorithmLibrary, plans: LibraryPlans) -> None:
     """Print one line per plan serving less than its band, and one line of the size rules the library's plans follow."""
     for served in plans.ranges:
@@ -60,11 +69,9 @@ def _print_ranges(library: AlgorithmLibrary, plans: LibraryPlans) -> None:
     if plans.ranges:
         multiples = Counter(served.rule.multiple_bytes for served in plans.ranges)
         summary = ", ".join(f"{multiple} B ({count})" for multiple, count in sorted(multiples.items()))
-        largest = max(served.max_bytes for served in plans.ranges)
         label = f"{library.topology} n{library.nodes} {library.collective.value}"
         print(
-            f"{label}: plans take multiples of {summary}, every power of two in their ranges; "
-            f"largest size {largest} bytes (32-bit offsets)",
+            f"{label}: plans take multiples of {summary}, every power of two in their ranges",
             file=sys.stderr,
         )
 
@@ -85,7 +92,10 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
         topology = _library_topology(library)
         # Never worse than a baseline: where the best baseline's plan simulates faster, it is written instead.
         rivals = None if topology is None or args.no_baselines else library_rivals(library, topology)
-        plans = write_library_plans(library, folder, topology, protocol, rivals, replace_earlier=True)
+        nccl_times = None if topology is None or args.all_sizes else library_nccl_times(library, topology)
+        plans = write_library_plans(
+            library, folder, topology, protocol, rivals, replace_earlier=True, nccl_times=nccl_times
+        )
         written += len(plans.files)
         for name, choice in plans.protocols:
             if choice.protocol != "Simple" and protocol is None:
@@ -94,6 +104,8 @@ def _export_mscclpp(args: argparse.Namespace) -> int:
             print(f"{name}: {why} than the band's own plan; written instead", file=sys.stderr)
         for index, why in plans.skipped:
             print(f"warning: {band_label(library, index)} has no MSCCL++ plan: {why}", file=sys.stderr)
+        for name, run in plans.to_nccl:
+            print(f"{name}: sizes {run.sizes.label} left to NCCL: {run.reason}", file=sys.stderr)
         _print_ranges(library, plans)
         if plans.removed:
             names = ", ".join(plans.removed)
@@ -108,7 +120,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export-mscclpp",
         description="Write one verified plan per band and placement, min_message_size/max_message_size set to the "
         "band's sizes; where the best baseline's plan simulates faster, it is written instead (and named); a band "
-        "beyond MSCCL++'s limits is reported and left out. Every plan takes every power of two and 3, 25 and 100 MiB "
+        "beyond MSCCL++'s limits is reported and left out. On a built-in machine, sizes where NCCL's own algorithm "
+        "is modelled more than 1%% faster than the plan are left to NCCL (a band may become <band>-part<n> plans). "
+        "Every plan takes every power of two and 3, 25 and 100 MiB "
         "in its range (MSCCL++ refuses sizes its buffers do not split into the plan's chunks): a plan refusing the "
         "least sizes of its band serves from the first it takes, one taking no power of two is left out, and ranges "
         "end where an offset would pass 2^32 bytes; the sizes left out go to NCCL. "
@@ -135,6 +149,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="write every band's own plan, even one that simulates slower than the best baseline's "
         "(default: that baseline's plan is written instead)",
+    )
+    export.add_argument(
+        "--all-sizes",
+        action="store_true",
+        help="keep every size of each band, even where NCCL's own algorithm is modelled faster (to measure the "
+        "plans against NCCL there; default: those sizes are left to NCCL)",
     )
     export.add_argument(
         "-o",

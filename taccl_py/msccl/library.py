@@ -35,7 +35,7 @@ from taccl_py._io import read_text
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.inplace import BOTH_PLACES_KEY, DERIVED_FROM_KEY, serves_both_placements
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand, write_band_files
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, band_part_name, write_band_files
 from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime, protocol_limits
@@ -111,19 +111,6 @@ def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = Fals
     return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.xml"
 
 
-def _part_name(name: str, part: int) -> str:
-    """Return the file name of run ``part`` (0: the first) of a band split where NCCL is faster.
-
-    >>> _part_name("ndv2-n1-allgather-2-inplace.xml", 1)
-    'ndv2-n1-allgather-2-part2-inplace.xml'
-    """
-    if part == 0:
-        return name
-    stem = name.removesuffix(".xml")
-    inplace = stem.endswith("-inplace")
-    return f"{stem.removesuffix('-inplace')}-part{part + 1}{'-inplace' if inplace else ''}.xml"
-
-
 def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
     """Return the algorithms a band exports, one per file, and why in place has no file.
 
@@ -178,13 +165,13 @@ def _band_files(
     files = []
     for part, sizes in enumerate((SizeRange(band.min_bytes, band.max_bytes),) if ranges is None else ranges):
         for algorithm in algorithms:
-            name = _part_name(library_xml_name(library, index, inplace=algorithm.inplace), part)
+            name = band_part_name(library_xml_name(library, index, inplace=algorithm.inplace), part)
             piece = replace(
                 algorithm, name=name.removesuffix(".xml"), min_bytes=sizes.min_bytes, max_bytes=sizes.max_bytes
             )
             if part and piece.meta(DERIVED_FROM_KEY) is not None:
                 piece = piece.with_metadata(
-                    **{DERIVED_FROM_KEY: _part_name(library_xml_name(library, index), part)[:-4]}
+                    **{DERIVED_FROM_KEY: band_part_name(library_xml_name(library, index), part)[:-4]}
                 )
             files.append((name, generate_msccl_xml(piece, dialect, runtime=runtime), selection_key(piece)))
     return files, notes

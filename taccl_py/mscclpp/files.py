@@ -34,16 +34,16 @@ from pathlib import Path
 
 from taccl_py._io import write_text_atomic
 from taccl_py.bounds import lower_bounds
-from taccl_py.errors import ArgumentError, VerificationError, Violation
+from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary, write_band_files
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
+from taccl_py.mscclpp.ranges import PlanRange, served_plans
 from taccl_py.mscclpp.replay import verify_mscclpp_plan
 from taccl_py.mscclpp.simulate import simulate_mscclpp_plan
 from taccl_py.mscclpp.sizes import (
-    AcceptanceRule,
     acceptance_rule,
     first_accepted_min,
     framework_sizes,
@@ -51,6 +51,7 @@ from taccl_py.mscclpp.sizes import (
     size_multiple,
 )
 from taccl_py.simulate import WHOLE_CHUNKS, simulate_sizes
+from taccl_py.simulate.leave_to_nccl import LeftToNccl, NcclTime
 from taccl_py.simulate.protocol import LL, LL_DATA_FRACTION, NEAR_TIE, SIMPLE, band_sample_sizes
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm, exported_inplace_form
@@ -83,27 +84,13 @@ class PlanProtocol:
 
 
 @dataclass(frozen=True)
-class PlanRange:
-    """The sizes (bytes, both inclusive) a written plan serves, the sizes its executor takes, and why they narrow.
-
-    ``narrowed``: why the plan serves less than its band (the sizes left are NCCL's); None: the
-    whole band, up to the last size MSCCL++'s 32-bit offsets address.
-    """
-
-    file_name: str
-    min_bytes: int
-    max_bytes: int
-    rule: AcceptanceRule
-    narrowed: str | None = None
-
-
-@dataclass(frozen=True)
 class LibraryPlans:
     """The plan files of a library as (file name, JSON text), and the placements left out as (band index, why).
 
     ``protocols`` holds (file name, PlanProtocol) for every file, in the same order; ``baselines``
     (file name, why) for every file that holds a baseline's plan instead of the band's; ``ranges``
-    a PlanRange per file, in the same order; ``removed`` the files of an earlier export that
+    a PlanRange per file, in the same order; ``to_nccl`` (file name, LeftToNccl) for each run of a
+    band's sizes left to NCCL, faster there; ``removed`` the files of an earlier export that
     writing removed.
     """
 
@@ -113,6 +100,7 @@ class LibraryPlans:
     baselines: tuple[tuple[str, str], ...] = ()
     removed: tuple[str, ...] = ()
     ranges: tuple[PlanRange, ...] = ()
+    to_nccl: tuple[tuple[str, LeftToNccl], ...] = ()
 
 
 def _verified_plan(algorithm: Algorithm, topology: Topology | None, protocol: str) -> tuple[str, ExecutionPlan]:
@@ -210,7 +198,7 @@ def faster_rival_plan(
             continue
         rival_plan = parse_mscclpp_plan(rival_text, rival.name)
         low = band.min_bytes if served_from is None else served_from
-        if refused := refused_sizes(rival_plan, framework_sizes(low, _largest_served(rival_plan))):
+        if refused := refused_sizes(rival_plan, framework_sizes(low, acceptance_rule(rival_plan).max_bytes)):
             logger.info(
                 "baseline %s refuses %d sizes of %s, %d bytes first", baseline.name, len(refused), band.name, refused[0]
             )
@@ -236,38 +224,6 @@ def fits_mscclpp(algorithm: Algorithm, topology: Topology | None = None, powers_
     chunks = [(gpu["input_chunks"], gpu["output_chunks"]) for gpu in plan["gpus"]]
     multiple = size_multiple(plan["collective"], len(plan["gpus"]), plan["buffer_alignment"], chunks)
     return multiple & (multiple - 1) == 0
-
-
-def _largest_served(plan: ExecutionPlan) -> int:
-    """Return the largest size (bytes) ``plan`` may serve: its maximum, at most where offsets pass 2^32 bytes."""
-    return acceptance_rule(plan).max_bytes
-
-
-def _with_range(text: str, min_bytes: int, max_bytes: int) -> str:
-    """Return the plan ``text`` with its size range set to ``min_bytes``..``max_bytes`` (both inclusive)."""
-    document = json.loads(text)
-    document["min_message_size"], document["max_message_size"] = min_bytes, max_bytes
-    return json.dumps(document, indent=2) + "\n"
-
-
-def _served_plan(
-    file_name: str, text: str, plan: ExecutionPlan, min_bytes: int, band_max_bytes: int | None
-) -> tuple[str, PlanRange]:
-    """Return the plan ``text`` serving from ``min_bytes`` on, and its range (``band_max_bytes``: exclusive or None).
-
-    Raises ``VerificationError`` (a fault of ours) where it still refuses a framework size in its range.
-    """
-    max_bytes, narrowed = _largest_served(plan), []
-    if min_bytes > plan.min_message_size:
-        narrowed.append(f"serves from {min_bytes} bytes, {plan.min_message_size}-{min_bytes - 1} left to NCCL")
-        text = _with_range(text, min_bytes, max_bytes)
-        plan = parse_mscclpp_plan(text, file_name)
-    if band_max_bytes is not None and max_bytes < band_max_bytes - 1:  # an open band ends there always
-        narrowed.append(f"serves up to {max_bytes} bytes (32-bit offsets), {max_bytes + 1} and up left to NCCL")
-    if refused := refused_sizes(plan):
-        fault = f"refuses {len(refused)} framework sizes in its range, {refused[0]} bytes first"
-        raise VerificationError(file_name, [Violation("unloadable size", fault)])
-    return text, PlanRange(file_name, min_bytes, max_bytes, acceptance_rule(plan), "; ".join(narrowed) or None)
 
 
 def mscclpp_plan_text(algorithm: Algorithm, topology: Topology | None = None, protocol: str | None = None) -> str:
@@ -305,19 +261,23 @@ def generate_library_plans(
     topology: Topology | None = None,
     protocol: str | None = None,
     rivals: Mapping[int, Sequence[Algorithm]] | None = None,
+    nccl_times: Mapping[int, NcclTime] | None = None,
 ) -> LibraryPlans:
     """Return the verified MSCCL++ plans of every band of ``library``, in and out of place, and what was left out.
 
     ``protocol``: ``"Simple"``, ``"LL"``, or None for each plan's faster (``choose_plan_protocol``).
     ``rivals``: band index -> baselines whose plan replaces the band's where faster
-    (``faster_rival_plan``; needs ``topology``).
+    (``faster_rival_plan``; needs ``topology``). ``nccl_times``: NCCL's best at every
+    ``library_probe_sizes`` size of the bands (``nccl_best_times`` under MSCCL's loop; needs
+    ``topology``): a plan then serves only the runs of sizes where it is not slower
+    (``ranges.served_plans``), each run its own file.
 
     A "native" band gets no plan: where no plan covers a size, MSCCL++'s NCCL-compatible library
     runs its own collective, which is what the band asks for. Nor does a placement whose plan takes
     no power of two; a plan refusing its band's least sizes serves from the first it takes
     (``sizes.first_accepted_min``, ``LibraryPlans.ranges``).
     """
-    files, skipped, protocols, replaced, ranges = [], [], [], [], []
+    files, skipped, protocols, replaced, ranges, to_nccl = [], [], [], [], [], []
     for index, band in enumerate(library.bands):
         if band.native:
             continue
@@ -351,11 +311,15 @@ def generate_library_plans(
                     text, choice, why = rival
                     plan = parse_mscclpp_plan(text, file_name)
                     replaced.append((file_name, why))
-            text, served = _served_plan(file_name, text, plan, served_from, base.max_bytes)
-            files.append((file_name, text))
-            protocols.append((file_name, choice))
-            ranges.append(served)
-    return LibraryPlans(tuple(files), tuple(skipped), tuple(protocols), tuple(replaced), ranges=tuple(ranges))
+            pieces, left = served_plans(file_name, text, base.min_bytes, base.max_bytes, topology, nccl_times)
+            for piece_name, piece_text, served in pieces:
+                files.append((piece_name, piece_text))
+                protocols.append((piece_name, choice))
+                ranges.append(served)
+            to_nccl += [(file_name, run) for run in left]
+    return LibraryPlans(
+        tuple(files), tuple(skipped), tuple(protocols), tuple(replaced), ranges=tuple(ranges), to_nccl=tuple(to_nccl)
+    )
 
 
 def write_library_plans(
@@ -365,6 +329,7 @@ def write_library_plans(
     protocol: str | None = None,
     rivals: Mapping[int, Sequence[Algorithm]] | None = None,
     replace_earlier: bool = False,
+    nccl_times: Mapping[int, NcclTime] | None = None,
 ) -> LibraryPlans:
     """Write the verified plans of every band of ``library`` into ``folder``; return what was written and left out.
 
@@ -374,6 +339,6 @@ def write_library_plans(
     their size ranges outlives the export; their names are returned (``LibraryPlans.removed``).
     Other arguments as ``generate_library_plans``.
     """
-    plans = generate_library_plans(library, topology, protocol, rivals)
+    plans = generate_library_plans(library, topology, protocol, rivals, nccl_times)
     removed = write_band_files(library, folder, plans.files, ".json", replace_earlier)
     return replace(plans, removed=removed)

@@ -13,19 +13,26 @@ Our reading of microsoft/mscclpp @1f5f065d, ``src/core/executor/execution_plan.c
   Scratch is ``scratch_chunks`` chunks of the per-rank chunk, twice that under LL (data and flag)
   and twice again with ``use_double_scratch_buffer`` (``calScratchBufferSize``, :191-216).
 
+``executor_warnings`` says, for ``taccl verify``, where a correct plan would still run otherwise
+than it reads: those sizes, and a ``reduce_op`` other than sum, which the parser never reads
+(``setupOperation``, :478-599) while the reduce kernels sum (src/core/include/execution_kernel.hpp:753-764).
+
 Sizes are in bytes, in nccl-tests' convention (the whole buffer), as ``min_message_size`` is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from math import lcm
 
-from taccl_py.mscclpp.plan import ExecutionPlan, Protocol
+from taccl_py.mscclpp.plan import ExecutionPlan, Operation, Protocol
 
 __all__ = [
     "FRAMEWORK_SIZES",
+    "MIN_MESSAGE_SIZE_LIMIT",
+    "SHOWN_SIZES",
+    "executor_warnings",
     "OFFSET_LIMIT",
     "AcceptanceRule",
     "acceptance_rule",
@@ -41,6 +48,9 @@ __all__ = [
 
 # One past the largest byte offset an operation can hold (uint32_t).
 OFFSET_LIMIT = 2**32
+# One past the largest min_message_size the parser reads right: it deduces int
+# (``obj.value("min_message_size", 0)``, execution_plan.cc:132, 250), so 2^31 and up refuse every size.
+MIN_MESSAGE_SIZE_LIMIT = 2**31
 MIB = 2**20
 # Sizes frameworks pass besides powers of two: PyTorch DDP's default bucket (25 MiB) and two
 # common odd multiples of a MiB.
@@ -209,3 +219,49 @@ def addressable_size(
             # buffer = message * numerator / denominator < OFFSET_LIMIT
             largest = min(largest, ((OFFSET_LIMIT * denominator) - 1) // numerator)
     return largest
+
+
+SHOWN_SIZES = 4  # refused sizes a warning names before "..."
+SUMMED = "sum"  # the only reduction MSCCL++'s kernels run
+
+
+def _operations(ops: tuple[Operation, ...]) -> Iterator[Operation]:
+    for op in ops:
+        yield op
+        yield from _operations(op.ops)
+
+
+def executor_warnings(plan: ExecutionPlan) -> tuple[str, ...]:
+    """Return one line per way MSCCL++'s executor would run ``plan`` otherwise than it reads.
+
+    A reduction other than sum (it sums), framework sizes in the plan's range that it refuses
+    (``refused_sizes``: it throws), and a range past ``largest_addressable_size`` (offsets wrap).
+    """
+    warnings = []
+    declared = {
+        op.reduce_op
+        for gpu in plan.gpus
+        for tb in gpu.threadblocks
+        for op in _operations(tb.ops)
+        if op.reduce_op not in (None, SUMMED)
+    }
+    if declared:
+        names = ", ".join(sorted(declared))
+        warnings.append(f"declares reduce_op {names}; MSCCL++ never reads it and sums")
+    if refused := refused_sizes(plan):
+        shown = ", ".join(str(size) for size in refused[:SHOWN_SIZES]) + (", ..." if len(refused) > SHOWN_SIZES else "")
+        rule = acceptance_rule(plan).describe()
+        warnings.append(
+            f"MSCCL++ refuses {len(refused)} sizes frameworks pass in its range ({shown} bytes): it takes {rule}"
+        )
+    if plan.min_message_size >= MIN_MESSAGE_SIZE_LIMIT:
+        warnings.append(
+            f"min_message_size {plan.min_message_size} is 2^31 or more, which MSCCL++ reads as a negative int: "
+            "it refuses every size"
+        )
+    largest = largest_addressable_size(plan)
+    if plan.max_message_size > largest:
+        warnings.append(
+            f"max_message_size {plan.max_message_size} passes {largest} bytes, where a 32-bit offset would wrap"
+        )
+    return tuple(warnings)

@@ -42,6 +42,7 @@ __all__ = [
     "probe_sizes",
     "library_probe_sizes",
     "compare_with_nccl",
+    "verdict_of",
 ]
 
 #: A band keeps a size where its speed is at least this fraction of NCCL's (NCCL faster by at most 1%).
@@ -181,6 +182,15 @@ def compare_with_nccl(
         )
     plan = prepare_simulation(algorithm, topology, protocol_costs=protocol_costs, model=model)
     probes = tuple(Probe(size, replay(plan, size).time_us, nccl_times[size]) for size in sizes)
+    return verdict_of(probes, min_bytes, max_bytes)
+
+
+def verdict_of(probes: Sequence[Probe], min_bytes: int, max_bytes: int | None) -> NcclVerdict:
+    """Return the band [min_bytes, max_bytes) cut where its ``probes`` (ascending) change verdict.
+
+    Consecutive probes of one verdict make one run; two runs meet at the geometric mean of their
+    neighbouring probes; the first run starts at ``min_bytes`` and the last ends at ``max_bytes``.
+    """
     kept, left = [], []
     start = 0
     for index in range(1, len(probes) + 1):
@@ -190,13 +200,13 @@ def compare_with_nccl(
         high = (
             max_bytes if index == len(probes) else math.isqrt(probes[index - 1].size_bytes * probes[index].size_bytes)
         )
-        run = probes[start:index]
+        run = tuple(probes[start:index])
         if run[0].kept:
             kept.append(SizeRange(low, high))
         else:
             left.append(LeftToNccl(SizeRange(low, high), _reason(run)))
         start = index
-    return NcclVerdict(probes, tuple(kept), tuple(left))
+    return NcclVerdict(tuple(probes), tuple(kept), tuple(left))
 
 
 def _reason(run: tuple[Probe, ...]) -> str:
