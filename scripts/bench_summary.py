@@ -36,6 +36,8 @@ from taccl_py.units import format_size
 
 SHIPPED_CSV = DATA_DIR / "slice_model.csv"
 NCCL_CSV = DATA_DIR / "vs_nccl.csv"
+SELECTION_CSV = DATA_DIR / "selection.csv"
+SELECTION_DETAIL = "[detail](#msccl-selection-of-the-shipped-libraries)"
 # GitHub's anchors of the sections holding the detail.
 DETAIL = "[detail](#shipped-bands-under-msccls-slice-loop)"
 NCCL_DETAIL = "[detail](#shipped-libraries-against-nccls-algorithms-on-nvswitch-machines)"
@@ -105,6 +107,22 @@ def nccl_line(records: list[dict]) -> str:
     )
 
 
+def selection_line(records: list[dict]) -> str:
+    """Return one sentence: how many calls MSCCL's rule serves from the exported files, and the slowest against NCCL."""
+    served = [row for row in records if row["selected"] != "NCCL"]
+    if not served:
+        return ""
+    worst = min(served, key=lambda row: float(row["vs_nccl"]))
+    machines = ", ".join(f"{machine} x{nodes}" for machine, nodes in group_records(records, "topology", "nodes"))
+    return (
+        f"Exported MSCCL XML ({machines}; every power of two from 1 MiB to 1 GiB, the calls PyTorch makes): "
+        f"MSCCL's rule serves {len(served)} of {len(records)} calls from our files, the slowest at "
+        f"{float(worst['vs_nccl']):.2f}x NCCL's best there ({worst['topology']} x{worst['nodes']} "
+        f"{worst['collective']} {format_size(int(worst['size_bytes']))}); the export leaves every other size to "
+        f"NCCL, which the model has faster there or which the files cannot serve ({SELECTION_DETAIL})."
+    )
+
+
 def _switch_from(group: list[dict]) -> str:
     """Return e.g. ``NVLS from 4MiB`` where NCCL's best turns to a switch algorithm above the smallest size, or "".
 
@@ -138,8 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             "NDv2, 48 chunks per loop) still counts: it is what NCCL runs without us.",
             markdown_table(HEADERS, rows),
             nccl_line(read_csv(NCCL_CSV)),
-            f"From `{SHIPPED_CSV.relative_to(Path(__file__).resolve().parents[1])}` and "
-            f"`{NCCL_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
+            selection_line(read_csv(SELECTION_CSV)),
+            f"From `{SHIPPED_CSV.relative_to(Path(__file__).resolve().parents[1])}`, "
+            f"`{NCCL_CSV.relative_to(Path(__file__).resolve().parents[1])}` and "
+            f"`{SELECTION_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
         )
     )
     update_benchmarks_section("summary", "Summary", command_line(__file__, argv), body)
