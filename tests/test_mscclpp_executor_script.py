@@ -1,6 +1,6 @@
 """scripts/mscclpp_executor/run_plans.py on CPU: the sizes, data and buffer layout it gives MSCCL++'s executor.
 
-The run itself needs a GPU and a build of MSCCL++ (``build.sh``); what is checked here is what
+The run itself needs a GPU and a build of MSCCL++ (not in the repository); what is checked here is what
 MSCCL++ would refuse before running anything (``ExecutionPlan::Impl::checkMessageSize``) and that
 the expected outputs are the collectives' definitions.
 """

@@ -2,7 +2,8 @@
 
     python3 scripts/mscclpp_executor/run_plans.py BUILD PLAN.json [PLAN.json ...]
 
-BUILD holds ``run_plan`` (``build.sh`` makes it); this imports taccl_py from the repository.
+BUILD holds ``run_plan``: our driver ``run_plan.cc`` compiled against a build of MSCCL++'s core library,
+which the repository does not carry (build MSCCL++ as its own docs say); this imports taccl_py from the repository.
 Each plan runs with one ``run_plan`` process per rank, rank r on GPU r mod the GPU count (it ran
 with every rank on one GPU), at sizes frameworks pass (powers of two, 3, 25 and 100 MiB) inside its
 range: the smallest, the nearest 1 MiB and the largest up to ``LARGEST_RUN_BYTES``. A plan whose
