@@ -8,7 +8,8 @@ to a); the n-th ``sem_acquire`` after release n - init; a ``barrier`` round afte
 threadblocks arrive; a packet read after the one packet write of its location (the LL flag).
 *Visibility* is order without relaxed signals and waits and without packet edges: a fence-less
 signal or a packet's flag orders, but publishes no other data. A port-channel put is a proxy
-write after its issue, chained in order with the channel's later port signals; ``flush`` waits for it.
+write after its issue, chained in order with the channel's later port signals; ``flush`` waits for it
+on as many channels as it has ``dst_buff`` entries (none without one, as the executor counts).
 A port ``rppkt``'s proxy copies packets raw after every thread saw their flags, so it reads them
 after their write as a packet read does.
 
