@@ -70,6 +70,9 @@ def test_every_tour_command_that_needs_no_gpu_runs_as_written(
             os.makedirs(words[-1], exist_ok=True)
         elif words[0] == "taccl":
             status = main(words[1:])
+            if status != 0 and words[1] == "profile":  # a measurement: a busy CI core can flatten one run's times
+                capsys.readouterr()
+                status = main(words[1:])
             assert status == 0, f"{command}: exit {status}\n{capsys.readouterr().err[-3000:]}"
         elif words[0] == "torchrun":
             done = subprocess.run(
