@@ -60,7 +60,6 @@ from taccl_py.simulate.leave_to_nccl import (
 from taccl_py.simulate.model import MSCCL_LOOP
 from taccl_py.simulate.protocol import PROTOCOL_COST_TABLES
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
-from taccl_py.units import format_size
 from taccl_py.verify import exported_inplace_form
 
 logger = logging.getLogger(__name__)
@@ -290,8 +289,7 @@ def _slower_run(library: AlgorithmLibrary, index: int, run: LeftToNccl) -> str:
 
 
 def _band_sizes(band: SizeBand) -> str:
-    low = format_size(band.min_bytes)
-    return f"{low} and up" if band.max_bytes is None else f"{low}-{format_size(band.max_bytes)}"
+    return SizeRange(band.min_bytes, band.max_bytes).label
 
 
 def _switch_band(library: AlgorithmLibrary, index: int, band: SizeBand) -> str:

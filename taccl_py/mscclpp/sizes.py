@@ -105,8 +105,7 @@ def refused_sizes(plan: ExecutionPlan, sizes: Iterable[int] | None = None) -> tu
     An open range is checked up to ``largest_addressable_size``.
     """
     if sizes is None:
-        high = min(plan.max_message_size, largest_addressable_size(plan))
-        sizes = framework_sizes(plan.min_message_size, high)
+        sizes = framework_sizes(plan.min_message_size, _largest_served(plan))
     return tuple(size for size in sizes if not executor_accepts(plan, size))
 
 
@@ -137,7 +136,7 @@ def acceptance_rule(plan: ExecutionPlan) -> AcceptanceRule:
     """Return the least message-size multiple ``plan`` takes on every rank, and where powers of two start."""
     chunks = ((gpu.input_chunks, gpu.output_chunks) for gpu in plan.gpus)
     multiple = size_multiple(plan.collective, len(plan.gpus), plan.buffer_alignment, chunks)
-    high = min(plan.max_message_size, largest_addressable_size(plan))
+    high = _largest_served(plan)
     start = None
     if multiple & (multiple - 1) == 0:  # no odd factor: every power of two from the multiple on
         start = max(multiple, 1 << max(0, plan.min_message_size - 1).bit_length())
@@ -165,8 +164,7 @@ def first_accepted_min(plan: ExecutionPlan) -> int | None:
     """
     if acceptance_rule(plan).powers_of_two_from is None:
         return None
-    high = min(plan.max_message_size, largest_addressable_size(plan))
-    sizes = framework_sizes(plan.min_message_size, high)
+    sizes = framework_sizes(plan.min_message_size, _largest_served(plan))
     refused = refused_sizes(plan, sizes)
     if not refused:
         return plan.min_message_size
@@ -182,6 +180,11 @@ def _input_share(collective: str, num_ranks: int) -> int:
 def _output_share(collective: str, num_ranks: int) -> int:
     """Return how many output buffers make up the message (ReduceScatter: N)."""
     return num_ranks if collective == "reducescatter" else 1
+
+
+def _largest_served(plan: ExecutionPlan) -> int:
+    """Return the largest size (bytes) ``plan`` may serve: its maximum, at most where its offsets still fit."""
+    return min(plan.max_message_size, largest_addressable_size(plan))
 
 
 def largest_addressable_size(plan: ExecutionPlan) -> int:
