@@ -7,6 +7,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from taccl_py.bounds import ALLREDUCE_BOUND_NOTE, IN_NETWORK_BOUND_NOTE, LowerBound, bound_label
 from taccl_py.cli._output import format_ratio, format_table
@@ -17,17 +18,22 @@ from taccl_py.files import algorithm_format, write_any_algorithm
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits
+from taccl_py.placement.parallel import GroupKind, parallel_groups, parse_parallel, parse_ranks, read_placement
 from taccl_py.simulate.bands import IN_NETWORK_BOUND_LABEL, library_bound_label, library_bounds
 from taccl_py.solvers import SOLVERS, BudgetBound
 from taccl_py.stages.sketch import read_sketch
 from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.synth.candidates import exportable
+from taccl_py.synth.groups import group_folder_name, synthesize_groups
 from taccl_py.synth.jobs import available_cores
+from taccl_py.topology.model import Topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_size, parse_sizes
 
 __all__ = ["register", "choose_written_algorithm", "format_budget_line", "format_synthesis_table"]
 
 _COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
+# The sizes of a --parallel library when --sizes is not given: what the shipped libraries cover.
+DEFAULT_GROUP_SIZES = "1KB-1GB"
 # The chosen algorithm first (its time, fraction of the bound, ratio to the best
 # baseline), then the best synthesized candidate (the chosen one, unless a baseline won) and the best baseline.
 _HEADERS = (
@@ -196,18 +202,24 @@ def _check_outputs(args: argparse.Namespace) -> RuntimeLimits | None:
 
 
 def _synthesize(args: argparse.Namespace) -> int:
+    if args.parallel is not None or args.ranks is not None:
+        return _synthesize_groups(args)
     xml_limits = _check_outputs(args)
     sketch = read_sketch(args.sketch) if args.sketch is not None else None
     nodes = args.nodes if args.nodes is not None else (sketch.nodes if sketch is not None and sketch.nodes else 1)
     topology = topology_from_args(args, nodes=None if args.cluster is not None else nodes)
-    size = parse_size(args.size, "--size") if args.size is not None else None
-    sizes = parse_sizes(args.sizes, "--sizes") if args.sizes is not None else None
-    result = synthesize(
-        topology,
-        args.collective,
-        size_bytes=size,
-        sizes=sizes,
-        sketch=sketch,
+    result = synthesize(topology, args.collective, sketch=sketch, **_synthesis_options(args))
+    _write_result(args, result, xml_limits)
+    _stderr(format_budget_line(result, args.time_limit))
+    _print_result(result, topology)
+    return 0
+
+
+def _synthesis_options(args: argparse.Namespace) -> dict:
+    """Return the keyword arguments of ``synthesize`` the options give (sizes, budgets, solver, model)."""
+    return dict(
+        size_bytes=parse_size(args.size, "--size") if args.size is not None else None,
+        sizes=parse_sizes(args.sizes, "--sizes") if args.sizes is not None else None,
         time_limit_s=args.time_limit,
         solver=args.solver,
         progress=_stderr if _shows_progress(args) else None,
@@ -215,30 +227,36 @@ def _synthesize(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         model=args.model,
     )
+
+
+def _write_result(args: argparse.Namespace, result: SynthesisResult, xml_limits: RuntimeLimits | None) -> None:
+    """Write the library, or the algorithm (XML first: a runtime limit then leaves nothing written)."""
     if result.library is not None:
         provenance = replace(result.library.provenance, command=shlex.join(["taccl", *args.argv]))
         write_library(replace(result.library, provenance=provenance), args.output, progress=_stderr)
         for note in unwritable_baseline_notes(result):
             _stderr(note)
-    else:
-        algorithm, note = choose_written_algorithm(result, xml_limits=xml_limits)
-        if note is not None:
-            _stderr(note)
-        for modelled_note in unwritable_baseline_notes(result):  # one size: only a modelled baseline is unwritten
-            _stderr(modelled_note)
-        provenance = replace(
-            result.provenance,
-            command=shlex.join(["taccl", *args.argv]),
-            note=None if note is None else note.removeprefix("note: "),
-        )
-        paths = [path for path in (args.output, args.xml) if path is not None]
-        for path in sorted(paths, key=lambda p: algorithm_format(p) != "xml"):  # XML first: a limit leaves nothing
-            if xml_limits is not None and algorithm_format(path) == "xml":
-                write_any_algorithm(algorithm, path, xml_limits.dialect, runtime=xml_limits.runtime)
-            else:
-                write_any_algorithm(algorithm, path, provenance=provenance)
-            _stderr(f"wrote {path}")
-    _stderr(format_budget_line(result, args.time_limit))
+        return
+    algorithm, note = choose_written_algorithm(result, xml_limits=xml_limits)
+    if note is not None:
+        _stderr(note)
+    for modelled_note in unwritable_baseline_notes(result):  # one size: only a modelled baseline is unwritten
+        _stderr(modelled_note)
+    provenance = replace(
+        result.provenance,
+        command=shlex.join(["taccl", *args.argv]),
+        note=None if note is None else note.removeprefix("note: "),
+    )
+    paths = [path for path in (args.output, args.xml) if path is not None]
+    for path in sorted(paths, key=lambda p: algorithm_format(p) != "xml"):
+        if xml_limits is not None and algorithm_format(path) == "xml":
+            write_any_algorithm(algorithm, path, xml_limits.dialect, runtime=xml_limits.runtime)
+        else:
+            write_any_algorithm(algorithm, path, provenance=provenance)
+        _stderr(f"wrote {path}")
+
+
+def _print_result(result: SynthesisResult, topology: Topology) -> None:
     print(
         f"{result.collective.value} on {result.topology} ({topology.num_ranks} GPUs), sketch {result.sketch.name}, "
         f"model {result.choices[0].chosen_result.model}, {result.wall_s:.1f} s; "
@@ -248,6 +266,63 @@ def _synthesize(args: argparse.Namespace) -> int:
     label = library_bound_label(topology, result.collective)
     holding = library_bounds(topology, result.collective, sizes) if label == IN_NETWORK_BOUND_LABEL else ()
     print(format_synthesis_table(result, bounds=holding, bound_name=label if holding else None))
+
+
+def _group_kinds(args: argparse.Namespace, topology: Topology) -> tuple[GroupKind, ...]:
+    """Return the groups ``--ranks`` or ``--parallel`` ask for over ``topology``'s GPUs."""
+    world = topology.num_ranks
+    if args.parallel is not None:
+        return parallel_groups(parse_parallel(args.parallel), world)
+    ranks = parse_ranks(args.ranks)
+    if ranks[-1] >= world:
+        raise ArgumentError("--ranks", "ranks", f"rank {ranks[-1]}", f"ranks of {topology.name}: 0..{world - 1}")
+    if len(ranks) == world:
+        raise ArgumentError("--ranks", "ranks", "every rank", "a subset (leave --ranks out for all of them)")
+    return (GroupKind("ranks", (ranks,)),)
+
+
+def _synthesize_groups(args: argparse.Namespace) -> int:
+    """``--ranks``: one group, written as ``-o`` says; ``--parallel``: a library per kind and class under ``-o DIR``."""
+    if args.parallel is not None:
+        if args.ranks is not None:
+            raise ArgumentError("--parallel", "ranks", "--ranks with --parallel", "one of them")
+        if args.xml is not None or args.output.endswith((".json", ".xml")):
+            raise ArgumentError(
+                args.output, "-o", "--parallel writes a folder of libraries", "-o DIR (no --xml; then export-msccl)"
+            )
+        args.sizes = args.sizes or DEFAULT_GROUP_SIZES
+        xml_limits = None
+    else:
+        xml_limits = _check_outputs(args)
+    if args.sketch is not None:
+        raise ArgumentError(args.sketch, "--sketch", "a sketch with process groups", "no --sketch (derived per group)")
+    topology = topology_from_args(args, nodes=None if args.cluster is not None else (args.nodes or 1))
+    placement = None if args.placement is None else read_placement(args.placement, topology.num_ranks)
+    machine = args.topology if args.cluster is None else topology.name
+    outcomes = [
+        (kind, outcome)
+        for kind in _group_kinds(args, topology)
+        for outcome in synthesize_groups(
+            topology, args.collective, kind, placement=placement, machine=machine, **_synthesis_options(args)
+        )
+    ]
+    for kind, outcome in outcomes:  # everything is synthesized before the first file is written
+        if args.parallel is None:
+            _write_result(args, replace(outcome.result, library=outcome.library), xml_limits)
+        else:
+            folder = Path(args.output) / group_folder_name(outcome.record)
+            folder.mkdir(parents=True, exist_ok=True)
+            library = replace(
+                outcome.library,
+                provenance=replace(outcome.library.provenance, command=shlex.join(["taccl", *args.argv])),
+            )
+            write_library(library, folder / f"{outcome.result.collective.value}.library.json", progress=_stderr)
+        _stderr(format_budget_line(outcome.result, args.time_limit))
+        print(
+            f"{kind.kind} groups of {kind.size}: {len(outcome.record.groups)} alike, members "
+            f"{','.join(map(str, outcome.record.members))}, run all at once"
+        )
+        _print_result(outcome.result, outcome.topology)
     return 0
 
 
@@ -297,6 +372,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "-o", "--output", required=True, metavar="OUT", help="algorithm .json/.xml, or the library .json with --sizes"
     )
     parser.add_argument("--xml", metavar="OUT.xml", help="also write the algorithm as MSCCL-IR XML")
+    groups = parser.add_mutually_exclusive_group()
+    groups.add_argument(
+        "--ranks",
+        metavar="R,R,...",
+        help="synthesize for one process group of these global ranks (node-major, as torchrun places them); "
+        "the other GPUs stay idle",
+    )
+    groups.add_argument(
+        "--parallel",
+        metavar="tp=T,dp=D[,pp=P]",
+        help="write into the folder -o a library per kind of Megatron-style group (tp fastest, then dp, pp), each "
+        f"synthesized with every group of its kind running at once (sizes default {DEFAULT_GROUP_SIZES})",
+    )
+    parser.add_argument(
+        "--placement",
+        metavar="FILE",
+        help="a taccl-placement/1 file: the topology GPU of each global rank (default node-major)",
+    )
     parser.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

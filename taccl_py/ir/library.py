@@ -19,6 +19,11 @@ The optional ``cluster`` object names the cluster the library was made for: its 
 (``taccl_py.topology.fingerprint.cluster_fingerprint``), every node's signature in rank order and
 its description. A library without one (every shipped library) was made for the built-in topology
 it names, at its node count; ``library_cluster_fingerprint`` works that out when asked.
+The optional ``group`` object says the library runs on a process group of that machine set, not
+on all of it: ``{"kind": "dp", "world_size": 32, "members": [0, 8, 16, 24], "groups": [[0, 8, 16,
+24], [1, 9, 17, 25], ...]}``. ``members`` are the global ranks (torchrun's, node-major) of the group
+it was synthesized for, in group-rank order; ``groups`` every group of its kind it serves (same
+placement class), all of which were modelled as running at once; ``num_ranks`` is then the group's size.
 Shipped libraries live in ``algorithms/<topology>/n<nodes>/<collective>.library.json`` of the
 source tree and inside the wheel as package data (``shipped_library_dir``).
 """
@@ -44,6 +49,7 @@ from taccl_py.ir.provenance import typed_field as _typed
 
 __all__ = [
     "ClusterRecord",
+    "GroupRecord",
     "LIBRARY_SCHEMA",
     "NATIVE_ALGORITHM",
     "SHIPPED_PACKAGE",
@@ -104,10 +110,29 @@ class ClusterRecord:
 
 
 @dataclass(frozen=True)
+class GroupRecord:
+    """The process groups a library serves: their kind, the job's rank count and each group's global ranks.
+
+    ``members`` is the group it was synthesized for; ``groups`` holds it and the other groups of
+    ``kind`` with the same placement, modelled as running at once.
+    """
+
+    kind: str
+    world_size: int
+    members: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+    def serves(self, ranks: Sequence[int]) -> bool:
+        """Return True when ``ranks`` (global, in group-rank order) are one of the groups this library serves."""
+        return tuple(ranks) in self.groups
+
+
+@dataclass(frozen=True)
 class AlgorithmLibrary:
     """Algorithms for one topology, node count and collective, by size band.
 
     ``cluster`` None: made for the built-in topology ``topology`` at ``nodes`` nodes (as far as known).
+    ``group`` None: runs on all of its ranks; else on the process groups it names.
     """
 
     topology: str
@@ -117,6 +142,7 @@ class AlgorithmLibrary:
     bands: tuple[SizeBand, ...]
     provenance: Provenance | None = None
     cluster: ClusterRecord | None = None
+    group: GroupRecord | None = None
 
     def select(self, size_bytes: int) -> Algorithm | None:
         """Return the algorithm of the band covering ``size_bytes``; None: no band, or a native one."""
@@ -149,6 +175,32 @@ def _cluster_from_json(obj: Any, source: str) -> ClusterRecord | None:
     if not isinstance(description, str):
         raise FormatError(source, "cluster.description", f"{description!r}", "a string")
     return ClusterRecord(fingerprint, tuple(nodes), description)
+
+
+def _rank_list(obj: Any, source: str, where: str, world_size: int) -> tuple[int, ...]:
+    if not isinstance(obj, list) or not obj or not all(isinstance(r, int) and 0 <= r < world_size for r in obj):
+        raise FormatError(source, where, f"{obj!r}", f"a non-empty list of global ranks in 0..{world_size - 1}")
+    if len(set(obj)) != len(obj):
+        raise FormatError(source, where, f"{obj!r} repeats a rank", "each rank once")
+    return tuple(obj)
+
+
+def _group_from_json(obj: Any, source: str, num_ranks: int) -> GroupRecord | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise FormatError(source, "group", f"{obj!r}", "an object with kind, world_size, members and groups")
+    kind = _typed(obj, "kind", (str,), source, "group", "a group kind such as 'tp' or 'dp'")
+    world_size = _count(obj, "world_size", source, "group", num_ranks)
+    members = _rank_list(obj.get("members"), source, "group.members", world_size)
+    groups = _typed(obj, "groups", (list,), source, "group", "a list of rank lists")
+    served = tuple(_rank_list(group, source, f"group.groups[{i}]", world_size) for i, group in enumerate(groups))
+    for where, ranks in (("group.members", members), *((f"group.groups[{i}]", g) for i, g in enumerate(served))):
+        if len(ranks) != num_ranks:
+            raise FormatError(source, where, f"{len(ranks)} ranks", f"num_ranks ({num_ranks})")
+    if members not in served:
+        raise FormatError(source, "group.groups", f"does not hold members {list(members)}", "the members among them")
+    return GroupRecord(kind, world_size, members, served)
 
 
 def _band_from_json(obj: Any, source: str, where: str, base_dir: Path | Traversable) -> SizeBand:
@@ -203,16 +255,19 @@ def parse_library(text: str, source: str, base_dir: Path | Traversable) -> Algor
         raise FormatError(source, "collective", f"unknown value {name!r}", f"one of {allowed}") from None
     bands = _typed(obj, "bands", (list,), source, "", "a list of band objects")
     nodes = _count(obj, "nodes", source, "", 1)
+    num_ranks = _count(obj, "num_ranks", source, "", 1)
+    group = _group_from_json(obj.get("group"), source, num_ranks)
     if cluster is not None and len(cluster.nodes) != nodes:
         raise FormatError(source, "cluster.nodes", f"{len(cluster.nodes)} signatures", f"one per node ({nodes})")
     return AlgorithmLibrary(
         _typed(obj, "topology", (str,), source, "", "a topology name"),
         nodes,
         collective,
-        _count(obj, "num_ranks", source, "", 1),
+        num_ranks,
         tuple(_band_from_json(band, source, f"bands[{i}]", base_dir) for i, band in enumerate(bands)),
         provenance,
         cluster,
+        group,
     )
 
 
@@ -303,6 +358,13 @@ def generate_library(library: AlgorithmLibrary) -> str:
             "fingerprint": library.cluster.fingerprint,
             "nodes": list(library.cluster.nodes),
             "description": library.cluster.description,
+        }
+    if library.group is not None:
+        obj["group"] = {
+            "kind": library.group.kind,
+            "world_size": library.group.world_size,
+            "members": list(library.group.members),
+            "groups": [list(group) for group in library.group.groups],
         }
     if library.provenance is not None:
         obj["provenance"] = provenance_to_json(library.provenance)

@@ -224,13 +224,14 @@ def hierarchical_routing(
 ) -> Routing | None:
     """Return hierarchical routes over ``graph`` (bytes per chunk and per piece), or None where they do not apply.
 
-    None for one machine, or network links that leave a machine unreachable for some chunk.
+    None for one machine, one GPU per machine (nothing to route inside one), or network links
+    that leave a machine unreachable for some chunk.
     Each kind of machine's design MILP runs within ``options``' budgets and what is left of
     ``time_limit_s`` (s); the first status short of optimal is the result's ``solve_status``.
     ``progress`` gets a line before each design and the MILPs' lines (``solve_model``).
     ``packings`` are ``machine_packings(graph)`` when the caller has them.
     """
-    if graph.num_ranks // graph.gpus_per_node < 2:
+    if graph.num_ranks // graph.gpus_per_node < 2 or graph.gpus_per_node < 2:
         return None
     nodes = graph.num_ranks // graph.gpus_per_node
     owners = machine_classes(graph)
