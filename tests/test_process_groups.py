@@ -15,7 +15,7 @@ from taccl_py.ir.library import GroupRecord, parse_library, read_library
 from taccl_py.placement.groups import group_topology, link_sharing, placement_classes
 from taccl_py.placement.parallel import parallel_groups, parse_parallel, parse_ranks, placed, read_placement
 from taccl_py.synth import write_library
-from taccl_py.synth.groups import group_topologies, synthesize_groups
+from taccl_py.synth.groups import group_topologies, record_topology, synthesize_groups
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import VertexKind, route
 
@@ -110,6 +110,7 @@ def test_group_library_round_trip_and_faults(tmp_path):
     library = outcome.library
     assert (library.topology, library.nodes, library.num_ranks) == ("ndv2", 1, 4)
     assert library.group == GroupRecord("tp", 8, (0, 1, 2, 3), ((0, 1, 2, 3), (4, 5, 6, 7)))
+    assert record_topology(topology, library.group).num_ranks == 4
     assert library.group.serves([4, 5, 6, 7]) and not library.group.serves([0, 2, 4, 6])
     path = tmp_path / "allgather.library.json"
     write_library(library, path)
@@ -147,6 +148,9 @@ def test_cli_parallel_writes_a_library_per_class(tmp_path, capsys):
         assert library.provenance.command.startswith("taccl synthesize")
         for band in library.bands:
             assert band.native or assert_valid_algorithm(band.algorithm)
+    capsys.readouterr()
+    assert main(["simulate", str(out / "dp-1" / "allreduce.library.json"), "--sizes", "1MB"]) == 0
+    assert "2 ranks on ndv2[dp 1,5]" in capsys.readouterr().out, "a group library runs on its group's part"
 
 
 def test_cli_ranks_one_group(tmp_path, capsys):

@@ -39,6 +39,7 @@ from taccl_py.simulate import (
 )
 from taccl_py.simulate.bands import BandRun, library_bound_label, simulate_library
 from taccl_py.simulate.plot import plot_format, plot_timeline
+from taccl_py.synth.groups import record_topology
 from taccl_py.topology.builtins import builtin_topology_name, builtin_topology_names
 from taccl_py.topology.model import Topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
@@ -145,7 +146,9 @@ def _library_source(args: argparse.Namespace) -> tuple[AlgorithmLibrary, Topolog
     to run it on; None when FILE is an algorithm or a plan.
 
     A machine name runs on that machine at ``--nodes`` (``--nic-down``, ``--nic-speed`` apply); a
-    library file on ``--topology``/``--cluster`` where given, else on the machine it names.
+    library file on ``--topology``/``--cluster`` where given, else on the machine it names. A
+    process group's library (``--parallel``, ``--ranks``) runs on its group's part of that machine
+    set, its links shared as when it was made.
     """
     source = str(args.file)
     machine = None if Path(source).exists() else builtin_topology_name(source)
@@ -166,14 +169,18 @@ def _library_source(args: argparse.Namespace) -> tuple[AlgorithmLibrary, Topolog
         fault, expected = f"{args.collective} for a library of {library.collective.value}", "no --collective"
         raise ArgumentError(source, "--collective", fault, expected)
     if chosen:
-        return library, topology_from_args(args)
+        return library, _group_part(library, topology_from_args(args))
     if builtin_topology_name(library.topology) is None:
         raise ArgumentError(source, "topology", f"{library.topology!r} is no built-in machine", "--topology for it")
     if args.nodes not in (1, library.nodes):
         expected = f"--nodes {library.nodes}, or --topology to run it elsewhere"
         raise ArgumentError(source, "--nodes", f"{args.nodes} for a library of {library.nodes} nodes", expected)
     named = argparse.Namespace(**{**vars(args), "topology": library.topology})
-    return library, topology_from_args(named, nodes=library.nodes)
+    return library, _group_part(library, topology_from_args(named, nodes=library.nodes))
+
+
+def _group_part(library: AlgorithmLibrary, topology: Topology) -> Topology:
+    return topology if library.group is None else record_topology(topology, library.group)
 
 
 def _library_record(library: AlgorithmLibrary, run: BandRun, nccl: Any) -> dict[str, Any]:

@@ -21,9 +21,10 @@ its description. A library without one (every shipped library) was made for the 
 it names, at its node count; ``library_cluster_fingerprint`` works that out when asked.
 The optional ``group`` object says the library runs on a process group of that machine set, not
 on all of it: ``{"kind": "dp", "world_size": 32, "members": [0, 8, 16, 24], "groups": [[0, 8, 16,
-24], [1, 9, 17, 25], ...]}``. ``members`` are the global ranks (torchrun's, node-major) of the group
-it was synthesized for, in group-rank order; ``groups`` every group of its kind it serves (same
-placement class), all of which were modelled as running at once; ``num_ranks`` is then the group's size.
+24], [1, 9, 17, 25], ...], "concurrent": [...]}``. ``members`` are the global ranks (torchrun's,
+node-major) of the group it was synthesized for, in group-rank order; ``groups`` every group of
+its kind it serves (same placement class); ``concurrent`` every group of its kind, all modelled as
+running at once (default ``groups``); ``num_ranks`` is then the group's size.
 Shipped libraries live in ``algorithms/<topology>/n<nodes>/<collective>.library.json`` of the
 source tree and inside the wheel as package data (``shipped_library_dir``).
 """
@@ -114,13 +115,19 @@ class GroupRecord:
     """The process groups a library serves: their kind, the job's rank count and each group's global ranks.
 
     ``members`` is the group it was synthesized for; ``groups`` holds it and the other groups of
-    ``kind`` with the same placement, modelled as running at once.
+    ``kind`` with the same placement; ``concurrent`` every group of ``kind`` (default ``groups``),
+    modelled as running at once and sharing links.
     """
 
     kind: str
     world_size: int
     members: tuple[int, ...]
     groups: tuple[tuple[int, ...], ...]
+    concurrent: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.concurrent:
+            object.__setattr__(self, "concurrent", self.groups)
 
     def serves(self, ranks: Sequence[int]) -> bool:
         """Return True when ``ranks`` (global, in group-rank order) are one of the groups this library serves."""
@@ -200,7 +207,13 @@ def _group_from_json(obj: Any, source: str, num_ranks: int) -> GroupRecord | Non
             raise FormatError(source, where, f"{len(ranks)} ranks", f"num_ranks ({num_ranks})")
     if members not in served:
         raise FormatError(source, "group.groups", f"does not hold members {list(members)}", "the members among them")
-    return GroupRecord(kind, world_size, members, served)
+    running = _typed(obj, "concurrent", (list, type(None)), source, "group", "a list of rank lists") or []
+    concurrent = tuple(
+        _rank_list(group, source, f"group.concurrent[{i}]", world_size) for i, group in enumerate(running)
+    )
+    if concurrent and not set(served) <= set(concurrent):
+        raise FormatError(source, "group.concurrent", "misses some of groups", "every served group among them")
+    return GroupRecord(kind, world_size, members, served, concurrent)
 
 
 def _band_from_json(obj: Any, source: str, where: str, base_dir: Path | Traversable) -> SizeBand:
@@ -365,6 +378,7 @@ def generate_library(library: AlgorithmLibrary) -> str:
             "world_size": library.group.world_size,
             "members": list(library.group.members),
             "groups": [list(group) for group in library.group.groups],
+            "concurrent": [list(group) for group in library.group.concurrent],
         }
     if library.provenance is not None:
         obj["provenance"] = provenance_to_json(library.provenance)
