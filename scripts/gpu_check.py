@@ -19,8 +19,11 @@ integers so that every order of reduction gives the same bits:
    ``reduce_scatter``, ``all_to_all``), two calls coalesced in ``_coalescing_manager``, and an
    async mix of routed and delegated calls; then a table of the group's routed / delegated counters
    (a call the library has an algorithm for must have been routed, and no other);
-4. times in the nccl-tests format (algbw, busbw) of our Communicator and of NCCL, alternated;
-5. training (CUDA only): a DDP step with the hook and with the ``taccl`` backend, and an FSDP2
+4. overlap (CUDA only): compute issued after an async all_reduce on the ``taccl`` group must start
+   before the all_reduce ends (routed calls run on the group's internal stream), timed with CUDA
+   events against the same steps serialized; a BENCHMARKS line sums it up;
+5. times in the nccl-tests format (algbw, busbw) of our Communicator and of NCCL, alternated;
+6. training (CUDA only): a DDP step with the hook and with the ``taccl`` backend, and an FSDP2
    step on the ``taccl`` backend, against default DDP on NCCL: the largest parameter difference.
 
 The reference is the same collective on a plain NCCL group (gloo with ``--device cpu``); avg is
@@ -53,6 +56,7 @@ from ddp_example import make_model, ring_library  # noqa: E402
 from gpu_check_backend import check_backend  # noqa: E402
 from gpu_check_cases import MAX_CHECK_BYTES  # noqa: E402
 from gpu_check_exact import check_algorithms, check_communicator, check_graphs  # noqa: E402
+from gpu_check_overlap import check_overlap, overlap_lines  # noqa: E402
 from gpu_check_report import all_exact, merge_ranks, report_lines, routing_lines, summarize  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
@@ -67,7 +71,7 @@ from taccl_py.runtime.transports.torch_dist import TorchDistTransport  # noqa: E
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology  # noqa: E402
 
 #: The parts ``--parts`` picks from, in the order they run.
-PARTS = ("executor", "communicator", "backend", "times", "training")
+PARTS = ("executor", "communicator", "backend", "overlap", "times", "training")
 #: nccl-tests' bus-bandwidth factor per collective, for n ranks.
 BUS_FACTOR = MappingProxyType(
     {
@@ -185,7 +189,9 @@ def _full(parameter: torch.Tensor) -> torch.Tensor:
     return parameter.full_tensor().detach() if hasattr(parameter, "full_tensor") else parameter.detach()
 
 
-def print_report(header: str, outcomes: list, routing: list, times: list, training: dict, notes: list) -> bool:
+def print_report(
+    header: str, outcomes: list, routing: list, times: list, training: dict, notes: list, overlap: list
+) -> bool:
     """Print the tables on rank 0 (Markdown); return True when everything agreed."""
     print(header)
     print("\n## exactness against the reference group's own collective\n")
@@ -197,6 +203,11 @@ def print_report(header: str, outcomes: list, routing: list, times: list, traini
         print("\n## taccl backend: calls routed to our algorithms (every rank)\n")
         print("\n".join(lines))
         ok = ok and routed_ok
+    if overlap:
+        lines, overlaps = overlap_lines(overlap, int(os.environ["WORLD_SIZE"]))
+        print("\n## overlap: compute after an async all_reduce on the taccl group (medians, ms after the issue)\n")
+        print("\n".join(lines))
+        ok = ok and overlaps
     if times:
         world = int(os.environ["WORLD_SIZE"])
         print("\n## times: median of the slowest rank; algbw = size / time, busbw as nccl-tests\n")
@@ -263,6 +274,7 @@ class Findings:
     times: list = field(default_factory=list)
     training: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    overlap: list = field(default_factory=list)  # every rank's OverlapTimes, on rank 0
 
 
 def run_parts(parts: Sequence[str], args: argparse.Namespace, device: torch.device, library: list) -> Findings:
@@ -287,12 +299,22 @@ def run_parts(parts: Sequence[str], args: argparse.Namespace, device: torch.devi
         outcomes, counts = check_backend(choices, rank, device, reference)
         found.outcomes += outcomes
         found.routing = _gather(counts, rank, world, reference)
+    if "overlap" in parts and cuda:
+        sizes = [int(s) for s in args.sizes.split(",")]
+        found.overlap = [
+            t
+            for times in _gather(check_overlap(choices, sizes, device, reference), rank, world, reference)
+            for t in times
+        ]
+        if not found.overlap and rank == 0:
+            found.notes.append("skipped: the overlap check: the library routes no all_reduce size it tries")
     if "times" in parts:
         found.times = time_collectives(comm, choices, [int(s) for s in args.sizes.split(",")], args.iters)
     if "training" in parts and cuda:
         found.training = train_step_check(rank, device, library, reference)
     if not cuda:
         found.notes.append("skipped: side streams, CUDA graphs, the CuPy transport and training: they need CUDA")
+        found.notes.append("skipped: the overlap check: it needs CUDA")
     if any(c.algorithm is not None and c.min_bytes > MAX_CHECK_BYTES for c in choices.candidates):
         found.notes.append(f"skipped: bands that start above {MAX_CHECK_BYTES} B, the check's largest call")
     found.outcomes = _gather(found.outcomes, rank, world, reference)
@@ -324,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rank == 0:
         header = _header(args, world, device.type == "cuda")
         merged = merge_ranks(found.outcomes)
-        ok = print_report(header, merged, found.routing, found.times, found.training, found.notes)
+        ok = print_report(header, merged, found.routing, found.times, found.training, found.notes, found.overlap)
     verdict = torch.tensor([int(ok)], device=device)
     dist.broadcast(verdict, src=0)  # every rank exits alike
     dist.barrier()

@@ -66,7 +66,7 @@ def _blocked_routed_call(pg: Any, release: threading.Event) -> Any:
         pg.log.append("routed all_reduce")
         return [tensor]
 
-    return pg._submit(Collective.ALLREDUCE, job, tensor)
+    return pg._submit(Collective.ALLREDUCE, job, (tensor,))
 
 
 def test_a_delegated_collective_runs_after_the_routed_calls_issued_before_it(group: Any) -> None:
@@ -176,43 +176,6 @@ def test_a_communicator_call_during_cuda_graph_capture_is_one_clear_error(monkey
     with pytest.raises(ArgumentError, match="all_reduce: called while this thread captures a CUDA graph"):
         check_tensors("all_reduce", tensor, tensor, torch.device("cuda", 0), "torch-nccl")
     check_tensors("all_reduce", tensor, tensor, torch.device("cpu"), "torch-gloo")  # CPU: nothing captured
-
-
-def test_on_a_gpu_a_routed_call_runs_now_after_the_inner_backends_latest_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU branch of IssueOrder with stand-ins for the CUDA pieces (no GPU here): who waits for what."""
-    from taccl_py.runtime.backend import issue_order
-
-    log: list[Any] = []
-
-    class Stream:
-        def wait_event(self, event: str) -> None:
-            log.append(("stream waits for", event))
-
-    stream = Stream()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(issue_order, "StreamWork", lambda outputs, on: ("StreamWork", outputs, on))
-    monkeypatch.setattr(issue_order, "_event_after", lambda work, device: f"event after {work}")
-    order = issue_order.IssueOrder("test-gpu-order", routes=True)
-    try:
-        cuda_tensor = type("CudaTensor", (), {"device": torch.device("cuda", 0)})()
-        work = order.inner(lambda *args: "broadcast work", "broadcast", torch.device("cuda", 0), (), {})
-        assert work == "broadcast work" and log == []  # the inner call went out at once
-
-        def job() -> list:
-            log.append(("job runs; nested calls go to the inner backend", order.in_routed_call()))
-            return ["output"]
-
-        assert order.routed(job, cuda_tensor) == ("StreamWork", ["output"], stream)
-        assert log == [
-            ("stream waits for", "event after broadcast work"),
-            ("job runs; nested calls go to the inner backend", True),
-        ]
-        assert not order.in_routed_call() and order.worker.idle()  # on this thread, not the worker
-        order.routed(job, cuda_tensor)
-        assert len(log) == 3  # no inner call since: nothing to wait for
-    finally:
-        order.close()
 
 
 def test_a_routed_work_on_a_gpu_waits_on_the_stream_not_the_host() -> None:

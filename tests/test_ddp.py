@@ -324,25 +324,17 @@ def test_ordered_worker_runs_a_job_inside_its_context() -> None:
     ]
 
 
-def test_stream_helpers_leave_cpu_work_alone() -> None:
-    from taccl_py.runtime.backend.ordered_worker import caller_stream, on_stream, wait_for_stream
-
-    assert caller_stream(torch.ones(3)) is None
-    with on_stream(None):
-        wait_for_stream(None)
-
-
 def test_a_job_runs_on_the_stream_its_caller_was_on() -> None:
     """The worker thread's own current stream is the default one; the job must see the caller's."""
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: CUDA streams need a GPU")
-    from taccl_py.runtime.backend.ordered_worker import OrderedWorker, caller_stream, on_stream
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     side = torch.cuda.Stream()
     worker = OrderedWorker("test-stream")
     with torch.cuda.stream(side):
-        captured = caller_stream(torch.ones(1, device="cuda"))
-        job_stream = worker.submit(torch.cuda.current_stream, on_stream(captured)).wait()
+        captured = torch.cuda.current_stream()
+        job_stream = worker.submit(torch.cuda.current_stream, torch.cuda.stream(captured)).wait()
     bare_stream = worker.submit(torch.cuda.current_stream).wait()
     worker.close()
     assert captured == side and job_stream == side
@@ -378,7 +370,7 @@ def test_a_job_result_is_set_inside_its_context() -> None:
 def test_a_cuda_job_future_orders_the_waiters_stream() -> None:
     if not torch.cuda.is_available():
         pytest.skip("CUDA not available: CUDA-aware futures need a GPU")
-    from taccl_py.runtime.backend.ordered_worker import OrderedWorker, on_stream
+    from taccl_py.runtime.backend.ordered_worker import OrderedWorker
 
     side, device = torch.cuda.Stream(), torch.device("cuda", torch.cuda.current_device())
     out = torch.zeros(1 << 20, device=device)
@@ -389,7 +381,7 @@ def test_a_cuda_job_future_orders_the_waiters_stream() -> None:
         return out.fill_(7.0)
 
     worker = OrderedWorker("test-cuda-future")
-    result = worker.submit(slow_fill, on_stream(side), [device]).wait().clone()  # on the default stream
+    result = worker.submit(slow_fill, torch.cuda.stream(side), [device]).wait().clone()  # on the default stream
     worker.close()
     assert bool((result == 7.0).all())
 

@@ -162,6 +162,24 @@ def test_routing_table_fails_a_routed_call_that_fell_back() -> None:
     assert not ok and lines[2].endswith("| NOT AS EXPECTED on ranks [1] |")
 
 
+def test_the_overlap_check_picks_the_largest_routed_size_and_fails_a_serialized_rank(ndv2: Any) -> None:
+    import gpu_check_overlap as overlap
+
+    assert overlap.overlap_size_bytes(ndv2, [1048576]) == cases.MAX_CHECK_BYTES
+    found = dict(size_bytes=2**26, all_reduce_ms=9.0, compute_ms=9.0, serialized_ms=18.0, routed=True)
+    fine = overlap.OverlapTimes(0, overlapped_ms=9.5, compute_start_ms=0.1, all_reduce_end_ms=9.0, **found)
+    late = overlap.OverlapTimes(1, overlapped_ms=18.0, compute_start_ms=9.0, all_reduce_end_ms=9.0, **found)
+    lines, ok = overlap.overlap_lines([fine], 2)
+    assert ok and lines[2].endswith("| overlaps |") and "ended at 9.00 ms" in lines[-1] and "overlaps" in lines[-1]
+    lines, ok = overlap.overlap_lines([fine, late], 2)
+    assert not ok and lines[3].endswith("| SERIAL |") and "(worst rank 1): DOES NOT OVERLAP" in lines[-1]
+    unrouted = overlap.OverlapTimes(
+        0, overlapped_ms=9.5, compute_start_ms=0.1, all_reduce_end_ms=9.0, **found | {"routed": False}
+    )
+    lines, ok = overlap.overlap_lines([unrouted], 2)
+    assert not ok and lines[2].endswith("| NOT ROUTED |")
+
+
 def test_help_says_what_the_check_covers(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:
         gpu_check.main(["--help"])
@@ -273,3 +291,4 @@ def test_gpu_check_agrees_with_nccl_on_a_shared_gpu() -> None:
     assert done.returncode == 0, report[-4000:]
     _assert_covers_everything(done.stdout)
     assert "Executor.run, CUDA graph" in done.stdout and "## training" in done.stdout
+    assert "## overlap" in done.stdout and "ms serialized (worst rank" in done.stdout

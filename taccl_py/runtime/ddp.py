@@ -9,14 +9,19 @@
 
 How it works: DDP calls :func:`allreduce_hook` once per gradient bucket, in bucket order, from the
 autograd thread. The hook divides the bucket's flat buffer by the world size (first, as torch's
-own ``allreduce_hook`` does, so fp16 sums cannot overflow) and queues its all-reduce on the state's
-:class:`~taccl_py.runtime.backend.ordered_worker.OrderedWorker`; the returned future completes when the
-worker is done, so communication overlaps the rest of backward. Any bucket layout works: the
-Communicator takes a buffer of any length and any of float32, float16, bfloat16 and float64, and
-buckets are served strictly in launch order, which is the same on every rank.
+own ``allreduce_hook`` does, so fp16 sums cannot overflow) and all-reduces it through the state's
+:class:`~taccl_py.runtime.backend.issue_order.IssueOrder`, as the ``taccl`` process group issues
+its routed calls. A GPU bucket is issued on the autograd thread, on the state's internal CUDA
+stream after the autograd stream's work, and the hook returns the Work's CUDA-aware future
+(``Work.get_future()``, as ProcessGroupNCCL's hooks do): DDP's wait orders its stream after the
+all-reduce and the host never waits, so communication overlaps the rest of backward. A CPU bucket
+is a job on the state's :class:`~taccl_py.runtime.backend.ordered_worker.OrderedWorker` thread,
+whose future completes when the job ran. Any bucket layout works: the Communicator takes a
+buffer of any length and any of float32, float16, bfloat16 and float64, and buckets are served
+strictly in launch order, which is the same on every rank.
 
 Which process group: by default :func:`register` creates a dedicated group (``dist.new_group``
-over the DDP group's ranks) for the Communicator. The worker thread talks on it while the
+over the DDP group's ranks) for the Communicator. The worker thread (CPU) talks on it while the
 autograd thread may issue DDP's own collectives (the unused-parameter map, buffer broadcasts) on the
 DDP group; on one shared group the two threads' messages could pair up in a different order on
 different ranks. A Communicator passed in must likewise be the only user of its group. Buckets
@@ -37,7 +42,8 @@ import torch.distributed as dist
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.backend.ordered_worker import CLOSE_TIMEOUT_S, OrderedWorker, caller_stream
+from taccl_py.runtime.backend.issue_order import IssueOrder
+from taccl_py.runtime.backend.ordered_worker import CLOSE_TIMEOUT_S
 from taccl_py.runtime.backend.work import BackendTransport
 from taccl_py.runtime.communicator import Communicator
 
@@ -52,15 +58,16 @@ _SOURCE = "taccl_py.runtime.ddp"
 
 
 class HookState:
-    """Hold the Communicator and the worker thread that serve one DDP model's buckets.
+    """Hold the Communicator, the worker thread (CPU) and the internal stream (GPU) that serve one DDP model's buckets.
 
     Parameters
     ----------
     communicator : Communicator
         Runs the all-reduces; it must be the only user of its process group (see the module notes).
     background : bool, default True
-        Serve buckets on a background thread so they overlap backward. ``False`` all-reduces each
-        bucket on the calling thread before the hook returns (no overlap; useful to debug).
+        Let buckets overlap backward: CPU buckets on a background thread, GPU buckets on an
+        internal CUDA stream. ``False`` all-reduces each bucket on the calling thread and its
+        stream before the hook returns (no overlap; useful to debug).
     owned_group : ProcessGroup or None
         A group this state created for ``communicator`` and destroys in :meth:`close`.
     native_group : ProcessGroup or None
@@ -82,7 +89,7 @@ class HookState:
         "buckets_reduced",
         "buckets_native",
         "native_group",
-        "_worker",
+        "_order",
         "_owned_group",
     )
 
@@ -98,7 +105,7 @@ class HookState:
         self.buckets_native = 0
         self.native_group = native_group
         self._owned_group = owned_group
-        self._worker = OrderedWorker(f"taccl-ddp-rank{communicator.rank}") if self.background else None
+        self._order = IssueOrder(f"taccl-ddp-rank{communicator.rank}", routes=True) if self.background else None
 
     def __reduce__(self) -> Any:
         raise TypeError(f"{type(self).__name__}: owns a thread and a communicator and cannot be pickled")
@@ -110,7 +117,7 @@ class HookState:
         self.close()
 
     def average_async(self, tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-        """Return a Future of ``tensor`` averaged over the ranks, in place (on the worker if any).
+        """Return a Future of ``tensor`` averaged over the ranks, in place (GPU: CUDA-aware; CPU: from the worker).
 
         Raises
         ------
@@ -126,9 +133,9 @@ class HookState:
             work = dist.all_reduce(tensor, group=self.native_group, async_op=True)
             return work.get_future().then(lambda done: done.value()[0])
         job = partial(_average_in_place, self, tensor)
-        if self._worker is not None:
-            # DDP uses the bucket once the future completes, on the stream it called the hook from
-            return self._worker.submit_on(job, caller_stream(tensor))
+        if self._order is not None:
+            # GPU: issued now on the internal stream; DDP's wait orders its own stream after it
+            return self._order.routed(job, (tensor,)).get_future()
         future: torch.futures.Future = torch.futures.Future()
         future.set_result(job())
         return future
@@ -140,8 +147,8 @@ class HookState:
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Finish the queued buckets, stop the worker and destroy the group this state created."""
-        if self._worker is not None:
-            self._worker.close(timeout_s)
+        if self._order is not None:
+            self._order.worker.close(timeout_s)
         if self._owned_group is not None:
             group, self._owned_group = self._owned_group, None
             if dist.is_initialized():
@@ -174,13 +181,17 @@ def allreduce_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.F
     Returns
     -------
     torch.futures.Future
-        Completes with the averaged buffer; holds a :class:`~taccl_py.errors.TransportError`
-        instead when the collective failed (DDP raises it from ``backward``).
+        Completes with the averaged buffer. CPU: holds a :class:`~taccl_py.errors.TransportError`
+        instead when the collective failed (DDP raises it from ``backward``). GPU: CUDA-aware and
+        complete at once, as ProcessGroupNCCL's are; its waiter's stream waits for the all-reduce,
+        and a collective that fails while issued raises from the hook (from ``backward``).
 
     Raises
     ------
     ArgumentError
         If the bucket's dtype is not a floating-point gradient dtype.
+    TransportError
+        GPU: if the all-reduce fails while it is issued.
     """
     return state.average_async(bucket.buffer())
 
@@ -208,7 +219,7 @@ def register(
         Passed to :class:`Communicator` when ``communicator`` is None (a topology name, library
         file, Algorithm, ...); None runs torch's own all-reduce for every bucket, on DDP's group.
     background : bool, default True
-        Serve buckets on a worker thread that overlaps backward (see :class:`HookState`).
+        Let buckets overlap backward (see :class:`HookState`).
     calibration : bool, None, str or PathLike
         For the Communicator made when ``communicator`` is None: None or True (default) measures
         on the first bucket as the Communicator does by default, False never; a calibration file

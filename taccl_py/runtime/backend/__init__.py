@@ -21,9 +21,13 @@ against gloo (seen with DTensor's ``full_tensor``). The inner backend's Python b
 
 Threads and ordering: the group runs its calls in the order they were issued, routed and
 delegated alike, as ProcessGroupNCCL does (see :mod:`taccl_py.runtime.backend.issue_order`). On a GPU a
-routed collective is issued on the calling thread's current stream and its Work's ``wait`` makes
-the waiter's stream wait, not the host; on CPU it is queued on the group's worker thread, so DDP's
-bucket all-reduces overlap backward, and delegated collectives queue behind it. A call made while
+routed collective is issued by the calling thread on the group's internal stream (one per device,
+as ProcessGroupNCCL has), which first waits for the caller's current stream; its tensors are
+marked used on that stream (``record_stream``), and its Work's ``wait`` makes the waiter's stream
+wait, not the host, so compute issued after an async collective overlaps it. Delegated NCCL calls
+are issued with the internal stream current, so they run after the routed calls issued before
+them. On CPU a routed collective is queued on the group's worker thread, so DDP's bucket
+all-reduces overlap backward, and delegated collectives queue behind it. A call made while
 the thread captures a CUDA graph runs on the inner NCCL backend, whose calls can be captured. A
 routed call's messages travel on a second backend of the same kind (its own store prefix and
 connections), so they never pair up with the inner backend's collectives or with user

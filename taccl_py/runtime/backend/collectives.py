@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
 
 from taccl_py.ir.collectives import Collective
-from taccl_py.runtime.backend.work import FutureWork, StreamWork
+from taccl_py.runtime.backend.issue_order import IssueOrder
+from taccl_py.runtime.backend.work import FutureWork
 from taccl_py.runtime.communicator import Communicator
 
 __all__ = ["CollectiveEntryPoints"]
@@ -70,13 +71,15 @@ class CollectiveEntryPoints:
 
     A base of :class:`~taccl_py.runtime.backend.group.TacclProcessGroup` (before
     ``dist.ProcessGroup``, so that its methods are the ones torch finds), which provides
-    ``_communicator`` (the Communicator that runs a call, or None), ``_submit`` (queue a routed
-    job), ``_delegate`` (run on the inner backend, counted), ``_call_inner`` (run on the inner
-    backend after the routed calls before it), ``_log_split_sizes`` and ``size``.
+    ``_communicator`` (the Communicator that runs a call, or None), ``_submit`` (issue a routed
+    job on the tensors it reads and writes), ``_order`` (the group's IssueOrder), ``_delegate``
+    (run on the inner backend, counted), ``_call_inner`` (run on the inner backend after the
+    routed calls before it), ``_log_split_sizes`` and ``size``.
     """
 
     _communicator: Callable[..., Communicator | None]
     _submit: Callable[..., Any]
+    _order: IssueOrder
     _delegate: Callable[..., Any]
     _call_inner: Callable[..., Any]
     _log_split_sizes: Callable[[torch.Tensor], None]
@@ -92,7 +95,7 @@ class CollectiveEntryPoints:
         communicator = self._communicator(Collective.ALLREDUCE, (tensor,), _nbytes(tensor)) if routable else None
         if communicator is None:
             return self._delegate(Collective.ALLREDUCE, "allreduce", tensor, tensors, opts)
-        return self._submit(Collective.ALLREDUCE, partial(_all_reduce, communicator, tensor, op), tensor)
+        return self._submit(Collective.ALLREDUCE, partial(_all_reduce, communicator, tensor, op), (tensor,))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """Gather every rank's ``input`` into ``output`` (rank-major); return the Work."""
@@ -101,7 +104,7 @@ class CollectiveEntryPoints:
             return self._delegate(
                 Collective.ALLGATHER, "_allgather_base", input, output, input, opts or AllgatherOptions()
             )
-        return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input), output)
+        return self._submit(Collective.ALLGATHER, partial(_all_gather, communicator, output, input), (output, input))
 
     _allgather_base = all_gather_single
 
@@ -122,7 +125,9 @@ class CollectiveEntryPoints:
         )
         if communicator is None:
             return self._delegate(Collective.ALLGATHER, "allgather", input, output_tensors, input_tensors, opts)
-        return self._submit(Collective.ALLGATHER, partial(_all_gather_list, communicator, outputs, input), input)
+        return self._submit(
+            Collective.ALLGATHER, partial(_all_gather_list, communicator, outputs, input), (input, *outputs)
+        )
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         """Reduce ``input`` over ranks and keep this rank's block in ``output``; return the Work."""
@@ -131,7 +136,9 @@ class CollectiveEntryPoints:
         communicator = self._communicator(Collective.REDUCESCATTER, (output, input), _nbytes(input)) if op else None
         if communicator is None:
             return self._delegate(Collective.REDUCESCATTER, "_reduce_scatter_base", input, output, input, opts)
-        return self._submit(Collective.REDUCESCATTER, partial(_reduce_scatter, communicator, output, input, op), output)
+        return self._submit(
+            Collective.REDUCESCATTER, partial(_reduce_scatter, communicator, output, input, op), (output, input)
+        )
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -165,7 +172,7 @@ class CollectiveEntryPoints:
             return self._delegate(
                 Collective.ALLTOALL, "alltoall_base", input, output, input, output_split_sizes, input_split_sizes, opts
             )
-        return self._submit(Collective.ALLTOALL, partial(_all_to_all, communicator, output, input), output)
+        return self._submit(Collective.ALLTOALL, partial(_all_to_all, communicator, output, input), (output, input))
 
     all_to_all_single = alltoall_base
 
@@ -190,7 +197,9 @@ class CollectiveEntryPoints:
             tensor = first if first is not None else torch.empty(0)
             return self._delegate(Collective.ALLTOALL, "alltoall", tensor, output_tensors, input_tensors, opts)
         return self._submit(
-            Collective.ALLTOALL, partial(_all_to_all_list, communicator, output_tensors, input_tensors), first
+            Collective.ALLTOALL,
+            partial(_all_to_all_list, communicator, output_tensors, input_tensors),
+            (*output_tensors, *input_tensors),
         )
 
     def all_gather_single_coalesced(
@@ -201,7 +210,8 @@ class CollectiveEntryPoints:
         What functional collectives (``all_gather_tensor``, DTensor) call.
         """
         opts = AllgatherOptions() if opts is None else opts
-        return _all_of([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs)
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _all_of(works, outputs, self._order)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -210,7 +220,8 @@ class CollectiveEntryPoints:
     ) -> Any:
         """Reduce-scatter each (output, input) pair as ``reduce_scatter_single`` does; return one Work for all."""
         opts = dist.ReduceScatterOptions() if opts is None else opts
-        return _all_of([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs)
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _all_of(works, outputs, self._order)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -249,18 +260,16 @@ class CollectiveEntryPoints:
                 Collective.REDUCESCATTER, "reduce_scatter", output, output_tensors, input_tensors, opts
             )
         return self._submit(
-            Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, inputs, op), output
+            Collective.REDUCESCATTER, partial(_reduce_scatter_list, communicator, output, inputs, op), (output, *inputs)
         )
 
 
-def _all_of(works: list[Any], outputs: list[torch.Tensor]) -> Any:
+def _all_of(works: list[Any], outputs: list[torch.Tensor], order: IssueOrder) -> Any:
     """Return one Work that completes when all ``works`` have; ``wait`` raises the first failure."""
     if len(works) == 1:
         return works[0]
-    if outputs[0].device.type == "cuda":
-        for work in works:  # each orders this thread's stream after it; the host goes on
-            work.wait()
-        return StreamWork(list(outputs), torch.cuda.current_stream(outputs[0].device))
+    if outputs[0].device.type == "cuda":  # the internal stream waits for each; the caller's stream goes on
+        return order.joined(works, list(outputs))
     done = torch.futures.collect_all([work.get_future() for work in works])
     return FutureWork(done.then(partial(_outputs_after, outputs)))
 

@@ -255,10 +255,12 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
                 collective.value,
             )
 
-    def _submit(self, collective: Collective, job: Callable[[], list[torch.Tensor]], tensor: torch.Tensor) -> Any:
-        """Run ``job`` for a routed call in the group's issue order; return its Work."""
+    def _submit(
+        self, collective: Collective, job: Callable[[], list[torch.Tensor]], tensors: tuple[torch.Tensor, ...]
+    ) -> Any:
+        """Run ``job``, a routed call on ``tensors`` (its inputs and outputs), in issue order; return its Work."""
         self.routed[collective.value] += 1
-        return self._order.routed(job, tensor)
+        return self._order.routed(job, tensors)
 
     def _delegate(self, collective: Collective, method: str, tensor: torch.Tensor, *args: Any) -> Any:
         self.delegated[collective.value] += 1

@@ -1,10 +1,12 @@
 """Run collectives on one background thread, in submission order, and hand back futures.
 
 The DDP hook (:mod:`taccl_py.runtime.ddp`) and the ``taccl`` process group
-(:mod:`taccl_py.runtime.backend`) both launch a collective from the autograd thread and must not
-wait for it there, or communication could not overlap the rest of backward. An
+(:mod:`taccl_py.runtime.backend`) both launch a CPU collective from the autograd thread and must
+not wait for it there, or communication could not overlap the rest of backward. An
 :class:`OrderedWorker` owns one daemon thread that takes submitted jobs first in, first out and
-completes each job's :class:`torch.futures.Future` with ``set_result`` or ``set_exception``.
+completes each job's :class:`torch.futures.Future` with ``set_result`` or ``set_exception``. (GPU
+collectives need no thread: they are issued on a CUDA stream of their own and the host goes on;
+see :mod:`taccl_py.runtime.backend.issue_order`.)
 
 Why one thread, in order: every rank submits its collectives in the same order (DDP launches
 buckets by index; a process group sees its collectives in program order), so serving them first in,
@@ -13,11 +15,8 @@ another, and both would wait forever. The jobs must also be the only users of th
 communicator's process group: a collective issued there from another thread (DDP's broadcast of
 buffers, say) could interleave with a job's messages in a different order on different ranks.
 
-CUDA streams: a job runs on the worker thread, whose current stream is the device's default
-stream, not the stream the caller was on when it submitted (FSDP2 reduce-scatters on a side
-stream). :func:`caller_stream` captures the caller's stream, the job runs inside
-``on_stream(that stream)`` so its kernels and messages follow the caller's earlier work on it, and
-the waiter calls :func:`wait_for_stream` so its own current stream follows the job's.
+A job may run inside a context (``submit(job, around)``) and complete a CUDA-aware future
+(``devices``): the future records the stream current inside that context at ``set_result``.
 
 After a job fails, the worker fails every later job at once with a :class:`TransportError` that
 names the first failure, so a broken peer surfaces as an exception from ``backward`` (or from a
@@ -38,7 +37,7 @@ import torch
 
 from taccl_py.errors import ArgumentError, TacclError, TransportError
 
-__all__ = ["OrderedWorker", "CLOSE_TIMEOUT_S", "caller_stream", "on_stream", "wait_for_stream"]
+__all__ = ["OrderedWorker", "CLOSE_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +112,7 @@ class OrderedWorker:
     ) -> torch.futures.Future:
         """Queue ``job`` behind the jobs already submitted; return the Future of its result.
 
-        ``around``, when given, is entered on the worker thread for the job (``on_stream(...)``);
+        ``around``, when given, is entered on the worker thread for the job (``torch.cuda.stream(...)``);
         the result is set inside it too. With CUDA ``devices`` the Future is CUDA-aware: it records
         the job's stream when it completes, and ``wait``/``value`` order the waiter's current
         stream after it (``torch.futures.Future(devices=...)``).
@@ -141,10 +140,6 @@ class OrderedWorker:
         if failure is not None:
             future.set_exception(_after_failure(self._name, failure))
         return surfaced
-
-    def submit_on(self, job: Callable[[], Any], stream: Any) -> torch.futures.Future:
-        """Queue ``job`` to run on ``stream`` (``caller_stream``'s; None: CPU), its Future CUDA-aware there."""
-        return self.submit(job, on_stream(stream), None if stream is None else [stream.device])
 
     def flush(self) -> torch.futures.Future:
         """Return a Future that completes once every job submitted so far has finished."""
@@ -195,22 +190,6 @@ class OrderedWorker:
                 future.set_exception(error)
             else:
                 future.set_result(result)
-
-
-def caller_stream(tensor: torch.Tensor) -> Any:
-    """Return the calling thread's current CUDA stream on ``tensor``'s device, or None for a CPU tensor."""
-    return torch.cuda.current_stream(tensor.device) if tensor.device.type == "cuda" else None
-
-
-def on_stream(stream: Any) -> contextlib.AbstractContextManager:
-    """Return a context that makes ``stream`` current (None: changes nothing)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-
-
-def wait_for_stream(stream: Any) -> None:
-    """Order the calling thread's current stream after the work queued on ``stream`` so far (None: no-op)."""
-    if stream is not None:
-        torch.cuda.current_stream(stream.device).wait_stream(stream)
 
 
 def _no_op() -> None:

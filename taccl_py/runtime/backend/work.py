@@ -76,19 +76,19 @@ class FutureWork(dist.Work):
 
 
 class StreamWork(dist.Work):
-    """The Work of a routed collective issued on a CUDA stream, as ProcessGroupNCCL's: the host never waits.
+    """The Work of a collective issued on a CUDA stream (the group's internal one), as ProcessGroupNCCL's.
 
-    ``wait`` orders the waiter's current stream after the collective; ``is_completed`` is True once
-    the GPU has run it; the future holds the outputs and is CUDA-aware (its waiters' streams wait
-    too). Errors surface when the call is issued; a collective stuck on the device is ended by the
-    link's NCCL watchdog, whose error the group's next call raises.
+    The host never waits: ``wait`` orders the waiter's current stream after the collective (an
+    event recorded on ``stream`` at issue); ``is_completed`` is True once the GPU has run it; the
+    future holds the outputs and is CUDA-aware (its waiters' streams wait too). Errors surface when
+    the call is issued; a collective stuck on the device is ended by the link's NCCL watchdog,
+    whose error the group's next call raises.
     """
 
-    def __init__(self, outputs: list[torch.Tensor], stream: Any) -> None:
+    def __init__(self, outputs: Any, stream: Any) -> None:
         super().__init__()
         self._stream = stream
-        self._event = torch.cuda.Event()
-        self._event.record(stream)
+        self._event = stream.record_event()
         self._future = torch.futures.Future(devices=[stream.device])
         with torch.cuda.stream(stream):  # a CUDA-aware future records the current stream at set_result
             self._future.set_result(outputs)
