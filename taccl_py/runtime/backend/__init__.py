@@ -4,7 +4,7 @@ After :func:`register_backend`, ``dist.init_process_group("taccl")`` (and ``new_
 makes a :class:`TacclProcessGroup`. It routes ``all_reduce``, ``all_gather`` /
 ``all_gather_single``, ``reduce_scatter`` / ``reduce_scatter_single`` and ``all_to_all`` /
 ``all_to_all_single`` (called without split sizes) through a :class:`~taccl_py.runtime.communicator.Communicator`
-whenever the library holds an algorithm for the call's collective, size and world size, and hands
+whenever a library serving the group's members holds an algorithm for the call's collective and size, and hands
 every other call (broadcast, barrier, send/recv, all_to_all_single with split sizes (logged
 once), the reductions the Communicator lacks, calls with no fitting algorithm) to an
 inner gloo backend (CPU tensors) or NCCL backend (CUDA tensors). DDP and FSDP2 use it unchanged::
@@ -12,6 +12,16 @@ inner gloo backend (CPU tensors) or NCCL backend (CUDA tensors). DDP and FSDP2 u
     from taccl_py.runtime.backend import register_backend
     register_backend(library="ndv2")
     dist.init_process_group("taccl")
+
+Subgroups: torch hands the creator each group's global ranks, and a ``new_group(ranks)`` group
+runs, per collective, the libraries made for exactly those ranks (``taccl synthesize --parallel``
+writes one folder per placement class; ``register_backend(library=FOLDER)`` reads them all), else
+those made for a group placed alike on the same machines, else group-less libraries only where the
+group is the job's first n ranks (see :mod:`taccl_py.runtime.communicator.group_match`); rank 0 of
+each group logs which. ``new_group`` returns the :class:`TacclProcessGroup` itself (torch keeps a
+backend that is a ProcessGroup as the group), so a script counts its calls with ``group.routed`` and
+``group.delegated`` and reads ``group.library_matches``; ``group._get_backend(device)`` is the inner
+gloo/NCCL backend. Each group calibrates its own Communicator.
 
 Every collective entry point torch has is a Python method of the group, delegated ones included
 (see :mod:`taccl_py.runtime.backend.collectives`): torch's C++ side of a Python process group runs
@@ -46,8 +56,9 @@ Cluster: given the live cluster (``register_backend(cluster=...)``, or TACCL_CLU
 TACCL_NIC_SPEED, TACCL_SYSFS_ROOT and TACCL_NIC_PROBE in each process's environment; see
 :mod:`taccl_py.runtime.communicator.live_cluster`), the group routes only through algorithms made for it; the
 ranks exchange what sysfs shows of their NICs through the group's store while the group is made.
-A collective whose libraries were all made for other clusters runs on the inner backend, with one
-warning per collective.
+A subgroup resolves the cluster of the whole job, its members exchanging on its own store: a member
+stands in for its node, and a node without members stays as declared. A collective whose libraries
+were all made for other clusters runs on the inner backend, with one warning per collective.
 
 This module registers the backend and makes its groups, reading the live cluster from the
 environment at that moment; the group is :class:`~taccl_py.runtime.backend.group.TacclProcessGroup`.
@@ -70,15 +81,22 @@ __all__ = ["BACKEND_NAME", "TacclProcessGroup", "register_backend"]
 _DEVICES = ["cpu", "cuda"]
 
 
-def _create_group(
-    settings: dict[str, Any], store: Any, rank: int, world_size: int, timeout: datetime.timedelta
-) -> TacclProcessGroup:
+def _create_group(settings: dict[str, Any], backend_opts: Any, pg_options: Any = None) -> TacclProcessGroup:
+    """Return the group torch's extended backend API asks for (``pg_options``: unused, taccl has none).
+
+    ``backend_opts`` is torch's ``_DistributedBackendOptions``: store, group_rank, group_size, timeout,
+    group_id and global_ranks_in_group (empty for the default group).
+    """
     options = dict(settings)
     if options["cluster"] is None:  # read in the rank's own process, at group creation
         options["cluster"] = declared_from_env(os.environ)
         if options["sysfs_root"] == "/":
             options["sysfs_root"] = sysfs_root_from_env(os.environ)
-    return TacclProcessGroup(store, rank, world_size, timeout, **options)
+    members = list(backend_opts.global_ranks_in_group) or None
+    timeout: datetime.timedelta = backend_opts.timeout
+    return TacclProcessGroup(
+        backend_opts.store, backend_opts.group_rank, backend_opts.group_size, timeout, global_ranks=members, **options
+    )
 
 
 def register_backend(
@@ -101,8 +119,10 @@ def register_backend(
     ----------
     library : optional
         Algorithms, as for :class:`Communicator`: a built-in topology name, a ``*.library.json``,
-        an algorithm file, an Algorithm, or a sequence of these. None (and no ``topology``) runs
-        every collective on the inner gloo/NCCL backend.
+        an algorithm file, an Algorithm, a folder of libraries or of folders of them (``taccl
+        synthesize --parallel``), or a sequence of these. Each group takes those that serve its
+        members (see the module notes). None (and no ``topology``) runs every collective on the
+        inner gloo/NCCL backend.
     topology : str, optional
         A built-in topology whose shipped algorithms come after ``library``'s.
     nodes : int, optional
@@ -140,4 +160,6 @@ def register_backend(
     }
     creator = partial(_create_group, settings)
     # torch keeps one creator per name: registering again replaces it for groups made afterwards.
-    dist.Backend.register_backend(BACKEND_NAME, creator, devices=list(_DEVICES))
+    # The extended API hands the creator each group's global ranks (distributed_c10d.py
+    # _new_process_group_helper), which the group's library match needs.
+    dist.Backend.register_backend(BACKEND_NAME, creator, extended_api=True, devices=list(_DEVICES))

@@ -16,7 +16,7 @@ import datetime
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -31,8 +31,16 @@ from taccl_py.runtime.backend.work import BackendTransport, make_backend
 from taccl_py.runtime.communicator import Communicator
 from taccl_py.runtime.communicator.calibration import Calibration
 from taccl_py.runtime.communicator.group_log import group_warning_level
-from taccl_py.runtime.communicator.live_cluster import LiveCluster, resolve_live_cluster, warn_other_cluster
-from taccl_py.runtime.communicator.selection import AlgorithmChoices, collect_algorithms, match_cluster
+from taccl_py.runtime.communicator.group_match import GroupMatch, group_candidates
+from taccl_py.runtime.communicator.live_cluster import (
+    DeclaredCluster,
+    LiveCluster,
+    declare_cluster,
+    ports_to_json,
+    resolve_live_cluster,
+    warn_other_cluster,
+)
+from taccl_py.runtime.communicator.selection import AlgorithmChoices, Candidate, collect_algorithms, match_cluster
 from taccl_py.runtime.executor import SUPPORTED_DTYPES
 
 __all__ = ["BACKEND_NAME", "TacclProcessGroup"]
@@ -59,7 +67,8 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
     Made by the backend creator that :func:`~taccl_py.runtime.backend.register_backend` installs;
     see the notes of :mod:`taccl_py.runtime.backend` for what is routed and how. ``routed`` counts
     the calls per collective that ran an algorithm and ``delegated`` the calls of those collectives
-    that went to the inner backend.
+    that went to the inner backend; ``global_ranks`` are its members and ``library_matches`` say
+    which libraries serve them, per collective (see :mod:`taccl_py.runtime.communicator.group_match`).
 
     Parameters
     ----------
@@ -75,6 +84,8 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         The live cluster, as for :class:`Communicator` (None: no cluster check).
     calibration : bool
         Whether the Communicator calibrates on each collective's first call (see ``register_backend``).
+    global_ranks : sequence of int, optional
+        The members' ranks in the job, in group-rank order (None: the job itself, 0..world_size-1).
     """
 
     def __init__(
@@ -92,25 +103,34 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         nic_speed: Any = (),
         sysfs_root: str | os.PathLike | None = "/",
         calibration: bool = True,
+        global_ranks: Sequence[int] | None = None,
     ) -> None:
         super().__init__(rank, world_size)
         self._timeout_s = float(timeout.total_seconds())
         self._cluster: LiveCluster | None = None
         self._warned: set[tuple] = set()
-        subgroup = False
+        self.global_ranks = tuple(range(world_size)) if global_ranks is None else tuple(global_ranks)
+        job_size = world_size if global_ranks is None else _job_size(self.global_ranks)
+        other_cluster = False
         if cluster is not None:
-            exchange = partial(_exchange_on_store, store, rank, world_size)
             try:
-                self._cluster = resolve_live_cluster(cluster, nic_down, nic_speed, sysfs_root, world_size, exchange)
+                self._cluster = _resolve_cluster(
+                    store, rank, self.global_ranks, job_size, (cluster, nic_down, nic_speed, sysfs_root)
+                )
             except ArgumentError as error:
                 if error.field != "world_size":
                     raise
                 logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
-                subgroup = True
+                other_cluster = True
         if not isinstance(calibration, bool):  # a file is measured on request: group.calibrate(path)
             raise ArgumentError(BACKEND_NAME, "calibration", repr(calibration), "True or False")
-        self._spec = (library, topology, nodes, self._cluster, calibration)
-        self._choices = None if subgroup else _group_choices(library, topology, nodes, world_size, self._cluster)
+        served, self._choices, self.library_matches = (), None, ()
+        if not other_cluster:
+            served, self._choices, self.library_matches = _group_choices(
+                library, topology, nodes, self.global_ranks, job_size, self._cluster, rank
+            )
+        # The Communicator gets the candidates already matched to the members, nothing else.
+        self._spec = (served, None, nodes, self._cluster, calibration)
         self._has_algorithms = self._choices is not None and bool(self._choices.candidates)
         self._links: dict[str, BackendTransport] = {}
         self._communicators: dict[str, Communicator] = {}
@@ -304,23 +324,59 @@ def _calibrate_or_error(
 
 
 def _group_choices(
-    library: Any, topology: str | None, nodes: int | None, world_size: int, cluster: LiveCluster | None
-) -> AlgorithmChoices | None:
-    """Return the algorithms for ``world_size`` ranks made for ``cluster`` (None: any); raise for an unreadable spec.
+    library: Any,
+    topology: str | None,
+    nodes: int | None,
+    ranks: tuple[int, ...],
+    job_size: int,
+    cluster: LiveCluster | None,
+    rank: int,
+) -> tuple[tuple[Candidate, ...], AlgorithmChoices, tuple[GroupMatch, ...]]:
+    """Return the candidates serving the members ``ranks``, those made for ``cluster`` (None: any), and the matches.
 
-    None for a group of another size (a sub-group): it runs everything on the inner backend, and says so once.
+    ``rank`` is this process's rank in the group (rank 0 logs the matches at INFO).
+
+    Raises ``ArgumentError`` for a spec that names nothing readable.
     """
-    try:
-        choices = collect_algorithms(library, world_size, topology=topology, nodes=nodes)
-    except ArgumentError as error:
-        if error.field not in ("num_ranks", "world_size"):
-            raise
-        logger.info("taccl group of %d ranks: %s; its collectives run on the inner backend", world_size, error)
-        return None
-    return choices if cluster is None else match_cluster(choices, cluster.fingerprint)
+    served, matches = group_candidates(library, ranks, job_size, topology=topology, nodes=nodes)
+    level = logging.INFO if rank == 0 else logging.DEBUG  # once per group, not once per member
+    what = "; ".join(match.describe() for match in matches) or "no library serves them, all run on the inner backend"
+    logger.log(level, "taccl group of ranks %s: %s", list(ranks), what)
+    choices = collect_algorithms(served, len(ranks))
+    return served, (choices if cluster is None else match_cluster(choices, cluster.fingerprint)), matches
 
 
-def _exchange_on_store(store: Any, rank: int, world_size: int, text: str) -> list[str]:
-    """Return every rank's ``text`` in rank order, passed through the group's store (no collective needed)."""
+def _job_size(ranks: tuple[int, ...]) -> int:
+    """Return the job's rank count for a subgroup of global ``ranks`` (the default group's size once it exists)."""
+    return dist.get_world_size() if dist.is_initialized() else max(ranks) + 1
+
+
+def _resolve_cluster(
+    store: Any, rank: int, ranks: tuple[int, ...], job_size: int, declared: tuple[Any, Any, Any, Any]
+) -> LiveCluster:
+    """Return the job's live cluster, the NIC ports exchanged among this group's members on its store.
+
+    ``declared`` is (cluster, nic_down, nic_speed, sysfs_root) as ``resolve_live_cluster`` takes them.
+    """
+    cluster, nic_down, nic_speed, sysfs_root = declared
+    if not isinstance(cluster, (LiveCluster, DeclaredCluster)):
+        cluster = declare_cluster(cluster, nic_down, nic_speed)
+    per_node = cluster.topology.gpus_per_node if isinstance(cluster, DeclaredCluster) else 1
+    exchange = partial(_exchange_on_store, store, rank, ranks, job_size, per_node)
+    return resolve_live_cluster(cluster, nic_down, nic_speed, sysfs_root, job_size, exchange)
+
+
+def _exchange_on_store(
+    store: Any, rank: int, ranks: tuple[int, ...], job_size: int, per_node: int, text: str
+) -> list[str]:
+    """Return ``text`` per job rank, passed among the members through the group's store (no collective needed).
+
+    Node k takes its first rank's ports (``live_cluster``): a member on node k stands in for it (one
+    machine, one sysfs); a node without members shows none and stays as declared.
+    """
     store.set(f"taccl/nic-ports/{rank}", text)
-    return [store.get(f"taccl/nic-ports/{other}").decode() for other in range(world_size)]
+    texts = {member: store.get(f"taccl/nic-ports/{index}").decode() for index, member in enumerate(ranks)}
+    by_node: dict[int, str] = {}
+    for member in ranks:
+        by_node.setdefault(member // per_node, texts[member])
+    return [texts.get(r, by_node.get(r // per_node, ports_to_json(()))) for r in range(job_size)]

@@ -1,8 +1,9 @@
 """Which algorithm a Communicator runs: collect candidates from a library spec, pick by size.
 
 A spec is an Algorithm, an AlgorithmLibrary, a path (a ``*.library.json`` from ``taccl synthesize
---sizes``, one algorithm ``.json``/``.xml``, or a folder of libraries), the name of a built-in
-topology (its shipped libraries), or a sequence of these. Pure Python: no torch here.
+--sizes``, one algorithm ``.json``/``.xml``, or a folder of libraries or of folders of them, as
+``--parallel`` writes), the name of a built-in topology (its shipped libraries), a Candidate
+already collected, or a sequence of these. Pure Python: no torch here.
 
 Every candidate knows the cluster it was made for (``MadeFor``): a library's ``cluster`` record, or
 else the built-in topology and node count it names; an algorithm's ``cluster_fingerprint``
@@ -30,6 +31,7 @@ from taccl_py.ir.library import (
     NATIVE_ALGORITHM,
     AlgorithmLibrary,
     ClusterRecord,
+    GroupRecord,
     builtin_cluster_fingerprint,
     read_library,
     shipped_library_paths,
@@ -43,6 +45,8 @@ __all__ = [
     "MadeFor",
     "collect_algorithms",
     "collective_size_bytes",
+    "gather_candidates",
+    "library_specs",
     "match_cluster",
 ]
 
@@ -81,6 +85,7 @@ class Candidate:
     """What runs ``collective`` on ``num_ranks`` ranks for ``min_bytes`` <= size < ``max_bytes`` (None: unbounded).
 
     ``algorithm`` None is a library's "native" band: the backend's own collective runs there.
+    ``group``: the process groups its library was made for (None: all of its ranks).
     """
 
     algorithm: Algorithm | None
@@ -90,6 +95,7 @@ class Candidate:
     collective: Collective
     num_ranks: int
     made_for: MadeFor = MadeFor()
+    group: GroupRecord | None = None
 
     @classmethod
     def of(cls, algorithm: Algorithm, origin: str) -> Candidate:
@@ -178,6 +184,7 @@ def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
             library.collective,
             library.num_ranks if band.algorithm is None else band.algorithm.num_ranks,
             made_for,
+            library.group,
         )
         for band in library.bands
     ]
@@ -185,7 +192,8 @@ def _from_library(library: AlgorithmLibrary, origin: str) -> list[Candidate]:
 
 def _read_path(path: Path) -> list[Candidate]:
     if path.is_dir():
-        found = sorted(path.glob("*.library.json"))
+        # one level down too: ``--parallel`` writes one folder per placement class (tp-0/, dp-0/, ...)
+        found = sorted(path.glob("*.library.json")) + sorted(path.glob("*/*.library.json"))
         if not found:
             raise ArgumentError(
                 str(path),
@@ -235,6 +243,8 @@ def _topology_name(text: str) -> str | None:
 
 
 def _collect_one(spec: Any, nodes: int | None, world_size: int) -> list[Candidate]:
+    if isinstance(spec, Candidate):
+        return [spec]
     if isinstance(spec, Algorithm):
         return [Candidate.of(spec, spec.name)]
     if isinstance(spec, AlgorithmLibrary):
@@ -287,14 +297,9 @@ def collect_algorithms(
     >>> collect_algorithms(None, 4).candidates
     ()
     """
-    specs: list[Any] = []
-    if library is not None:
-        specs += list(library) if isinstance(library, Sequence) and not isinstance(library, str) else [library]
-    if topology is not None:
-        specs.append(topology)
     candidates: list[Candidate] = []
-    for spec in specs:
-        for candidate in _collect_one(spec, nodes, world_size):
+    for spec in library_specs(library, topology):
+        for candidate in gather_candidates(spec, world_size, nodes=nodes):
             if candidate.num_ranks != world_size:
                 raise ArgumentError(
                     candidate.origin,
@@ -304,6 +309,29 @@ def collect_algorithms(
                 )
             candidates.append(_runnable(candidate))
     return AlgorithmChoices(world_size, tuple(candidates))
+
+
+def library_specs(library: Any, topology: str | None = None) -> list[Any]:
+    """Return the specs ``library`` (one or a sequence) and ``topology`` name, in priority order.
+
+    >>> library_specs(["a.library.json", "b.json"], "ndv2")
+    ['a.library.json', 'b.json', 'ndv2']
+    """
+    specs: list[Any] = []
+    if library is not None:
+        specs += list(library) if isinstance(library, Sequence) and not isinstance(library, str) else [library]
+    if topology is not None:
+        specs.append(topology)
+    return specs
+
+
+def gather_candidates(spec: Any, world_size: int, *, nodes: int | None = None) -> list[Candidate]:
+    """Return the candidates of one spec, of any rank count; a topology name's shipped ones of ``world_size`` ranks.
+
+    Raises ``ArgumentError`` (field ``world_size``) when a topology name ships none for ``world_size``
+    ranks, and as :func:`collect_algorithms` for a spec that names nothing readable.
+    """
+    return _collect_one(spec, nodes, world_size)
 
 
 def _runnable(candidate: Candidate) -> Candidate:
