@@ -142,6 +142,9 @@ def test_cli_parallel_writes_a_library_per_class(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "dp groups of 2: 2 alike, members 1,5" in printed
     assert sorted(p.name for p in out.iterdir()) == ["dp-0", "dp-1", "tp-0"]
+    argv[argv.index("allreduce")] = "allgather"
+    assert main([*argv, "-o", str(out)]) == 0, "the folder takes every collective's libraries"
+    assert (out / "tp-0" / "allgather.library.json").is_file() and (out / "tp-0" / "allreduce.library.json").is_file()
     for folder in out.iterdir():
         library = read_library(folder / "allreduce.library.json")
         assert library.group is not None and library.group.kind == folder.name.split("-")[0]

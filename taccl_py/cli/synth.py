@@ -311,7 +311,7 @@ def _synthesize_groups(args: argparse.Namespace) -> int:
             _write_result(args, replace(outcome.result, library=outcome.library), xml_limits)
         else:
             folder = Path(args.output) / group_folder_name(outcome.record)
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)  # DIR holds every collective's libraries of the groups
             library = replace(
                 outcome.library,
                 provenance=replace(outcome.library.provenance, command=shlex.join(["taccl", *args.argv])),
@@ -324,6 +324,14 @@ def _synthesize_groups(args: argparse.Namespace) -> int:
         )
         _print_result(outcome.result, outcome.topology)
     return 0
+
+
+class _FolderOutput(argparse.Action):
+    """``--parallel``: store its value, and make ``-o`` a folder (created if missing) for the output check."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.output_folders = ("output",)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -381,6 +389,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     groups.add_argument(
         "--parallel",
+        action=_FolderOutput,
         metavar="tp=T,dp=D[,pp=P]",
         help="write into the folder -o a library per kind of Megatron-style group (tp fastest, then dp, pp), each "
         f"synthesized with every group of its kind running at once (sizes default {DEFAULT_GROUP_SIZES})",
