@@ -99,7 +99,7 @@ def instance_rows(name: str, nodes: int, collectives: Sequence[str]) -> list[tup
 
 def summary_table(records: Sequence[dict]) -> str:
     """Return one line per machine set, class and collective: the worst ratio to NCCL and the fraction of bound."""
-    header = ["machines", "DP group (members)", "groups at once", "collective", "min vs NCCL", "of bound 1 MiB"]
+    header = ["machines", "DP group (members)", "groups alike", "collective", "min vs NCCL", "of bound 1 MiB"]
     header += ["of bound 64 MiB", "of bound 1 GiB", "synthesis (s)"]
     lines = []
     keys = dict.fromkeys((r["topology"], r["nodes"], r["members"], r["collective"]) for r in records)

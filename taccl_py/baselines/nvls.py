@@ -94,13 +94,17 @@ class NvlsTime:
 
 
 def has_nvls(topology: Topology) -> bool:
-    """Return True when NCCL would run NVLS there: every machine's GPUs hang off a switch that reduces.
+    """Return True when NCCL would run NVLS there: more than two GPUs per machine on a switch that reduces.
+
+    NCCL turns NVLS off for a communicator with two GPUs or fewer in a machine (NVIDIA/nccl
+    ``src/transport/nvls.cc`` @5067397c, ``ncclNvlsInit``: ``gpuCount <= 2``), so a process group
+    with one or two GPUs per machine (a data-parallel rail, tp=2) runs none.
 
     >>> from taccl_py.topology import load_topology
     >>> has_nvls(load_topology("dgx-h100", nodes=2)), has_nvls(load_topology("dgx-a100"))
     (True, False)
     """
-    return topology.num_ranks > 1 and bool(reducing_switches(topology))
+    return topology.gpus_per_node > 2 and bool(reducing_switches(topology))
 
 
 def nvls_allreduce_times(
