@@ -339,6 +339,33 @@ def automatic_calibration_worker(rank: int, world: int, folder: str) -> list[str
     return problems
 
 
+def subgroup_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
+    """Worker: two 2-rank groups of one library on one host each measure into their own cache file."""
+    _automatic_calibration_on(folder)
+    groups = [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]
+    mine = groups[rank // 2]
+    comm = Communicator(mine, [ring_algorithm(AR, 2)], timeout_s=30)
+    data = torch.randn(1024, generator=torch.Generator().manual_seed(rank))
+    want = data.clone()
+    comm.all_reduce(data)
+    torch.distributed.all_reduce(want, group=mine)
+    same = torch.allclose(data, want, rtol=1e-5, atol=1e-5)
+    problems = [] if same else ["the group's all_reduce differs from torch's"]
+    members = "0,1" if rank < 2 else "2,3"
+    if comm.automatic_calibration is None or comm.automatic_calibration.key.members != members:
+        problems.append(f"key {None if comm.automatic_calibration is None else comm.automatic_calibration.key}")
+    torch.distributed.barrier()
+    files = sorted(Path(folder).glob("calibration-2ranks-*.json"))
+    if sorted(read_calibration(f).key.members for f in files) != ["0,1", "2,3"]:
+        problems.append(f"cache files {files}: each group's own expected")
+    return problems
+
+
+@pytest.mark.multiprocess
+def test_two_groups_of_one_library_keep_their_own_calibration(tmp_path: Path) -> None:
+    assert_no_mismatches(run_ranks(subgroup_calibration_worker, 4, str(tmp_path)))
+
+
 @pytest.mark.multiprocess
 def test_a_default_communicator_calibrates_on_each_first_call_and_a_second_one_reads_the_cache(tmp_path: Path) -> None:
     assert_no_mismatches(run_ranks(automatic_calibration_worker, 2, str(tmp_path)))
@@ -405,9 +432,10 @@ def test_every_field_of_the_key_names_its_own_cache_file() -> None:
         replace(key, library="fedcba9876543210"),
         replace(key, hosts="a,c"),
         replace(key, hosts="b,a"),
+        replace(key, members="2,3"),
     ]
     names = {cache_path(k, "/c") for k in [key, *others]}
-    assert len(names) == 7 and cache_path(key, "/c") == cache_path(replace(key), "/c")
+    assert len(names) == 8 and cache_path(key, "/c") == cache_path(replace(key), "/c")
 
 
 @pytest.mark.parametrize(

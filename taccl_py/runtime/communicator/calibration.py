@@ -65,7 +65,9 @@ class CalibrationKey:
 
     ``library`` is :func:`library_fingerprint` of the Communicator's algorithm choices; ``hosts``
     the ranks' hostnames in rank order, comma-separated ("": not recorded, as in a calibration
-    given by path or measured by ``Communicator.calibrate``).
+    given by path or measured by ``Communicator.calibrate``); ``members`` a process group's global
+    ranks in rank order, comma-separated ("": the whole job, or not recorded), so two groups of
+    one library on the same hosts (two tensor-parallel groups) keep their own times.
     """
 
     world_size: int
@@ -73,6 +75,7 @@ class CalibrationKey:
     device: str
     library: str
     hosts: str = ""
+    members: str = ""
 
 
 @dataclass(frozen=True)
@@ -205,8 +208,9 @@ def measure_points(
 def write_calibration(calibration: Calibration, path: str | Path) -> None:
     """Write ``calibration`` as JSON to ``path`` (whole or not at all)."""
     body = {"format": CALIBRATION_FORMAT, **asdict(calibration)}
-    if not calibration.key.hosts:  # a key without hosts reads in taccl_py versions from before hosts
-        del body["key"]["hosts"]
+    for optional in ("hosts", "members"):  # a key without them reads in taccl_py versions from before them
+        if not getattr(calibration.key, optional):
+            del body["key"][optional]
     write_text_atomic(path, json.dumps(body, indent=1) + "\n")
 
 

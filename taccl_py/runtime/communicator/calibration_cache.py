@@ -76,15 +76,17 @@ class LazyCalibration:
     """What the automatic calibration of one Communicator knows: the collectives settled and their points.
 
     ``calibration`` holds the points of every settled collective (None before the first);
-    ``hosts`` the ranks' hostnames, gathered once (None before).
+    ``hosts`` the ranks' hostnames and ``members`` their global ranks ("" for the whole job),
+    gathered once (None before).
     """
 
-    __slots__ = ("settled", "calibration", "hosts")
+    __slots__ = ("settled", "calibration", "hosts", "members")
 
     def __init__(self) -> None:
         self.settled: set[Collective] = set()
         self.calibration: Calibration | None = None
         self.hosts: str | None = None
+        self.members: str | None = None
 
     def add(self, key: CalibrationKey, collective: Collective, points: Sequence[CalibrationPoint]) -> Calibration:
         """Add ``collective``'s points (replacing any it had) and return the calibration so far."""

@@ -281,8 +281,13 @@ class AlgorithmChoice:
         if not sizes:  # the library runs no algorithm for it: nothing to weigh
             return
         if lazy.hosts is None:
-            lazy.hosts = ",".join(self._exchange_texts(socket.gethostname()))
-        key = replace(self.calibration_key(), hosts=lazy.hosts)
+            # the job's ranks: a subgroup's own ranks would not tell two groups of one library apart
+            job = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (self.rank, self.world_size)
+            texts = self._exchange_texts(f"{socket.gethostname()} {job[0]}")
+            hosts, ranks = zip(*(text.split(" ") for text in texts))
+            whole_job = list(map(int, ranks)) == list(range(job[1]))
+            lazy.hosts, lazy.members = ",".join(hosts), "" if whole_job else ",".join(ranks)
+        key = replace(self.calibration_key(), hosts=lazy.hosts, members=lazy.members)
         path = cache_path(key, cache_dir(os.environ))
         cached = read_cached(path, key) if self.rank == 0 else None
         points = self._from_rank0(
