@@ -2,10 +2,12 @@
 
 An :class:`Executor` is built for one (algorithm, rank, dtype, element count, device). It compiles
 the rank's :class:`~taccl_py.runtime.executor.rank_plan.RankPlan` (rounds of messages and chunk computations),
-allocates the scratch, temporary and snapshot buffers, and on each call binds the plan to tensor
-views (cached per pair of user tensors) and replays it: per round, snapshot copies, all sends and
-receives posted together, then the receives waited in order with each reduction (torch, on whole
-chunks or segments) run as soon as the data it reads is in, after the lazily placed send waits.
+allocates the scratch, temporary and snapshot buffers, binds the plan to element ranges once per
+aliasing form of a call's tensors (see :mod:`taccl_py.runtime.executor.call_binding`), and on each call
+slices the tensors into the ranges' views (cached per pair of user tensors) and replays the plan
+on them: per round, snapshot copies, all sends and receives posted together, then the receives
+waited in order with each reduction (torch, on whole chunks or segments) run as soon as the data
+it reads is in, after the lazily placed send waits.
 Python does work per message and per chunk range, never per element.
 
 On transports that match every message on its own (gloo), the executor also posts receives a
@@ -27,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 from typing import Any
@@ -38,10 +39,16 @@ from taccl_py.errors import ArgumentError, TacclError, TransportError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import Dataflow
-from taccl_py.runtime.executor.binding import BoundRound, bind_rounds, overlaps
+from taccl_py.runtime.executor.binding import BoundRound
 from taccl_py.runtime.executor.binding_cache import BindingCache, unowned_alias
-from taccl_py.runtime.executor.graphs import GraphedCalls
-from taccl_py.runtime.executor.inplace_calls import is_inplace_call
+from taccl_py.runtime.executor.call_binding import (
+    BoundCall,
+    CallForm,
+    CallLayout,
+    IndexBinding,
+    bind_index_space,
+    call_form,
+)
 from taccl_py.runtime.executor.native import divide_for_avg
 from taccl_py.runtime.executor.rank_plan import RankPlan, Storage, compile_rank_plan
 from taccl_py.runtime.transports.interface import DEFAULT_TIMEOUT_S, Transport
@@ -74,21 +81,6 @@ def block_layout(collective: Collective, num_ranks: int, chunks_per_loop: int) -
     if collective is Collective.ALLREDUCE:
         return 1, 1, chunks_per_loop
     return num_ranks, num_ranks, per_rank
-
-
-@dataclass
-class _Binding:
-    """The plan bound to one pair of user tensors, and the CUDA graphs of its calls (see ``run``).
-
-    It reaches the tensors' memory only through aliases that do not hold the tensors
-    (:func:`~taccl_py.runtime.executor.binding_cache.unowned_alias`), so it dies with them (see :class:`BindingCache`).
-    """
-
-    copy_in: list[tuple[Any, Any]]
-    rounds: list[BoundRound]
-    copy_out: list[tuple[Any, Any]]
-    final_waits: list[int]
-    graphs: GraphedCalls = field(default_factory=GraphedCalls)  # they die with the tensors they name
 
 
 class Executor:
@@ -126,10 +118,11 @@ class Executor:
 
     Notes
     -----
-    Scratch, per-step temporaries and send snapshots are allocated once, here. The views of the
-    user's tensors are built on the first run with a given (output, input) pair and reused for the
-    last two pairs while the caller keeps those tensors; they never keep the caller's memory alive
-    (see :mod:`taccl_py.runtime.executor.binding_cache`).
+    Scratch, per-step temporaries and send snapshots are allocated once, here; the plan is bound
+    in index space once per aliasing form (with its work buffers). The views of the user's tensors
+    are sliced on the first run with a given (output, input) pair (tens of microseconds) and
+    reused for the last two pairs while the caller keeps those tensors; they never keep the
+    caller's memory alive (see :mod:`taccl_py.runtime.executor.binding_cache`).
     Temporaries are not shared between steps: a plan needs as many temporary chunks as its
     reducing receives carry.
 
@@ -166,6 +159,8 @@ class Executor:
         "eager_sends",
         "_scratch",
         "_scratch_stream",
+        "_layout",
+        "_forms",
         "_bindings",
     )
 
@@ -212,7 +207,20 @@ class Executor:
             for storage in (Storage.SCRATCH, Storage.TEMP, Storage.SNAP)
         }
         self._scratch_stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        self._bindings = BindingCache(limit=2)  # the last two pairs: a DDP bucket alternates
+        element_size = torch.empty((), dtype=dtype).element_size()
+        self._layout = CallLayout(
+            rank,
+            numel,
+            self.chunk_elems,
+            in_blocks,
+            out_blocks,
+            per_block,
+            self.padded,
+            None if segment_bytes is None else max(1, segment_bytes // element_size),
+            prepost_receives,
+        )
+        self._forms: dict[CallForm, IndexBinding] = {}  # bound once per aliasing form, in index space
+        self._bindings = BindingCache(limit=2)  # the views of the last two pairs: a DDP bucket alternates
 
     # -- shapes -----------------------------------------------------------------------------------
 
@@ -239,91 +247,27 @@ class Executor:
 
     # -- binding ----------------------------------------------------------------------------------
 
-    def _binding(self, output: Any, input: Any) -> _Binding:
+    def _binding(self, output: Any, input: Any) -> BoundCall:
         key = (output.data_ptr(), input.data_ptr())
         binding = self._bindings.get(key)
         if binding is None:
-            binding = self._bind(unowned_alias(output), unowned_alias(input))
+            form = call_form(self.plan, self._layout, output, input)
+            indexed = self._forms.get(form)
+            if indexed is None:
+                indexed = self._forms[form] = self._bind_form(form)
+            binding = indexed.bind(unowned_alias(output), unowned_alias(input))
             self._bindings.put(key, (output, input), binding)
         return binding
 
-    def _user_blocks(self, tensor: Any, blocks: int) -> list[Any]:
-        flat = tensor.view(-1)
-        return [flat[b * self.numel : (b + 1) * self.numel] for b in range(blocks)]
-
-    def _work_blocks(self, work: Any, blocks: int) -> list[Any]:
-        stride = self.blocks[2] * self.chunk_elems
-        return [work[b * stride : b * stride + self.numel] for b in range(blocks)]
-
-    def _work(self, tensor: Any, blocks: int, chunks: int) -> tuple[Any, list[tuple[Any, Any]]]:
-        """Return a padded work buffer for a user tensor of ``blocks`` blocks and its (work, user) block pairs."""
-        work = torch.zeros(chunks * self.chunk_elems, dtype=self.dtype, device=self.device)
-        return work, list(zip(self._work_blocks(work, blocks), self._user_blocks(tensor, blocks)))
-
-    def _bind(self, output: Any, input: Any) -> _Binding:
-        plan = self.plan
-        storages: dict[Storage, Any] = dict(self._scratch)
-        one_buffer = plan.inplace and not self.padded and is_inplace_call(plan.collective, output, input, self.rank)
-        if one_buffer:
-            # MSCCL's in-place call: the caller's one buffer is the schedule's, so nothing is copied
-            one = Storage.OUTPUT if plan.collective is Collective.ALLGATHER else Storage.INPUT
-            storages[one] = (output if one is Storage.OUTPUT else input).view(-1)
-            copy_in: list[tuple[Any, Any]] = []
-            copy_out: list[tuple[Any, Any]] = []
-        else:
-            user, copy_in, copy_out = self._bind_copies(output, input)
-            storages.update(user)
-        copy_in = [(dst, src) for dst, src in copy_in if dst.data_ptr() != src.data_ptr()]
-        element_size = torch.empty((), dtype=self.dtype).element_size()
-        rounds = bind_rounds(
-            plan.rounds, storages, self.chunk_elems, self.segment_bytes, element_size, eager_sends=self.eager_sends
-        )
-        logger.debug(
-            "%s rank %d: bound %s to %s with %d copies in and %d out",
-            self.algorithm.name,
-            self.rank,
-            "an in-place schedule" if plan.inplace else "an out-of-place schedule",
-            "the caller's one buffer" if one_buffer else "the caller's tensors",
-            len(copy_in),
-            len(copy_out),
-        )
-        return _Binding(copy_in, rounds, copy_out, list(plan.final_send_waits))
-
-    def _bind_copies(self, output: Any, input: Any) -> tuple[dict[Storage, Any], list, list]:
-        """Return the user storages and the (dst, src) copies of a call not in the plan's in-place form."""
-        plan, (in_blocks, out_blocks, _per) = self.plan, self.blocks
-        storages: dict[Storage, Any] = {}
-        copy_in: list[tuple[Any, Any]] = []
-        copy_out: list[tuple[Any, Any]] = []
-        if plan.inplace and plan.collective is not Collective.REDUCESCATTER:
-            # one buffer: allgather's input sits in block `rank` of the output; allreduce/alltoall reduce in place
-            storage = Storage.OUTPUT if plan.collective is Collective.ALLGATHER else Storage.INPUT
-            if self.padded:
-                storages[storage], pairs = self._work(output, out_blocks, max(plan.input_chunks, plan.output_chunks))
-                copy_out += [(user, work) for work, user in pairs]
-                targets = [work for work, _user in pairs]
-            else:
-                storages[storage], targets = output.view(-1), self._user_blocks(output, out_blocks)
-            if plan.collective is Collective.ALLGATHER:
-                copy_in.append((targets[self.rank], input.view(-1)))
-            else:
-                copy_in += list(zip(targets, self._user_blocks(input, in_blocks)))
-        elif plan.inplace:  # reducescatter in place: reduce in a copy of the input, the result is block `rank`
-            storages[Storage.INPUT], pairs = self._work(input, in_blocks, plan.input_chunks)
-            copy_in += pairs
-            copy_out.append((output.view(-1), pairs[self.rank][0]))
-        else:
-            if self.padded or plan.writes_input or overlaps(output, input):
-                storages[Storage.INPUT], pairs = self._work(input, in_blocks, plan.input_chunks)
-                copy_in += pairs
-            else:
-                storages[Storage.INPUT] = input.view(-1)
-            if self.padded:
-                storages[Storage.OUTPUT], pairs = self._work(output, out_blocks, plan.output_chunks)
-                copy_out += [(user, work) for work, user in pairs]
-            else:
-                storages[Storage.OUTPUT] = output.view(-1)
-        return storages, copy_in, copy_out
+    def _bind_form(self, form: CallForm) -> IndexBinding:
+        """Return the plan bound for calls of ``form``; its buffers belong to the scratch's stream."""
+        if self._scratch_stream is None:
+            return bind_index_space(self.plan, self._layout, form, self._scratch, self.dtype, self.device)
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._scratch_stream):
+            indexed = bind_index_space(self.plan, self._layout, form, self._scratch, self.dtype, self.device)
+        current.wait_stream(self._scratch_stream)  # the work buffers' zeros are written on the scratch's stream
+        return indexed
 
     # -- replay -----------------------------------------------------------------------------------
 
@@ -360,15 +304,15 @@ class Executor:
                 f"rank {transport.rank} of {transport.world_size}",
                 f"rank {self.rank} of {self.algorithm.num_ranks} for {self.algorithm.name}",
             )
-        self._mark_scratch_in_use()
         binding = self._binding(output, input)
+        self._mark_scratch_in_use()
         call = partial(self._call, binding, output, transport, op, timeout_s)
         if cuda_graph:
             binding.graphs.run((op, transport), call)  # the key holds the transport: its id is never reused
         else:
             call()
 
-    def _call(self, binding: _Binding, output: Any, transport: Transport, op: str, timeout_s: float) -> None:
+    def _call(self, binding: BoundCall, output: Any, transport: Transport, op: str, timeout_s: float) -> None:
         """Copy in, replay the rounds, copy out and average: one whole call (what a CUDA graph captures)."""
         for dst, src in binding.copy_in:
             dst.copy_(src)
@@ -379,9 +323,9 @@ class Executor:
             divide_for_avg(output, self.algorithm.num_ranks)
 
     def _mark_scratch_in_use(self) -> None:
-        """Tell the CUDA caching allocator that the scratch is used on the current stream, too.
+        """Tell the CUDA caching allocator that the scratch and work buffers are used on the current stream, too.
 
-        The scratch belongs to the stream that was current when this executor was built; a run on
+        They belong to the stream that was current when this executor was built; a run on
         another stream (DDP's, FSDP2's) must keep the memory from being handed out again, once the
         executor is dropped, before that stream's work is done.
         """
@@ -391,8 +335,11 @@ class Executor:
         if stream != self._scratch_stream:
             for tensor in self._scratch.values():
                 tensor.record_stream(stream)
+            for indexed in self._forms.values():
+                for tensor in indexed.buffers:
+                    tensor.record_stream(stream)
 
-    def _replay(self, binding: _Binding, transport: Transport, combine: Callable[..., Any], timeout_s: float) -> None:
+    def _replay(self, binding: BoundCall, transport: Transport, combine: Callable[..., Any], timeout_s: float) -> None:
         pending: list[list[Any]] = [[] for _ in range(self.plan.num_sends)]  # per plan send: its segments
         early: list[tuple[Any, tuple[int, int, int]]] = []  # receives posted ahead for the coming round
         sent_ahead = 0  # leading sends of the coming round already posted

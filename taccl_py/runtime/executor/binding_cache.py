@@ -1,10 +1,10 @@
 """Bindings kept per pair of user tensors without keeping the tensors: freed memory stays freed.
 
-An executor binds its plan to views of the caller's tensors once and reuses the binding while the
-caller passes the same memory again (a DDP bucket, a persistent buffer): binding one of the shipped
-8-rank NDv2 plans takes 7-28 ms. A cached view of the caller's memory would keep that memory alive
-after the caller dropped its tensor (FSDP2 frees unsharded parameters between uses), so bindings
-are built on aliases (:func:`unowned_alias`) that share the storage but not the caller's tensor,
+An executor slices the caller's tensors into the views its plan runs on (its index-space binding,
+made once per aliasing form, says where) and reuses those views while the caller passes the same
+memory again (a DDP bucket, a persistent buffer). A cached view of the caller's memory would keep
+that memory alive after the caller dropped its tensor (FSDP2 frees unsharded parameters between
+uses), so the views are sliced from aliases (:func:`unowned_alias`) that share the storage but not the caller's tensor,
 and a :class:`BindingCache` entry ends when the caller's tensor (its view base, where it is a view)
 is garbage: a ``weakref.finalize`` on it drops the entry and with it the last reference to the storage.
 """
