@@ -342,15 +342,13 @@ def automatic_calibration_worker(rank: int, world: int, folder: str) -> list[str
 def subgroup_calibration_worker(rank: int, world: int, folder: str) -> list[str]:
     """Worker: two 2-rank groups of one library on one host each measure into their own cache file."""
     _automatic_calibration_on(folder)
-    groups = [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]
-    mine = groups[rank // 2]
+    mine = [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])][rank // 2]
     comm = Communicator(mine, [ring_algorithm(AR, 2)], timeout_s=30)
     data = torch.randn(1024, generator=torch.Generator().manual_seed(rank))
     want = data.clone()
     comm.all_reduce(data)
     torch.distributed.all_reduce(want, group=mine)
-    same = torch.allclose(data, want, rtol=1e-5, atol=1e-5)
-    problems = [] if same else ["the group's all_reduce differs from torch's"]
+    problems = [] if torch.allclose(data, want, rtol=1e-5, atol=1e-5) else ["all_reduce differs from torch's"]
     members = "0,1" if rank < 2 else "2,3"
     if comm.automatic_calibration is None or comm.automatic_calibration.key.members != members:
         problems.append(f"key {None if comm.automatic_calibration is None else comm.automatic_calibration.key}")
