@@ -42,7 +42,8 @@ FAILURE_GRACE_S = 15.0
 #: How long a hung rank gets to write its stacks before it is terminated (seconds).
 _STACK_DUMP_WAIT_S = 1.0
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
-_PRELOAD = ["torch", "torch.distributed", "taccl_py.runtime"]
+# torch._dynamo too: DDP imports it in its constructor, seconds per rank on a busy machine, once here
+_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "taccl_py.runtime"]
 
 
 @dataclass(frozen=True)
