@@ -38,6 +38,8 @@ SHIPPED_CSV = DATA_DIR / "slice_model.csv"
 NCCL_CSV = DATA_DIR / "vs_nccl.csv"
 SELECTION_CSV = DATA_DIR / "selection.csv"
 SELECTION_DETAIL = "[detail](#msccl-selection-of-the-shipped-libraries)"
+GROUPS_CSV = DATA_DIR / "groups.csv"
+GROUPS_DETAIL = "[detail](#process-groups-data-parallel-libraries-against-nccl-over-the-same-groups)"
 # GitHub's anchors of the sections holding the detail.
 DETAIL = "[detail](#shipped-bands-under-msccls-slice-loop)"
 NCCL_DETAIL = "[detail](#shipped-libraries-against-nccls-algorithms-on-nvswitch-machines)"
@@ -123,6 +125,20 @@ def selection_line(records: list[dict]) -> str:
     )
 
 
+def groups_line(records: list[dict]) -> str:
+    """Return one sentence: the data-parallel group libraries against NCCL over the same groups."""
+    if not records:
+        return ""
+    worst = min(float(row["vs_nccl"]) for row in records)
+    machines = ", ".join(f"{machine} x{nodes}" for machine, nodes in group_records(records, "topology", "nodes"))
+    native = sum(row["chosen"] == "NCCL" for row in records)
+    return (
+        f"Data-parallel groups of `--parallel tp=G,dp=N` ({machines}; all G rails at once, 1 MiB-1 GiB): at "
+        f"least {worst:.2f}x NCCL's best over the same groups; {native} of {len(records)} sizes are left to "
+        f"NCCL (PAT, for AllGather and ReduceScatter) ({GROUPS_DETAIL})."
+    )
+
+
 def _switch_from(group: list[dict]) -> str:
     """Return e.g. ``NVLS from 4MiB`` where NCCL's best turns to a switch algorithm above the smallest size, or "".
 
@@ -157,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             markdown_table(HEADERS, rows),
             nccl_line(read_csv(NCCL_CSV)),
             selection_line(read_csv(SELECTION_CSV)),
+            groups_line(read_csv(GROUPS_CSV)),
             f"From `{SHIPPED_CSV.relative_to(Path(__file__).resolve().parents[1])}`, "
-            f"`{NCCL_CSV.relative_to(Path(__file__).resolve().parents[1])}` and "
-            f"`{SELECTION_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
+            f"`{NCCL_CSV.relative_to(Path(__file__).resolve().parents[1])}`, "
+            f"`{SELECTION_CSV.relative_to(Path(__file__).resolve().parents[1])}` and "
+            f"`{GROUPS_CSV.relative_to(Path(__file__).resolve().parents[1])}`; the bound is today's.",
         )
     )
     update_benchmarks_section("summary", "Summary", command_line(__file__, argv), body)
