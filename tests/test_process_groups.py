@@ -12,10 +12,10 @@ from taccl_py.cli import main
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm_json import read_algorithm
 from taccl_py.ir.library import GroupRecord, parse_library, read_library
-from taccl_py.placement.groups import group_topology, link_sharing, placement_classes
+from taccl_py.placement.groups import group_topology, link_sharing, placement_classes, record_topology
 from taccl_py.placement.parallel import parallel_groups, parse_parallel, parse_ranks, placed, read_placement
 from taccl_py.synth import write_library
-from taccl_py.synth.groups import group_topologies, record_topology, synthesize_groups
+from taccl_py.synth.groups import group_topologies, synthesize_groups
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import VertexKind, route
 
@@ -154,6 +154,14 @@ def test_cli_parallel_writes_a_library_per_class(tmp_path, capsys):
     capsys.readouterr()
     assert main(["simulate", str(out / "dp-1" / "allreduce.library.json"), "--sizes", "1MB"]) == 0
     assert "2 ranks on ndv2[dp 1,5]" in capsys.readouterr().out, "a group library runs on its group's part"
+    exported = tmp_path / "xml"
+    for kind in ("tp-0", "dp-0", "dp-1"):  # one folder for the job: each group's files keep their own names
+        assert main(["export-msccl", str(out / kind / "allreduce.library.json"), "-o", str(exported)]) == 0
+        assert main(["export-mscclpp", str(out / kind / "allreduce.library.json"), "-o", str(tmp_path / "pp")]) == 0
+    for folder, ext in ((exported, ".xml"), (tmp_path / "pp", ".json")):
+        names = sorted(p.name for p in folder.iterdir())
+        assert {name.split("-allreduce")[0] for name in names} == {"ndv2-n1-tp-0", "ndv2-n1-dp-0", "ndv2-n1-dp-1"}
+        assert all(main(["verify", str(folder / name)]) == 0 for name in names if name.endswith(ext))
 
 
 def test_cli_ranks_one_group(tmp_path, capsys):

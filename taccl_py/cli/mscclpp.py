@@ -17,6 +17,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import PLAN_PROTOCOLS
 from taccl_py.mscclpp.files import LibraryPlans, fits_mscclpp, write_library_plans
+from taccl_py.placement.groups import library_topology
 from taccl_py.simulate import MSCCL_LOOP, WHOLE_CHUNKS
 from taccl_py.simulate.leave_to_nccl import library_probe_sizes
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
@@ -29,7 +30,7 @@ def _library_topology(library: AlgorithmLibrary) -> Topology | None:
     """Return the machines a library runs on, which decide memory or port channels (None: one machine)."""
     name = builtin_topology_name(library.topology)
     if name is not None:
-        return load_topology(name, nodes=library.nodes)
+        return library_topology(load_topology(name, nodes=library.nodes), library)
     if library.nodes == 1:
         return None
     raise ArgumentError(

@@ -29,6 +29,7 @@ from taccl_py.ir.library import AlgorithmLibrary, read_library, shipped_library_
 from taccl_py.mscclpp.parse import looks_like_mscclpp_plan, parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
 from taccl_py.mscclpp.simulate import prepare_plan_simulation
+from taccl_py.placement.groups import library_topology
 from taccl_py.simulate import (
     SimulationPlan,
     SimulationResult,
@@ -39,7 +40,6 @@ from taccl_py.simulate import (
 )
 from taccl_py.simulate.bands import BandRun, library_bound_label, simulate_library
 from taccl_py.simulate.plot import plot_format, plot_timeline
-from taccl_py.synth.groups import record_topology
 from taccl_py.topology.builtins import builtin_topology_name, builtin_topology_names
 from taccl_py.topology.model import Topology
 from taccl_py.units import SIZE_SUFFIXES_HELP, format_size, parse_sizes
@@ -169,18 +169,14 @@ def _library_source(args: argparse.Namespace) -> tuple[AlgorithmLibrary, Topolog
         fault, expected = f"{args.collective} for a library of {library.collective.value}", "no --collective"
         raise ArgumentError(source, "--collective", fault, expected)
     if chosen:
-        return library, _group_part(library, topology_from_args(args))
+        return library, library_topology(topology_from_args(args), library)
     if builtin_topology_name(library.topology) is None:
         raise ArgumentError(source, "topology", f"{library.topology!r} is no built-in machine", "--topology for it")
     if args.nodes not in (1, library.nodes):
         expected = f"--nodes {library.nodes}, or --topology to run it elsewhere"
         raise ArgumentError(source, "--nodes", f"{args.nodes} for a library of {library.nodes} nodes", expected)
     named = argparse.Namespace(**{**vars(args), "topology": library.topology})
-    return library, _group_part(library, topology_from_args(named, nodes=library.nodes))
-
-
-def _group_part(library: AlgorithmLibrary, topology: Topology) -> Topology:
-    return topology if library.group is None else record_topology(topology, library.group)
+    return library, library_topology(topology_from_args(named, nodes=library.nodes), library)
 
 
 def _library_record(library: AlgorithmLibrary, run: BandRun, nccl: Any) -> dict[str, Any]:

@@ -61,6 +61,7 @@ __all__ = [
     "cluster_record",
     "band_part_name",
     "earlier_band_files",
+    "export_stem",
     "write_band_files",
     "generate_library",
     "library_cluster_fingerprint",
@@ -307,16 +308,26 @@ def band_part_name(name: str, part: int) -> str:
     return f"{stem.removesuffix('-inplace')}-part{part + 1}{'-inplace' if inplace else ''}{dot}{extension}"
 
 
+def export_stem(library: AlgorithmLibrary) -> str:
+    """Return how an exported band file's name starts: ``<topology>-n<nodes>[-<kind>-<first>]-<collective>``.
+
+    A process group's library adds its kind and first member (``ndv2-n1-dp-1-allreduce``), so the
+    exports of a job's kinds of group share a folder without one replacing another's files.
+    """
+    group = "" if library.group is None else f"-{library.group.kind}-{library.group.members[0]}"
+    return f"{library.topology}-n{library.nodes}{group}-{library.collective.value}"
+
+
 def earlier_band_files(
     library: AlgorithmLibrary, folder: str | Path, extension: str, keep: Collection[str]
 ) -> tuple[Path, ...]:
     """Return the files of ``folder`` named as an export of ``library``'s bands that ``keep`` does not name, by name.
 
-    The exporters name a band's file ``<topology>-n<nodes>-<collective>-<band>[-part<n>][-inplace]<extension>``
+    The exporters name a band's file ``<export_stem>-<band>[-part<n>][-inplace]<extension>``
     (``taccl_py.msccl.library.library_xml_name``, ``taccl_py.mscclpp.files.library_plan_name``);
     only such names count, so a user's own files in the folder are never touched.
     """
-    stem = re.escape(f"{library.topology}-n{library.nodes}-{library.collective.value}-")
+    stem = re.escape(f"{export_stem(library)}-")
     pattern = re.compile(stem + r"[0-9]+(-part[0-9]+)?(-inplace)?" + re.escape(extension))
     folder = Path(folder)
     if not folder.is_dir():

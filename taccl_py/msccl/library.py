@@ -35,7 +35,7 @@ from taccl_py._io import read_text
 from taccl_py.errors import ArgumentError, FormatError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.inplace import BOTH_PLACES_KEY, DERIVED_FROM_KEY, serves_both_placements
-from taccl_py.ir.library import AlgorithmLibrary, SizeBand, band_part_name, write_band_files
+from taccl_py.ir.library import AlgorithmLibrary, SizeBand, band_part_name, export_stem, write_band_files
 from taccl_py.msccl.dialect import DIALECTS, Dialect, parse_dialect
 from taccl_py.msccl.export import generate_msccl_xml
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, Runtime, protocol_limits
@@ -49,6 +49,7 @@ from taccl_py.msccl.selection import (
     selection_key,
     size_multiplier,
 )
+from taccl_py.placement.groups import library_topology
 from taccl_py.simulate.leave_to_nccl import (
     LeftToNccl,
     NcclTimes,
@@ -107,7 +108,7 @@ def library_xml_name(library: AlgorithmLibrary, index: int, inplace: bool = Fals
     'ndv2-n2-allgather-3-inplace.xml'
     """
     suffix = "-inplace" if inplace else ""
-    return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.xml"
+    return f"{export_stem(library)}-{index}{suffix}.xml"
 
 
 def _placements(algorithm: Algorithm) -> tuple[list[Algorithm], str | None]:
@@ -261,7 +262,7 @@ def _nccl_comparison(
         )
         logger.info("%s", why)
         return None, why
-    topology = load_topology(library.topology, library.nodes)
+    topology = library_topology(load_topology(library.topology, library.nodes), library)
     bands = [(b.min_bytes, b.max_bytes) for b in library.bands if not b.native and not b.algorithm.uses_switch]
     if not bands:
         return None, None

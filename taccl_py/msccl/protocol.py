@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.msccl.limits import DEFAULT_RUNTIME, ProtocolLimits, Runtime, protocol_limits, protocol_refusal
+from taccl_py.placement.groups import library_topology
 from taccl_py.simulate.engine import replay
 from taccl_py.simulate.plan import prepare_simulation
 from taccl_py.simulate.protocol import (
@@ -255,7 +256,7 @@ def band_protocol_choices(
             SIMPLE,
         )
         return tuple(None for _ in library.bands)
-    topology = load_topology(library.topology, library.nodes)
+    topology = library_topology(load_topology(library.topology, library.nodes), library)
     return tuple(
         None
         if band.native

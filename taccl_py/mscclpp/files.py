@@ -36,7 +36,7 @@ from taccl_py._io import write_text_atomic
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
-from taccl_py.ir.library import AlgorithmLibrary, write_band_files
+from taccl_py.ir.library import AlgorithmLibrary, export_stem, write_band_files
 from taccl_py.mscclpp.export import generate_mscclpp_plan
 from taccl_py.mscclpp.parse import parse_mscclpp_plan
 from taccl_py.mscclpp.plan import ExecutionPlan
@@ -253,7 +253,7 @@ def library_plan_name(library: AlgorithmLibrary, index: int, inplace: bool = Fal
     'ndv2-n2-allgather-3-inplace.json'
     """
     suffix = "-inplace" if inplace else ""
-    return f"{library.topology}-n{library.nodes}-{library.collective.value}-{index}{suffix}.json"
+    return f"{export_stem(library)}-{index}{suffix}.json"
 
 
 def generate_library_plans(

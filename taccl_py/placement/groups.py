@@ -25,13 +25,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from taccl_py.errors import ArgumentError
+from taccl_py.ir.library import AlgorithmLibrary, GroupRecord
 from taccl_py.topology.model import Link, Topology, VertexKind, make_topology, route
 
 __all__ = [
     "link_sharing",
     "group_topology",
     "group_signature",
+    "library_topology",
     "placement_classes",
+    "record_topology",
 ]
 
 LinkKey = tuple[str, str]
@@ -151,3 +154,21 @@ def placement_classes(
         key = group_signature(group_topology(topology, gpus, sharing))
         classes.setdefault(key, []).append(tuple(gpus))
     return list(classes.values())
+
+
+def record_topology(topology: Topology, record: GroupRecord) -> Topology:
+    """Return the topology a group library's schedules were made on: its members, links shared by ``concurrent``.
+
+    ``topology`` is the whole machine set the library names; job ranks are its GPU ranks (node-major).
+    """
+    if record.world_size != topology.num_ranks:
+        raise ArgumentError(
+            topology.name, "group.world_size", f"{record.world_size} ranks", f"the topology's {topology.num_ranks} GPUs"
+        )
+    name = f"{topology.name}[{record.kind} {','.join(map(str, record.members))}]"
+    return group_topology(topology, record.members, link_sharing(topology, record.concurrent), name=name)
+
+
+def library_topology(topology: Topology, library: AlgorithmLibrary) -> Topology:
+    """Return the part of ``topology`` (the machine set ``library`` names) its schedules run on: its group's, or all."""
+    return topology if library.group is None else record_topology(topology, library.group)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, GroupRecord, cluster_record
 from taccl_py.placement.groups import group_topology, link_sharing, placement_classes
@@ -24,7 +23,7 @@ from taccl_py.synth import synthesize
 from taccl_py.synth.outcome import SynthesisResult
 from taccl_py.topology.model import Topology
 
-__all__ = ["GroupSynthesis", "group_folder_name", "group_topologies", "record_topology", "synthesize_groups"]
+__all__ = ["GroupSynthesis", "group_folder_name", "group_topologies", "synthesize_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +63,6 @@ def group_topologies(
         name = f"{topology.name}[{kind.kind} {','.join(map(str, served[0]))}]"
         classes.append((record, group_topology(topology, members[0], sharing, name=name)))
     return classes
-
-
-def record_topology(topology: Topology, record: GroupRecord) -> Topology:
-    """Return the topology a group library's schedules were made on: its members with ``concurrent`` sharing links.
-
-    ``topology`` is the whole machine set the library names; job ranks are its GPU ranks (node-major).
-    """
-    if record.world_size != topology.num_ranks:
-        raise ArgumentError(
-            topology.name, "group.world_size", f"{record.world_size} ranks", f"the topology's {topology.num_ranks} GPUs"
-        )
-    name = f"{topology.name}[{record.kind} {','.join(map(str, record.members))}]"
-    return group_topology(topology, record.members, link_sharing(topology, record.concurrent), name=name)
 
 
 def synthesize_groups(
