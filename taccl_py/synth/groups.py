@@ -86,7 +86,7 @@ def synthesize_groups(
         if progress is not None:
             progress(
                 f"group class {index + 1}/{len(classes)}: {kind.kind} {list(record.members)} "
-                f"({len(record.groups)} group(s) at once)"
+                f"({len(record.groups)} alike, {len(record.concurrent)} at once)"
             )
         result = synthesize(group, collective, progress=progress, **options)
         library = None
@@ -98,6 +98,6 @@ def synthesize_groups(
                 cluster=cluster_record(topology),
                 group=record,
             )
-        logger.info("%s on %s: %d group(s) share this class", result.collective.value, group.name, len(record.groups))
+        logger.info("%s on %s: %d group(s) of this class", result.collective.value, group.name, len(record.groups))
         outcomes.append(GroupSynthesis(record, group, result, library))
     return tuple(outcomes)
