@@ -30,6 +30,7 @@ from taccl_py.topology.model import Link, Topology, VertexKind, make_topology, r
 
 __all__ = [
     "link_sharing",
+    "group_label",
     "group_topology",
     "group_signature",
     "library_topology",
@@ -82,6 +83,11 @@ def _check_members(topology: Topology, gpus: Sequence[int]) -> None:
         )
 
 
+def group_label(topology: Topology, kind: str, members: Sequence[int]) -> str:
+    """Return the name of a group's topology: ``ndv2x4[dp 0,8,16,24]``."""
+    return f"{topology.name}[{kind} {','.join(map(str, members))}]"
+
+
 def group_topology(
     topology: Topology,
     gpus: Sequence[int],
@@ -119,7 +125,7 @@ def group_topology(
     kept = {vertex.name for vertex in vertices}
     shares = sharing or {}
     links = [_shared(link, shares.get(link.key, 1)) for link in topology.links if link.src in kept and link.dst in kept]
-    label = name or f"{topology.name}[ranks {','.join(map(str, gpus))}]"
+    label = name or group_label(topology, "ranks", gpus)
     return make_topology(
         label,
         vertices,
@@ -136,7 +142,10 @@ def _shared(link: Link, groups: int) -> Link:
 
 
 def group_signature(group: Topology) -> tuple[tuple[float, float], ...]:
-    """Return each ordered GPU pair's route (α µs, bandwidth GB/s), rounded: equal for groups that time alike."""
+    """Return each ordered GPU pair's route (α µs, bandwidth GB/s), rounded, then (machine count, 0).
+
+    Equal for groups that time alike.
+    """
     return tuple(
         (round(r.alpha_us, 9), round(r.bandwidth_GBps, 9))
         for r in (
@@ -165,8 +174,8 @@ def record_topology(topology: Topology, record: GroupRecord) -> Topology:
         raise ArgumentError(
             topology.name, "group.world_size", f"{record.world_size} ranks", f"the topology's {topology.num_ranks} GPUs"
         )
-    name = f"{topology.name}[{record.kind} {','.join(map(str, record.members))}]"
-    return group_topology(topology, record.members, link_sharing(topology, record.concurrent), name=name)
+    sharing = link_sharing(topology, record.concurrent)
+    return group_topology(topology, record.members, sharing, name=group_label(topology, record.kind, record.members))
 
 
 def library_topology(topology: Topology, library: AlgorithmLibrary) -> Topology:

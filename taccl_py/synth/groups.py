@@ -17,7 +17,7 @@ from typing import Any
 
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, GroupRecord, cluster_record
-from taccl_py.placement.groups import group_topology, link_sharing, placement_classes
+from taccl_py.placement.groups import group_label, group_topology, link_sharing, placement_classes
 from taccl_py.placement.parallel import GroupKind, placed
 from taccl_py.synth import synthesize
 from taccl_py.synth.outcome import SynthesisResult
@@ -60,7 +60,7 @@ def group_topologies(
     for members in placement_classes(topology, gpu_groups, sharing):
         served = tuple(job_groups[gpus] for gpus in members)
         record = GroupRecord(kind.kind, topology.num_ranks, served[0], served, kind.groups)
-        name = f"{topology.name}[{kind.kind} {','.join(map(str, served[0]))}]"
+        name = group_label(topology, kind.kind, served[0])
         classes.append((record, group_topology(topology, members[0], sharing, name=name)))
     return classes
 
