@@ -2,6 +2,11 @@
 spanning-tree packing (the bandwidth-optimal published method); for AlltoAll, direct and two-level
 hierarchical exchanges.
 
+Across machines of equally many GPUs the doubling family (``doubling.py``) is the latency-optimal
+one: each rail (local GPU i of every machine) runs Bruck's doubling across machines, ceil(log2 M)
+network steps instead of a ring's M - 1, and every block it receives goes straight on over NVLink
+to the machine's other GPUs; ReduceScatter is its mirror and AllReduce the two (Rabenseifner).
+
 Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved
 it implements its collective (``build.py``). ``compare_baselines`` (``choice.py``) simulates the
 applicable ones and gives, per size, the fastest: what every result is compared with. NCCL's
@@ -20,6 +25,7 @@ from taccl_py.baselines.choice import (
     best_baselines_by_band,
     compare_baselines,
 )
+from taccl_py.baselines.doubling import doubling_algorithm
 from taccl_py.baselines.hierarchical import hierarchical_algorithm, local_rings
 from taccl_py.baselines.nccl import (
     ModelledBaseline,
@@ -55,6 +61,7 @@ __all__ = [
     "hierarchical_algorithm",
     "local_rings",
     "packed_trees_algorithm",
+    "doubling_algorithm",
     "direct_alltoall_algorithm",
     "hierarchical_alltoall_algorithm",
 ]

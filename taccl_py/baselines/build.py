@@ -14,6 +14,7 @@ from taccl_py.baselines.alltoall import (
     hierarchical_alltoall_algorithm,
     hierarchical_alltoall_pieces_by_size,
 )
+from taccl_py.baselines.doubling import doubling_algorithm, doubling_pieces_by_size, equal_machines
 from taccl_py.baselines.hierarchical import hierarchical_algorithm
 from taccl_py.baselines.packing import packed_trees_algorithm, packing_pieces_by_size
 from taccl_py.baselines.ring import ring_algorithm
@@ -35,6 +36,7 @@ class BaselineKind(str, Enum):
     HIERARCHICAL = "hierarchical"
     TREES = "trees"
     DIRECT = "direct"
+    DOUBLING = "doubling"
 
 
 def _kind(kind: BaselineKind | str) -> BaselineKind:
@@ -42,7 +44,7 @@ def _kind(kind: BaselineKind | str) -> BaselineKind:
         return BaselineKind(kind)
     except ValueError:
         raise ArgumentError(
-            None, "baseline", f"unknown baseline {kind!r}", "ring, tree, hierarchical, trees or direct"
+            None, "baseline", f"unknown baseline {kind!r}", "ring, tree, hierarchical, trees, direct or doubling"
         ) from None
 
 
@@ -50,8 +52,9 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
     """Return the baselines worth comparing for ``collective`` on ``topology``.
 
     Double binary trees only reduce (allreduce); hierarchical equals the ring on one machine,
-    so it is listed only across machines; packed trees apply everywhere. AlltoAll has its
-    own two: direct, and hierarchical across machines.
+    so it is listed only across machines; packed trees apply everywhere; doubling (Bruck per rail)
+    across machines of equally many GPUs. AlltoAll has its own two: direct, and hierarchical
+    across machines.
     """
     collective = parse_collective(collective)
     if collective is Collective.ALLTOALL:
@@ -62,6 +65,8 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
     if topology.nodes > 1:
         kinds.append(BaselineKind.HIERARCHICAL)
     kinds.append(BaselineKind.TREES)
+    if topology.nodes > 1 and equal_machines(topology):
+        kinds.append(BaselineKind.DOUBLING)
     return tuple(kinds)
 
 
@@ -85,8 +90,8 @@ def build_baseline(
     Parameters
     ----------
     kind : BaselineKind or str
-        ``ring``, ``tree`` (allreduce only), ``hierarchical`` or ``trees`` (packed spanning trees);
-        for alltoall ``direct`` or ``hierarchical`` (two or more machines).
+        ``ring``, ``tree`` (allreduce only), ``hierarchical``, ``trees`` (packed spanning trees) or
+        ``doubling`` (two or more machines); for alltoall ``direct`` or ``hierarchical``.
     topology : Topology
         The machine(s) the orders are built for.
     collective : Collective or str
@@ -94,7 +99,8 @@ def build_baseline(
     chunks : int, optional
         Pieces per channel (pipeline depth). Default: 1 for rings and hierarchical (their links
         are busy on every step, so more pieces only add latency in the α-β model); for trees
-        tuned to ``size_bytes`` when given.
+        tuned to ``size_bytes`` when given; for doubling the blocks per network send (default:
+        one send per earlier step, ``doubling_pieces_by_size``).
     channels : int, optional
         Parallel rings or trees (packed trees: trees per rank); default as the builder finds on the topology.
     size_bytes : int, optional
@@ -125,15 +131,15 @@ def build_baseline(
             topology.name,
             "baseline",
             f"no {kind.value} baseline for {collective.value}",
-            "direct or hierarchical for alltoall" if alltoall else "ring, tree, hierarchical or trees",
+            "direct or hierarchical for alltoall" if alltoall else "ring, tree, hierarchical, trees or doubling",
         )
-    spreads = kind in (BaselineKind.RING, BaselineKind.HIERARCHICAL) and not alltoall
+    spreads = kind in (BaselineKind.RING, BaselineKind.HIERARCHICAL, BaselineKind.DOUBLING) and not alltoall
     if max_transfers_per_threadblock is not None and not spreads:
         raise ArgumentError(
             topology.name,
             "baseline",
             f"{kind.value} {collective.value} with max_transfers_per_threadblock",
-            "a ring or hierarchical baseline of allgather, reducescatter or allreduce",
+            "a ring, hierarchical or doubling baseline of allgather, reducescatter or allreduce",
         )
     if alltoall:
         if kind is BaselineKind.DIRECT:
@@ -152,6 +158,14 @@ def build_baseline(
         )
     if kind is BaselineKind.TREE:
         return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
+    if kind is BaselineKind.DOUBLING:
+        return doubling_algorithm(
+            topology,
+            collective,
+            channels=channels,
+            piece_blocks=chunks,
+            max_transfers_per_threadblock=max_transfers_per_threadblock,
+        )
     if kind is BaselineKind.TREES:
         return packed_trees_algorithm(
             topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes, packings=packings
@@ -189,13 +203,15 @@ def size_groups(
 
     Rings and hierarchical algorithms use one depth for every size; trees and packed trees tune it
     (packed trees from ``packings``, ``phase_packings`` of the topology, packed here when None), and
-    so does the hierarchical alltoall (its pieces per parcel).
+    so does the hierarchical alltoall (its pieces per parcel) and doubling (its blocks per network send).
     """
     kind, collective = _kind(kind), parse_collective(collective)
     if kind is BaselineKind.TREES:
         return packing_pieces_by_size(topology, collective, sizes, packings)
     if kind is BaselineKind.HIERARCHICAL and collective is Collective.ALLTOALL:
         return None, dict(hierarchical_alltoall_pieces_by_size(topology, sizes))
+    if kind is BaselineKind.DOUBLING:
+        return None, doubling_pieces_by_size(topology, sizes)
     if kind is not BaselineKind.TREE:
         return None, {None: list(sizes)}
     channels = default_tree_channels(topology)

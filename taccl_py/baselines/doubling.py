@@ -1,0 +1,297 @@
+"""Latency-optimal hierarchical baselines: Bruck's doubling across machines on every rail, direct exchange inside.
+
+For machines of G GPUs each (M machines, N = M·G ranks), local GPU i of every machine forms
+rail i (on DGX machines it has its own NIC):
+
+* AllGather: every GPU sends its block straight to the G - 1 others of its machine, and rail i
+  runs Bruck's doubling across machines (step k: machine m sends the blocks it holds of machines
+  m .. m + 2^k - 1 to machine m - 2^k; ceil(log2 M) steps, any M). Each block a GPU receives from
+  the network goes on at once to the G - 1 others of its machine, so the network and NVLink phases
+  overlap. A rail's blocks sit in scratch in Bruck's relative order, so each network send is one
+  contiguous transfer; blocks reach the output buffer one local copy or NVLink transfer each.
+* ReduceScatter: the AllGather reversed in time, every copy an addition (partial sums travel
+  the AllGather's trees towards their owner).
+* AllReduce: that ReduceScatter, then the AllGather (Rabenseifner's halving-doubling).
+
+Step k does not wait for step k - 1: its connection sends the GPU's own block at once and what
+each earlier step brought as soon as it arrives, in pieces of ``piece_blocks`` blocks (fewer
+pieces pay fewer α, smaller ones let NVLink forward sooner: ``doubling_pieces_by_size`` picks by
+block size). Inside a machine, received blocks are forwarded over ``lanes`` connections per GPU
+pair in turn, so one forward's α overlaps another's bytes; ``channels`` cut every block in parts,
+each with its own connections (threadblocks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from taccl_py.baselines._orders import node_ranks
+from taccl_py.errors import ArgumentError
+from taccl_py.ir.algorithm import Algorithm, Buffer
+from taccl_py.ir.collectives import Collective
+from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan, spread_long_connections
+from taccl_py.topology.model import Topology
+from taccl_py.verify import check_algorithm
+
+__all__ = ["doubling_algorithm", "doubling_pieces_by_size", "equal_machines", "bruck_steps", "MAX_DOUBLING_CHANNELS"]
+
+I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
+Items = list[Transfer | LocalCopy]
+Slot = tuple[Buffer, int]
+# Two channels keep a 64-machine AllReduce's connections (2 × (6 + 6 + 7 + 7) threadblocks per GPU,
+# plus local copies) under MSCCL's 64 threadblocks per GPU (taccl_py.msccl.limits).
+MAX_DOUBLING_CHANNELS = 2
+# Blocks (bytes each, size / GPUs) below the first figure cross the network in one send per earlier
+# step, below the second in pieces of 2 blocks, else one block each: simulated on DGX H100 × 16
+# under MSCCL's loop (1 MiB: 15.2 µs against 17.0 in pieces of 2; 16 MiB: 60.3 against 62.9 and
+# 65.6; 64 MiB: 197.9 against 209.8).
+_PIECE_BLOCK_BYTES = (32 * 1024, 256 * 1024)
+
+
+def equal_machines(topology: Topology) -> bool:
+    """Return True when every machine of ``topology`` holds equally many GPUs."""
+    return len({len(node_ranks(topology, node)) for node in range(topology.nodes)}) == 1
+
+
+def doubling_pieces_by_size(topology: Topology, sizes: Sequence[int]) -> dict[int | None, list[int]]:
+    """Return ``sizes`` grouped by the blocks per network send the doubling baseline uses for them."""
+    groups: dict[int | None, list[int]] = {}
+    for size in sizes:
+        block_bytes = size / topology.num_ranks
+        pieces = None if block_bytes < _PIECE_BLOCK_BYTES[0] else 2 if block_bytes < _PIECE_BLOCK_BYTES[1] else 1
+        groups.setdefault(pieces, []).append(size)
+    return groups
+
+
+def bruck_steps(machines: int) -> tuple[tuple[int, int], ...]:
+    """Return Bruck's steps over ``machines``: (distance 2^k, blocks sent) with blocks min(2^k, M - 2^k).
+
+    >>> bruck_steps(6)
+    ((1, 1), (2, 2), (4, 2))
+    """
+    steps = []
+    distance = 1
+    while distance < machines:
+        steps.append((distance, min(distance, machines - distance)))
+        distance *= 2
+    return tuple(steps)
+
+
+def _pieces(distance: int, count: int, piece_blocks: int | None) -> list[tuple[int, int]]:
+    """Return the (first relative block, blocks) runs step ``distance`` sends, in the order they are ready.
+
+    The own block first, then what each earlier step brought, in runs of at most ``piece_blocks``
+    blocks (None: one run per earlier step).
+    """
+    runs = [(0, 1)]
+    start = 1
+    while start < min(distance, count):
+        end = min(2 * start, count)
+        width = end - start if piece_blocks is None else piece_blocks
+        runs += [(first, min(width, end - first)) for first in range(start, end, width)]
+        start = end
+    return runs
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Channels (parts of a block), blocks per network send (None: one send per earlier step), forwarding lanes."""
+
+    channels: int
+    piece_blocks: int | None
+    lanes: int
+
+
+class _Grid:
+    """Ranks as (machine, local index), channel parts and every slot the AllGather touches."""
+
+    def __init__(self, topology: Topology, shape: "_Shape", scratch_base: int) -> None:
+        self.machines = topology.nodes
+        self.ranks = [node_ranks(topology, node) for node in range(self.machines)]
+        self.local = len(self.ranks[0])
+        self.channels = shape.channels
+        self.shape = shape
+        self.scratch_base = scratch_base
+
+    def lane(self, channel: int, position: int) -> int:
+        """Return the channel forwarding relative block ``position`` of ``channel`` in a machine (lanes alternate)."""
+        return channel + self.channels * (position % self.shape.lanes)
+
+    def block(self, rank: int, channel: int) -> int:
+        """Return the chunk of ``rank``'s block that ``channel`` carries (output or input index)."""
+        return rank * self.channels + channel
+
+    def scratch(self, position: int, channel: int) -> Slot:
+        """Return the scratch slot of relative block ``position`` of ``channel``'s rail copy."""
+        return (S, self.scratch_base + channel * self.machines + position)
+
+
+def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
+    """Return the AllGather's items; ``own(rank, channel)`` is where rank's part for channel starts out."""
+    m_count, g_count = grid.machines, grid.local
+    steps = bruck_steps(m_count)
+    items: Items = []
+    for m in range(m_count):
+        for rank in grid.ranks[m]:
+            for c in range(grid.channels):
+                out = (O, grid.block(rank, c))
+                if own(rank, c) != out:
+                    items.append(LocalCopy(rank, own(rank, c), out))
+                if m_count > 1:
+                    items.append(LocalCopy(rank, own(rank, c), grid.scratch(0, c)))
+                items += [Transfer(rank, peer, own(rank, c), out, channel=c) for peer in grid.ranks[m] if peer != rank]
+    for distance, count in steps:
+        for m in range(m_count):
+            target = (m - distance) % m_count
+            for i in range(g_count):
+                for c in range(grid.channels):
+                    for first, blocks in _pieces(distance, count, grid.shape.piece_blocks):
+                        src, dst = grid.scratch(first, c), grid.scratch(distance + first, c)
+                        items.append(Transfer(grid.ranks[m][i], grid.ranks[target][i], src, dst, blocks, channel=c))
+    # Blocks that crossed fewer network hops arrive first: forward them first.
+    for position in sorted(range(1, m_count), key=lambda p: (p.bit_count(), p)):
+        for m in range(m_count):
+            origin = (m + position) % m_count
+            for i in range(g_count):
+                rank = grid.ranks[m][i]
+                for c in range(grid.channels):
+                    held, out = grid.scratch(position, c), (O, grid.block(grid.ranks[origin][i], c))
+                    items.append(LocalCopy(rank, held, out))
+                    lane = grid.lane(c, position)
+                    items += [Transfer(rank, peer, held, out, channel=lane) for peer in grid.ranks[m] if peer != rank]
+    return items
+
+
+def _reversed_items(items: Sequence[Transfer | LocalCopy], swap: Callable[[int, Slot], Slot]) -> Items:
+    """Return ``items`` run backwards with every copy an addition: the mirror collective's items.
+
+    A copy from x to y becomes y's partial sum added into x; ``swap(rank, slot)`` maps each slot to
+    the mirror's (the gather's output is the reduction's input). The first write into a slot
+    overwrites it (nothing was there), the later ones add.
+    """
+    written: set[tuple[int, Buffer, int]] = set()
+    out: Items = []
+    for item in reversed(items):
+        if isinstance(item, LocalCopy):
+            src, dst, count = swap(item.rank, item.dst), swap(item.rank, item.src), item.count
+            for start, run, seen in _runs(written, item.rank, dst, count):
+                shifted = (src[0], src[1] + start)
+                out.append(LocalCopy(item.rank, shifted, (dst[0], dst[1] + start), run, reduce=seen))
+            continue
+        src, dst = swap(item.dst_rank, item.dst), swap(item.src_rank, item.src)
+        for start, run, seen in _runs(written, item.src_rank, dst, item.count):
+            out.append(
+                Transfer(
+                    item.dst_rank,
+                    item.src_rank,
+                    (src[0], src[1] + start),
+                    (dst[0], dst[1] + start),
+                    run,
+                    reduce=seen,
+                    channel=item.channel,
+                )
+            )
+    return out
+
+
+def _runs(written: set[tuple[int, Buffer, int]], rank: int, dst: Slot, count: int) -> list[tuple[int, int, bool]]:
+    """Return (offset, chunks, already written) runs of ``dst`` on ``rank``, and mark them all written."""
+    flags = [(rank, dst[0], dst[1] + k) in written for k in range(count)]
+    written.update((rank, dst[0], dst[1] + k) for k in range(count))
+    runs: list[tuple[int, int, bool]] = []
+    for k, flag in enumerate(flags):
+        if runs and runs[-1][2] == flag:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1, flag)
+        else:
+            runs.append((k, 1, flag))
+    return runs
+
+
+def _plan(topology: Topology, collective: Collective, shape: _Shape) -> Items:
+    """Return the items of ``collective``: the AllGather, its mirror, or the mirror then the AllGather."""
+    if collective is Collective.ALLGATHER:
+        return _allgather_items(_Grid(topology, shape, 0), lambda rank, c: (I, c))
+    gather = _allgather_items(_Grid(topology, shape, 0), lambda rank, c: (I, c))
+    if collective is Collective.REDUCESCATTER:
+        swap = {I: O, O: I, S: S}
+        return _reversed_items(gather, lambda rank, slot: (swap[slot[0]], slot[1]))
+    # AllReduce: the reduce-scatter leaves rank r's sums in its output at r's block, read back by the gather.
+    grid = _Grid(topology, shape, shape.channels * topology.nodes)
+
+    def swap_allreduce(rank: int, slot: Slot) -> Slot:
+        if slot[0] is I:
+            return (O, grid.block(rank, slot[1]))
+        return (I, slot[1]) if slot[0] is O else slot
+
+    items = _reversed_items(gather, swap_allreduce)
+    return items + _allgather_items(grid, lambda rank, c: (O, grid.block(rank, c)))
+
+
+def doubling_algorithm(
+    topology: Topology,
+    collective: Collective,
+    *,
+    channels: int | None = None,
+    piece_blocks: int | None = None,
+    lanes: int = 2,
+    max_transfers_per_threadblock: int | None = None,
+) -> Algorithm:
+    """Return a verified doubling baseline: Bruck's doubling per rail across machines, direct exchange inside.
+
+    Parameters
+    ----------
+    topology : Topology
+        Two or more machines of equally many GPUs (one each is fine).
+    collective : Collective
+        allgather, reducescatter or allreduce.
+    channels : int, optional
+        Parts every block is cut in, each on its own connections (default 1, at most 2).
+    piece_blocks : int or None
+        Blocks per network send: what each earlier step brought goes on in runs of at most this
+        many as soon as it arrives; None (default): in one send per earlier step.
+    lanes : int
+        Connections per GPU pair inside a machine that forward received blocks in turn (1 or 2, default 2).
+    max_transfers_per_threadblock : int, optional
+        Spread longer runs of sends over more channels (``spread_long_connections``).
+
+    Raises
+    ------
+    ArgumentError
+        For alltoall, one machine, machines of different sizes, or counts out of range.
+    """
+    collective = Collective(collective)
+    if collective is Collective.ALLTOALL:
+        fault = "no doubling baseline for alltoall"
+        raise ArgumentError(topology.name, "collective", fault, "allgather, reducescatter or allreduce")
+    if topology.nodes < 2:
+        raise ArgumentError(topology.name, "nodes", f"{topology.nodes} machine", "two or more machines")
+    if not equal_machines(topology):
+        sizes = sorted({len(node_ranks(topology, node)) for node in range(topology.nodes)})
+        fault = f"machines of {sizes} GPUs"
+        raise ArgumentError(topology.name, "nodes", fault, "machines of equally many GPUs")
+    count = 1 if channels is None else channels
+    if not 1 <= count <= MAX_DOUBLING_CHANNELS:
+        raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_DOUBLING_CHANNELS}")
+    if piece_blocks is not None and piece_blocks < 1:
+        raise ArgumentError(topology.name, "piece_blocks", f"{piece_blocks} blocks", "at least 1, or None")
+    if lanes not in (1, 2):
+        raise ArgumentError(topology.name, "lanes", f"{lanes} lanes", "1 or 2")
+    shape = _Shape(count, piece_blocks, lanes)
+    items = _plan(topology, collective, shape)
+    pieces = "steps" if piece_blocks is None else f"{piece_blocks}b"
+    name = f"doubling-{count}ch-{pieces}-{lanes}l"
+    metadata = (
+        ("baseline", "doubling"),
+        ("topology", topology.name),
+        ("channels", str(count)),
+        ("piece_blocks", "steps" if piece_blocks is None else str(piece_blocks)),
+        ("lanes", str(lanes)),
+    )
+    if max_transfers_per_threadblock is not None:
+        items, spread = spread_long_connections(items, max_transfers_per_threadblock)
+        if spread:
+            name += f"-tb{max_transfers_per_threadblock}"
+            metadata += (("transfers_per_threadblock", str(max_transfers_per_threadblock)),)
+    algorithm = lower_plan(name, collective, topology.num_ranks, topology.num_ranks * count, items)
+    return check_algorithm(replace(algorithm, metadata=metadata))

@@ -1,0 +1,104 @@
+"""The doubling baseline: Bruck's doubling per rail across machines, direct exchange inside a machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, compare_baselines
+from taccl_py.baselines.doubling import bruck_steps, doubling_algorithm
+from taccl_py.errors import ArgumentError
+from taccl_py.simulate import MSCCL_LOOP, simulate
+from taccl_py.topology import load_topology
+from taccl_py.verify import verify_algorithm
+
+MiB = 1 << 20
+COLLECTIVES = ("allgather", "reducescatter", "allreduce")
+
+
+def _one_gpu_machine(tmp_path: Path) -> Path:
+    """Write a machine of one GPU and one NIC behind a PCIe switch (tests/test_nccl_baselines.py's)."""
+    machine = {
+        "schema": "taccl-topology/1",
+        "name": "one-gpu",
+        "description": "test: one GPU per machine",
+        "sources": ["test fixture: made-up figures"],
+        "vertices": [
+            {"name": "gpu0", "kind": "gpu", "local_index": 0, "numa": 0},
+            {
+                "name": "nic0",
+                "kind": "nic",
+                "local_index": 0,
+                "numa": 0,
+                "net_kind": "ib",
+                "net_bandwidth_GBps": 25.0,
+                "net_alpha_us": 2.0,
+            },
+            {"name": "pcie0", "kind": "pcie_switch", "numa": 0},
+        ],
+        "links": [
+            {"src": "gpu0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
+            {"src": "nic0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
+        ],
+    }
+    path = tmp_path / "one-gpu.json"
+    path.write_text(json.dumps(machine))
+    return path
+
+
+def test_bruck_steps_cover_every_other_machine_once():
+    for machines in range(2, 20):
+        steps = bruck_steps(machines)
+        assert len(steps) == (machines - 1).bit_length()
+        assert 1 + sum(count for _, count in steps) == machines
+
+
+@pytest.mark.parametrize("nodes", [2, 4, 3])
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_doubling_is_verified_on_dgx_a100_machines(nodes, collective):
+    topology = load_topology("dgx-a100", nodes=nodes)
+    for pieces in (None, 1):
+        algorithm = build_baseline("doubling", topology, collective, pieces)
+        assert verify_algorithm(algorithm).ok, algorithm.name
+        assert max(len(program.threadblocks) for program in algorithm.ranks) <= 64
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+def test_doubling_is_verified_with_one_gpu_on_each_of_six_machines(tmp_path, collective):
+    topology = load_topology(_one_gpu_machine(tmp_path), nodes=6)
+    assert BaselineKind.DOUBLING in applicable_kinds(topology, collective)
+    algorithm = doubling_algorithm(topology, collective, piece_blocks=1)
+    assert verify_algorithm(algorithm).ok
+    # Bruck over 6 machines: 3 steps to the machines 1, 2 and 4 back; the mirror sends 1, 2 and 4 on
+    back, forth = {5, 4, 2}, {1, 2, 4}
+    expected = {"allgather": back, "reducescatter": forth, "allreduce": back | forth}[collective]
+    sends = {tb.send_peer for tb in algorithm.ranks[0].threadblocks if tb.send_peer is not None}
+    assert sends == expected
+
+
+def test_doubling_beats_the_ring_at_one_mebibyte_on_eight_dgx_h100():
+    topology = load_topology("dgx-h100", nodes=8)
+    ring = build_baseline("ring", topology, "allgather")
+    doubling = build_baseline("doubling", topology, "allgather")
+    ring_us = simulate(ring, topology, MiB, model=MSCCL_LOOP).time_us
+    doubling_us = simulate(doubling, topology, MiB, model=MSCCL_LOOP).time_us
+    # 3 network steps of α 2.7 µs against the ring's 63 hops, 7 of them across machines
+    assert doubling_us < ring_us / 4
+    assert max(len(program.threadblocks) for program in doubling.ranks) <= 64
+    assert max(len(tb.steps) for program in doubling.ranks for tb in program.threadblocks) <= 64
+
+
+def test_doubling_competes_in_compare_baselines():
+    topology = load_topology("dgx-h100", nodes=4)
+    (compared,) = compare_baselines(topology, "allgather", [MiB])
+    assert compared.fastest is not None and compared.fastest[0].name.startswith("doubling-")
+
+
+def test_doubling_refuses_one_machine_and_alltoall():
+    with pytest.raises(ArgumentError, match="two or more machines"):
+        doubling_algorithm(load_topology("dgx-h100"), "allgather")
+    with pytest.raises(ArgumentError, match="no doubling baseline for alltoall"):
+        doubling_algorithm(load_topology("dgx-h100", nodes=2), "alltoall")
+    assert BaselineKind.DOUBLING not in applicable_kinds(load_topology("dgx-h100"), "allgather")
