@@ -124,3 +124,25 @@ def test_one_gpu_is_refused():
     single = make_topology("one", [Vertex("gpu0", VertexKind.GPU, rank=0)], [])
     with pytest.raises(ArgumentError, match=r"at least 2 GPUs"):
         synthesize(single, "allgather")
+
+
+def test_a_run_that_writes_xml_chooses_among_what_the_runtime_loads():
+    from dataclasses import replace
+
+    from test_simulate import full_mesh
+
+    from taccl_py.baselines import build_baseline
+    from taccl_py.baselines.choice import ComparedBaseline
+    from taccl_py.synth.outcome import choose_bands
+
+    topology = full_mesh(34)  # a 1-channel AllReduce ring: 66 sends in one threadblock, over MSCCL's 64 steps
+    whole = build_baseline("ring", topology, "allreduce", channels=1)
+    spread = build_baseline("ring", topology, "allreduce", channels=1, max_transfers_per_threadblock=28)
+    slow = simulate(spread, topology, MB)
+    fast = replace(simulate(whole, topology, MB), time_us=slow.time_us / 2)  # the unloadable one made faster
+    everything = [(whole, (fast,)), (spread, (slow,))]
+    baselines = (ComparedBaseline(MB, None, None),)
+    _, anywhere = choose_bands((MB,), False, everything, baselines)
+    _, loadable = choose_bands((MB,), False, everything, baselines, loadable_in="portable")
+    assert anywhere is whole and not exportable(whole)
+    assert loadable is spread and exportable(spread, "portable")

@@ -208,7 +208,9 @@ def _synthesize(args: argparse.Namespace) -> int:
     sketch = read_sketch(args.sketch) if args.sketch is not None else None
     nodes = args.nodes if args.nodes is not None else (sketch.nodes if sketch is not None and sketch.nodes else 1)
     topology = topology_from_args(args, nodes=None if args.cluster is not None else nodes)
-    result = synthesize(topology, args.collective, sketch=sketch, **_synthesis_options(args))
+    # Asked for XML, choose among what that runtime loads (64 threadblocks, its step limits).
+    loadable_in = None if xml_limits is None else xml_limits.runtime.value
+    result = synthesize(topology, args.collective, sketch=sketch, loadable_in=loadable_in, **_synthesis_options(args))
     _write_result(args, result, xml_limits)
     _stderr(format_budget_line(result, args.time_limit))
     _print_result(result, topology)
@@ -303,7 +305,13 @@ def _synthesize_groups(args: argparse.Namespace) -> int:
         (kind, outcome)
         for kind in _group_kinds(args, topology)
         for outcome in synthesize_groups(
-            topology, args.collective, kind, placement=placement, machine=machine, **_synthesis_options(args)
+            topology,
+            args.collective,
+            kind,
+            placement=placement,
+            machine=machine,
+            loadable_in=None if xml_limits is None else xml_limits.runtime.value,
+            **_synthesis_options(args),
         )
     ]
     for kind, outcome in outcomes:  # everything is synthesized before the first file is written

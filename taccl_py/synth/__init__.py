@@ -260,7 +260,7 @@ def _run_candidates(
     options: SolverOptions,
     sizes: Sequence[int],
     bounds: Sequence,
-    banded: bool,
+    loadable_only: bool | str,
     progress: Callable[[str], None] | None,
     model: ExecutionModel,
     jobs: int = 1,
@@ -295,7 +295,7 @@ def _run_candidates(
         )
         for index, (chunking, near) in enumerate(chunkings, 1)
     ]
-    work.append(partial(best_baselines_per_size, topology, collective, sizes, options, banded, model=model))
+    work.append(partial(best_baselines_per_size, topology, collective, sizes, options, loadable_only, model=model))
     # The routing MILPs, most of a candidate's time, grow with its chunks per rank. Among equals
     # the fewer pieces (less memory) go first, so two of the largest rarely run side by side.
     costs = [chunking.chunkup for chunking, _ in chunkings] + [0]
@@ -332,6 +332,7 @@ def synthesize(
     node_limit: int | None = None,
     jobs: int | None = 1,
     model: ExecutionModel | str = MSCCL_LOOP,
+    loadable_in: str | None = None,
 ) -> SynthesisResult:
     """Return a verified algorithm for ``collective`` on ``topology``, fastest under the simulator.
 
@@ -373,6 +374,9 @@ def synthesize(
         How the runtime runs the program (``taccl_py.simulate.model``): candidates and baselines
         are simulated, and sends ordered, under it. Default ``msccl`` (MSCCL's slice loop,
         serialized sends); ``pipelined`` orders and simulates pipelined sends.
+    loadable_in : str, optional
+        An MSCCL runtime (``taccl_py.msccl.limits``; ``portable``: every one) the chosen algorithm
+        must load in: candidates and baselines over its limits (threadblocks, steps) are not chosen.
 
     Returns
     -------
@@ -421,6 +425,7 @@ def synthesize(
         began,
         execution_model(model),
         workers,
+        loadable_in,
     )
 
 
@@ -435,6 +440,7 @@ def _synthesize_impl(
     began: float,
     model: ExecutionModel,
     jobs: int = 1,
+    loadable_in: str | None = None,
 ) -> SynthesisResult:
     if collective is Collective.ALLTOALL:
         return synthesize_alltoall(
@@ -447,14 +453,14 @@ def _synthesize_impl(
     bounds = lower_bounds(topology, collective, sizes)
     chunkings = _plan_chunkings(graph, collective, bounds, sketch.chunkup, model)
     runs, baselines = _run_candidates(
-        graph, topology, collective, chunkings, options, sizes, bounds, banded, progress, model, jobs
+        graph, topology, collective, chunkings, options, sizes, bounds, loadable_in or banded, progress, model, jobs
     )
     if collective is Collective.ALLREDUCE:
         runs += _mixed_allreduce_runs(runs, topology, sizes, bounds, model, progress)
     everything = [(c.algorithm, r) for c, r in runs]
     parts = _split_parts(everything, baselines)
     everything += switch_candidates(topology, collective, sizes, parts, model=model, progress=progress)
-    choices, best_at_top = choose_bands(sizes, banded, everything, baselines)
+    choices, best_at_top = choose_bands(sizes, banded, everything, baselines, loadable_in)
     budget_bound = first_budget_bound(candidate.budget_bound for candidate, _ in runs)
     timed_out = budget_bound is BudgetBound.WALL_CLOCK_CAP
     library = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from taccl_py import __version__
 from taccl_py.baselines.choice import ComparedBaseline, compare_baselines
@@ -62,18 +63,20 @@ def best_baselines_per_size(
     collective: Collective,
     sizes: tuple[int, ...],
     options: SolverOptions,
-    loadable_only: bool,
+    loadable_only: bool | str,
     progress: Callable[[str], None] | None,
     model: ExecutionModel = MSCCL_LOOP,
 ) -> tuple[ComparedBaseline, ...]:
     """Return, per size, the baseline results are compared with and the one that may be written instead.
 
     HiGHS's pool is sized first, as the candidates size it (packed trees). With ``loadable_only``
-    (size bands) only baselines that load in the MSCCL runtimes may be written; the fastest
-    baseline, loadable or not, is still what every printed ratio is against.
+    (size bands) only baselines that load in the MSCCL runtimes may be written (a runtime's name:
+    those that load there); the fastest baseline, loadable or not, is still what every printed
+    ratio is against.
     """
     prepare_highs_threads(options.threads)
-    keep = exportable if loadable_only else None
+    runtime = loadable_only if isinstance(loadable_only, str) else "portable"
+    keep = partial(exportable, runtime=runtime) if loadable_only else None
     return compare_baselines(topology, collective, sizes, progress=progress, keep=keep, model=model)
 
 
@@ -82,6 +85,7 @@ def choose_bands(
     banded: bool,
     everything: list[tuple[Algorithm, tuple]],
     baselines: Sequence[ComparedBaseline],
+    loadable_in: str | None = None,
 ) -> tuple[tuple[SizeChoice, ...], Algorithm]:
     """Return the choice per size and the fastest synthesized algorithm at the largest size.
 
@@ -91,8 +95,14 @@ def choose_bands(
     (``band_writable``: MSCCL loads them, or MSCCL++ loads a switch schedule): synthesized ones are
     filtered here, the kept baselines already are; and a size where one of NCCL's modelled
     algorithms (NVLS, NVLS-Tree, PAT) is faster than all of them is left to NCCL (a native band).
+    With ``loadable_in`` (an MSCCL runtime, or ``portable``: every one) only algorithms that load
+    there win, so a run that writes XML writes the fastest schedule the runtime loads.
     """
-    usable = [pair for pair in everything if not banded or band_writable(pair[0])]
+    usable = [
+        pair
+        for pair in everything
+        if (not banded or band_writable(pair[0])) and (loadable_in is None or exportable(pair[0], loadable_in))
+    ]
     choices = choose_per_size(sizes, usable, baselines, fallback=everything, leave_to_native=banded)
     best_at_top = min(
         (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
