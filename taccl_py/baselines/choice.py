@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from taccl_py.baselines.build import BaselineKind, applicable_kinds, build_baseline, size_groups
-from taccl_py.baselines.nccl import ModelledBaseline, modelled_results
+from taccl_py.baselines.nccl import ModelledBaseline, closed_form_applies, modelled_results
 from taccl_py.baselines.packing import phase_packings
 from taccl_py.baselines.shipped import shipped_alternatives
 from taccl_py.bounds import lower_bounds
@@ -67,6 +67,8 @@ def compare_baselines(
     packed trees once per pipeline depth the sizes call for. Ties go to the earlier of ring, tree,
     hierarchical, trees (AlltoAll: direct, hierarchical), and all of them to NCCL's modelled
     algorithms (``modelled_results``: NVLS, NVLS-Tree, PAT), which compete for ``fastest`` only.
+    Above ``CLOSED_FORM_ABOVE_RANKS`` GPUs of identical machines the ring and tree are not built:
+    they are modelled in closed form (``baselines.closed_form``) and compete for ``fastest`` only.
     ``progress`` receives one line per baseline built.
     """
     collective = parse_collective(collective)
@@ -76,7 +78,12 @@ def compare_baselines(
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     fastest: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
     kept: dict[int, tuple[Algorithm, SimulationResult]] = {}
+    # Above CLOSED_FORM_ABOVE_RANKS GPUs of identical machines the ring and tree are NCCL's in closed
+    # form (modelled_results): too many transfers to build; they compete for ``fastest`` only.
+    closed = closed_form_applies(topology, collective)
     for kind in applicable_kinds(topology, collective):
+        if closed and kind in (BaselineKind.RING, BaselineKind.TREE):
+            continue
         # Packed trees of every pipeline depth share one packing (seconds on 64 GPUs).
         packings = phase_packings(topology, collective) if kind is BaselineKind.TREES else None
         channels, groups = size_groups(kind, topology, collective, sizes, packings)
@@ -97,10 +104,10 @@ def compare_baselines(
             _keep_faster(fastest, shipped[0], (size,), (shipped[1],))
             if keep is None or keep(shipped[0]):
                 _keep_faster(kept, shipped[0], (size,), (shipped[1],))
-    for modelled, results in modelled_results(topology, collective, sizes):
+    for modelled, results in modelled_results(topology, collective, sizes, model, bounds):
         if progress is not None:
             progress(f"baseline {modelled.name}: modelled from NCCL's tuning, not a schedule")
-        _keep_faster(fastest, modelled, sizes, results)
+        _keep_faster(fastest, modelled, [result.size_bytes for result in results], results)
     return tuple(ComparedBaseline(size, fastest.get(size), kept.get(size)) for size in sizes)
 
 

@@ -47,10 +47,11 @@ counts follow NCCL's), the direct exchange for AlltoAll, and the modelled ones a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from taccl_py.baselines.build import BaselineKind, build_baseline, size_groups
+from taccl_py.baselines.closed_form import closed_form_applies, closed_form_times
 from taccl_py.baselines.nvls import NVLS, has_nvls, nvls_allreduce_times, nvls_switch_rate
 from taccl_py.bounds import checked_sizes, lower_bounds
 from taccl_py.ir.collectives import Collective, bus_factor, parse_collective
@@ -66,6 +67,8 @@ __all__ = [
     "ModelledBaseline",
     "ModelledTime",
     "NcclChoice",
+    "closed_form_applies",
+    "closed_form_times",
     "is_schedule",
     "modelled_results",
     "nccl_best_times",
@@ -237,18 +240,42 @@ def nccl_modelled_times(
 
 
 def modelled_results(
-    topology: Topology, collective: Collective | str, sizes_bytes: Iterable[int]
+    topology: Topology,
+    collective: Collective | str,
+    sizes_bytes: Iterable[int],
+    model: ExecutionModel = MSCCL_LOOP,
+    bounds_us: Mapping[int, float] | None = None,
 ) -> tuple[tuple[ModelledBaseline, tuple[SimulationResult, ...]], ...]:
     """Return each modelled NCCL algorithm as a ``ModelledBaseline`` with a ``SimulationResult`` per size.
 
     The results carry the modelled time and the bound that holds for it, no link usage and no
     transfers, and ``model`` ``nccl-model``: what ``compare_baselines`` sets beside simulated baselines.
+    Above ``CLOSED_FORM_ABOVE_RANKS`` GPUs of identical machines NCCL's ring and tree join them in
+    closed form (``closed_form_times``; the faster per size, at the sizes where it is faster),
+    under ``model``, against ``bounds_us`` (µs by size; computed when None). A baseline absent at
+    some sizes carries results for the others only.
     """
     collective = parse_collective(collective)
+    sizes = checked_sizes(topology, sizes_bytes)
     out = []
-    for name, times in nccl_modelled_times(topology, collective, sizes_bytes).items():
+    for name, times in nccl_modelled_times(topology, collective, sizes).items():
         baseline = ModelledBaseline(name, collective, topology.num_ranks)
         out.append((baseline, tuple(_as_result(topology, t) for t in times)))
+    closed = closed_form_times(topology, collective, sizes, model)
+    if closed is not None:
+        if bounds_us is None:
+            bounds_us = {size: bound.time_us for size, bound in zip(sizes, lower_bounds(topology, collective, sizes))}
+        by_name: dict[str, list[tuple[int, ModelledTime]]] = {}
+        for size, name, time_us in closed:
+            entry = ModelledTime(name, collective, size, topology.num_ranks, time_us, 0.0, bounds_us[size])
+            by_name.setdefault(name, []).append((size, entry))
+        for name, entries in by_name.items():
+            out.append(
+                (
+                    ModelledBaseline(name, collective, topology.num_ranks),
+                    tuple(_as_result(topology, t) for _, t in entries),
+                )
+            )
     return tuple(out)
 
 
@@ -324,14 +351,18 @@ def nccl_best_times(
         else (BaselineKind.RING,) + ((BaselineKind.TREE,) if collective is Collective.ALLREDUCE else ())
     )
     modelled = nccl_modelled_times(topology, collective, sizes)
-    bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     best: dict[int, tuple[str, float]] = {}
     for name, times in modelled.items():
         for time in times:
             _faster(best, time.size_bytes, name, time.time_us)
-    # Every ring and tree is held to the bound: where it exceeds a modelled time, none of them can win.
-    simulated = [size for size in sizes if size not in best or bounds[size] <= best[size][1]]
     found: dict[int, tuple[str, float]] = {}
+    closed = closed_form_times(topology, collective, sizes, model)
+    if closed is not None:  # many identical machines: the ring and tree in closed form, no bound needed
+        kinds, found, simulated = (), {size: (name, time_us) for size, name, time_us in closed}, []
+    else:
+        bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
+        # Every ring and tree is held to the bound: where it exceeds a modelled time, none of them can win.
+        simulated = [size for size in sizes if size not in best or bounds[size] <= best[size][1]]
     for kind in kinds:
         _, groups = size_groups(kind, topology, collective, simulated)
         for chunks, group in groups.items():

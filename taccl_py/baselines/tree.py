@@ -40,6 +40,7 @@ __all__ = [
     "tree_algorithm",
     "default_tree_chunks",
     "default_tree_channels",
+    "tree_chunks_for",
     "DEFAULT_TREE_CHUNKS",
     "MAX_TREE_CHUNKS",
 ]
@@ -120,8 +121,15 @@ def default_tree_chunks(topology: Topology, size_bytes: int, channels: int) -> i
     hops = [route(topology, child, parent) for child, parent in parents.items() if parent is not None]
     alpha_us = max(max(h.alpha_us for h in hops), 1e-3)
     bandwidth_bytes_per_us = min(h.bandwidth_GBps for h in hops) * BYTES_PER_US_PER_GBPS
-    share = size_bytes / channels
-    best = math.sqrt(max(_depth(parents) - 1, 1) * share / (alpha_us * bandwidth_bytes_per_us))
+    return tree_chunks_for(_depth(parents), alpha_us, bandwidth_bytes_per_us, size_bytes / channels)
+
+
+def tree_chunks_for(depth: int, alpha_us: float, bandwidth_bytes_per_us: float, share_bytes: float) -> int:
+    """Return the pipeline depth sqrt((depth - 1) · share / (α · bandwidth)), rounded, in 1..``MAX_TREE_CHUNKS``.
+
+    ``depth``: hops from the deepest rank to the root; ``share_bytes``: one channel's bytes.
+    """
+    best = math.sqrt(max(depth - 1, 1) * share_bytes / (alpha_us * bandwidth_bytes_per_us))
     return int(min(MAX_TREE_CHUNKS, max(1, round(best))))
 
 
