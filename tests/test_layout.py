@@ -41,6 +41,7 @@ FLOORS = (
     ("taccl_py.stages",),
     ("taccl_py.baselines",),
     ("taccl_py.synth",),
+    ("taccl_py.build",),
     ("taccl_py.runtime",),
     ("taccl_py.cli",),
     ("taccl_py.__main__",),

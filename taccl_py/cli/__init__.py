@@ -67,6 +67,7 @@ COMMANDS = MappingProxyType(
             "print NCCL's modelled NVLS or PAT times",
         ),
         "synthesize": ("synth", "synthesize a verified algorithm for a topology (TACCL-style MILP)"),
+        "build": ("build", "synthesize libraries for machines x node counts x collectives (local processes or Ray)"),
         "bench": ("bench", "time an algorithm or library against torch.distributed's own collectives"),
         "profile": ("profile", "measure alpha and bandwidth between ranks; write a topology with the measured links"),
         "place": ("place", "place pipeline stages on GPUs (NVLink chains, NIC-near boundary GPUs)"),
@@ -94,6 +95,11 @@ PARAMETER_OPTIONS = MappingProxyType(
         "sizes": "--sizes",
         "nodes": "--nodes",
         "solver": "--solver",
+        "topologies": "--topologies",
+        "collectives": "--collectives",
+        "engine": "--engine",
+        "address": "--address",
+        "retries": "--retries",
     }
 )
 #: How to install each package imported on demand: the extra(s) that provide it.

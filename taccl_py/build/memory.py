@@ -1,7 +1,7 @@
 """Peak memory of a process and everything it starts (forkserver workers included), sampled from /proc.
 
 ``getrusage(RUSAGE_CHILDREN)`` only counts children that were waited for, and a forkserver's
-workers are not a synthesis's children at all, so a benchmark that wants the memory of the
+workers are not a synthesis's children at all, so a build that wants the memory of the
 whole run samples the process tree instead: every ``interval_s`` it lists the root's live
 descendants and reads each one's resident set (VmRSS) and high-water mark (VmHWM). Linux only;
 elsewhere nothing is sampled and the peaks stay 0.
