@@ -20,7 +20,7 @@ from taccl_py.mscclpp.sizes import largest_addressable_size, refused_sizes
 from taccl_py.synth import write_library
 from taccl_py.topology import builtin_topology_names, load_topology
 
-from helpers import FIXTURES, builtin_machine_params, ring_algorithm
+from helpers import FIXTURES, LARGE_BUILTINS, ring_algorithm
 
 MSCCLPP_FIXTURES = FIXTURES / "mscclpp"
 MIB = 1 << 20
@@ -112,7 +112,14 @@ def test_plans_across_machines_use_port_channels_and_verify(tmp_path) -> None:
     assert kinds == {"memory", "port"}
 
 
-@pytest.mark.parametrize("name", builtin_machine_params())
+# The default run exports ndv2's (point-to-point), dgx-h100's (NVSwitch), dgx-a100's and mi300x's
+# libraries; these machines' (10-36 s each on 2 cores) and the large ones run with --runslow.
+SLOW_EXPORTS = frozenset({"dgx2", "ndv2-teccl", "dgx1", "pcie-8gpu"}) | LARGE_BUILTINS
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_EXPORTS else n for n in builtin_topology_names()]
+)
 def test_every_shipped_library_of_one_machine_exports_and_verifies(name) -> None:
     topology = load_topology(name)
     for path in shipped_library_paths(name, 1):

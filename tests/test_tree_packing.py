@@ -82,7 +82,16 @@ def test_a_packed_routing_is_deterministic_and_roots_each_chunk_at_its_rank():
     assert first.status.startswith("tree packing")
 
 
-@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce"])
+# AllReduce packs both phases (a reduce-scatter and an allgather packing): the default run checks it;
+# the phases alone (6-13 s each on 2 cores) run with --runslow.
+@pytest.mark.parametrize(
+    "collective",
+    [
+        pytest.param("allgather", marks=pytest.mark.slow),
+        pytest.param("reducescatter", marks=pytest.mark.slow),
+        "allreduce",
+    ],
+)
 def test_the_trees_baseline_verifies_and_beats_rings_at_large_sizes_on_dgx2x2(collective):
     topology = load_topology("dgx2", nodes=2)
     trees = build_baseline("trees", topology, collective, size_bytes=SIZE)
