@@ -109,3 +109,20 @@ def test_the_threshold_keeps_64_gpus_built():
     assert not closed_form_applies(load_topology("dgx-h100", nodes=8), "allgather")
     assert closed_form_applies(load_topology("dgx-h100", nodes=9), "allgather")
     assert not closed_form_applies(load_topology("dgx-h100", nodes=9), "alltoall")
+
+
+def test_compare_baselines_above_64_gpus_sets_the_closed_form_ring_beside_the_built_kinds(monkeypatch):
+    from taccl_py.baselines import choice
+    from taccl_py.baselines.build import BaselineKind
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ring was built above 64 GPUs")
+
+    # only the ring family: the others (hierarchical, packed trees) are built as before, at their cost
+    monkeypatch.setattr(choice, "applicable_kinds", lambda topology, collective: (BaselineKind.RING,))
+    monkeypatch.setattr(choice, "build_baseline", refuse)
+    (compared,) = choice.compare_baselines(load_topology("dgx-h100", nodes=9), "allgather", (2**24,))
+    baseline, result = compared.fastest
+    assert baseline.name == "nccl-ring-8ch-1p" and not baseline.is_schedule
+    assert result.model == "nccl-model" and result.bound_time_us <= result.time_us
+    assert compared.kept is None  # a modelled ring cannot be written in a band's place

@@ -35,13 +35,17 @@ Sources: NVIDIA/nccl ``src/graph/tuning.cc`` @b6475625 (v2.20.3): NVLS among Red
 AllGather's algorithms, Simple protocol only, NVLS disabled above one node without CollNet, its
 AllGather/ReduceScatter bandwidth not converted by the ring's nRanks/nsteps; @68b54236 (v2.23.4):
 PAT among AllGather's and ReduceScatter's algorithms, ``ncclPatEnable`` only when
-``nNodes == nRanks`` (one GPU per node), latency ``log2i(nNodes) * interLat`` plus constants.
+``nNodes == nRanks`` (one GPU per node; still so at @5067397c, ``tuning.cc`` l. 220), latency
+``log2i(nNodes) * interLat / 3.5 + 2.8 * nRanks`` plus ``baseLat`` (``baselines.closed_form`` holds
+NCCL's latency table and ``nccl_latency_us``; the PAT model here keeps the route's α per step).
 Release notes: NVLS AllGather/ReduceScatter in NCCL 2.19 (docs.nvidia.com/deeplearning/nccl/
 release-notes/rel_2-19-3.html), PAT in 2.23 (rel_2-23-4.html).
 
 ``nccl_best_times`` gives, per size, the fastest of NCCL's own algorithms there: its ring and
 double binary tree (built and simulated as the ``ring`` and ``tree`` baselines, whose channel
-counts follow NCCL's), the direct exchange for AlltoAll, and the modelled ones above.
+counts follow NCCL's; above ``CLOSED_FORM_ABOVE_RANKS`` GPUs of identical machines modelled in
+closed form instead, ``baselines.closed_form``, named ``nccl-ring-...``/``nccl-tree-...``), the
+direct exchange for AlltoAll, and the modelled ones above.
 """
 
 from __future__ import annotations
