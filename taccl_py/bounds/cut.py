@@ -20,7 +20,6 @@ automorphism of the network maps onto each other (``bounds.symmetry``: 1 of GB20
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,7 +28,7 @@ from networkx.algorithms.flow import build_residual_network, preflow_push
 
 from taccl_py.bounds.symmetry import GpuClass, gpu_classes
 from taccl_py.topology.compose import node_prefix
-from taccl_py.topology.model import ROUTE_REFERENCE_BYTES, Link, LinkKind, Topology, Vertex, VertexKind, route
+from taccl_py.topology.model import Link, LinkKind, Topology, Vertex, VertexKind, route, routed_links
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = ["CutBound", "binding_cut", "crossing_alpha_us", "cut_bound", "route_links"]
@@ -69,36 +68,9 @@ class CutBound:
 
 
 def route_links(topology: Topology) -> tuple[Link, ...]:
-    """Return the links some GPU-to-GPU route holds, in topology order: the only ones that carry data.
-
-    One Dijkstra per source instead of one ``route`` call per pair: with the out-edges of
-    the other GPUs hidden (GPUs do not forward), the search explores the same vertices in the
-    same order as ``route``'s per-pair search, so each path is the one ``route`` returns
-    (tests check this on the built-in machines).
-    """
-    graph = topology.graph
-    gpu_names = {v.name for v in topology.gpus}
-    used: set[tuple[str, str]] = set()
-    for source in topology.gpus:
-        weight = functools.partial(_search_weight, gpu_names, source.name)
-        paths = nx.single_source_dijkstra_path(graph, source.name, weight=weight)
-        for target in topology.gpus:
-            if target is source:
-                continue
-            if topology.link(source.name, target.name) is not None:
-                used.add((source.name, target.name))
-            elif target.name in paths:
-                path = paths[target.name]
-                used.update(zip(path, path[1:]))
-            else:
-                route(topology, source.rank, target.rank)  # raises the model's "no path" error
+    """Return the links some GPU-to-GPU route holds, in topology order: the only ones that carry data."""
+    used = routed_links(topology)
     return tuple(link for link in topology.links if link.key in used)
-
-
-def _search_weight(gpu_names: set[str], source: str, src: str, dst: str, data: dict) -> float | None:
-    if src != source and src in gpu_names:
-        return None
-    return data["link"].time_us(ROUTE_REFERENCE_BYTES)
 
 
 def _flow_graph(links: Iterable[Link], reverse: bool) -> nx.DiGraph:

@@ -25,6 +25,7 @@ __all__ = [
     "Topology",
     "Route",
     "route",
+    "routed_links",
     "transfer_time_us",
     "ROUTE_REFERENCE_BYTES",
 ]
@@ -338,13 +339,20 @@ def _find_route(topology: Topology, src_rank: int, dst_rank: int) -> Route:
     direct = topology.link(src, dst)
     if direct is not None:
         return Route(src_rank, dst_rank, (direct,))
-    distances, paths = _paths_from(topology, src)
-    best: tuple[float, str] | None = None
-    for hop, _ in topology.graph.in_edges(dst):
+    hop, last = _last_hop(topology, src_rank, dst_rank)
+    return Route(src_rank, dst_rank, _path_links(topology, src, hop) + (last,))
+
+
+def _last_hop(topology: Topology, src_rank: int, dst_rank: int) -> tuple[str, Link]:
+    """Return the vertex before ``dst_rank``'s GPU on the cheapest indirect route from ``src_rank``, and its link."""
+    src, dst = topology.gpu(src_rank).name, topology.gpu(dst_rank).name
+    distances, _ = _paths_from(topology, src)
+    best: tuple[float, str, Link] | None = None
+    for hop, last in _entries(topology, dst):
         if hop in distances and hop != src:
-            cost = distances[hop] + topology.link(hop, dst).time_us(ROUTE_REFERENCE_BYTES)
+            cost = distances[hop] + last.time_us(ROUTE_REFERENCE_BYTES)
             if best is None or cost < best[0]:
-                best = (cost, hop)
+                best = (cost, hop, last)
     if best is None:
         raise TopologyError(
             topology.name,
@@ -352,8 +360,51 @@ def _find_route(topology: Topology, src_rank: int, dst_rank: int) -> Route:
             f"no path from GPU rank {src_rank} to rank {dst_rank}",
             "every GPU to reach every other",
         )
-    path = paths[best[1]] + [dst]
-    return Route(src_rank, dst_rank, tuple(topology.link(a, b) for a, b in zip(path, path[1:])))
+    return best[1], best[2]
+
+
+def routed_links(topology: Topology) -> frozenset[tuple[str, str]]:
+    """Return the keys of the links some GPU-to-GPU ``route`` holds.
+
+    The same routes as ``route`` over every pair, without building each: per source, the last
+    hop into every GPU, then each distinct path to a last hop once (512 GPUs: 261,632 routes).
+    """
+    used: set[tuple[str, str]] = set()
+    for source in topology.gpus:
+        hops = set()
+        for target in topology.gpus:
+            if target is source:
+                continue
+            direct = topology.link(source.name, target.name)
+            if direct is not None:
+                used.add(direct.key)
+                continue
+            hop, last = _last_hop(topology, source.rank, target.rank)
+            used.add(last.key)
+            hops.add(hop)
+        paths = _paths_from(topology, source.name)[1] if hops else {}
+        for hop in hops:
+            used.update(zip(paths[hop], paths[hop][1:]))
+    return frozenset(used)
+
+
+def _entries(topology: Topology, dst: str) -> tuple[tuple[str, Link], ...]:
+    """Return the (previous vertex, link) of every link into ``dst``, in graph order, memoised."""
+    memo = topology._routes
+    key = ("entries", dst)
+    if key not in memo:
+        memo[key] = tuple((hop, data["link"]) for hop, _, data in topology.graph.in_edges(dst, data=True))
+    return memo[key]
+
+
+def _path_links(topology: Topology, src: str, hop: str) -> tuple[Link, ...]:
+    """Return the links of the shortest path from GPU ``src`` to switching vertex ``hop``, memoised."""
+    memo = topology._routes
+    key = ("path", src, hop)
+    if key not in memo:
+        path = _paths_from(topology, src)[1][hop]
+        memo[key] = tuple(topology.link(a, b) for a, b in zip(path, path[1:]))
+    return memo[key]
 
 
 def _paths_from(topology: Topology, src: str) -> tuple[dict[str, float], dict[str, list[str]]]:
@@ -361,8 +412,23 @@ def _paths_from(topology: Topology, src: str) -> tuple[dict[str, float], dict[st
     memo = topology._routes
     key = ("paths", src)
     if key not in memo:
-        # GPUs do not forward in hardware: only switches, CPUs and NICs may sit inside a route
-        allowed = {v.name for v in topology.vertices if v.kind in SWITCHING_KINDS} | {src}
-        view = topology.graph.subgraph(allowed)
-        memo[key] = nx.single_source_dijkstra(view, src, weight=_route_weight)
+        memo[key] = nx.single_source_dijkstra(_forwarding_graph(topology), src, weight=_route_weight)
     return memo[key]
+
+
+def _forwarding_graph(topology: Topology) -> nx.DiGraph:
+    """Return the topology's links that end at a switch, CPU or NIC, built once per topology.
+
+    GPUs do not forward in hardware, so a route's inner vertices are switching ones: with no link
+    into a GPU, a search from one GPU never passes through another. The links keep the topology's
+    order, so searches break ties as over the whole graph (a filtered view of it per source took
+    most of ``auto_sketch`` at 512 GPUs).
+    """
+    memo = topology._routes
+    if "forwarding" not in memo:
+        switching = {v.name for v in topology.vertices if v.kind in SWITCHING_KINDS}
+        graph = nx.DiGraph()
+        graph.add_nodes_from(topology.graph.nodes)
+        graph.add_edges_from((u, v, data) for u, v, data in topology.graph.edges(data=True) if v in switching)
+        memo["forwarding"] = graph
+    return memo["forwarding"]
