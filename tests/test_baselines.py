@@ -29,7 +29,8 @@ from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_top
 from helpers import assert_valid_algorithm, builtin_machine_params
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
-KINDS = tuple(kind.value for kind in BaselineKind if kind is not BaselineKind.DIRECT)  # direct: alltoall only
+# direct: alltoall only; doubling: across machines only, verified in tests/test_doubling.py
+KINDS = tuple(kind.value for kind in BaselineKind if kind not in (BaselineKind.DIRECT, BaselineKind.DOUBLING))
 
 
 def _cases(collectives=COLLECTIVES):
@@ -228,6 +229,7 @@ def test_applicable_kinds():
         BaselineKind.TREE,
         BaselineKind.HIERARCHICAL,
         BaselineKind.TREES,
+        BaselineKind.DOUBLING,
     )
 
 

@@ -10,15 +10,23 @@ rail i (on DGX machines it has its own NIC):
   overlap. A rail's blocks sit in scratch in Bruck's relative order, so each network send is one
   contiguous transfer; blocks reach the output buffer one local copy or NVLink transfer each.
 * ReduceScatter: the AllGather reversed in time, every copy an addition (partial sums travel
-  the AllGather's trees towards their owner).
+  the AllGather's trees towards their owner); the AllGather it mirrors runs the other way round
+  (to m + 2^k), so the mirror sends to m - 2^k as the AllGather does and AllReduce's two halves
+  share their connections.
 * AllReduce: that ReduceScatter, then the AllGather (Rabenseifner's halving-doubling).
 
 Step k does not wait for step k - 1: its connection sends the GPU's own block at once and what
 each earlier step brought as soon as it arrives, in pieces of ``piece_blocks`` blocks (fewer
 pieces pay fewer α, smaller ones let NVLink forward sooner: ``doubling_pieces_by_size`` picks by
-block size). Inside a machine, received blocks are forwarded over ``lanes`` connections per GPU
-pair in turn, so one forward's α overlaps another's bytes; ``channels`` cut every block in parts,
-each with its own connections (threadblocks).
+block size). Inside a machine, received blocks are forwarded in the order they should arrive,
+over ``lanes`` connections per GPU pair in turn, so one forward's α overlaps another's bytes.
+``channels`` cut every block in parts, each with its own connections (threadblocks); the second
+sends its own block together with the first step's, so the two channels' sends start and finish
+at different times and one's α falls in the other's transfers (a NIC shared fairly by equal
+transfers started together finishes them all at once, then idles through the next α).
+
+Under MSCCL's loop (``MSCCL_LOOP``) on DGX H100 × 16, AllGather: 15.2 µs at 1 MiB (NCCL's ring
+345.6), 56.3 µs at 16 MiB (0.78 of the bound), 203.9 µs at 64 MiB (0.82).
 """
 
 from __future__ import annotations
@@ -34,19 +42,26 @@ from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan, spread_long_co
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
-__all__ = ["doubling_algorithm", "doubling_pieces_by_size", "equal_machines", "bruck_steps", "MAX_DOUBLING_CHANNELS"]
+__all__ = [
+    "doubling_algorithm",
+    "doubling_pieces_by_size",
+    "default_doubling_channels",
+    "equal_machines",
+    "bruck_steps",
+    "MAX_DOUBLING_CHANNELS",
+]
 
 I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 Items = list[Transfer | LocalCopy]
 Slot = tuple[Buffer, int]
-# Two channels keep a 64-machine AllReduce's connections (2 × (6 + 6 + 7 + 7) threadblocks per GPU,
-# plus local copies) under MSCCL's 64 threadblocks per GPU (taccl_py.msccl.limits).
+# Channels × forwarding lanes: 2 keeps 64 machines of 8 GPUs within MSCCL's 64 threadblocks per GPU
+# (taccl_py.msccl.limits): 2 × (6 + 6) network and 2 × 2 × 7 NVLink connections, and local copies.
 MAX_DOUBLING_CHANNELS = 2
-# Blocks (bytes each, size / GPUs) below the first figure cross the network in one send per earlier
-# step, below the second in pieces of 2 blocks, else one block each: simulated on DGX H100 × 16
-# under MSCCL's loop (1 MiB: 15.2 µs against 17.0 in pieces of 2; 16 MiB: 60.3 against 62.9 and
-# 65.6; 64 MiB: 197.9 against 209.8).
-_PIECE_BLOCK_BYTES = (32 * 1024, 256 * 1024)
+# Blocks (bytes each, size / GPUs) below this cross the network in one send per earlier step, the
+# rest in pieces of 2 blocks. Simulated on DGX H100 × 16 under MSCCL's loop, AllGather: 1 MiB 15.2 µs
+# against 16.8 in pieces of 2; 16 MiB 56.3 against 62.9 and 58.9 (one send per step, or pieces of 1);
+# 64 MiB 203.9, within 3 % of pieces of 1 (197.9), which would cost one more build per run (~10 s).
+_PIECE_BLOCK_BYTES = 32 * 1024
 
 
 def equal_machines(topology: Topology) -> bool:
@@ -54,12 +69,26 @@ def equal_machines(topology: Topology) -> bool:
     return len({len(node_ranks(topology, node)) for node in range(topology.nodes)}) == 1
 
 
+def default_doubling_channels(collective: Collective | str, piece_blocks: int | None) -> int:
+    """Return the channels the doubling baseline runs with sends of ``piece_blocks`` blocks: 2 from 2 blocks.
+
+    AllReduce keeps one: two would put 4 (M - 1) local copies on the local threadblock, over
+    MSCCL's 64 steps from 16 machines on.
+
+    Simulated on DGX H100 × 16 (16 MiB AllGather, pieces of 2 blocks): 56.3 µs on two staggered
+    channels against 60.3 on one with two forwarding lanes; 1-block pieces (64 MiB) and one send
+    per earlier step (1 MiB) run best on one channel (197.9 against 203.7 µs, 15.2 against 16.1).
+    """
+    if Collective(collective) is Collective.ALLREDUCE:
+        return 1
+    return 2 if piece_blocks is not None and piece_blocks > 1 else 1
+
+
 def doubling_pieces_by_size(topology: Topology, sizes: Sequence[int]) -> dict[int | None, list[int]]:
     """Return ``sizes`` grouped by the blocks per network send the doubling baseline uses for them."""
     groups: dict[int | None, list[int]] = {}
     for size in sizes:
-        block_bytes = size / topology.num_ranks
-        pieces = None if block_bytes < _PIECE_BLOCK_BYTES[0] else 2 if block_bytes < _PIECE_BLOCK_BYTES[1] else 1
+        pieces = None if size / topology.num_ranks < _PIECE_BLOCK_BYTES else 2
         groups.setdefault(pieces, []).append(size)
     return groups
 
@@ -78,11 +107,12 @@ def bruck_steps(machines: int) -> tuple[tuple[int, int], ...]:
     return tuple(steps)
 
 
-def _pieces(distance: int, count: int, piece_blocks: int | None) -> list[tuple[int, int]]:
+def _pieces(distance: int, count: int, piece_blocks: int | None, staggered: bool) -> list[tuple[int, int]]:
     """Return the (first relative block, blocks) runs step ``distance`` sends, in the order they are ready.
 
     The own block first, then what each earlier step brought, in runs of at most ``piece_blocks``
-    blocks (None: one run per earlier step).
+    blocks (None: one run per earlier step). ``staggered`` sends the own block with the first
+    step's, so this channel's sends start and end at other times than an unstaggered one's.
     """
     runs = [(0, 1)]
     start = 1
@@ -91,7 +121,20 @@ def _pieces(distance: int, count: int, piece_blocks: int | None) -> list[tuple[i
         width = end - start if piece_blocks is None else piece_blocks
         runs += [(first, min(width, end - first)) for first in range(start, end, width)]
         start = end
+    if staggered and len(runs) > 1:
+        runs = [(0, 1 + runs[1][1])] + runs[2:]
     return runs
+
+
+def _arrival_order(machines: int, piece_blocks: int | None, staggered: bool) -> dict[int, float]:
+    """Return each relative block's arrival in sends (every send one unit after its data and its predecessor)."""
+    arrival = {0: 0.0}
+    for distance, count in bruck_steps(machines):
+        done = 0.0
+        for first, blocks in _pieces(distance, count, piece_blocks, staggered):
+            done = max([done] + [arrival[p] for p in range(first, first + blocks)]) + 1.0
+            arrival.update((distance + p, done) for p in range(first, first + blocks))
+    return arrival
 
 
 @dataclass(frozen=True)
@@ -102,17 +145,22 @@ class _Shape:
     piece_blocks: int | None
     lanes: int
 
+    def staggered(self, channel: int) -> bool:
+        """Return True for the channels whose sends are staggered (every second one)."""
+        return channel % 2 == 1
+
 
 class _Grid:
     """Ranks as (machine, local index), channel parts and every slot the AllGather touches."""
 
-    def __init__(self, topology: Topology, shape: "_Shape", scratch_base: int) -> None:
+    def __init__(self, topology: Topology, shape: _Shape, scratch_base: int, direction: int = 1) -> None:
         self.machines = topology.nodes
         self.ranks = [node_ranks(topology, node) for node in range(self.machines)]
         self.local = len(self.ranks[0])
         self.channels = shape.channels
         self.shape = shape
         self.scratch_base = scratch_base
+        self.direction = direction  # 1: machine m holds m + p at relative p and sends to m - 2^k; -1 mirrored
 
     def lane(self, channel: int, position: int) -> int:
         """Return the channel forwarding relative block ``position`` of ``channel`` in a machine (lanes alternate)."""
@@ -129,8 +177,7 @@ class _Grid:
 
 def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
     """Return the AllGather's items; ``own(rank, channel)`` is where rank's part for channel starts out."""
-    m_count, g_count = grid.machines, grid.local
-    steps = bruck_steps(m_count)
+    m_count, g_count, shape = grid.machines, grid.local, grid.shape
     items: Items = []
     for m in range(m_count):
         for rank in grid.ranks[m]:
@@ -138,28 +185,31 @@ def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
                 out = (O, grid.block(rank, c))
                 if own(rank, c) != out:
                     items.append(LocalCopy(rank, own(rank, c), out))
-                if m_count > 1:
+                if shape.staggered(c):  # its first sends start at the own block: copy it beside the rest
                     items.append(LocalCopy(rank, own(rank, c), grid.scratch(0, c)))
                 items += [Transfer(rank, peer, own(rank, c), out, channel=c) for peer in grid.ranks[m] if peer != rank]
-    for distance, count in steps:
+    for distance, count in bruck_steps(m_count):
         for m in range(m_count):
-            target = (m - distance) % m_count
+            target = (m - grid.direction * distance) % m_count
             for i in range(g_count):
                 for c in range(grid.channels):
-                    for first, blocks in _pieces(distance, count, grid.shape.piece_blocks):
-                        src, dst = grid.scratch(first, c), grid.scratch(distance + first, c)
-                        items.append(Transfer(grid.ranks[m][i], grid.ranks[target][i], src, dst, blocks, channel=c))
-    # Blocks that crossed fewer network hops arrive first: forward them first.
-    for position in sorted(range(1, m_count), key=lambda p: (p.bit_count(), p)):
+                    rank = grid.ranks[m][i]
+                    for first, blocks in _pieces(distance, count, shape.piece_blocks, shape.staggered(c)):
+                        src = grid.scratch(first, c) if first or shape.staggered(c) else own(rank, c)
+                        dst = grid.scratch(distance + first, c)
+                        items.append(Transfer(rank, grid.ranks[target][i], src, dst, blocks, channel=c))
+    # Forward blocks inside the machine in the order they should arrive (each connection runs in order).
+    arrivals = [_arrival_order(m_count, shape.piece_blocks, shape.staggered(c)) for c in range(grid.channels)]
+    order = sorted((arrivals[c][p], p, c) for c in range(grid.channels) for p in range(1, m_count))
+    for _, position, c in order:
         for m in range(m_count):
-            origin = (m + position) % m_count
+            origin = (m + grid.direction * position) % m_count
             for i in range(g_count):
                 rank = grid.ranks[m][i]
-                for c in range(grid.channels):
-                    held, out = grid.scratch(position, c), (O, grid.block(grid.ranks[origin][i], c))
-                    items.append(LocalCopy(rank, held, out))
-                    lane = grid.lane(c, position)
-                    items += [Transfer(rank, peer, held, out, channel=lane) for peer in grid.ranks[m] if peer != rank]
+                held, out = grid.scratch(position, c), (O, grid.block(grid.ranks[origin][i], c))
+                items.append(LocalCopy(rank, held, out))
+                lane = grid.lane(c, position)
+                items += [Transfer(rank, peer, held, out, channel=lane) for peer in grid.ranks[m] if peer != rank]
     return items
 
 
@@ -212,7 +262,8 @@ def _plan(topology: Topology, collective: Collective, shape: _Shape) -> Items:
     """Return the items of ``collective``: the AllGather, its mirror, or the mirror then the AllGather."""
     if collective is Collective.ALLGATHER:
         return _allgather_items(_Grid(topology, shape, 0), lambda rank, c: (I, c))
-    gather = _allgather_items(_Grid(topology, shape, 0), lambda rank, c: (I, c))
+    # The mirror of a gather that sends the other way round sends where the gather does: one set of connections.
+    gather = _allgather_items(_Grid(topology, shape, 0, direction=-1), lambda rank, c: (I, c))
     if collective is Collective.REDUCESCATTER:
         swap = {I: O, O: I, S: S}
         return _reversed_items(gather, lambda rank, slot: (swap[slot[0]], slot[1]))
@@ -234,7 +285,7 @@ def doubling_algorithm(
     *,
     channels: int | None = None,
     piece_blocks: int | None = None,
-    lanes: int = 2,
+    lanes: int | None = None,
     max_transfers_per_threadblock: int | None = None,
 ) -> Algorithm:
     """Return a verified doubling baseline: Bruck's doubling per rail across machines, direct exchange inside.
@@ -246,12 +297,15 @@ def doubling_algorithm(
     collective : Collective
         allgather, reducescatter or allreduce.
     channels : int, optional
-        Parts every block is cut in, each on its own connections (default 1, at most 2).
+        Parts every block is cut in, each on its own connections, the second one's network sends
+        staggered (at most 2; default ``default_doubling_channels``).
     piece_blocks : int or None
         Blocks per network send: what each earlier step brought goes on in runs of at most this
         many as soon as it arrives; None (default): in one send per earlier step.
-    lanes : int
-        Connections per GPU pair inside a machine that forward received blocks in turn (1 or 2, default 2).
+    lanes : int, optional
+        Connections per GPU pair and channel inside a machine that forward received blocks in turn
+        (default 2 // channels; channels × lanes at most 2, which keeps 64 machines within 64
+        threadblocks per GPU).
     max_transfers_per_threadblock : int, optional
         Spread longer runs of sends over more channels (``spread_long_connections``).
 
@@ -270,13 +324,15 @@ def doubling_algorithm(
         sizes = sorted({len(node_ranks(topology, node)) for node in range(topology.nodes)})
         fault = f"machines of {sizes} GPUs"
         raise ArgumentError(topology.name, "nodes", fault, "machines of equally many GPUs")
-    count = 1 if channels is None else channels
-    if not 1 <= count <= MAX_DOUBLING_CHANNELS:
-        raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_DOUBLING_CHANNELS}")
     if piece_blocks is not None and piece_blocks < 1:
         raise ArgumentError(topology.name, "piece_blocks", f"{piece_blocks} blocks", "at least 1, or None")
-    if lanes not in (1, 2):
-        raise ArgumentError(topology.name, "lanes", f"{lanes} lanes", "1 or 2")
+    count = default_doubling_channels(collective, piece_blocks) if channels is None else channels
+    if not 1 <= count <= MAX_DOUBLING_CHANNELS:
+        raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_DOUBLING_CHANNELS}")
+    lanes = MAX_DOUBLING_CHANNELS // count if lanes is None else lanes
+    if lanes < 1 or count * lanes > MAX_DOUBLING_CHANNELS:
+        fault = f"{lanes} lanes on {count} channels"
+        raise ArgumentError(topology.name, "lanes", fault, f"channels x lanes within 1..{MAX_DOUBLING_CHANNELS}")
     shape = _Shape(count, piece_blocks, lanes)
     items = _plan(topology, collective, shape)
     pieces = "steps" if piece_blocks is None else f"{piece_blocks}b"

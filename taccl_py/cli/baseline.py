@@ -134,7 +134,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     base.add_argument(
         "kind",
         choices=[k.value for k in BaselineKind] + list(MODELLED_KINDS),
-        help="ring, tree (allreduce only), hierarchical or trees (spanning-tree packing); for alltoall direct or "
+        help="ring, tree (allreduce only), hierarchical, trees (spanning-tree packing) or doubling (Bruck's doubling "
+        "per rail, two or more machines); for alltoall direct or "
         "hierarchical; nvls (NCCL's NVLS, NVLS-Tree across machines) or pat (one GPU per machine): times only",
     )
     add_topology_options(base)
@@ -153,7 +154,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--chunks",
         type=int,
         help="pieces per channel, the pipeline depth (default: 1; trees 4); hierarchical alltoall: messages per "
-        "parcel of one machine's blocks",
+        "parcel of one machine's blocks; doubling: blocks per network send (default: one send per earlier step)",
     )
     base.add_argument(
         "--size", help=f"packed trees: the size their pipeline depth is tuned for (e.g. 64MB; {SIZE_SUFFIXES_HELP})"
