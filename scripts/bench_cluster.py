@@ -9,6 +9,10 @@ how much re-synthesis buys (``resynth gain``: that algorithm's time over ours).
 
     python scripts/bench_cluster.py                                   # the three target clusters
     python scripts/bench_cluster.py --clusters slownic --collectives allgather --sizes 16MB --no-write
+
+A run of some clusters or collectives keeps the CSV's rows of the others (the table shows both).
+
+    python scripts/bench_cluster.py --explain --sizes 64MB                # what bounds AllGather, no synthesis
 """
 
 from __future__ import annotations
@@ -30,16 +34,27 @@ from bench_harness import (
     csv_pointer,
     log,
     markdown_table,
+    read_csv,
     speedup,
     split_names,
     update_benchmarks_section,
 )
 
 from taccl_py.baselines.shipped import shipped_alternatives
+from taccl_py.bounds import lower_bound
 from taccl_py.ir.collectives import Collective
+from taccl_py.simulate import simulate
+from taccl_py.solvers import SolverOptions
+from taccl_py.stages.logical import build_logical_graph
+from taccl_py.stages.lower_schedule import lower_schedule
+from taccl_py.stages.ordering import order_sends
+from taccl_py.stages.scheduling import schedule_sends
+from taccl_py.stages.sketch import auto_sketch
+from taccl_py.stages.tree_packing import pack_trees, packed_routing
 from taccl_py.synth import synthesize
 from taccl_py.topology.cluster import load_cluster
 from taccl_py.units import format_size, parse_sizes
+from taccl_py.verify import check_algorithm
 
 
 @dataclass(frozen=True)
@@ -153,6 +168,56 @@ def summary_rows(records: list[dict]) -> list[tuple]:
     return rows
 
 
+def explain(case: ClusterCase, size_bytes: int, pieces: int = 4) -> tuple:
+    """Return one row of what bounds AllGather on ``case`` at ``size_bytes`` (µs): the bound and what reaches it.
+
+    The cut bound, the tree packing's busiest resource (the fluid optimum of the routes: equal to the
+    bound's bandwidth term, no bandwidth bound is tighter), and the packing's routes ordered with
+    unchained NIC queues (c1, ``pieces`` pieces), simulated: when its last byte between machines
+    arrives, and its whole time (the rest forwards inside the machines).
+    """
+    topology = load_cluster(**case.options)
+    graph = build_logical_graph(topology, auto_sketch(topology))
+    bound = lower_bound(topology, Collective.ALLGATHER, size_bytes)
+    packing = pack_trees(graph)
+    shard = size_bytes / graph.num_ranks
+    routing = packed_routing(packing, 1, shard, shard / pieces)
+    ordering = order_sends(routing, pieces, shard / pieces, chain_hops=False)
+    schedule = schedule_sends(ordering, SolverOptions(), milp=False)
+    algorithm = lower_schedule("explain", Collective.ALLGATHER, [schedule])
+    check_algorithm(algorithm)
+    run = simulate(algorithm, topology, size_bytes, record_timeline=True, bound_time_us=bound.time_us)
+    gpn = topology.gpus_per_node
+    crossing = max(r.end_us for r in run.timeline if r.src_rank // gpn != r.dst_rank // gpn)
+    return (
+        case.label,
+        format_size(size_bytes),
+        f"{bound.time_us:.1f}",
+        f"{packing.load_us_per_byte * shard:.1f}",
+        f"{crossing:.1f}",
+        f"{run.time_us:.1f}",
+        f"{run.fraction_of_bound:.3f}",
+    )
+
+
+def _kept_rows(rows: list[tuple]) -> list[tuple]:
+    """Return the CSV's rows of the clusters and collectives this run did not redo (a partial run keeps the rest)."""
+    done = {(row[0], row[1]) for row in rows}
+    if not CSV_PATH.exists():
+        return []
+    return [
+        tuple(record[column] for column in CSV_HEADER)
+        for record in read_csv(CSV_PATH)
+        if (record["cluster"], record["collective"]) not in done
+    ]
+
+
+def _row_order(row: tuple) -> tuple:
+    """Return the CSV order: cluster and collective as in ``CASES`` and ``COLLECTIVES``, then size."""
+    keys = [case.key for case in CASES]
+    return (keys.index(row[0]), list(COLLECTIVES).index(row[1]), row[3])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     parser.add_argument("--clusters", default=",".join(case.key for case in CASES), help="comma-separated keys")
@@ -160,9 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     add_sizes_argument(parser, DEFAULT_SIZES)
     add_jobs_argument(parser)
     add_no_write_argument(parser)
+    parser.add_argument(
+        "--explain", action="store_true", help="print what bounds AllGather at each size (explain); synthesize nothing"
+    )
     args = parser.parse_args(argv)
     sizes = tuple(parse_sizes(args.sizes))
     wanted = args.clusters.split(",")
+    if args.explain:
+        headers = ("cluster", "size", "bound us", "packing us", "last between machines us", "unchained us", "of bound")
+        print(markdown_table(headers, [explain(c, size) for c in CASES if c.key in wanted for size in sizes]))
+        return 0
     rows = []
     for case in (c for c in CASES if c.key in wanted):
         for name in split_names(args.collectives):
@@ -171,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in case_rows:
                 log("   " + " | ".join(_cell(value) for value in row))
             rows.extend(case_rows)
-    records = csv_output(CSV_PATH, CSV_HEADER, rows, write=not args.no_write)
+    rows = _kept_rows(rows) + rows
+    records = csv_output(CSV_PATH, CSV_HEADER, rows, key=_row_order, write=not args.no_write)
     headers = ("cluster", "collective", "min of bound >=16MB", ">= 0.9", "vs best baseline", "resynth gain", "synth s")
     body = markdown_table(headers, summary_rows(records))
     if not args.no_write:

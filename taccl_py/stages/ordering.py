@@ -111,11 +111,13 @@ def send_lane(graph: LogicalGraph, link: int) -> tuple:
     return _lanes(graph)[link]
 
 
-def _lanes(graph: LogicalGraph) -> tuple[tuple, ...]:
+def _lanes(graph: LogicalGraph, chain_hops: bool = True) -> tuple[tuple, ...]:
     # On a reversed graph (a reduction run backwards) the physical sender is the link's far end;
     # its resources keep the physical order, so resources[0] is that sender's uplink.
     return tuple(
-        ("hop", link.dst if graph.reversed else link.src, link.resources[0]) if link.internode else ("link", l)
+        ("hop", link.dst if graph.reversed else link.src, link.resources[0])
+        if chain_hops and link.internode
+        else ("link", l)
         for l, link in enumerate(graph.links)
     )
 
@@ -310,6 +312,7 @@ def order_sends(
     progress: Callable[[str], None] | None = None,
     busiest_first: bool = False,
     pipelined: bool = False,
+    chain_hops: bool = True,
 ) -> Ordering:
     """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
 
@@ -318,6 +321,9 @@ def order_sends(
     route holds the resource with the most work left (priority breaks ties): on machines that
     differ, the NICs with the most to receive are then served first rather than by path length.
     ``pipelined``: time sends as the simulator's pipelined model runs them (``occupy_resources``).
+    ``chain_hops`` False: every link is its own queue, so a rank's sends to several machines share
+    its NIC at once and one's α overlaps another's bytes (machines that differ, where the chained
+    queues leave the slower machines' NICs idle for every α; ``send_lane``).
 
     Notes
     -----
@@ -325,7 +331,7 @@ def order_sends(
     """
     graph = routing.graph
     children, priority = _trees(routing, piece_bytes)
-    lane_of = list(_lanes(graph))
+    lane_of = list(_lanes(graph, chain_hops))
     latency_bound = [
         link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links
     ]
