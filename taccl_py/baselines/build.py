@@ -28,6 +28,11 @@ from taccl_py.topology.model import Topology
 __all__ = ["BaselineKind", "applicable_kinds", "build_baseline", "all_baselines", "size_groups"]
 
 
+# Packing spanning trees over the whole graph takes most of a 128-GPU comparison (50 of 75 s): past
+# it, as the synthesizer's routes, only per-machine and per-rail designs are built.
+PACKED_TREES_MAX_RANKS = 128
+
+
 class BaselineKind(str, Enum):
     """The baseline families; values are the CLI's spelling."""
 
@@ -52,7 +57,8 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
     """Return the baselines worth comparing for ``collective`` on ``topology``.
 
     Double binary trees only reduce (allreduce); hierarchical equals the ring on one machine,
-    so it is listed only across machines; packed trees apply everywhere; doubling (Bruck per rail)
+    so it is listed only across machines; packed trees apply up to ``PACKED_TREES_MAX_RANKS`` GPUs
+    (the synthesizer's whole-graph routing stops there too); doubling (Bruck per rail)
     across machines of equally many GPUs. AlltoAll has its own two: direct, and hierarchical
     across machines.
     """
@@ -64,7 +70,8 @@ def applicable_kinds(topology: Topology, collective: Collective | str) -> tuple[
         kinds.append(BaselineKind.TREE)
     if topology.nodes > 1:
         kinds.append(BaselineKind.HIERARCHICAL)
-    kinds.append(BaselineKind.TREES)
+    if topology.num_ranks <= PACKED_TREES_MAX_RANKS:
+        kinds.append(BaselineKind.TREES)
     if topology.nodes > 1 and equal_machines(topology):
         kinds.append(BaselineKind.DOUBLING)
     return tuple(kinds)

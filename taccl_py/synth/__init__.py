@@ -44,6 +44,7 @@ from taccl_py.synth.compose import (
     Candidate,
     Chunking,
     PhaseStarts,
+    composed_only,
     gather_after_reduce,
     mixed_allreduce,
     phase_starts,
@@ -274,9 +275,10 @@ def _run_candidates(
     sizes, bounds = tuple(sizes), tuple(bounds)
     # Every candidate starts from the same packings; packing a 64-GPU graph takes seconds.
     prepare_highs_threads(options.threads)
-    if progress is not None:
-        progress(f"tree packing on {graph.num_ranks} GPUs (the routing MILPs' starting routes)")
-    starts = phase_starts(graph, collective, progress)
+    if progress is not None and chunkings:
+        whole = "each machine" if composed_only(graph, 1) else f"{graph.num_ranks} GPUs"
+        progress(f"tree packing on {whole} (the routing MILPs' starting routes)")
+    starts = phase_starts(graph, collective, progress) if chunkings else ()
     work = [
         partial(
             _run_candidate,

@@ -26,7 +26,7 @@ from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prep
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.simulate.protocol import SIMPLE
 from taccl_py.stages.logical import LogicalGraph
-from taccl_py.synth.compose import Chunking
+from taccl_py.synth.compose import MAX_ROUTED_CHUNKS, Chunking, composed_only
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -53,8 +53,9 @@ _BANDWIDTH_CHUNKINGS = ((1, 2), (1, 4), (2, 2), (2, 4), (1, 8))
 # links of unequal bandwidth. TACCL's NDv2 sketch uses input_chunkup 6, but a loop of 6 chunks per
 # rank never divides the power-of-two counts users pass, so MSCCL would never select it.
 _MESH_CHUNKINGS = ((2, 1), (4, 1), (4, 2), (8, 1))
-# Cap on routed chunks (ranks x chunkup) so that the routing MILP stays small.
-MAX_ROUTED_CHUNKS = 128
+# Cap on the piece sends of a composed candidate (ranks² x pieces, an AllGather's count), which every later
+# stage (ordering, lowering, verification, simulation) walks: 512 GPUs take one and two pieces per chunk.
+MAX_COMPOSED_SENDS = 2**19
 # One piece per chunk, tried first where the runtime's slice loop pipelines each chunk itself.
 _SLICED_CHUNKINGS = ((1, 1), (2, 1), (4, 1))
 
@@ -89,6 +90,8 @@ def candidate_chunkings(
     out = []
     for k, p in pairs:
         if graph.num_ranks * k <= MAX_ROUTED_CHUNKS or chunkup is not None:
+            out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
+        elif k == 1 and composed_only(graph, k) and graph.num_ranks**2 * p <= MAX_COMPOSED_SENDS:
             out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
     return tuple(dict.fromkeys(out))
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from taccl_py.errors import ArgumentError
+from taccl_py.errors import ArgumentError, InfeasibleError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl import generate_msccl_xml
@@ -35,7 +35,7 @@ from taccl_py.stages.hierarchy import hierarchical_routing, machine_packings
 from taccl_py.stages.logical import LogicalGraph, phase_graphs
 from taccl_py.stages.lower_schedule import lower_schedule
 from taccl_py.stages.ordering import lacks_machine_rotation, order_sends
-from taccl_py.stages.routing import route_candidates
+from taccl_py.stages.routing import Routing, route_candidates
 from taccl_py.stages.scheduling import Schedule, schedule_sends
 from taccl_py.stages.tree_packing import TreePacking, pack_trees, packed_routing
 from taccl_py.verify import check_algorithm
@@ -43,7 +43,9 @@ from taccl_py.verify import check_algorithm
 __all__ = [
     "Chunking",
     "Candidate",
+    "MAX_ROUTED_CHUNKS",
     "PhaseStarts",
+    "composed_only",
     "gather_after_reduce",
     "mixed_allreduce",
     "phase_starts",
@@ -51,6 +53,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Cap on routed chunks (ranks x chunkup) so that the routing MILP stays small; past it, routes are composed.
+MAX_ROUTED_CHUNKS = 128
 
 
 @dataclass(frozen=True)
@@ -115,12 +120,24 @@ def _schedule_metadata(schedules: Sequence[Schedule]) -> dict[str, str]:
 class PhaseStarts:
     """The tree packings every chunking of one phase starts from, computed once per synthesis.
 
-    ``graph``: the phase graph's (``pack_trees``); ``machines``: each kind of machine's own links'
-    (``machine_packings``), the hierarchical designs' starts.
+    ``graph``: the phase graph's (``pack_trees``; None where routes are only composed, ``composed_only``);
+    ``machines``: each kind of machine's own links' (``machine_packings``), the hierarchical designs' starts.
     """
 
-    graph: TreePacking
+    graph: TreePacking | None
     machines: Mapping[int, TreePacking]
+
+
+def composed_only(graph: LogicalGraph, chunkup: int) -> bool:
+    """Return True when ``chunkup`` chunks per rank are too many to route on the whole graph, and machines compose.
+
+    Past ``MAX_ROUTED_CHUNKS`` the synthesizer routes hierarchically only: one machine's design,
+    solved once per kind of machine and replicated, and a greedy network exchange between them
+    (``hierarchical_routing``), as SyCCL composes one machine's and one rail's sub-problems.
+    That needs several machines of several GPUs each.
+    """
+    machines = graph.num_ranks // graph.gpus_per_node
+    return graph.num_ranks * chunkup > MAX_ROUTED_CHUNKS and machines >= 2 and graph.gpus_per_node >= 2
 
 
 def phase_starts(
@@ -128,7 +145,7 @@ def phase_starts(
 ) -> tuple[PhaseStarts, ...]:
     """Return the ``PhaseStarts`` of each of ``phase_graphs(graph, collective)``."""
     return tuple(
-        PhaseStarts(pack_trees(phase, progress=progress), machine_packings(phase))
+        PhaseStarts(None if composed_only(phase, 1) else pack_trees(phase, progress=progress), machine_packings(phase))
         for phase in phase_graphs(graph, collective)
     )
 
@@ -168,8 +185,9 @@ def _schedule_phase(
     piece_bytes = chunk_bytes / chunking.pieces
     # Packed trees carry the least load the graph allows; hierarchical routes reuse one machine's
     # MILP design on every machine. The whole-graph MILP starts from the better and weighs latency too.
-    starts = starts if starts is not None else PhaseStarts(pack_trees(graph), machine_packings(graph))
-    packed = packed_routing(starts.graph, chunking.chunkup, chunk_bytes, piece_bytes)
+    if starts is None:
+        packing = None if composed_only(graph, chunking.chunkup) else pack_trees(graph)
+        starts = PhaseStarts(packing, machine_packings(graph))
     hierarchical = hierarchical_routing(
         graph,
         chunking.chunkup,
@@ -180,19 +198,25 @@ def _schedule_phase(
         progress=progress,
         packings=starts.machines,
     )
-    start_routes = [r for r in (packed, hierarchical) if r is not None]
-    start = min(start_routes, key=lambda r: r.objective_us)
-    routings = route_candidates(
-        graph,
-        chunking.chunkup,
-        chunk_bytes,
-        piece_bytes,
-        options,
-        deadline - time.monotonic(),
-        start=start,
-        progress=progress,
-    )
-    routings += tuple(r for r in start_routes if all(r.trees != other.trees for other in routings))
+    if composed_only(graph, chunking.chunkup):
+        if hierarchical is None:
+            raise InfeasibleError(graph.topology_name, "routing", "machines that do not compose", "alike machines")
+        routings: tuple[Routing, ...] = (hierarchical,)
+    else:
+        packed = packed_routing(starts.graph, chunking.chunkup, chunk_bytes, piece_bytes)
+        start_routes = [r for r in (packed, hierarchical) if r is not None]
+        start = min(start_routes, key=lambda r: r.objective_us)
+        routings = route_candidates(
+            graph,
+            chunking.chunkup,
+            chunk_bytes,
+            piece_bytes,
+            options,
+            deadline - time.monotonic(),
+            start=start,
+            progress=progress,
+        )
+        routings += tuple(r for r in start_routes if all(r.trees != other.trees for other in routings))
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
     pipelined = chunking.pipelined_sends
     orderings = [

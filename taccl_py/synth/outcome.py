@@ -14,6 +14,7 @@ from functools import partial
 
 from taccl_py import __version__
 from taccl_py.baselines.choice import ComparedBaseline, compare_baselines
+from taccl_py.errors import InfeasibleError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
@@ -40,6 +41,8 @@ class SynthesisResult:
     when every MILP finished. ``timed_out`` is True when the wall-clock cap bound. Either way the
     algorithm is the best verified schedule found. ``point_to_point`` is the fastest synthesized
     algorithm without switch steps where ``algorithm`` has them (what MSCCL XML can hold), else None.
+    Where no chunking could be synthesized (one GPU per machine past ``MAX_ROUTED_CHUNKS``),
+    ``algorithm`` is the baseline written at the largest size and ``candidates`` is empty.
     ``provenance`` says how it was made (the
     library's, for several sizes), for the file it is written to.
     """
@@ -104,10 +107,14 @@ def choose_bands(
         if (not banded or band_writable(pair[0])) and (loadable_in is None or exportable(pair[0], loadable_in))
     ]
     choices = choose_per_size(sizes, usable, baselines, fallback=everything, leave_to_native=banded)
-    best_at_top = min(
-        (pair for pair in usable or everything if pair[1][-1] is not None), key=lambda pair: pair[1][-1].time_us
-    )[0]
-    return choices, best_at_top
+    timed = [pair for pair in usable or everything if pair[1][-1] is not None]
+    if timed:
+        return choices, min(timed, key=lambda pair: pair[1][-1].time_us)[0]
+    # No synthesized candidate at the largest size (no chunking fits the machine set): the written baseline.
+    kept = [compared.kept[0] for compared in reversed(baselines) if compared.kept is not None]
+    if not kept:
+        raise InfeasibleError(None, "synthesis", "no candidate and no baseline that may be written", "a smaller job")
+    return choices, kept[0]
 
 
 def synthesis_provenance(
