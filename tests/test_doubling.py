@@ -11,6 +11,7 @@ from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, c
 from taccl_py.baselines.doubling import bruck_steps, doubling_algorithm
 from taccl_py.errors import ArgumentError
 from taccl_py.simulate import MSCCL_LOOP, simulate
+from taccl_py.synth.candidates import exportable
 from taccl_py.topology import load_topology
 from taccl_py.verify import verify_algorithm
 
@@ -87,6 +88,7 @@ def test_doubling_beats_the_ring_at_one_mebibyte_on_eight_dgx_h100():
     assert doubling_us < ring_us / 4
     assert max(len(program.threadblocks) for program in doubling.ranks) <= 64
     assert max(len(tb.steps) for program in doubling.ranks for tb in program.threadblocks) <= 64
+    assert exportable(doubling), "MSCCL loads it, so it may stand in a library band"
 
 
 def test_doubling_competes_in_compare_baselines():
