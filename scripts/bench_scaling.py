@@ -1,4 +1,4 @@
-"""Benchmark one-size synthesis from 16 to 128 GPUs: wall time, peak memory, quality, budgets, determinism.
+"""Benchmark one-size synthesis from 16 to 512 GPUs: wall time, peak memory, quality, budgets, determinism.
 
 Each instance (built-in machine x nodes, one collective, one size) runs in its own process through
 ``build_algorithms.py --one`` with ``--jobs`` workers, so its wall time and peak memory are its
@@ -13,6 +13,10 @@ simulated times are identical (the budgets are work, not seconds;
 
     python scripts/bench_scaling.py --repeat                         # the default sweep, 16-128 GPUs
     python scripts/bench_scaling.py --instances dgx-a100:2,dgx2:2 --collectives allreduce --no-write
+    python scripts/bench_scaling.py --instances dgx-h100:32,dgx-h100:64 --sizes 16MB,64MB,1GB --jobs 2
+
+With ``--sizes`` each instance is one synthesis of all the sizes (a library), and the table gives per
+size the fraction of the bound and the ratio to the best baseline (NCCL's modelled algorithms among them).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from bench_harness import (
     add_instances_argument,
     add_jobs_argument,
     add_no_write_argument,
+    add_sizes_argument,
     argument_parser,
     command_line,
     format_or_dash,
@@ -45,7 +50,7 @@ DEFAULT_INSTANCES = (
     "dgx-a100:16,dgx-h100:16,ndv2:16,dgx2:8"
 )
 #: The issue's one-size targets on 2 cores (s) by GPU count.
-TARGET_S = ((16, 10.0), (32, 60.0), (64, 180.0), (128, 900.0))
+TARGET_S = ((16, 10.0), (32, 60.0), (64, 180.0), (128, 900.0), (512, 900.0))
 HEADERS = (
     "instance",
     "GPUs",
@@ -94,16 +99,41 @@ def instance_row(metrics: dict) -> tuple:
     )
 
 
+def sizes_row(metrics: dict) -> tuple:
+    """Return the table row of one instance synthesized at several sizes: per size, of bound and vs best baseline."""
+    cells = [
+        f"{metrics['topology']} x{metrics['nodes']} {metrics['collective']}",
+        metrics["num_ranks"],
+        f"{metrics['wall_s']:.0f}",
+        f"{metrics['peak_tree_MB']:.0f}",
+    ]
+    for row in metrics["rows"]:
+        cells.append(
+            f"{row['bound_us'] / row['chosen_us']:.2f}, "
+            + format_or_dash(speedup(row["baseline_us"], row["chosen_us"]), ".2f", "x")
+        )
+    cells.append(metrics["rows"][-1]["chosen"].replace(f"-{metrics['collective']}-", "-", 1))
+    return tuple(cells)
+
+
+def sizes_headers(sizes: list[str]) -> tuple[str, ...]:
+    """Return the headers of ``sizes_row`` for ``sizes`` (as given)."""
+    per_size = tuple(f"{size}: of bound, vs best" for size in sizes)
+    return ("instance", "GPUs", "wall (s, all sizes)", "peak MB (all)", *per_size, "chosen at the largest")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser(__doc__)
     add_instances_argument(parser, DEFAULT_INSTANCES)
     add_collectives_argument(parser, "allgather,allreduce")
     parser.add_argument("--size", default="64MB")
+    add_sizes_argument(parser, "", what="several sizes (16MB,64MB,1GB): one synthesis of all, a column per size")
     add_jobs_argument(parser)
     parser.add_argument("--repeat", action="store_true", help="run the first instance twice and compare the bytes")
     add_no_write_argument(parser, "BENCHMARKS.md")
     args = parser.parse_args(argv)
-    size = format_size(parse_size(args.size))
+    many = split_names(args.sizes) if args.sizes else None
+    size = ",".join(many) if many else format_size(parse_size(args.size))
     run_args = argparse.Namespace(sizes=size, time_limit=None, jobs=args.jobs, no_write=True)
     collectives = split_names(args.collectives)
     rows, first = [], None
@@ -112,12 +142,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"== {name} x{nodes} {collective} {size}")
             metrics = run_instance(name, nodes, collective, run_args)
             if metrics is None:
-                rows.append((f"{name} x{nodes} {collective}", "-", "failed", *("-",) * (len(HEADERS) - 3)))
+                width = len(sizes_headers(many)) if many else len(HEADERS)
+                rows.append((f"{name} x{nodes} {collective}", "-", "failed", *("-",) * (width - 3)))
                 continue
             first = first or (name, nodes, collective, metrics)
-            rows.append(instance_row(metrics))
+            rows.append(sizes_row(metrics) if many else instance_row(metrics))
             log("   " + " | ".join(str(cell) for cell in rows[-1]))
-    body = markdown_table(HEADERS, rows) + PEAK_NOTE
+    body = markdown_table(sizes_headers(many) if many else HEADERS, rows) + PEAK_NOTE
     if args.repeat and first is not None:
         name, nodes, collective, metrics = first
         again = run_instance(name, nodes, collective, run_args)
@@ -129,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     print(body)
     if not args.no_write:
         update_benchmarks_section(
-            "scaling",
-            f"One-size synthesis at scale ({', '.join(collectives)}, {size}, --jobs {args.jobs})",
+            "scaling-sizes" if many else "scaling",
+            f"{'Synthesis of several sizes' if many else 'One-size synthesis'} at scale "
+            f"({', '.join(collectives)}, {size}, --jobs {args.jobs})",
             command_line(__file__, argv),
             body,
         )
