@@ -6,6 +6,7 @@ output goes through; the ``ring_*`` builders give correct reference schedules fo
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable
@@ -237,3 +238,33 @@ def run_calls_interleaved(
                 live |= begin(call + 1, gpu["id"]) if call + 1 < calls else set()
             moved = True
         assert moved or not live, "the plan deadlocks"
+
+
+def write_one_gpu_machine(folder: Path) -> Path:
+    """Write a machine of one GPU and one NIC (25 GB/s, α 2 µs) behind a PCIe switch (32 GB/s, α 0.5 µs a link)."""
+    machine = {
+        "schema": "taccl-topology/1",
+        "name": "one-gpu",
+        "description": "test: one GPU per machine",
+        "sources": ["test fixture: made-up figures"],
+        "vertices": [
+            {"name": "gpu0", "kind": "gpu", "local_index": 0, "numa": 0},
+            {
+                "name": "nic0",
+                "kind": "nic",
+                "local_index": 0,
+                "numa": 0,
+                "net_kind": "ib",
+                "net_bandwidth_GBps": 25.0,
+                "net_alpha_us": 2.0,
+            },
+            {"name": "pcie0", "kind": "pcie_switch", "numa": 0},
+        ],
+        "links": [
+            {"src": "gpu0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
+            {"src": "nic0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
+        ],
+    }
+    path = folder / "one-gpu.json"
+    path.write_text(json.dumps(machine))
+    return path

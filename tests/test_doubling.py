@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
 from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, compare_baselines
@@ -15,38 +12,10 @@ from taccl_py.synth.candidates import exportable
 from taccl_py.topology import load_topology
 from taccl_py.verify import verify_algorithm
 
+from helpers import write_one_gpu_machine
+
 MiB = 1 << 20
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
-
-
-def _one_gpu_machine(tmp_path: Path) -> Path:
-    """Write a machine of one GPU and one NIC behind a PCIe switch (tests/test_nccl_baselines.py's)."""
-    machine = {
-        "schema": "taccl-topology/1",
-        "name": "one-gpu",
-        "description": "test: one GPU per machine",
-        "sources": ["test fixture: made-up figures"],
-        "vertices": [
-            {"name": "gpu0", "kind": "gpu", "local_index": 0, "numa": 0},
-            {
-                "name": "nic0",
-                "kind": "nic",
-                "local_index": 0,
-                "numa": 0,
-                "net_kind": "ib",
-                "net_bandwidth_GBps": 25.0,
-                "net_alpha_us": 2.0,
-            },
-            {"name": "pcie0", "kind": "pcie_switch", "numa": 0},
-        ],
-        "links": [
-            {"src": "gpu0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
-            {"src": "nic0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
-        ],
-    }
-    path = tmp_path / "one-gpu.json"
-    path.write_text(json.dumps(machine))
-    return path
 
 
 def test_bruck_steps_cover_every_other_machine_once():
@@ -68,7 +37,7 @@ def test_doubling_is_verified_on_dgx_a100_machines(nodes, collective):
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
 def test_doubling_is_verified_with_one_gpu_on_each_of_six_machines(tmp_path, collective):
-    topology = load_topology(_one_gpu_machine(tmp_path), nodes=6)
+    topology = load_topology(write_one_gpu_machine(tmp_path), nodes=6)
     assert BaselineKind.DOUBLING in applicable_kinds(topology, collective)
     algorithm = doubling_algorithm(topology, collective, piece_blocks=1)
     assert verify_algorithm(algorithm).ok

@@ -31,6 +31,8 @@ from taccl_py.simulate import simulate
 from taccl_py.synth.candidates import exportable
 from taccl_py.topology import load_topology
 
+from helpers import write_one_gpu_machine
+
 REPO = Path(__file__).resolve().parents[1]
 MB = 10**6
 SIZES = (64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20, 2**30)
@@ -48,36 +50,6 @@ def _nvls_allreduce_us(size: int) -> float:
     rate, alpha, link_rate, _ = _dgx_h100_figures()
     # each GPU moves M (1 + 1/8) per direction through its port at min(switch rate, link rate); 1 GB/s = 1000 B/µs
     return alpha + size * (1 + 1 / 8) / (min(rate, link_rate) * 1000)
-
-
-def _one_gpu_machine(tmp_path: Path) -> Path:
-    """Write a machine of one GPU and one NIC (25 GB/s, α 2 µs) behind a PCIe switch (32 GB/s, α 0.5 µs a link)."""
-    machine = {
-        "schema": "taccl-topology/1",
-        "name": "one-gpu",
-        "description": "test: one GPU per machine",
-        "sources": ["test fixture: made-up figures"],
-        "vertices": [
-            {"name": "gpu0", "kind": "gpu", "local_index": 0, "numa": 0},
-            {
-                "name": "nic0",
-                "kind": "nic",
-                "local_index": 0,
-                "numa": 0,
-                "net_kind": "ib",
-                "net_bandwidth_GBps": 25.0,
-                "net_alpha_us": 2.0,
-            },
-            {"name": "pcie0", "kind": "pcie_switch", "numa": 0},
-        ],
-        "links": [
-            {"src": "gpu0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
-            {"src": "nic0", "dst": "pcie0", "kind": "pcie", "alpha_us": 0.5, "bandwidth_GBps": 32.0},
-        ],
-    }
-    path = tmp_path / "one-gpu.json"
-    path.write_text(json.dumps(machine))
-    return path
 
 
 # GPU -> PCIe switch -> NIC -> network -> NIC -> PCIe switch -> GPU: α 0.5 + 0.5 + 2 + 0 + 0.5 + 0.5, narrowest 25 GB/s
@@ -122,7 +94,7 @@ def test_a_ring_beats_nvls_allgather_at_large_sizes_on_dgx_h100():
 @pytest.mark.parametrize("nodes", [2, 3, 4, 8])
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
 def test_pat_takes_log2_steps_of_the_route_alpha_and_a_rings_bytes_over_the_nic(tmp_path, nodes, collective):
-    topology = load_topology(_one_gpu_machine(tmp_path), nodes=nodes)
+    topology = load_topology(write_one_gpu_machine(tmp_path), nodes=nodes)
     times = nccl_modelled_times(topology, collective, SIZES)
     assert list(times) == ["nccl-pat"]
     bounds = lower_bounds(topology, collective, SIZES)
@@ -134,14 +106,14 @@ def test_pat_takes_log2_steps_of_the_route_alpha_and_a_rings_bytes_over_the_nic(
 
 
 def test_pat_needs_one_gpu_per_machine_and_several_machines(tmp_path):
-    assert nccl_modelled_times(load_topology(_one_gpu_machine(tmp_path), nodes=1), "allgather", SIZES) == {}
-    assert nccl_modelled_times(load_topology(_one_gpu_machine(tmp_path), nodes=4), "allreduce", SIZES) == {}
+    assert nccl_modelled_times(load_topology(write_one_gpu_machine(tmp_path), nodes=1), "allgather", SIZES) == {}
+    assert nccl_modelled_times(load_topology(write_one_gpu_machine(tmp_path), nodes=4), "allreduce", SIZES) == {}
     assert "nccl-pat" not in nccl_modelled_times(load_topology("dgx-h100", nodes=2), "allgather", SIZES)
     assert nccl_modelled_times(load_topology("dgx-a100", nodes=2), "allgather", SIZES) == {}
 
 
 def test_nccl_best_times_picks_pat_on_one_gpu_machines_at_large_sizes(tmp_path):
-    topology = load_topology(_one_gpu_machine(tmp_path), nodes=8)
+    topology = load_topology(write_one_gpu_machine(tmp_path), nodes=8)
     best = nccl_best_times(topology, "allgather", [2**30])
     expected = 3 * PAT_ROUTE_ALPHA_US + 7 / 8 * 2**30 / (PAT_ROUTE_GBPS * 1000)
     assert [(c.name, c.size_bytes) for c in best] == [("nccl-pat", 2**30)]
@@ -280,7 +252,7 @@ def test_cli_baseline_ring_still_needs_an_output_file(capsys):
 
 
 def test_cli_baseline_pat_prints_its_time_on_one_gpu_machines(tmp_path, capsys):
-    path = _one_gpu_machine(tmp_path)
+    path = write_one_gpu_machine(tmp_path)
     assert (
         main(["baseline", "pat", "--topology", str(path), "--nodes", "4", "-c", "reducescatter", "--sizes", "1MB"]) == 0
     )

@@ -63,7 +63,7 @@ from dataclasses import dataclass
 
 from taccl_py.baselines._plans import binary_tree_parents, complement_tree_parents
 from taccl_py.baselines.ring import ring_orders
-from taccl_py.baselines.tree import default_tree_channels, tree_chunks_for, tree_parents
+from taccl_py.baselines.tree import default_tree_channels, tree_chunks_for, tree_depth, tree_parents
 from taccl_py.ir.collectives import Collective, parse_collective
 from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel, slice_sizes
 from taccl_py.simulate.protocol import SIMPLE
@@ -245,15 +245,7 @@ def ring_closed_form(
 
 def _machine_depth(machines: int) -> int:
     """Return the deeper of the two machine trees' depths (hops from the deepest machine to the root)."""
-    deepest = 0
-    for parents in (binary_tree_parents(machines), complement_tree_parents(machines)):
-        for position in range(machines):
-            hops = 0
-            while parents[position] is not None:
-                position = parents[position]
-                hops += 1
-            deepest = max(deepest, hops)
-    return deepest
+    return max(tree_depth(binary_tree_parents(machines)), tree_depth(complement_tree_parents(machines)))
 
 
 def tree_closed_form(
@@ -284,7 +276,7 @@ def tree_closed_form(
     hops0 = [route(small, child, parent) for child, parent in trees[0].items() if parent is not None]
     alpha_us = max(max(h.alpha_us for h in hops0), 1e-3)
     bandwidth = min(h.bandwidth_GBps for h in hops0) * BYTES_PER_US_PER_GBPS
-    depth0 = gpus - 1 + _machine_depth_of(binary_tree_parents(topology.nodes))
+    depth0 = gpus - 1 + tree_depth(binary_tree_parents(topology.nodes))
     links = list(shared.values())
     out = []
     for size in sizes:
@@ -304,17 +296,6 @@ def tree_closed_form(
         rest = sum(_slowest(links, p) for p in pieces[1:])
         out.append((f"tree-{channels}ch-{chunks}p", chain + rest))
     return tuple(out)
-
-
-def _machine_depth_of(parents: Sequence[int | None]) -> int:
-    deepest = 0
-    for position in range(len(parents)):
-        hops = 0
-        while parents[position] is not None:
-            position = parents[position]
-            hops += 1
-        deepest = max(deepest, hops)
-    return deepest
 
 
 def closed_form_applies(topology: Topology, collective: Collective | str) -> bool:

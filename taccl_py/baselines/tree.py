@@ -23,6 +23,7 @@ chunks = sqrt((depth - 1) * share / (α * bandwidth)).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 from taccl_py.baselines._orders import best_path, disjoint_cycles, nic_rank_orders, node_ranks, rail_nics
 from taccl_py.baselines._plans import binary_tree_parents, complement_tree_parents, tree_allreduce_items
@@ -41,6 +42,7 @@ __all__ = [
     "default_tree_chunks",
     "default_tree_channels",
     "tree_chunks_for",
+    "tree_depth",
     "DEFAULT_TREE_CHUNKS",
     "MAX_TREE_CHUNKS",
 ]
@@ -101,9 +103,10 @@ def _uniform(topology: Topology, ranks: tuple[int, ...]) -> bool:
     )
 
 
-def _depth(parents: dict[int, int | None]) -> int:
+def tree_depth(parents: Mapping[int, int | None] | Sequence[int | None]) -> int:
+    """Return the most hops from a rank up to its tree's root (``parents``: rank -> parent, None at the root)."""
     deepest = 0
-    for rank in parents:
+    for rank in parents.keys() if isinstance(parents, Mapping) else range(len(parents)):
         hops = 0
         while parents[rank] is not None:
             rank = parents[rank]
@@ -121,7 +124,7 @@ def default_tree_chunks(topology: Topology, size_bytes: int, channels: int) -> i
     hops = [route(topology, child, parent) for child, parent in parents.items() if parent is not None]
     alpha_us = max(max(h.alpha_us for h in hops), 1e-3)
     bandwidth_bytes_per_us = min(h.bandwidth_GBps for h in hops) * BYTES_PER_US_PER_GBPS
-    return tree_chunks_for(_depth(parents), alpha_us, bandwidth_bytes_per_us, size_bytes / channels)
+    return tree_chunks_for(tree_depth(parents), alpha_us, bandwidth_bytes_per_us, size_bytes / channels)
 
 
 def tree_chunks_for(depth: int, alpha_us: float, bandwidth_bytes_per_us: float, share_bytes: float) -> int:
