@@ -129,8 +129,8 @@ def test_cli_writes_an_alltoall_library(tmp_path):
 def test_bands_write_only_baselines_that_load_and_compare_with_the_fastest(ndv2x2, monkeypatch):
     # as where direct needs more threadblocks than MSCCL allows (past 32 GPUs): only loadable baselines
     # may be written, but each size is still reported against the fastest baseline
-    def loads(algorithm):
-        return not algorithm.name.startswith("direct") and exportable(algorithm)
+    def loads(algorithm, runtime="portable"):
+        return not algorithm.name.startswith("direct") and exportable(algorithm, runtime)
 
     monkeypatch.setattr("taccl_py.synth.outcome.exportable", loads)
     result = synthesize(ndv2x2, "alltoall", sizes=[MB, 64 * MB])

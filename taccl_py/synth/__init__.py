@@ -39,7 +39,7 @@ from taccl_py.stages.sketch import auto_sketch
 from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.alltoall import synthesize_alltoall
 from taccl_py.synth.bands import SizeChoice, write_library
-from taccl_py.synth.candidates import candidate_chunkings, geometric_middle, simulate_at
+from taccl_py.synth.candidates import candidate_chunkings, exportable, geometric_middle, simulate_at
 from taccl_py.synth.compose import (
     Candidate,
     Chunking,
@@ -480,12 +480,13 @@ def _synthesize_impl(
         time.perf_counter() - began,
         budget_bound,
         synthesis_provenance(sizes, sketch, options, budget_bound, model),
-        _fastest_point_to_point(everything) if best_at_top.uses_switch else None,
+        _fastest_point_to_point(everything, loadable_in) if best_at_top.uses_switch else None,
     )
 
 
-def _fastest_point_to_point(everything: Sequence[tuple[Algorithm, tuple]]) -> Algorithm | None:
-    """Return the fastest algorithm without switch steps at the largest size (None: there is none)."""
+def _fastest_point_to_point(everything: Sequence[tuple[Algorithm, tuple]], loadable_in: str | None) -> Algorithm | None:
+    """Return the fastest algorithm without switch steps at the largest size, loading in ``loadable_in`` if given."""
     timed = [(pair[1][-1].time_us, pair[0]) for pair in everything if pair[1][-1] is not None]
     plain = [item for item in timed if not item[1].uses_switch]
+    plain = [item for item in plain if loadable_in is None or exportable(item[1], loadable_in)] or plain
     return min(plain, key=lambda item: item[0])[1] if plain else None

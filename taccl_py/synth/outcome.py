@@ -98,13 +98,16 @@ def choose_bands(
     (``band_writable``: MSCCL loads them, or MSCCL++ loads a switch schedule): synthesized ones are
     filtered here, the kept baselines already are; and a size where one of NCCL's modelled
     algorithms (NVLS, NVLS-Tree, PAT) is faster than all of them is left to NCCL (a native band).
-    With ``loadable_in`` (an MSCCL runtime, or ``portable``: every one) only algorithms that load
-    there win, so a run that writes XML writes the fastest schedule the runtime loads.
+    With ``loadable_in`` (an MSCCL runtime, or ``portable``: every one) only point-to-point
+    algorithms that load there win, so a run that writes XML writes the fastest schedule the runtime
+    loads (a switch schedule, which XML cannot hold, still wins: the caller writes the fastest
+    loadable point-to-point one, ``SynthesisResult.point_to_point``, and says so).
     """
     usable = [
         pair
         for pair in everything
-        if (not banded or band_writable(pair[0])) and (loadable_in is None or exportable(pair[0], loadable_in))
+        if (not banded or band_writable(pair[0]))
+        and (loadable_in is None or pair[0].uses_switch or exportable(pair[0], loadable_in))
     ]
     choices = choose_per_size(sizes, usable, baselines, fallback=everything, leave_to_native=banded)
     timed = [pair for pair in usable or everything if pair[1][-1] is not None]
