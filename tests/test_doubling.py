@@ -72,3 +72,19 @@ def test_doubling_refuses_one_machine_and_alltoall():
     with pytest.raises(ArgumentError, match="no doubling baseline for alltoall"):
         doubling_algorithm(load_topology("dgx-h100", nodes=2), "alltoall")
     assert BaselineKind.DOUBLING not in applicable_kinds(load_topology("dgx-h100"), "allgather")
+
+
+def test_a_doubling_the_runtime_refuses_competes_with_one_channel():
+    from taccl_py.baselines.choice import _loadable_variant
+    from taccl_py.ir.collectives import Collective
+
+    topology = load_topology("dgx-h100", nodes=4)
+    two = build_baseline("doubling", topology, "allgather", 2, size_bytes=64 * MiB)
+    assert two.meta("channels", str(two.num_channels)) == "2"
+
+    def keep(algorithm):  # as MSCCL refuses two channels from 32 machines on (65 steps on one threadblock)
+        return algorithm.meta("channels", str(algorithm.num_channels)) == "1" and exportable(algorithm)
+
+    one = _loadable_variant(two, keep, BaselineKind.DOUBLING, topology, Collective.ALLGATHER, 2, 64 * MiB)
+    assert one is not None and keep(one)
+    assert verify_algorithm(one).ok

@@ -164,15 +164,16 @@ def _loadable_variant(
 ) -> Algorithm | None:
     """Return ``kind`` reshaped within the portable MSCCL limits, as ``keep`` accepts it, or None.
 
-    Three refusals have a cure. Steps per threadblock: rings and hierarchical algorithms spread
-    their longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126 times on
-    one). Threadblocks per GPU: rings, trees and hierarchical algorithms take the most channels
+    Three refusals have a cure. Steps per threadblock: rings, hierarchical and doubling algorithms
+    spread their longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126
+    times on one; doubling's two channels copy 129 blocks on one threadblock at 512 GPUs).
+    Threadblocks per GPU: rings, trees, hierarchical and doubling algorithms take the most channels
     under the original's that fit (16 trees on 64 GPUs need 69 threadblocks, over the 64 MSCCL
     loads). A chunk loop MSCCL never selects (6 rings on NDv2: 48 chunks, which divide no
     power-of-two count) also takes the most channels under the original's that ``keep`` accepts.
     None when neither applies or no variant is accepted.
     """
-    if kind not in (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL):
+    if kind not in (BaselineKind.RING, BaselineKind.TREE, BaselineKind.HIERARCHICAL, BaselineKind.DOUBLING):
         return None
     if collective is Collective.ALLTOALL:
         return None
@@ -186,7 +187,9 @@ def _loadable_variant(
         if keep(algorithm):
             return algorithm
     most = _most_threadblocks(algorithm)
-    if most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm):
+    # Doubling's longest threadblock copies what every channel lands, which spreading does not cut.
+    fits = most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm)
+    if fits and kind is not BaselineKind.DOUBLING:
         return None
     channels = int(algorithm.meta("channels", str(algorithm.num_channels)))
     # A hierarchical name counts the cross-machine ring's channel; its builder takes the local rings.
