@@ -47,7 +47,16 @@ def _ids(path) -> str:
 
 # DGX-B200's libraries hold schedules of DGX-H100's graph: the default run checks dgx-h100's.
 _SAME_SHAPE = ("dgx-b200",)
-SMALL = [p for p in LIBRARIES if _header(p)["num_ranks"] <= FAST_RANKS and p.parts[-3] not in _SAME_SHAPE]
+# Two-machine libraries take most of the sweep (a 16-GPU AllReduce library: 6-8 s): the default run
+# verifies every machine's one-machine libraries and these two-machine ones, --runslow the rest.
+_TWO_MACHINE_DEFAULT = ("dgx-h100", "ndv2")
+SMALL = [
+    p
+    for p in LIBRARIES
+    if _header(p)["num_ranks"] <= FAST_RANKS
+    and p.parts[-3] not in _SAME_SHAPE
+    and (p.parts[-2] == "n1" or p.parts[-3] in _TWO_MACHINE_DEFAULT)
+]
 LARGE = [p for p in LIBRARIES if p not in SMALL]
 
 
