@@ -68,6 +68,7 @@ from taccl_py.ir.collectives import Collective, parse_collective
 from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel, slice_sizes
 from taccl_py.simulate.protocol import SIMPLE
 from taccl_py.topology.compose import NETWORK_SWITCH, compose_machines, local_name
+from taccl_py.topology.fingerprint import node_signatures
 from taccl_py.topology.model import Topology, make_topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
@@ -180,10 +181,6 @@ def _machine(topology: Topology, node: int) -> Topology:
     return make_topology(topology.name, vertices, links, nodes=1)
 
 
-def _signature(machine: Topology) -> tuple:
-    return (tuple(sorted(map(repr, machine.vertices))), tuple(sorted(map(repr, machine.links))))
-
-
 @functools.lru_cache(maxsize=8)
 def representative(topology: Topology, machines: int) -> Topology | None:
     """Return ``machines`` copies of ``topology``'s machine joined as ``compose_nodes`` joins them; None if they differ.
@@ -193,10 +190,9 @@ def representative(topology: Topology, machines: int) -> Topology | None:
     """
     if topology.nodes <= machines:
         return topology
-    first = _machine(topology, 0)
-    signature = _signature(first)
-    if any(_signature(_machine(topology, node)) != signature for node in range(1, topology.nodes)):
+    if len(set(node_signatures(topology))) > 1:
         return None
+    first = _machine(topology, 0)
     return compose_machines([first] * machines, f"{first.name}x{machines}", topology.description)
 
 
