@@ -78,7 +78,7 @@ def rechoose_one(
     rows = []
     for choice in choices:
         band = next(i for i, b in enumerate(rechosen.bands) if b.covers(choice.size_bytes))
-        ours = choice.baseline.time_us if choice.native else choice.chosen_result.time_us
+        ours = choice.runs_us
         label = f"{band} native" if choice.native else f"{band} {choice.chosen.name[:48]}"
         base = choice.baseline.time_us
         rows.append(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline, compare_baselines
@@ -74,17 +76,32 @@ def test_doubling_refuses_one_machine_and_alltoall():
     assert BaselineKind.DOUBLING not in applicable_kinds(load_topology("dgx-h100"), "allgather")
 
 
-def test_a_doubling_the_runtime_refuses_competes_with_one_channel():
+def test_local_copies_spread_over_threadblocks_so_two_channels_load_on_many_machines(tmp_path):
+    """Each forwarding lane's copies get a threadblock of their own: 39 steps, where one held 81 (MSCCL loads 64)."""
+    topology = load_topology(write_one_gpu_machine(tmp_path), nodes=40)
+    two = doubling_algorithm(topology, "allgather", channels=2, piece_blocks=2)
+    assert exportable(two, "msccl") and verify_algorithm(two).ok
+    for program in two.ranks:
+        local = [tb for tb in program.threadblocks if tb.send_peer is None and tb.recv_peer is None]
+        # Both channels' own parts and the staggered channel's scratch copy of its own; each lane's 39 blocks.
+        assert sorted(len(tb.steps) for tb in local) == [3, 39, 39]
+        assert len({tb.channel for tb in local}) == 3
+
+
+def test_a_doubling_over_the_threadblock_limit_competes_with_fewer_channels():
     from taccl_py.baselines.choice import _loadable_variant
     from taccl_py.ir.collectives import Collective
 
     topology = load_topology("dgx-h100", nodes=4)
     two = build_baseline("doubling", topology, "allgather", 2, size_bytes=64 * MiB)
     assert two.meta("channels", str(two.num_channels)) == "2"
+    # Stand-in for 65 threadblocks: MSCCL loads 64 per GPU, and a variant must fit that limit.
+    crowded = replace(two, ranks=(replace(two.ranks[0], threadblocks=two.ranks[0].threadblocks * 3),) + two.ranks[1:])
 
-    def keep(algorithm):  # as MSCCL refuses two channels from 32 machines on (65 steps on one threadblock)
+    def keep(algorithm):
         return algorithm.meta("channels", str(algorithm.num_channels)) == "1" and exportable(algorithm)
 
-    one = _loadable_variant(two, keep, BaselineKind.DOUBLING, topology, Collective.ALLGATHER, 2, 64 * MiB)
+    one = _loadable_variant(crowded, keep, BaselineKind.DOUBLING, topology, Collective.ALLGATHER, 2, 64 * MiB)
     assert one is not None and keep(one)
     assert verify_algorithm(one).ok
+    assert _loadable_variant(two, keep, BaselineKind.DOUBLING, topology, Collective.ALLGATHER, 2, 64 * MiB) is None

@@ -133,3 +133,32 @@ def test_a_size_where_nccls_modelled_algorithm_wins_is_left_to_nccl(h100):
     assert top.native and top.algorithm_file == NATIVE_ALGORITHM
     assert top.simulated_time_us == baselines[-1].fastest[1].time_us
     assert not any(c.native for c in choose_per_size(sizes, pool, baselines))  # one size: never native
+
+
+def test_nccl_is_left_a_size_even_where_an_unwritable_schedule_beats_it(h100):
+    """NCCL runs a size its modelled algorithm wins against every writable one, however fast an unloadable one is."""
+    from dataclasses import replace
+
+    from taccl_py.baselines import ComparedBaseline
+    from taccl_py.solvers import SolverOptions
+    from taccl_py.synth.bands import build_library, choose_per_size
+    from taccl_py.synth.outcome import best_baselines_per_size
+
+    sizes = (2**28,)
+    (compared,) = best_baselines_per_size(h100, Collective.ALLREDUCE, sizes, SolverOptions(), True, None)
+    nvls = compared.native
+    assert nvls is not None and nvls[0].name == "nccl-nvls"
+    ring = build_baseline("ring", h100, "allreduce", channels=1)
+    ring_result = simulate_sizes(ring, h100, sizes)[0]
+    assert ring_result.time_us > nvls[1].time_us
+    # A schedule MSCCL refuses (stood in by the ring at a tenth of NVLS's time) is the fastest baseline.
+    unloadable = (replace(ring, name="unloadable"), replace(ring_result, time_us=nvls[1].time_us / 10))
+    baselines = (ComparedBaseline(sizes[0], unloadable, (ring, ring_result), nvls),)
+    (choice,) = choose_per_size(sizes, [], baselines, leave_to_native=True)
+    assert choice.native and choice.baseline_name == "unloadable"
+    assert choice.runs_us == nvls[1].time_us < choice.chosen_result.time_us
+    band = build_library("dgx-h100", 1, Collective.ALLREDUCE, 8, (choice,), "allreduce").bands[0]
+    assert band.native and band.simulated_time_us == nvls[1].time_us
+    faster_ring = replace(ring_result, time_us=nvls[1].time_us / 2)  # a writable schedule faster than NCCL is kept
+    baselines = (ComparedBaseline(sizes[0], unloadable, (ring, faster_ring), nvls),)
+    assert not choose_per_size(sizes, [], baselines, leave_to_native=True)[0].native

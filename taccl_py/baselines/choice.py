@@ -41,12 +41,14 @@ class ComparedBaseline:
     ``fastest`` is what a result is compared with: an ``Algorithm``, or a ``ModelledBaseline`` (NCCL's
     NVLS, NVLS-Tree or PAT, modelled: ``is_schedule`` False, its result's ``model`` ``nccl-model``)
     where one is faster than every schedule. ``kept`` is what may be written in a result's place:
-    always an ``Algorithm`` (the fastest schedule without ``keep``).
+    always an ``Algorithm`` (the fastest schedule without ``keep``). ``native`` is the fastest of
+    NCCL's modelled algorithms, faster than ``fastest`` or not: what a library band left to NCCL runs.
     """
 
     size_bytes: int
     fastest: tuple[Algorithm | ModelledBaseline, SimulationResult] | None
     kept: tuple[Algorithm, SimulationResult] | None
+    native: tuple[ModelledBaseline, SimulationResult] | None = None
 
 
 def compare_baselines(
@@ -78,6 +80,7 @@ def compare_baselines(
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     fastest: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
     kept: dict[int, tuple[Algorithm, SimulationResult]] = {}
+    native: dict[int, tuple[ModelledBaseline, SimulationResult]] = {}
     # Above CLOSED_FORM_ABOVE_RANKS GPUs of identical machines the ring and tree are NCCL's in closed
     # form (modelled_results): too many transfers to build; they compete for ``fastest`` only.
     closed = closed_form_applies(topology, collective)
@@ -108,7 +111,8 @@ def compare_baselines(
         if progress is not None:
             progress(f"baseline {modelled.name}: modelled from NCCL's tuning, not a schedule")
         _keep_faster(fastest, modelled, [result.size_bytes for result in results], results)
-    return tuple(ComparedBaseline(size, fastest.get(size), kept.get(size)) for size in sizes)
+        _keep_faster(native, modelled, [result.size_bytes for result in results], results)
+    return tuple(ComparedBaseline(size, fastest.get(size), kept.get(size), native.get(size)) for size in sizes)
 
 
 def _simulated(
@@ -166,7 +170,7 @@ def _loadable_variant(
 
     Three refusals have a cure. Steps per threadblock: rings, hierarchical and doubling algorithms
     spread their longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126
-    times on one; doubling's two channels copy 129 blocks on one threadblock at 512 GPUs).
+    times on one; doubling's AllReduce on two channels forwards 126 blocks to a peer at 512 GPUs).
     Threadblocks per GPU: rings, trees, hierarchical and doubling algorithms take the most channels
     under the original's that fit (16 trees on 64 GPUs need 69 threadblocks, over the 64 MSCCL
     loads). A chunk loop MSCCL never selects (6 rings on NDv2: 48 chunks, which divide no
@@ -187,9 +191,7 @@ def _loadable_variant(
         if keep(algorithm):
             return algorithm
     most = _most_threadblocks(algorithm)
-    # Doubling's longest threadblock copies what every channel lands, which spreading does not cut.
-    fits = most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm)
-    if fits and kind is not BaselineKind.DOUBLING:
+    if most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm):
         return None
     channels = int(algorithm.meta("channels", str(algorithm.num_channels)))
     # A hierarchical name counts the cross-machine ring's channel; its builder takes the local rings.

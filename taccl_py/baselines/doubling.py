@@ -55,7 +55,7 @@ I, O, S = Buffer.INPUT, Buffer.OUTPUT, Buffer.SCRATCH
 Items = list[Transfer | LocalCopy]
 Slot = tuple[Buffer, int]
 # Channels × forwarding lanes: 2 keeps 64 machines of 8 GPUs within MSCCL's 64 threadblocks per GPU
-# (taccl_py.msccl.limits): 2 × (6 + 6) network and 2 × 2 × 7 NVLink connections, and local copies.
+# (taccl_py.msccl.limits): 2 × (6 + 6) network and 2 × 2 × 7 NVLink connections, 3 copy threadblocks (AllReduce 6).
 MAX_DOUBLING_CHANNELS = 2
 # Blocks (bytes each, size / GPUs) below this cross the network in one send per earlier step, the
 # rest in pieces of 2 blocks. Simulated on DGX H100 × 16 under MSCCL's loop, AllGather: 1 MiB 15.2 µs
@@ -69,18 +69,14 @@ def equal_machines(topology: Topology) -> bool:
     return len({len(node_ranks(topology, node)) for node in range(topology.nodes)}) == 1
 
 
-def default_doubling_channels(collective: Collective | str, piece_blocks: int | None) -> int:
+def default_doubling_channels(piece_blocks: int | None) -> int:
     """Return the channels the doubling baseline runs with sends of ``piece_blocks`` blocks: 2 from 2 blocks.
 
-    AllReduce keeps one: two would put 4 (M - 1) local copies on the local threadblock, over
-    MSCCL's 64 steps from 16 machines on.
-
     Simulated on DGX H100 × 16 (16 MiB AllGather, pieces of 2 blocks): 56.3 µs on two staggered
-    channels against 60.3 on one with two forwarding lanes; 1-block pieces (64 MiB) and one send
-    per earlier step (1 MiB) run best on one channel (197.9 against 203.7 µs, 15.2 against 16.1).
+    channels against 60.3 on one with two forwarding lanes (AllReduce: 112.2 against 117.7);
+    1-block pieces (64 MiB) and one send per earlier step (1 MiB) run best on one channel (197.9
+    against 203.7 µs, 15.2 against 16.1).
     """
-    if Collective(collective) is Collective.ALLREDUCE:
-        return 1
     return 2 if piece_blocks is not None and piece_blocks > 1 else 1
 
 
@@ -153,7 +149,9 @@ class _Shape:
 class _Grid:
     """Ranks as (machine, local index), channel parts and every slot the AllGather touches."""
 
-    def __init__(self, topology: Topology, shape: _Shape, scratch_base: int, direction: int = 1) -> None:
+    def __init__(
+        self, topology: Topology, shape: _Shape, scratch_base: int, direction: int = 1, copy_base: int = 0
+    ) -> None:
         self.machines = topology.nodes
         self.ranks = [node_ranks(topology, node) for node in range(self.machines)]
         self.local = len(self.ranks[0])
@@ -161,10 +159,17 @@ class _Grid:
         self.shape = shape
         self.scratch_base = scratch_base
         self.direction = direction  # 1: machine m holds m + p at relative p and sends to m - 2^k; -1 mirrored
+        # Local copies go on threadblocks of their own (MSCCL runs at most 64 steps in one): those of
+        # forwarding lane l on copy channel copy_base + l, a GPU's own blocks on copy_base + MAX_DOUBLING_CHANNELS.
+        self.copy_base = copy_base
 
     def lane(self, channel: int, position: int) -> int:
         """Return the channel forwarding relative block ``position`` of ``channel`` in a machine (lanes alternate)."""
         return channel + self.channels * (position % self.shape.lanes)
+
+    def own_copies(self) -> int:
+        """Return the copy channel of a GPU's own blocks."""
+        return self.copy_base + MAX_DOUBLING_CHANNELS
 
     def block(self, rank: int, channel: int) -> int:
         """Return the chunk of ``rank``'s block that ``channel`` carries (output or input index)."""
@@ -184,9 +189,9 @@ def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
             for c in range(grid.channels):
                 out = (O, grid.block(rank, c))
                 if own(rank, c) != out:
-                    items.append(LocalCopy(rank, own(rank, c), out))
+                    items.append(LocalCopy(rank, own(rank, c), out, channel=grid.own_copies()))
                 if shape.staggered(c):  # its first sends start at the own block: copy it beside the rest
-                    items.append(LocalCopy(rank, own(rank, c), grid.scratch(0, c)))
+                    items.append(LocalCopy(rank, own(rank, c), grid.scratch(0, c), channel=grid.own_copies()))
                 items += [Transfer(rank, peer, own(rank, c), out, channel=c) for peer in grid.ranks[m] if peer != rank]
     for distance, count in bruck_steps(m_count):
         for m in range(m_count):
@@ -207,8 +212,8 @@ def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
             for i in range(g_count):
                 rank = grid.ranks[m][i]
                 held, out = grid.scratch(position, c), (O, grid.block(grid.ranks[origin][i], c))
-                items.append(LocalCopy(rank, held, out))
                 lane = grid.lane(c, position)
+                items.append(LocalCopy(rank, held, out, channel=grid.copy_base + lane))
                 items += [Transfer(rank, peer, held, out, channel=lane) for peer in grid.ranks[m] if peer != rank]
     return items
 
@@ -227,7 +232,7 @@ def _reversed_items(items: Sequence[Transfer | LocalCopy], swap: Callable[[int, 
             src, dst, count = swap(item.rank, item.dst), swap(item.rank, item.src), item.count
             for start, run, seen in _runs(written, item.rank, dst, count):
                 shifted = (src[0], src[1] + start)
-                out.append(LocalCopy(item.rank, shifted, (dst[0], dst[1] + start), run, reduce=seen))
+                out.append(LocalCopy(item.rank, shifted, (dst[0], dst[1] + start), run, seen, item.channel))
             continue
         src, dst = swap(item.dst_rank, item.dst), swap(item.src_rank, item.src)
         for start, run, seen in _runs(written, item.src_rank, dst, item.count):
@@ -268,7 +273,8 @@ def _plan(topology: Topology, collective: Collective, shape: _Shape) -> Items:
         swap = {I: O, O: I, S: S}
         return _reversed_items(gather, lambda rank, slot: (swap[slot[0]], slot[1]))
     # AllReduce: the reduce-scatter leaves rank r's sums in its output at r's block, read back by the gather.
-    grid = _Grid(topology, shape, shape.channels * topology.nodes)
+    # Its copies take channels of their own beside the reduce-scatter's.
+    grid = _Grid(topology, shape, shape.channels * topology.nodes, copy_base=MAX_DOUBLING_CHANNELS + 1)
 
     def swap_allreduce(rank: int, slot: Slot) -> Slot:
         if slot[0] is I:
@@ -326,7 +332,7 @@ def doubling_algorithm(
         raise ArgumentError(topology.name, "nodes", fault, "machines of equally many GPUs")
     if piece_blocks is not None and piece_blocks < 1:
         raise ArgumentError(topology.name, "piece_blocks", f"{piece_blocks} blocks", "at least 1, or None")
-    count = default_doubling_channels(collective, piece_blocks) if channels is None else channels
+    count = default_doubling_channels(piece_blocks) if channels is None else channels
     if not 1 <= count <= MAX_DOUBLING_CHANNELS:
         raise ArgumentError(topology.name, "channels", f"{count} channels", f"1..{MAX_DOUBLING_CHANNELS}")
     lanes = MAX_DOUBLING_CHANNELS // count if lanes is None else lanes

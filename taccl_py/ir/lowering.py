@@ -2,7 +2,7 @@
 
 Baselines and the synthesizer describe a schedule as ``Transfer`` and ``LocalCopy`` items in an
 order where every item's inputs were produced by earlier items. ``lower_plan`` gives each rank one
-threadblock per (direction, peer, channel) plus one for local copies, appends the items' steps in
+threadblock per (direction, peer, channel) plus one per channel of local copies, appends the items' steps in
 order, and adds the cross-threadblock dependencies that data hazards (read-after-write,
 write-after-write, write-after-read) require. Every edge then points from an earlier item to a
 later one, so the result cannot deadlock.
@@ -51,13 +51,17 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class LocalCopy:
-    """Copy (or with ``reduce``, add) ``count`` chunks from ``src`` to ``dst`` on ``rank``."""
+    """Copy (or with ``reduce``, add) ``count`` chunks from ``src`` to ``dst`` on ``rank``.
+
+    Copies of one ``channel`` share a threadblock of no peer (MSCCL runs at most 64 steps in one).
+    """
 
     rank: int
     src: Slot
     dst: Slot
     count: int = 1
     reduce: bool = False
+    channel: int = 0
 
 
 @dataclass
@@ -150,7 +154,7 @@ def _append_step(
 def _lower_item(states: Sequence[_RankState], item: Transfer | LocalCopy) -> None:
     if isinstance(item, LocalCopy):
         state = states[item.rank]
-        tb_id = state.threadblock(("local",), None, None, 0)
+        tb_id = state.threadblock(("local", item.channel), None, None, item.channel)
         reads, writes = _slots(item.src, item.count), _slots(item.dst, item.count)
         op = OpType.REDUCE if item.reduce else OpType.COPY
         _append_step(state, tb_id, op, item.src, item.dst, item.count, reads + (writes if item.reduce else []), writes)

@@ -43,8 +43,9 @@ class SizeChoice:
     where only some may be written (library bands) can be a slower one than ``baseline_name``.
     ``baseline_is_schedule`` is False where the fastest baseline is one of NCCL's modelled
     algorithms (``baselines.nccl``: NVLS, PAT), which is compared with but never written.
-    ``native`` says a library leaves this size to NCCL: such a modelled algorithm is faster than
-    everything a band may hold (``chosen`` is then the fastest of those, not written).
+    ``native`` says a library leaves this size to NCCL: its fastest modelled algorithm (``nccl``)
+    is faster than everything a band may hold (``chosen`` is then the fastest of those, not
+    written), whether or not a schedule that may not be written is faster still.
     """
 
     size_bytes: int
@@ -56,6 +57,12 @@ class SizeChoice:
     baseline_chosen: bool = False
     baseline_is_schedule: bool = True
     native: bool = False
+    nccl: SimulationResult | None = None
+
+    @property
+    def runs_us(self) -> float:
+        """Return the time of what runs at this size (µs): NCCL's modelled time where native, else the chosen one's."""
+        return self.nccl.time_us if self.native and self.nccl is not None else self.chosen_result.time_us
 
 
 def choose_per_size(
@@ -79,7 +86,7 @@ def choose_per_size(
     choices = []
     for i, size in enumerate(sizes):
         simulated = [pair for pair in synthesized if pair[1][i] is not None]
-        base, reference = baselines[i].kept, baselines[i].fastest
+        base, reference, nccl = baselines[i].kept, baselines[i].fastest, baselines[i].native
         competes = base is not None and (eligible is None or eligible[i])
         if not simulated and not competes:  # nothing preferred at this size: take any candidate
             simulated = [pair for pair in fallback if pair[1][i] is not None]
@@ -100,10 +107,8 @@ def choose_per_size(
                 None if reference is None else reference[0].name,
                 from_baseline == 1,
                 reference is None or is_schedule(reference[0]),
-                leave_to_native
-                and reference is not None
-                and not is_schedule(reference[0])
-                and reference[1].time_us < result.time_us,
+                leave_to_native and nccl is not None and nccl[1].time_us < result.time_us,
+                None if nccl is None else nccl[1],
             )
         )
     return tuple(choices)
@@ -135,7 +140,7 @@ def build_library(
         low = 0 if index == 0 else geometric_middle(runs[index - 1][-1].size_bytes, run[0].size_bytes)
         high = None if index == len(runs) - 1 else geometric_middle(run[-1].size_bytes, runs[index + 1][0].size_bytes)
         if run[0].native:  # NCCL's own collective runs here; the band records NCCL's modelled time
-            bands.append(SizeBand(low, high, None, NATIVE_ALGORITHM, run[0].baseline.time_us))
+            bands.append(SizeBand(low, high, None, NATIVE_ALGORITHM, run[0].runs_us))
             continue
         algorithm = replace(run[0].chosen, name=f"{stem}-{index}", min_bytes=low, max_bytes=high)
         algorithm = algorithm.with_metadata(source_algorithm=run[0].chosen.name, band=str(index))
