@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from helpers import FIXTURES, LARGE_BUILTINS, ring_algorithm
 
 MSCCLPP_FIXTURES = FIXTURES / "mscclpp"
 MIB = 1 << 20
+NDV2_ALLGATHER = ["export-mscclpp", "ndv2", "--collective", "allgather", "--no-baselines"]
 
 
 def _error_line(capsys) -> str:
@@ -34,8 +37,10 @@ def _error_line(capsys) -> str:
 
 def test_export_writes_both_placements_of_every_band_and_each_verifies(tmp_path, capsys) -> None:
     out = tmp_path / "plans"
-    # every size of every band (--all-sizes): which sizes NCCL takes is test_export_leaves_to_nccl_...
-    assert main(["export-mscclpp", "ndv2", "--collective", "reducescatter", "--all-sizes", "-o", str(out)]) == 0
+    # every size of every band (--all-sizes): which sizes NCCL takes is test_export_leaves_to_nccl_...,
+    # which baseline's plan replaces a band's is test_export_writes_a_faster_baselines_plan_...
+    args = ["export-mscclpp", "ndv2", "--collective", "reducescatter", "--all-sizes", "--no-baselines"]
+    assert main([*args, "-o", str(out)]) == 0
     library = read_library(next(p for p in shipped_library_paths("ndv2", 1) if "reducescatter" in p.name))
     bands = [index for index, band in enumerate(library.bands) if not band.native]
     names = sorted(path.name for path in out.iterdir())
@@ -87,9 +92,10 @@ def test_export_writes_a_faster_baselines_plan_instead_and_names_it(tmp_path, ca
 
 
 def test_export_leaves_to_nccl_the_sizes_where_nccls_own_rings_are_faster(tmp_path, capsys) -> None:
-    # NDv2: NCCL runs 6 rings natively (48 chunks per loop, which no plan that takes powers of two has)
+    # NDv2: NCCL runs 6 rings natively (48 chunks per loop, which no plan that takes powers of two has);
+    # --no-baselines: NCCL is still timed, only no baseline's plan is tried (test_export_writes_a_faster_...)
     out = tmp_path / "plans"
-    assert main(["export-mscclpp", "ndv2", "--collective", "allgather", "-o", str(out)]) == 0
+    assert main([*NDV2_ALLGATHER, "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "ndv2-n1-allgather-3.json: sizes 8192KB and up left to NCCL: nccl ring-6ch-1p modelled" in err
     plans = [read_mscclpp_plan(path) for path in out.iterdir()]
@@ -101,9 +107,16 @@ def test_export_leaves_to_nccl_the_sizes_where_nccls_own_rings_are_faster(tmp_pa
 
 
 def test_plans_across_machines_use_port_channels_and_verify(tmp_path) -> None:
+    # the 2-node DGX-A100 AllGather library's first band and its last (976 steps; the two between are
+    # the first's 496 again): every shipped 2-node library exports and verifies with --runslow
+    (path,) = (p for p in shipped_library_paths("dgx-a100", 2) if p.name == "allgather.library.json")
+    shipped = read_library(path)
+    first, last = shipped.bands[0], shipped.bands[-1]
+    bands = (first, replace(last, min_bytes=first.max_bytes, algorithm_file="1.json"))
+    write_library(replace(shipped, bands=bands), tmp_path / "ag.library.json")
     out = tmp_path / "plans"
-    args = ["export-mscclpp", "dgx-a100", "--nodes", "2", "--collective", "allgather", "--no-baselines"]
-    assert main([*args, "-o", str(out)]) == 0
+    assert main(["export-mscclpp", str(tmp_path / "ag.library.json"), "--no-baselines", "-o", str(out)]) == 0
+    assert len(list(out.iterdir())) == 4  # both placements of both bands
     kinds = set()
     for path in sorted(out.iterdir()):
         plan = read_mscclpp_plan(path)
@@ -112,9 +125,9 @@ def test_plans_across_machines_use_port_channels_and_verify(tmp_path) -> None:
     assert kinds == {"memory", "port"}
 
 
-# The default run exports ndv2's (point-to-point), dgx-h100's (NVSwitch), dgx-a100's and mi300x's
-# libraries; these machines' (10-36 s each on 2 cores) and the large ones run with --runslow.
-SLOW_EXPORTS = frozenset({"dgx2", "ndv2-teccl", "dgx1", "pcie-8gpu"}) | LARGE_BUILTINS
+# The default run exports dgx-a100's libraries (5 s); every other machine's (5-36 s each on 2 cores)
+# runs with --runslow. ndv2's point-to-point plans run in test_mscclpp_executor_script.
+SLOW_EXPORTS = frozenset({"dgx2", "ndv2-teccl", "dgx1", "pcie-8gpu", "ndv2", "dgx-h100", "mi300x"}) | LARGE_BUILTINS
 
 
 @pytest.mark.parametrize(
@@ -142,18 +155,29 @@ def test_shipped_libraries_of_two_machines_export_and_verify(name) -> None:
         assert plans.files
 
 
-def test_export_keeps_simple_where_ll_is_not_faster_and_writes_a_forced_protocol(tmp_path, capsys) -> None:
-    args = ["export-mscclpp", "ndv2", "--collective", "allgather", "--no-baselines", "-o"]
+@pytest.fixture(scope="module")
+def simple_ndv2_allgather(tmp_path_factory) -> tuple[Path, str]:
+    """The NDv2 AllGather library's plans written in Simple (--protocol Simple), and what the export printed."""
+    out = tmp_path_factory.mktemp("export") / "Simple"
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert main([*NDV2_ALLGATHER, "--protocol", "Simple", "-o", str(out)]) == 0
+    return out, err.getvalue()
+
+
+def test_export_keeps_simple_where_ll_is_not_faster_and_writes_a_forced_protocol(
+    tmp_path, capsys, simple_ndv2_allgather
+) -> None:
+    args = [*NDV2_ALLGATHER, "-o"]
     assert main([*args, str(tmp_path / "auto")]) == 0
     err = capsys.readouterr().err.splitlines()
     protocols = {p.name: json.loads(p.read_text())["protocol"] for p in (tmp_path / "auto").iterdir()}
     # On NDv2 LL's half-data lines cost more than the one handshake α it saves (tests of
     # choose_plan_protocol show where it wins); a line is printed only for an LL plan.
     assert set(protocols.values()) == {"Simple"} and not any("LL" in line for line in err)
-    for protocol in ("Simple", "LL"):
-        out = tmp_path / protocol
-        assert main([*args, str(out), "--protocol", protocol]) == 0
-        assert "simulates" not in capsys.readouterr().err  # nothing was chosen
+    assert main([*args, str(tmp_path / "LL"), "--protocol", "LL"]) == 0
+    forced = [(tmp_path / "LL", capsys.readouterr().err), simple_ndv2_allgather]
+    for protocol, (out, err) in zip(("LL", "Simple"), forced):
+        assert "simulates" not in err and "wrote" in err  # nothing was chosen
         assert {json.loads(p.read_text())["protocol"] for p in out.iterdir()} == {protocol}
     for path in sorted((tmp_path / "LL").iterdir()):
         assert main(["verify", str(path)]) == 0, path.name
@@ -233,11 +257,8 @@ def _without_first(plan: dict, op_name: str) -> dict:
     raise AssertionError(f"no {op_name} op")
 
 
-def test_verify_refuses_an_exported_plan_missing_one_put(tmp_path, capsys) -> None:
-    out = tmp_path / "plans"
-    args = ["export-mscclpp", "ndv2", "--collective", "allgather", "--protocol", "Simple", "--no-baselines"]
-    assert main([*args, "-o", str(out)]) == 0
-    capsys.readouterr()
+def test_verify_refuses_an_exported_plan_missing_one_put(tmp_path, capsys, simple_ndv2_allgather) -> None:
+    out, _ = simple_ndv2_allgather
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(_without_first(json.loads((out / "ndv2-n1-allgather-0.json").read_text()), "put")))
     assert main(["verify", str(broken)]) == 1

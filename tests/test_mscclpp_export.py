@@ -10,12 +10,12 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 
 import pytest
+from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 from taccl_py.baselines import ring_algorithm, tree_algorithm
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm, input_slot, output_slot
 from taccl_py.ir.collectives import Collective, expected_output, initial_value
-from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.mscclpp.export import (
     MAX_CHANNELS_PER_THREADBLOCK,
     MAX_OPERATIONS_PER_THREADBLOCK,
@@ -45,22 +45,23 @@ def _baseline(name: str, nodes: int, family: str, collective: Collective) -> Alg
     return tree_algorithm(topology, channels=2)
 
 
-def _shipped_bands() -> list[tuple[str, int, str, int]]:
+# The default run makes plans of the first and the last band of each library (its smallest sizes and
+# its largest, there the largest schedule); the bands between run with --runslow.
+def _shipped_bands() -> list:
     cases = []
     for name, nodes in MACHINES:
-        for path in shipped_library_paths(name, nodes):
-            library = read_library(path)
-            if library.collective in COLLECTIVES:
-                cases += [
-                    (name, nodes, library.collective.value, i) for i, b in enumerate(library.bands) if b.algorithm
-                ]
+        bands = [band for band in shipped_bands(name, nodes) if band[0] in {c.value for c in COLLECTIVES}]
+        kept = outer_bands(bands)
+        for collective, index in bands:
+            marks = [] if (collective, index) in kept else [pytest.mark.slow]
+            cases.append(pytest.param((name, nodes, collective, index), marks=marks))
     return cases
 
 
 @functools.cache
-def _band(name: str, nodes: int, collective: str, index: int) -> Algorithm:
-    path = next(p for p in shipped_library_paths(name, nodes) if read_library(p).collective.value == collective)
-    return read_library(path).bands[index].algorithm
+def _baseline_plan(name: str, nodes: int, family: str, collective: Collective) -> dict:
+    """The plan of a baseline on the machine; shared by the tests, which only read it."""
+    return generate_mscclpp_plan(_baseline(name, nodes, family, collective), _topology(name, nodes))
 
 
 def _channel_peers(gpu: dict) -> dict[str, list[int]]:
@@ -197,21 +198,37 @@ BASELINE_CASES = [(n, k, "ring", c) for n, k in MACHINES for c in COLLECTIVES]
 BASELINE_CASES += [(n, k, "tree", Collective.ALLREDUCE) for n, k in MACHINES]  # the tree baseline is an AllReduce
 
 
+# With --runslow: a second random interleaving of the rings across two DGX-A100 (16 ranks, 5 s),
+# and their AllReduce ring (9 s); the default run keeps AllReduce across machines in the tree and in
+# the shipped dgx-a100 x2 bands (test_shipped_band_plans_are_whole_and_correct).
+SEEDED_BASELINE_CASES = [
+    pytest.param(
+        *case,
+        seed,
+        marks=[pytest.mark.slow]
+        * (case[1] > 1 and case[2] == "ring" and (seed > 0 or case[3] is Collective.ALLREDUCE)),
+    )
+    for case in BASELINE_CASES
+    for seed in SEEDS
+]
+
+
 @pytest.mark.parametrize(
-    "name,nodes,family,collective", BASELINE_CASES, ids=[f"{n}-n{k}-{f}-{c.value}" for n, k, f, c in BASELINE_CASES]
+    "name,nodes,family,collective,seed",
+    SEEDED_BASELINE_CASES,
+    ids=[f"{n}-n{k}-{f}-{c.value}-{s}" for n, k, f, c in BASELINE_CASES for s in SEEDS],
 )
-def test_baseline_plans_are_whole_and_correct(name, nodes, family, collective):
+def test_baseline_plans_are_whole_and_correct(name, nodes, family, collective, seed):
     algorithm = _baseline(name, nodes, family, collective)
-    plan = generate_mscclpp_plan(algorithm, _topology(name, nodes))
+    plan = _baseline_plan(name, nodes, family, collective)
     assert_plan_structure(plan, algorithm)
-    for seed in SEEDS:
-        run_plan(plan, algorithm, seed)
+    run_plan(plan, algorithm, seed)
 
 
 @pytest.mark.parametrize("case", _shipped_bands(), ids=lambda c: f"{c[0]}-n{c[1]}-{c[2]}-{c[3]}")
 def test_shipped_band_plans_are_whole_and_correct(case):
     name, nodes, collective, index = case
-    algorithm = _band(name, nodes, collective, index)
+    algorithm = shipped_band(name, nodes, collective, index)
     plan = generate_mscclpp_plan(algorithm, _topology(name, nodes))
     assert_plan_structure(plan, algorithm)
     assert sync_faults(plan) == []  # 2-node bands put over port channels right after multi-semaphore acquires
@@ -300,8 +317,7 @@ def _needless_nops(plan: dict) -> int:
 
 @pytest.mark.parametrize("case", BASELINE_CASES, ids=[f"{n}-n{k}-{f}-{c.value}" for n, k, f, c in BASELINE_CASES])
 def test_nops_go_exactly_where_threads_must_meet(case):
-    name, nodes, family, collective = case
-    plan = generate_mscclpp_plan(_baseline(name, nodes, family, collective), _topology(name, nodes))
+    plan = _baseline_plan(*case)
     assert sync_faults(plan) == []
     assert _needless_nops(plan) == 0
 
