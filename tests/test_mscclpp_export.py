@@ -10,7 +10,6 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 
 import pytest
-from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 from taccl_py.baselines import ring_algorithm, tree_algorithm
 from taccl_py.errors import ArgumentError, VerificationError
@@ -27,6 +26,7 @@ from taccl_py.mscclpp.sizes import addressable_size
 from taccl_py.topology import load_topology
 
 from helpers import run_calls_interleaved
+from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 MACHINES = (("ndv2", 1), ("dgx-a100", 2))
 COLLECTIVES = (Collective.ALLGATHER, Collective.REDUCESCATTER, Collective.ALLREDUCE)

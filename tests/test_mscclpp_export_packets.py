@@ -11,7 +11,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from shipped_bands import shipped_band
 
 from taccl_py.baselines import ring_algorithm, tree_algorithm
 from taccl_py.errors import ArgumentError, VerificationError
@@ -28,6 +27,7 @@ from taccl_py.topology import load_topology
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
 
 from helpers import FIXTURES, run_calls_interleaved
+from shipped_bands import shipped_band
 
 PAIR = FIXTURES / "cli_topo" / "pair.json"
 

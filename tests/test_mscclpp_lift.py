@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 from taccl_py.cli import main
 from taccl_py.cli.algo import libraries_to_export
@@ -20,6 +19,7 @@ from taccl_py.topology.builtins import load_topology
 from taccl_py.verify import check_algorithm, exported_inplace_form
 
 from helpers import FIXTURES
+from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 PLANS = FIXTURES / "mscclpp"
 # The lifted schedule moves the same chunks between the same ranks in the same order; only

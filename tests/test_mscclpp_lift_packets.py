@@ -7,7 +7,6 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 from taccl_py.cli import main
 from taccl_py.errors import FormatError
@@ -21,6 +20,7 @@ from taccl_py.topology.builtins import load_topology
 from taccl_py.verify import check_algorithm
 
 from helpers import FIXTURES
+from shipped_bands import outer_bands, shipped_band, shipped_bands
 
 PLANS = FIXTURES / "mscclpp"
 RINGS = FIXTURES / "msccl" / "microsoft"

@@ -9,7 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from shipped_bands import outer_bands, shipped_bands
 from test_simulate import BYTES_PER_US, full_mesh
 
 from taccl_py.cli import main
@@ -29,6 +28,8 @@ from taccl_py.simulate import simulate_plan, simulate_sizes
 from taccl_py.topology import load_topology, read_topology, write_topology
 from taccl_py.topology.model import route
 from taccl_py.verify import exported_inplace_form
+
+from shipped_bands import outer_bands, shipped_bands
 
 FIXTURES = Path(__file__).parent / "fixtures" / "mscclpp"
 ALPHA_US = 1.0
