@@ -218,7 +218,7 @@ def size_groups(
     if kind is BaselineKind.HIERARCHICAL and collective is Collective.ALLTOALL:
         return None, dict(hierarchical_alltoall_pieces_by_size(topology, sizes))
     if kind is BaselineKind.DOUBLING:
-        return None, doubling_pieces_by_size(topology, sizes)
+        return None, doubling_pieces_by_size(topology, sizes, collective)
     if kind is not BaselineKind.TREE:
         return None, {None: list(sizes)}
     channels = default_tree_channels(topology)

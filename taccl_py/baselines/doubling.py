@@ -25,8 +25,17 @@ sends its own block together with the first step's, so the two channels' sends s
 at different times and one's α falls in the other's transfers (a NIC shared fairly by equal
 transfers started together finishes them all at once, then idles through the next α).
 
+Pieces of one block go in half blocks. NVLink forwarding is the tight side: a GPU's NIC takes in
+15 blocks (16 machines) and its NVLink must pass each on 7 times, 0.91 of the NIC's time; it can
+only start once network data lands; whole-block pieces left it idle until 9.5 µs and then often
+on one channel's connections alone, each forward's α in the open. In halves, step 1 sends the own
+block in two sends, so the first half lands early while the other steps' own blocks still share
+the NIC; the second channel sends its own block with the first half of step 1's block, half a
+block out of step with the first, so the two channels' forwards interleave; and each half goes
+on as it lands (in whole blocks where that would pass MSCCL's 64 steps a threadblock: ~60 machines).
+
 Under MSCCL's loop (``MSCCL_LOOP``) on DGX H100 × 16, AllGather: 15.2 µs at 1 MiB (NCCL's ring
-345.6), 56.3 µs at 16 MiB (0.78 of the bound), 203.9 µs at 64 MiB (0.82).
+345.6), 53.0 µs at 16 MiB (0.82 of the bound; 56.3 in whole blocks), 194.2 µs at 64 MiB (0.86).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm, Buffer
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import LocalCopy, Transfer, lower_plan, spread_long_connections
+from taccl_py.msccl.limits import MAX_STEPS_PER_THREADBLOCK
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
 
@@ -57,11 +67,18 @@ Slot = tuple[Buffer, int]
 # Channels × forwarding lanes: 2 keeps 64 machines of 8 GPUs within MSCCL's 64 threadblocks per GPU
 # (taccl_py.msccl.limits): 2 × (6 + 6) network and 2 × 2 × 7 NVLink connections, 3 copy threadblocks (AllReduce 6).
 MAX_DOUBLING_CHANNELS = 2
-# Blocks (bytes each, size / GPUs) below this cross the network in one send per earlier step, the
-# rest in pieces of 2 blocks. Simulated on DGX H100 × 16 under MSCCL's loop, AllGather: 1 MiB 15.2 µs
-# against 16.8 in pieces of 2; 16 MiB 56.3 against 62.9 and 58.9 (one send per step, or pieces of 1);
-# 64 MiB 203.9, within 3 % of pieces of 1 (197.9), which would cost one more build per run (~10 s).
+# Blocks (bytes each, size / GPUs) below _PIECE_BLOCK_BYTES cross the network in one send per earlier
+# step, those below _HALF_BLOCK_BYTES in pieces of 2 blocks, the rest in pieces of 1 (in half blocks).
+# Simulated on DGX H100 × 16 under MSCCL's loop, AllGather: 1 MiB 15.2 µs against 16.8 in pieces of 2;
+# 4 MiB (32 KiB blocks) 23.6 in pieces of 2 against 31.5 in halves; 16 MiB 53.0 in halves against
+# 56.3 in pieces of 2 and 62.9 in one send per step; 64 MiB 194.2 against 203.9; 1 GiB 3073.6 against
+# 3264.7; × 32 at 64 KiB blocks (16 MiB) 67.8 in pieces of 2 against 71.7, at 128 KiB (32 MiB) 101.0
+# in halves against 106.5. The reductions run the gather backwards, where halves pay from 512 KiB
+# blocks (ReduceScatter × 16: 16 MiB 62.8 µs against 56.0 in pieces of 2, 64 MiB 187.2 against
+# 194.6; AllReduce 115.8 against 112.2, 381.5 against 398.4).
 _PIECE_BLOCK_BYTES = 32 * 1024
+_HALF_BLOCK_BYTES = 128 * 1024
+_HALF_BLOCK_BYTES_REDUCING = 512 * 1024
 
 
 def equal_machines(topology: Topology) -> bool:
@@ -70,21 +87,26 @@ def equal_machines(topology: Topology) -> bool:
 
 
 def default_doubling_channels(piece_blocks: int | None) -> int:
-    """Return the channels the doubling baseline runs with sends of ``piece_blocks`` blocks: 2 from 2 blocks.
+    """Return the channels the doubling baseline runs with sends of ``piece_blocks`` blocks: 2 for any pieces.
 
     Simulated on DGX H100 × 16 (16 MiB AllGather, pieces of 2 blocks): 56.3 µs on two staggered
     channels against 60.3 on one with two forwarding lanes (AllReduce: 112.2 against 117.7);
-    1-block pieces (64 MiB) and one send per earlier step (1 MiB) run best on one channel (197.9
-    against 203.7 µs, 15.2 against 16.1).
+    one send per earlier step (1 MiB) runs best on one channel (15.2 against 16.1 µs). Pieces of
+    one block (half blocks) stagger the channels by half a block.
     """
-    return 2 if piece_blocks is not None and piece_blocks > 1 else 1
+    return 1 if piece_blocks is None else 2
 
 
-def doubling_pieces_by_size(topology: Topology, sizes: Sequence[int]) -> dict[int | None, list[int]]:
-    """Return ``sizes`` grouped by the blocks per network send the doubling baseline uses for them."""
+def doubling_pieces_by_size(
+    topology: Topology, sizes: Sequence[int], collective: Collective | str = Collective.ALLGATHER
+) -> dict[int | None, list[int]]:
+    """Return ``sizes`` grouped by the blocks per network send the doubling baseline of ``collective`` uses."""
+    gathers = Collective(collective) is Collective.ALLGATHER
+    halves = _HALF_BLOCK_BYTES if gathers else _HALF_BLOCK_BYTES_REDUCING
     groups: dict[int | None, list[int]] = {}
     for size in sizes:
-        pieces = None if size / topology.num_ranks < _PIECE_BLOCK_BYTES else 2
+        block = size / topology.num_ranks
+        pieces = None if block < _PIECE_BLOCK_BYTES else 2 if block < halves else 1
         groups.setdefault(pieces, []).append(size)
     return groups
 
@@ -104,11 +126,14 @@ def bruck_steps(machines: int) -> tuple[tuple[int, int], ...]:
 
 
 def _pieces(distance: int, count: int, piece_blocks: int | None, staggered: bool) -> list[tuple[int, int]]:
-    """Return the (first relative block, blocks) runs step ``distance`` sends, in the order they are ready.
+    """Return the (first relative part, parts) runs step ``distance`` sends, in the order they are ready.
 
-    The own block first, then what each earlier step brought, in runs of at most ``piece_blocks``
-    blocks (None: one run per earlier step). ``staggered`` sends the own block with the first
-    step's, so this channel's sends start and end at other times than an unstaggered one's.
+    In whole blocks: the own block first, then what each earlier step brought in runs of at most
+    ``piece_blocks`` blocks (None: one run per earlier step); ``staggered`` sends the own block
+    with the first step's, so this channel's sends start and end at other times than an
+    unstaggered one's. Pieces of one block go in half blocks (``_parts``): the own block in two
+    halves when it is all the step sends (the first half arrives early), and ``staggered`` sends
+    the own block with the first half of the first step's block, half a block out of step.
     """
     runs = [(0, 1)]
     start = 1
@@ -117,20 +142,44 @@ def _pieces(distance: int, count: int, piece_blocks: int | None, staggered: bool
         width = end - start if piece_blocks is None else piece_blocks
         runs += [(first, min(width, end - first)) for first in range(start, end, width)]
         start = end
-    if staggered and len(runs) > 1:
-        runs = [(0, 1 + runs[1][1])] + runs[2:]
-    return runs
+    if piece_blocks != 1:
+        return [(0, 1 + runs[1][1])] + runs[2:] if staggered and len(runs) > 1 else runs
+    halves = [(2 * first, 2 * blocks) for first, blocks in runs]
+    if len(halves) == 1:
+        return [(0, 1), (1, 1)]
+    return [(0, 3), (3, 1)] + halves[2:] if staggered else halves
 
 
-def _arrival_order(machines: int, piece_blocks: int | None, staggered: bool) -> dict[int, float]:
-    """Return each relative block's arrival in sends (every send one unit after its data and its predecessor)."""
-    arrival = {0: 0.0}
+def _forwards(machines: int, piece_blocks: int | None, staggered: bool) -> list[tuple[float, int, int, int]]:
+    """Return the (arrival in sends, relative block, first part, parts) a channel forwards inside a machine.
+
+    Each send arrives one unit after its data and its predecessor. What a send brings goes on as it
+    lands, one forward per block it touches; in whole blocks when halves would take a forwarding
+    connection past MSCCL's steps per threadblock (beside the own block's forward).
+    """
+    parts = _parts(piece_blocks)
+    arrival = dict.fromkeys(range(parts), 0.0)
+    forwards = []
     for distance, count in bruck_steps(machines):
         done = 0.0
-        for first, blocks in _pieces(distance, count, piece_blocks, staggered):
-            done = max([done] + [arrival[p] for p in range(first, first + blocks)]) + 1.0
-            arrival.update((distance + p, done) for p in range(first, first + blocks))
-    return arrival
+        for first, run in _pieces(distance, count, piece_blocks, staggered):
+            done = max([done] + [arrival[p] for p in range(first, first + run)]) + 1.0
+            start, end = distance * parts + first, distance * parts + first + run
+            arrival.update((p, done) for p in range(start, end))
+            for position in range(start // parts, (end - 1) // parts + 1):
+                low, high = max(start, position * parts), min(end, (position + 1) * parts)
+                forwards.append((done, position, low - position * parts, high - low))
+    if 1 + len(forwards) > MAX_STEPS_PER_THREADBLOCK:
+        whole: dict[int, float] = {}
+        for done, position, _, _ in forwards:
+            whole[position] = max(whole.get(position, 0.0), done)
+        forwards = [(done, position, 0, parts) for position, done in whole.items()]
+    return forwards
+
+
+def _parts(piece_blocks: int | None) -> int:
+    """Return the chunks a channel cuts each block in: halves for pieces of one block, else whole blocks."""
+    return 2 if piece_blocks == 1 else 1
 
 
 @dataclass(frozen=True)
@@ -156,6 +205,7 @@ class _Grid:
         self.ranks = [node_ranks(topology, node) for node in range(self.machines)]
         self.local = len(self.ranks[0])
         self.channels = shape.channels
+        self.parts = _parts(shape.piece_blocks)
         self.shape = shape
         self.scratch_base = scratch_base
         self.direction = direction  # 1: machine m holds m + p at relative p and sends to m - 2^k; -1 mirrored
@@ -172,49 +222,58 @@ class _Grid:
         return self.copy_base + MAX_DOUBLING_CHANNELS
 
     def block(self, rank: int, channel: int) -> int:
-        """Return the chunk of ``rank``'s block that ``channel`` carries (output or input index)."""
-        return rank * self.channels + channel
+        """Return the first chunk of ``rank``'s block that ``channel`` carries (output index)."""
+        return (rank * self.channels + channel) * self.parts
 
-    def scratch(self, position: int, channel: int) -> Slot:
-        """Return the scratch slot of relative block ``position`` of ``channel``'s rail copy."""
-        return (S, self.scratch_base + channel * self.machines + position)
+    def scratch(self, part: int, channel: int) -> Slot:
+        """Return the scratch slot of relative part ``part`` (block ``part // parts``) of ``channel``'s rail copy."""
+        return (S, self.scratch_base + channel * self.machines * self.parts + part)
 
 
 def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
-    """Return the AllGather's items; ``own(rank, channel)`` is where rank's part for channel starts out."""
-    m_count, g_count, shape = grid.machines, grid.local, grid.shape
+    """Return the AllGather's items; ``own(rank, channel)`` is where rank's parts for channel start out."""
+    m_count, g_count, shape, parts = grid.machines, grid.local, grid.shape, grid.parts
     items: Items = []
     for m in range(m_count):
         for rank in grid.ranks[m]:
             for c in range(grid.channels):
-                out = (O, grid.block(rank, c))
-                if own(rank, c) != out:
-                    items.append(LocalCopy(rank, own(rank, c), out, channel=grid.own_copies()))
+                held, out = own(rank, c), (O, grid.block(rank, c))
+                if held != out:
+                    items.append(LocalCopy(rank, held, out, parts, channel=grid.own_copies()))
                 if shape.staggered(c):  # its first sends start at the own block: copy it beside the rest
-                    items.append(LocalCopy(rank, own(rank, c), grid.scratch(0, c), channel=grid.own_copies()))
-                items += [Transfer(rank, peer, own(rank, c), out, channel=c) for peer in grid.ranks[m] if peer != rank]
+                    items.append(LocalCopy(rank, held, grid.scratch(0, c), parts, channel=grid.own_copies()))
+                items += [Transfer(rank, peer, held, out, parts, channel=c) for peer in grid.ranks[m] if peer != rank]
     for distance, count in bruck_steps(m_count):
         for m in range(m_count):
             target = (m - grid.direction * distance) % m_count
             for i in range(g_count):
                 for c in range(grid.channels):
                     rank = grid.ranks[m][i]
-                    for first, blocks in _pieces(distance, count, shape.piece_blocks, shape.staggered(c)):
-                        src = grid.scratch(first, c) if first or shape.staggered(c) else own(rank, c)
-                        dst = grid.scratch(distance + first, c)
-                        items.append(Transfer(rank, grid.ranks[target][i], src, dst, blocks, channel=c))
+                    for first, run in _pieces(distance, count, shape.piece_blocks, shape.staggered(c)):
+                        held = own(rank, c)
+                        src = (
+                            grid.scratch(first, c)
+                            if first >= parts or shape.staggered(c)
+                            else (held[0], held[1] + first)
+                        )
+                        dst = grid.scratch(distance * parts + first, c)
+                        items.append(Transfer(rank, grid.ranks[target][i], src, dst, run, channel=c))
     # Forward blocks inside the machine in the order they should arrive (each connection runs in order).
-    arrivals = [_arrival_order(m_count, shape.piece_blocks, shape.staggered(c)) for c in range(grid.channels)]
-    order = sorted((arrivals[c][p], p, c) for c in range(grid.channels) for p in range(1, m_count))
-    for _, position, c in order:
+    order = sorted(
+        (done, position, c, first, run)
+        for c in range(grid.channels)
+        for done, position, first, run in _forwards(m_count, shape.piece_blocks, shape.staggered(c))
+    )
+    for _, position, c, first, run in order:
         for m in range(m_count):
             origin = (m + grid.direction * position) % m_count
             for i in range(g_count):
                 rank = grid.ranks[m][i]
-                held, out = grid.scratch(position, c), (O, grid.block(grid.ranks[origin][i], c))
+                held = grid.scratch(position * parts + first, c)
+                out = (O, grid.block(grid.ranks[origin][i], c) + first)
                 lane = grid.lane(c, position)
-                items.append(LocalCopy(rank, held, out, channel=grid.copy_base + lane))
-                items += [Transfer(rank, peer, held, out, channel=lane) for peer in grid.ranks[m] if peer != rank]
+                items.append(LocalCopy(rank, held, out, run, channel=grid.copy_base + lane))
+                items += [Transfer(rank, peer, held, out, run, channel=lane) for peer in grid.ranks[m] if peer != rank]
     return items
 
 
@@ -265,20 +324,21 @@ def _runs(written: set[tuple[int, Buffer, int]], rank: int, dst: Slot, count: in
 
 def _plan(topology: Topology, collective: Collective, shape: _Shape) -> Items:
     """Return the items of ``collective``: the AllGather, its mirror, or the mirror then the AllGather."""
+    parts = _parts(shape.piece_blocks)
     if collective is Collective.ALLGATHER:
-        return _allgather_items(_Grid(topology, shape, 0), lambda rank, c: (I, c))
+        return _allgather_items(_Grid(topology, shape, 0), lambda rank, c: (I, c * parts))
     # The mirror of a gather that sends the other way round sends where the gather does: one set of connections.
-    gather = _allgather_items(_Grid(topology, shape, 0, direction=-1), lambda rank, c: (I, c))
+    gather = _allgather_items(_Grid(topology, shape, 0, direction=-1), lambda rank, c: (I, c * parts))
     if collective is Collective.REDUCESCATTER:
         swap = {I: O, O: I, S: S}
         return _reversed_items(gather, lambda rank, slot: (swap[slot[0]], slot[1]))
     # AllReduce: the reduce-scatter leaves rank r's sums in its output at r's block, read back by the gather.
     # Its copies take channels of their own beside the reduce-scatter's.
-    grid = _Grid(topology, shape, shape.channels * topology.nodes, copy_base=MAX_DOUBLING_CHANNELS + 1)
+    grid = _Grid(topology, shape, shape.channels * topology.nodes * parts, copy_base=MAX_DOUBLING_CHANNELS + 1)
 
     def swap_allreduce(rank: int, slot: Slot) -> Slot:
         if slot[0] is I:
-            return (O, grid.block(rank, slot[1]))
+            return (O, grid.block(rank, 0) + slot[1])
         return (I, slot[1]) if slot[0] is O else slot
 
     items = _reversed_items(gather, swap_allreduce)
@@ -307,7 +367,8 @@ def doubling_algorithm(
         staggered (at most 2; default ``default_doubling_channels``).
     piece_blocks : int or None
         Blocks per network send: what each earlier step brought goes on in runs of at most this
-        many as soon as it arrives; None (default): in one send per earlier step.
+        many as soon as it arrives; None (default): in one send per earlier step; 1: in half
+        blocks, the channels half a block apart (module docstring).
     lanes : int, optional
         Connections per GPU pair and channel inside a machine that forward received blocks in turn
         (default 2 // channels; channels × lanes at most 2, which keeps 64 machines within 64
@@ -355,5 +416,6 @@ def doubling_algorithm(
         if spread:
             name += f"-tb{max_transfers_per_threadblock}"
             metadata += (("transfers_per_threadblock", str(max_transfers_per_threadblock)),)
-    algorithm = lower_plan(name, collective, topology.num_ranks, topology.num_ranks * count, items)
+    chunks = topology.num_ranks * count * _parts(piece_blocks)
+    algorithm = lower_plan(name, collective, topology.num_ranks, chunks, items)
     return check_algorithm(replace(algorithm, metadata=metadata))
