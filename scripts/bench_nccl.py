@@ -14,6 +14,11 @@ switch: the in-network reduction bound, which NCCL's NVLS is held to too).
     python scripts/bench_nccl.py --topologies dgx-h100 --nodes 1 --no-write
     python scripts/bench_nccl.py --topologies gb200-nvl72 --merge  # replace those rows, keep the others
     python scripts/bench_nccl.py --from-csv                       # re-render the CSV; simulates nothing
+    python scripts/bench_nccl.py --algorithms /tmp/libs --sizes 1MiB-1GiB --csv /tmp/libs.csv  # built elsewhere
+
+``--algorithms DIR`` reads libraries laid out as ``algorithms/`` (``DIR/MACHINE/nN/C.library.json``,
+as ``taccl build -o DIR`` writes them), by default every machine and node count DIR holds; it
+prints the tables and writes only ``--csv``, never BENCHMARKS.md or the shipped rows' CSV.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from bench_harness import (
     add_collectives_argument,
     add_no_write_argument,
     add_nodes_argument,
+    add_sizes_argument,
     add_topologies_argument,
     argument_parser,
     collective_order,
@@ -53,7 +59,7 @@ from taccl_py.simulate import MSCCL_LOOP
 from taccl_py.simulate.bands import simulate_library
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Topology
-from taccl_py.units import format_size
+from taccl_py.units import format_size, parse_sizes
 
 REPO_ROOT = DATA_DIR.parents[1]
 CSV_PATH = DATA_DIR / "vs_nccl.csv"
@@ -62,8 +68,8 @@ SECTION = "vs-nccl"
 TITLE = "Shipped libraries against NCCL's algorithms on NVSwitch machines"
 #: The machines and node counts the issue's targets name (issue 44, "Done when").
 DEFAULT_CASES = {"dgx-h100": (1, 2, 4, 8), "dgx-b200": (1, 2, 4, 8), "gb200-nvl72": (1, 2)}
-#: Every power of two from 64 KiB to 1 GiB (bytes).
-SIZES = tuple(2**k for k in range(16, 31))
+#: Every power of two from 64 KiB to 1 GiB (``--sizes``: a range doubles).
+DEFAULT_SIZES = "64KiB-1GiB"
 #: From this size up the AllReduce target is a fraction of the bound (bytes).
 LARGE_BYTES = 64 * 2**20
 VS_TARGET = 1.0
@@ -95,14 +101,23 @@ TABLE_HEADER = (
 )
 
 
-def _shipped(machine: str, nodes: int, collective: str) -> Path | None:
+BANDS_HEADER = ("machine", "nodes", "collective", "schedule sizes", "vs nccl min / median", "native sizes")
+
+
+def _library_path(machine: str, nodes: int, collective: str, folder: Path | None = None) -> Path | None:
+    """Return the ``collective`` library for ``nodes`` ``machine``s: shipped, or under ``folder`` (None where none)."""
     name = f"{collective}.library.json"
+    if folder is not None:
+        path = folder / machine / f"n{nodes}" / name
+        return path if path.is_file() else None
     return next((path for path in shipped_library_paths(machine, nodes) if path.name == name), None)
 
 
-def case_rows(machine: str, nodes: int, collective: str, sizes: Sequence[int]) -> list[tuple]:
-    """Return the CSV rows (``CSV_HEADER``) of the shipped ``collective`` library on ``nodes`` ``machine``s."""
-    library = read_library(_shipped(machine, nodes, collective))
+def case_rows(
+    machine: str, nodes: int, collective: str, sizes: Sequence[int], folder: Path | None = None
+) -> list[tuple]:
+    """Return the CSV rows (``CSV_HEADER``) of the ``collective`` library (``_library_path``) on ``nodes`` machines."""
+    library = read_library(_library_path(machine, nodes, collective, folder))
     topology = load_topology(machine, nodes=nodes)
     runs = simulate_library(library, topology, sizes, model=MSCCL_LOOP)
     nccl = nccl_best_times(topology, library.collective, sizes, model=MSCCL_LOOP)
@@ -158,6 +173,33 @@ def summary_rows(records: Sequence[dict]) -> list[tuple]:
         native = sum(_native(r) for r in group)
         vs = min(r["vs_nccl"] for r in group)
         rows.append((machine, nodes, collective, f"{vs:.2f}x", below, f"{native} of {len(group)}", fraction))
+    return rows
+
+
+def _size_spans(group: Sequence[dict], picked: Sequence[dict]) -> str:
+    """Return the sizes of ``picked`` as spans of neighbours in ``group`` ("1MiB-4MiB, 64MiB"; "-" for none)."""
+    chosen = {r["size_bytes"] for r in picked}
+    spans: list[list[str]] = []
+    for index, row in enumerate(group):
+        if row["size_bytes"] not in chosen:
+            continue
+        if index and group[index - 1]["size_bytes"] in chosen:
+            spans[-1][1] = row["size"]
+        else:
+            spans.append([row["size"], row["size"]])
+    return ", ".join(low if low == high else f"{low}-{high}" for low, high in spans) or "-"
+
+
+def band_rows(records: Sequence[dict]) -> list[tuple]:
+    """Return per case (``BANDS_HEADER``) where a schedule runs, its least and median ``vs nccl``, where native."""
+    rows = []
+    for key, group in group_records(records, "machine", "nodes", "collective").items():
+        group = sorted(group, key=lambda r: r["size_bytes"])
+        runs = [r for r in group if not _native(r)]
+        ratios = sorted(r["vs_nccl"] for r in runs)
+        # the median of an even count is the lower middle one: a ratio that was measured
+        spread = f"{ratios[0]:.3f} / {ratios[(len(ratios) - 1) // 2]:.3f}" if ratios else "-"
+        rows.append((*key, _size_spans(group, runs), spread, _size_spans(group, [r for r in group if _native(r)])))
     return rows
 
 
@@ -381,11 +423,16 @@ def _recorded_run() -> tuple[str | None, str | None]:
 def _cases(args) -> list[tuple[str, int, str]]:
     cases = []
     for machine in split_names(args.topologies):
-        counts = DEFAULT_CASES.get(machine, (1,)) if args.nodes is None else [int(n) for n in split_names(args.nodes)]
+        if args.nodes is not None:
+            counts = [int(n) for n in split_names(args.nodes)]
+        elif args.algorithms is not None:  # every nN folder it holds
+            counts = sorted(int(p.name[1:]) for p in (args.algorithms / machine).glob("n*") if p.name[1:].isdigit())
+        else:
+            counts = DEFAULT_CASES.get(machine, (1,))
         for nodes in counts:
             for collective in split_names(args.collectives):
-                if _shipped(machine, nodes, collective) is None:
-                    log(f"{_case(machine, nodes)} {collective}: no shipped library, skipped")
+                if _library_path(machine, nodes, collective, args.algorithms) is None:
+                    log(f"{_case(machine, nodes)} {collective}: no library, skipped")
                     continue
                 cases.append((machine, nodes, collective))
     return cases
@@ -401,8 +448,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--merge", action="store_true", help="keep the CSV's rows of the cases not run (written after each case)"
     )
+    add_sizes_argument(parser, DEFAULT_SIZES, what="sizes; a range doubles")
+    parser.add_argument("--algorithms", type=Path, metavar="DIR", help="libraries under DIR/MACHINE/nN, not shipped")
+    parser.add_argument("--csv", type=Path, metavar="FILE", help="with --algorithms: write the rows to FILE")
     args = parser.parse_args(argv)
-    args.topologies = args.topologies or ",".join(DEFAULT_CASES)
+    elsewhere = args.algorithms is not None
+    if elsewhere and not args.algorithms.is_dir():
+        parser.error(f"--algorithms {args.algorithms}: not a folder")
+    if elsewhere and (args.from_csv or args.merge):
+        parser.error("--algorithms: --from-csv and --merge are for the shipped libraries")
+    if args.csv is not None and not elsewhere:
+        parser.error("--csv: only with --algorithms (the shipped libraries' rows go to scripts/data/vs_nccl.csv)")
+    held = ",".join(sorted(path.name for path in args.algorithms.iterdir() if path.is_dir())) if elsewhere else ""
+    args.topologies = args.topologies or held or ",".join(DEFAULT_CASES)
     if args.from_csv:
         records = read_csv(CSV_PATH)
     else:
@@ -410,13 +468,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows: list[tuple] = []
         for machine, nodes, collective in _cases(args):
             began = time.perf_counter()
-            rows += case_rows(machine, nodes, collective, SIZES)
+            rows += case_rows(machine, nodes, collective, parse_sizes(args.sizes, factor=2), args.algorithms)
             log(f"{_case(machine, nodes)} {collective}: {time.perf_counter() - began:.0f} s")
             kept = [row for row in kept if tuple(row[:3]) != (machine, nodes, collective)]
             if args.merge and not args.no_write:  # a long sweep keeps what it has done so far
                 write_csv(CSV_PATH, CSV_HEADER, kept + rows, _row_key)
-        records = csv_output(CSV_PATH, CSV_HEADER, kept + rows, _row_key, write=not args.no_write)
+        write = args.csv is not None if elsewhere else not args.no_write
+        records = csv_output(args.csv or CSV_PATH, CSV_HEADER, kept + rows, _row_key, write=write)
     table = print_table(TABLE_HEADER, summary_rows(records), markdown=True)
+    if elsewhere:  # the shipped libraries' section and picture are not these libraries'
+        print()
+        print_table(BANDS_HEADER, band_rows(records), markdown=True)
+        return 0
     if args.no_write:
         print()
         print(missed_targets(records))

@@ -18,7 +18,7 @@ if str(SCRIPTS) not in sys.path:  # the scripts import the harness by name, as w
 
 import bench_nccl  # noqa: E402
 import bench_summary  # noqa: E402
-from bench_harness import csv_records  # noqa: E402
+from bench_harness import csv_records, read_csv  # noqa: E402
 
 TOPOLOGIES = Path(__file__).resolve().parents[1] / "topologies"
 
@@ -136,3 +136,51 @@ def test_a_band_running_below_its_crossover_with_nccl_is_named_with_where_it_win
     text = bench_nccl.missed_targets(records)
     assert "below NCCL's best at 128MiB (0.988x against nccl-nvls-tree): band 1 (a) runs 128MiB" in text
     assert "beats NCCL only at 256MiB" in text and "as the library does at 64MiB, would make them 1.00x" in text
+
+
+def test_band_rows_give_schedule_spans_their_least_and_median_ratio_and_native_spans() -> None:
+    records = [
+        _record("ndv2", 8, "allreduce", 2**20, 1.0, native="true"),
+        _record("ndv2", 8, "allreduce", 2**22, 1.4),
+        _record("ndv2", 8, "allreduce", 2**21, 1.2),
+        _record("ndv2", 8, "allreduce", 2**23, 1.0, native="true"),
+        _record("ndv2", 8, "allreduce", 2**24, 0.9),
+    ]
+    (row,) = bench_nccl.band_rows(records)
+    # sizes are put in order first; of three ratios the median is the middle one
+    assert row == ("ndv2", 8, "allreduce", "2MiB-4MiB, 16MiB", "0.900 / 1.200", "1MiB, 8MiB")
+
+
+def test_algorithms_option_reads_a_built_library_as_taccl_simulate_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built = tmp_path / "libs"
+    build = ["build", "--designs-only", "--topologies", "ndv2", "--nodes", "2", "--collectives", "allgather"]
+    assert taccl_main([*build, "--sizes", "1MiB,64MiB", "-o", str(built)]) == 0
+    library = built / "ndv2" / "n2" / "allgather.library.json"
+    capsys.readouterr()
+    rows = tmp_path / "rows.csv"
+    assert bench_nccl.main(["--algorithms", str(built), "--sizes", "1MiB-64MiB", "--csv", str(rows)]) == 0
+    printed = capsys.readouterr().out
+    records = read_csv(rows)
+    # a range doubles: every power of two, across the band edge at 8 MiB (between the built sizes)
+    assert [(r["machine"], r["nodes"], r["size_bytes"]) for r in records] == [("ndv2", 2, 2**k) for k in range(20, 27)]
+    sizes = ",".join(r["size"] for r in records)
+    argv = ["simulate", str(library), "--topology", "ndv2", "--nodes", "2", "--sizes", sizes, "--json"]
+    assert taccl_main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [s["size_bytes"] for s in shown] == [r["size_bytes"] for r in records]
+    for record, size in zip(records, shown):
+        assert record["time_us"] == pytest.approx(size["time_us"], rel=1e-4)
+        assert record["vs_nccl"] == pytest.approx(size["vs_nccl"], rel=1e-4)
+        assert (record["native"] == "true") == size["native"]
+    (row,) = bench_nccl.band_rows(records)
+    assert "| ndv2 | 2 | allgather | " + " | ".join(row[3:]) + " |" in printed
+
+
+def test_algorithms_option_refuses_a_missing_folder_and_csv_without_it(tmp_path: Path) -> None:
+    for argv in (["--algorithms", str(tmp_path / "none")], ["--csv", str(tmp_path / "rows.csv"), "--no-write"]):
+        with pytest.raises(SystemExit) as raised:
+            bench_nccl.main(argv)
+        assert raised.value.code == 2
+    assert not (tmp_path / "rows.csv").exists()
