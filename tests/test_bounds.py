@@ -304,9 +304,16 @@ def test_allreduce_bound_is_named_as_a_class_bound():
 # Sizes across the latency and bandwidth regimes; machines of every kind of cut (NIC, per-GPU, host link).
 VALIDITY_SIZES = (1_000, 64_000, 1_000_000, 16_000_000, 256_000_000)
 VALIDITY_MACHINES = [("ndv2", 1), ("ndv2", 2), ("dgx-h100", 1), ("dgx-h100", 2), ("dgx2", 1), ("pcie-8gpu", 2)]
+# --runslow only (7 s of the 13 on 2 cores): dgx-h100 x2's NIC cut and switch schedules are ndv2 x2's NIC
+# cut and dgx-h100 x1's switch; dgx2's per-GPU cut is dgx-h100 x1's. The default run keeps the other four.
+SLOW_VALIDITY_MACHINES = {("dgx-h100", 2), ("dgx2", 1)}
 
 
-@pytest.mark.parametrize(("name", "nodes"), VALIDITY_MACHINES, ids=[f"{n}x{k}" for n, k in VALIDITY_MACHINES])
+@pytest.mark.parametrize(
+    ("name", "nodes"),
+    [pytest.param(*m, marks=pytest.mark.slow) if m in SLOW_VALIDITY_MACHINES else m for m in VALIDITY_MACHINES],
+    ids=[f"{n}x{k}" for n, k in VALIDITY_MACHINES],
+)
 def test_no_shipped_algorithm_or_baseline_beats_the_bound(name, nodes):
     from taccl_py.baselines import BaselineKind, applicable_kinds, build_baseline
     from taccl_py.bounds.reduction import in_network_reduction_bounds

@@ -27,7 +27,7 @@ from taccl_py.solvers import (
 from taccl_py.stages.logical import build_logical_graph
 from taccl_py.stages.routing import route_chunks
 from taccl_py.stages.sketch import auto_sketch
-from taccl_py.synth import synthesize, write_library
+from taccl_py.synth import SynthesisResult, synthesize, write_library
 from taccl_py.topology import load_topology
 
 from helpers import assert_valid_algorithm
@@ -63,8 +63,7 @@ def _assert_no_timing(text: str) -> None:
         assert word not in lowered, f"a written file mentions {word!r}: outputs must not carry wall times"
 
 
-# The default run checks 1 MB; 64 MB (about 19 s on 2 cores; test_two_jobs_give_the_serial_bytes
-# synthesizes it too) runs with --runslow.
+# The default run checks 1 MB; 64 MB (about 19 s on 2 cores) runs with --runslow.
 @pytest.mark.parametrize("size", ["1MB", pytest.param("64MB", marks=pytest.mark.slow)])
 def test_same_bytes_on_a_busy_machine(size, tmp_path, busy_core, capsys, monkeypatch):
     loaded = _synthesize_file(tmp_path / "busy", size, "1", monkeypatch)
@@ -79,20 +78,47 @@ def test_same_bytes_on_a_busy_machine(size, tmp_path, busy_core, capsys, monkeyp
     assert "budget: " in capsys.readouterr().err, "one line says which budget bound"
 
 
-def test_two_jobs_give_the_serial_bytes(tmp_path):
-    topology = load_topology("ndv2")
-    serial = synthesize(topology, "allgather", sizes=(MB, 64 * MB), jobs=1)
-    parallel = synthesize(topology, "allgather", sizes=(MB, 64 * MB), jobs=2)
+# One library of two sizes (1 KB: the latency regime's one candidate; 1 MB: the mesh's several), built
+# serially and by two workers once for the module: the tests below each check one thing of them.
+LIBRARY_SIZES = (1000, MB)
+
+
+@pytest.fixture(scope="module")
+def serial() -> SynthesisResult:
+    """Return the NDv2 AllGather library of ``LIBRARY_SIZES`` synthesized in this process."""
+    return synthesize(load_topology("ndv2"), "allgather", sizes=LIBRARY_SIZES, jobs=1)
+
+
+@pytest.fixture(scope="module")
+def parallel() -> tuple[SynthesisResult, list[str]]:
+    """Return the same library synthesized by two workers, and the progress lines they sent."""
+    lines: list[str] = []
+    result = synthesize(load_topology("ndv2"), "allgather", sizes=LIBRARY_SIZES, jobs=2, progress=lines.append)
+    return result, lines
+
+
+def _assert_same_libraries(serial: SynthesisResult, parallel: SynthesisResult) -> None:
     assert parallel.candidates == serial.candidates and parallel.budget_bound == serial.budget_bound
+    assert len(serial.candidates) > 2, "several candidates to share between the workers"
     assert generate_library(parallel.library) == generate_library(serial.library)
     for ours, theirs in zip(parallel.library.bands, serial.library.bands):
         assert generate_algorithm_json(ours.algorithm) == generate_algorithm_json(theirs.algorithm)
     _assert_no_timing(generate_library(serial.library))
 
 
-def test_progress_lines_of_workers_reach_the_caller():
-    lines: list[str] = []
-    synthesize(load_topology("ndv2"), "allgather", size_bytes=MB, jobs=2, progress=lines.append)
+def test_two_jobs_give_the_serial_bytes(serial, parallel):
+    _assert_same_libraries(serial, parallel[0])
+
+
+@pytest.mark.slow  # the bandwidth regime's candidates too (about 15 s on 2 cores)
+def test_two_jobs_give_the_serial_bytes_at_64mb():
+    topology = load_topology("ndv2")
+    serial = synthesize(topology, "allgather", sizes=(MB, 64 * MB), jobs=1)
+    _assert_same_libraries(serial, synthesize(topology, "allgather", sizes=(MB, 64 * MB), jobs=2))
+
+
+def test_progress_lines_of_workers_reach_the_caller(parallel):
+    _, lines = parallel
     assert any(line.startswith("[1/") and "verified" in line for line in lines), lines
 
 
@@ -143,8 +169,8 @@ def test_a_tiny_wall_clock_cap_reports_the_cap_and_still_verifies(tmp_path, caps
     assert result.timed_out and result.budget_bound is BudgetBound.WALL_CLOCK_CAP
 
 
-def test_provenance_records_the_work_budgets(tmp_path):
-    result = synthesize(load_topology("ndv2"), "allgather", sizes=(1000, MB), jobs=1)
+def test_provenance_records_the_work_budgets(tmp_path, serial):
+    result = serial
     settings = dict(result.library.provenance.solver_options)
     assert settings["threads"] == 1 and settings["random_seed"] == 0 and settings["gap_rel"] == pytest.approx(1e-3)
     assert str(default_node_limit(100)) in settings["node_limit"] and "by model size" in settings["node_limit"]

@@ -131,10 +131,14 @@ def test_cpsat_writes_no_log(cpsat, capfd):
     assert capfd.readouterr() == ("", ""), "CP-SAT's log reached stdout or stderr"
 
 
-def test_a_synthesis_with_cpsat_verifies_and_repeats_byte_for_byte(cpsat):
+# 1 MB (the middle regime's 3 candidates) in the default run; 64 MB (the 10 of the bandwidth regime, 12 s
+# on 2 cores) with --runslow.
+@pytest.mark.parametrize("size", [MB, pytest.param(64 * MB, marks=pytest.mark.slow)], ids=["1MB", "64MB"])
+def test_a_synthesis_with_cpsat_verifies_and_repeats_byte_for_byte(cpsat, size):
     outputs = []
     for _ in range(2):
-        result = synthesize(load_topology("ndv2"), "allgather", size_bytes=64 * MB, solver="cpsat", jobs=1)
+        result = synthesize(load_topology("ndv2"), "allgather", size_bytes=size, solver="cpsat", jobs=1)
+        assert len(result.candidates) >= 3
         assert_valid_algorithm(result.algorithm)
         outputs.append(generate_algorithm_json(result.algorithm))
     assert outputs[0] == outputs[1]
