@@ -389,6 +389,10 @@ def test_a_librarys_vs_baseline_is_what_simulate_prints_for_the_written_band(tmp
     for row in rows:
         size = {"1MB": 1_000_000, "4MB": 4_000_000, "64MB": 64_000_000}[row[0]]
         band = next(index for index, band in enumerate(library.bands) if band.covers(size))
+        # Where NCCL's own ring beats every band MSCCL loads, the size is left to it (issue 47).
+        assert library.bands[band].native == (float(row[4].rstrip("x")) < 1)
+        if library.bands[band].native:
+            continue
         assert main(["simulate", str(tmp_path / f"ag-{band}.json"), "-t", "ndv2", "--sizes", row[0]]) == 0
         simulated = capsys.readouterr().out.splitlines()[-1].split()
         # size, time, algbw, busbw, of bound, best baseline, baseline (us), speedup

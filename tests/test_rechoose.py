@@ -35,8 +35,10 @@ def test_every_shipped_library_was_chosen_under_msccls_slice_loop():
 
 
 def test_a_shipped_library_chosen_again_under_its_model_is_unchanged():
-    library = _shipped("ndv2", 1, "allgather")
-    again, _ = rechoose_bands(library, load_topology("ndv2"))
+    # Not NDv2's: NCCL's unloadable 6-channel ring now counts as native there (issue 47) and would take
+    # 4 MB and up, which its shipped library predates; DGX-A100's bands do not depend on that rule.
+    library = _shipped("dgx-a100", 1, "allgather")
+    again, _ = rechoose_bands(library, load_topology("dgx-a100"))
     assert [(b.min_bytes, b.max_bytes) for b in again.bands] == [(b.min_bytes, b.max_bytes) for b in library.bands]
     assert [b.algorithm.ranks for b in again.bands] == [b.algorithm.ranks for b in library.bands]
     assert [b.algorithm.meta("source_algorithm") for b in again.bands] == [

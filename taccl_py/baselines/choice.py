@@ -33,6 +33,9 @@ from taccl_py.topology.model import Topology
 
 __all__ = ["ComparedBaseline", "compare_baselines", "best_baselines", "best_baseline", "best_baselines_by_band"]
 
+# The kinds built as NCCL runs them (``nccl_best_times``): its ring, double binary tree and direct AlltoAll.
+_NCCLS_OWN = frozenset({BaselineKind.RING, BaselineKind.TREE, BaselineKind.DIRECT})
+
 
 @dataclass(frozen=True)
 class ComparedBaseline:
@@ -42,13 +45,15 @@ class ComparedBaseline:
     NVLS, NVLS-Tree or PAT, modelled: ``is_schedule`` False, its result's ``model`` ``nccl-model``)
     where one is faster than every schedule. ``kept`` is what may be written in a result's place:
     always an ``Algorithm`` (the fastest schedule without ``keep``). ``native`` is the fastest of
-    NCCL's modelled algorithms, faster than ``fastest`` or not: what a library band left to NCCL runs.
+    NCCL's own algorithms, faster than ``fastest`` or not: what a library band left to NCCL runs. Its
+    modelled ones, and at 64 GPUs and below its ring and tree (AlltoAll: direct) as built with NCCL's
+    channel counts, which ``keep`` may refuse (NDv2's 6-channel ring, DGX-A100's 8-channel one).
     """
 
     size_bytes: int
     fastest: tuple[Algorithm | ModelledBaseline, SimulationResult] | None
     kept: tuple[Algorithm, SimulationResult] | None
-    native: tuple[ModelledBaseline, SimulationResult] | None = None
+    native: tuple[Algorithm | ModelledBaseline, SimulationResult] | None = None
 
 
 def compare_baselines(
@@ -71,6 +76,8 @@ def compare_baselines(
     algorithms (``modelled_results``: NVLS, NVLS-Tree, PAT), which compete for ``fastest`` only.
     Above ``CLOSED_FORM_ABOVE_RANKS`` GPUs of identical machines the ring and tree are not built:
     they are modelled in closed form (``baselines.closed_form``) and compete for ``fastest`` only.
+    ``native`` takes NCCL's own: the modelled ones and the ring, tree and direct as built, never a
+    reshaped variant (NCCL does not run those), as ``nccl_best_times`` counts them.
     ``progress`` receives one line per baseline built.
     """
     collective = parse_collective(collective)
@@ -80,7 +87,7 @@ def compare_baselines(
     bounds = dict(zip(sizes, (bound.time_us for bound in lower_bounds(topology, collective, sizes))))
     fastest: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
     kept: dict[int, tuple[Algorithm, SimulationResult]] = {}
-    native: dict[int, tuple[ModelledBaseline, SimulationResult]] = {}
+    native: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
     # Above CLOSED_FORM_ABOVE_RANKS GPUs of identical machines the ring and tree are NCCL's in closed
     # form (modelled_results): too many transfers to build; they compete for ``fastest`` only.
     closed = closed_form_applies(topology, collective)
@@ -96,6 +103,8 @@ def compare_baselines(
             )
             results = _simulated(algorithm, topology, group, bounds, model, progress)
             _keep_faster(fastest, algorithm, group, results)
+            if kind in _NCCLS_OWN:  # built as NCCL runs it (its channels): what a band left to NCCL runs
+                _keep_faster(native, algorithm, group, results)
             if keep is None or keep(algorithm):
                 _keep_faster(kept, algorithm, group, results)
                 continue

@@ -3,9 +3,10 @@
 For a list of sizes, every candidate chunking proposed for some size is synthesized once, tuned
 for the geometric middle of the sizes that proposed it, and simulated at every size; so is the
 best baseline of each size. Each size takes the fastest exportable algorithm; neighbouring sizes
-with the same winner share a band, and band boundaries sit at the geometric middle between the
-sizes on either side. ``write_library`` writes the library JSON with one algorithm JSON per band
-beside it (``taccl_py.ir.library``'s format); ``taccl export-msccl`` derives the MSCCL XML.
+with the same winner share a band. A boundary sits at the geometric middle between the sizes on
+either side, or, given the topology, where its two bands cross (``crossover_edge``).
+``write_library`` writes the library JSON with one algorithm JSON per band beside it
+(``taccl_py.ir.library``'s format); ``taccl export-msccl`` derives the MSCCL XML.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from taccl_py._io import write_text_atomic
 from taccl_py.baselines.choice import ComparedBaseline
-from taccl_py.baselines.nccl import is_schedule
+from taccl_py.baselines.nccl import is_schedule, nccl_best_times
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
@@ -28,10 +29,12 @@ from taccl_py.ir.library import (
     SizeBand,
     generate_library,
 )
-from taccl_py.simulate import SimulationResult
+from taccl_py.msccl.selection import power_of_two_sizes
+from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate_sizes
 from taccl_py.synth.candidates import geometric_middle
+from taccl_py.topology.model import Topology
 
-__all__ = ["SizeChoice", "choose_per_size", "build_library", "band_file_stem", "write_library"]
+__all__ = ["SizeChoice", "choose_per_size", "build_library", "crossover_edge", "band_file_stem", "write_library"]
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,16 @@ def build_library(
     stem: str,
     provenance: Provenance | None = None,
     cluster: ClusterRecord | None = None,
+    *,
+    topology: Topology | None = None,
+    model: ExecutionModel = MSCCL_LOOP,
 ) -> AlgorithmLibrary:
     """Return the library whose bands cover all sizes, one band per run of equal winners.
 
     ``cluster`` (``taccl_py.ir.library.cluster_record`` of the topology) lets the runtime check
-    that the live cluster is the one the library was made for.
+    that the live cluster is the one the library was made for. Band edges sit at the geometric
+    middle of the sizes on either side; with ``topology``, where the two bands cross under
+    ``model`` (``crossover_edge``).
     """
     runs: list[list[SizeChoice]] = []
     for choice in choices:
@@ -135,10 +143,16 @@ def build_library(
             runs[-1].append(choice)
         else:
             runs.append([choice])
+    edges = [
+        geometric_middle(below[-1].size_bytes, above[0].size_bytes)
+        if topology is None
+        else crossover_edge(below[-1], above[0], topology, model)
+        for below, above in zip(runs, runs[1:])
+    ]
     bands = []
     for index, run in enumerate(runs):
-        low = 0 if index == 0 else geometric_middle(runs[index - 1][-1].size_bytes, run[0].size_bytes)
-        high = None if index == len(runs) - 1 else geometric_middle(run[-1].size_bytes, runs[index + 1][0].size_bytes)
+        low = 0 if index == 0 else edges[index - 1]
+        high = None if index == len(runs) - 1 else edges[index]
         if run[0].native:  # NCCL's own collective runs here; the band records NCCL's modelled time
             bands.append(SizeBand(low, high, None, NATIVE_ALGORITHM, run[0].runs_us))
             continue
@@ -146,6 +160,33 @@ def build_library(
         algorithm = algorithm.with_metadata(source_algorithm=run[0].chosen.name, band=str(index))
         bands.append(SizeBand(low, high, algorithm, f"{stem}-{index}.json", run[0].chosen_result.time_us))
     return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands), provenance, cluster)
+
+
+def crossover_edge(below: SizeChoice, above: SizeChoice, topology: Topology, model: ExecutionModel = MSCCL_LOOP) -> int:
+    """Return the edge (bytes) between the band of ``below`` and the next one, of ``above``, where the two cross.
+
+    Both are timed at each power of two between their sizes (a native band at NCCL's best time,
+    ``nccl_best_times``; a schedule simulated under ``model``). The edge is the geometric middle of
+    the first probe from which ``above``'s is faster at every probe and the size before it (without
+    probes: of the two sizes), so chosen sizes a factor of 4 apart no longer fix it 2x from the crossover.
+    """
+    low, high = below.size_bytes, above.size_bytes
+    probes = power_of_two_sizes(low + 1, high - 1)
+    if not probes:
+        return geometric_middle(low, high)
+    lower = _times_us(below, topology, probes, model)
+    upper = _times_us(above, topology, probes, model)
+    wins = [up < down for down, up in zip(lower, upper)]
+    first = next((i for i in range(len(probes)) if all(wins[i:])), len(probes))
+    points = (low, *probes, high)
+    return geometric_middle(points[first], points[first + 1])
+
+
+def _times_us(choice: SizeChoice, topology: Topology, sizes: Sequence[int], model: ExecutionModel) -> list[float]:
+    """Return what runs in ``choice``'s band at ``sizes`` (µs): NCCL's best where native, else its algorithm."""
+    if choice.native:
+        return [best.time_us for best in nccl_best_times(topology, choice.chosen.collective, sizes, model=model)]
+    return [result.time_us for result in simulate_sizes(choice.chosen, topology, sizes, model=model)]
 
 
 def _runs_the_same(one: SizeChoice, other: SizeChoice) -> bool:

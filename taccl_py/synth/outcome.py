@@ -150,7 +150,10 @@ def library_of(
     budget_bound: BudgetBound | None,
     model: ExecutionModel = MSCCL_LOOP,
 ) -> AlgorithmLibrary:
-    """Return the library of size bands of ``choices``, with its provenance (``model``: chosen under it)."""
+    """Return the library of size bands of ``choices``, with its provenance (``model``: chosen under it).
+
+    Band edges sit where neighbouring bands cross under ``model`` (``crossover_edge``).
+    """
     provenance = synthesis_provenance(sizes, sketch, options, budget_bound, model)
     return build_library(
         topology.name,
@@ -161,4 +164,6 @@ def library_of(
         collective.value,
         provenance,
         cluster=cluster_record(topology),
+        topology=topology,
+        model=model,
     )

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
-from taccl_py.baselines.nccl import modelled_results
+from taccl_py.baselines.nccl import nccl_best_times
 from taccl_py.bounds import lower_bounds
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
@@ -213,7 +213,7 @@ def refine_native_edges(
     Bands are chosen at the library's sizes (x4 apart) and meet at their geometric middle, so a
     power-of-two size between two chosen sizes can fall in a band slower there than NCCL's
     modelled algorithm. At each power of two between the two sizes around such an edge, ours
-    (simulated) and NCCL's (``modelled_results``) are compared, and the edge moves to the
+    (simulated) and NCCL's best (``nccl_best_times``: what a native band runs) are compared, and the edge moves to the
     smallest power of two from which the later band's side wins at every probed size up to the
     next chosen size (the earlier side's band keeps the rest).
     """
@@ -232,18 +232,13 @@ def refine_native_edges(
             continue
         ours_band = high if low.native else low
         ours = [r.time_us for r in simulate_sizes(ours_band.algorithm, topology, probes, model=model)]
-        nccl = [min(times) for times in zip(*(t for _, t in _modelled_us(topology, library.collective, probes)))]
+        nccl = [best.time_us for best in nccl_best_times(topology, library.collective, probes, model=model)]
         later_wins = [(n < o) if low.native is False else (o <= n) for o, n in zip(ours, nccl)]
         edge = next((p for i, p in enumerate(probes) if all(later_wins[i:])), above[0])
         if edge != high.min_bytes:
             bands[index] = replace(low, max_bytes=edge, algorithm=_clip(low.algorithm, low.min_bytes, edge))
             bands[index + 1] = replace(high, min_bytes=edge, algorithm=_clip(high.algorithm, edge, high.max_bytes))
     return replace(library, bands=tuple(bands))
-
-
-def _modelled_us(topology: Topology, collective, sizes: list[int]) -> list[tuple[str, list[float]]]:
-    """Return each NCCL modelled algorithm's times (µs) at ``sizes``."""
-    return [(b.name, [r.time_us for r in results]) for b, results in modelled_results(topology, collective, sizes)]
 
 
 def _clip(algorithm: Algorithm | None, low: int, high: int | None) -> Algorithm | None:
