@@ -38,6 +38,7 @@ __all__ = [
     "one_error_line",
     "requires_cbc",
     "run_calls_interleaved",
+    "covering_product",
 ]
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -57,6 +58,35 @@ def builtin_machine_params() -> list:
     from taccl_py.topology import builtin_topology_names
 
     return [pytest.param(n, marks=pytest.mark.slow) if n in LARGE_BUILTINS else n for n in builtin_topology_names()]
+
+
+# What ``pytest.param`` returns (pytest does not export the class).
+_PARAMETER_SET = type(pytest.param(None))
+
+
+def covering_product(rows: list, columns: list, ids: Callable[[object, object], str] | None = None) -> list:
+    """Return every (row, column) pair as a pytest parameter, all but a covering few marked slow.
+
+    The default run keeps row i with column i mod len(columns) and column j with row j mod
+    len(rows): every row and every column at least once, max(len) pairs. ``--runslow`` runs the
+    whole product. A row or column that is itself a ``pytest.param`` keeps its marks; tuples unpack.
+    """
+
+    def values(item) -> tuple:
+        item = item.values[0] if isinstance(item, _PARAMETER_SET) else item
+        return item if isinstance(item, tuple) else (item,)
+
+    def marks(item) -> tuple:
+        return tuple(item.marks) if isinstance(item, _PARAMETER_SET) else ()
+
+    covering = {(i, i % len(columns)) for i in range(len(rows))} | {(j % len(rows), j) for j in range(len(columns))}
+    params = []
+    for i, row in enumerate(rows):
+        for j, column in enumerate(columns):
+            slow = () if (i, j) in covering else (pytest.mark.slow,)
+            pair = values(row) + values(column)
+            params.append(pytest.param(*pair, marks=marks(row) + marks(column) + slow, id="-".join(map(str, pair))))
+    return params
 
 
 def error_line(stderr: str) -> str:

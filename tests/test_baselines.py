@@ -26,7 +26,7 @@ from taccl_py.topology import load_topology
 from taccl_py.topology.cluster import load_cluster
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology, route
 
-from helpers import assert_valid_algorithm, builtin_machine_params
+from helpers import assert_valid_algorithm, builtin_machine_params, covering_product
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce")
 # direct: alltoall only; doubling: across machines only, verified in tests/test_doubling.py
@@ -37,7 +37,8 @@ def _cases(collectives=COLLECTIVES):
     return [(kind, c) for c in collectives for kind in KINDS if kind != "tree" or c == "allreduce"]
 
 
-@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8, 16, 32])
+# 32 ranks (12 s of the sweep's 17) with --runslow: 16 already takes the one-channel path above 8.
+@pytest.mark.parametrize("ranks", [2, 3, 4, 5, 8, 16, pytest.param(32, marks=pytest.mark.slow)])
 @pytest.mark.parametrize(("kind", "collective"), _cases())
 def test_baselines_verify_on_uniform_meshes(ranks, kind, collective):
     topology = full_mesh(ranks)
@@ -57,16 +58,17 @@ def _builtin(name: str, nodes: int):
     return load_topology(name, nodes=nodes)
 
 
-@pytest.mark.parametrize("name", builtin_machine_params())
-@pytest.mark.parametrize(("kind", "collective"), _cases())
+# The default run builds every (kind, collective) on some machine and every machine with some of them
+# (``covering_product``); --runslow the whole product.
+@pytest.mark.parametrize(("name", "kind", "collective"), covering_product(builtin_machine_params(), _cases()))
 def test_baselines_verify_on_one_builtin_machine(name, kind, collective):
     assert_valid_algorithm(build_baseline(kind, _builtin(name, 1), collective))
 
 
-# Four machines with --runslow (24 s): the builders' cross-machine code is the same as at two.
+# Four machines with --runslow (24 s): the builders' cross-machine code is the same as at two. At two,
+# a covering of machines and (kind, collective) as above.
 @pytest.mark.parametrize("nodes", [2, pytest.param(4, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", builtin_machine_params())
-@pytest.mark.parametrize(("kind", "collective"), _cases())
+@pytest.mark.parametrize(("name", "kind", "collective"), covering_product(builtin_machine_params(), _cases()))
 def test_baselines_verify_across_builtin_machines(name, nodes, kind, collective):
     topology = _builtin(name, nodes)
     if topology.num_ranks > 32:

@@ -113,11 +113,14 @@ def unwritable_baseline_notes(result: SynthesisResult) -> list[str]:
         base, chosen = choice.baseline, choice.chosen_result
         if base is None or base.time_us >= chosen.time_us:
             continue
-        why = (
-            "but does not load in the MSCCL runtimes; the band keeps the fastest algorithm that does"
-            if choice.baseline_is_schedule
-            else "but is NCCL's own algorithm, modelled, which no schedule can express; it is not written"
-        )
+        unloadable = "but does not load in the MSCCL runtimes"
+        modelled = "but is NCCL's own algorithm, modelled, which no schedule can express"
+        if choice.native:  # NCCL's own algorithm beats every writable one: a library's band there is native
+            why = f"{unloadable if choice.baseline_is_schedule else modelled}; a library leaves this size to NCCL"
+        elif choice.baseline_is_schedule:
+            why = f"{unloadable}; the band keeps the fastest algorithm that does"
+        else:
+            why = f"{modelled}; it is not written"
         notes.append(
             f"note: at {format_size(choice.size_bytes)} {choice.baseline_name} ({base.time_us:.2f} us) is "
             f"{format_ratio(chosen.time_us / base.time_us)} faster than {choice.chosen.name} ({chosen.time_us:.2f} us) "
