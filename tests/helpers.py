@@ -64,7 +64,7 @@ def builtin_machine_params() -> list:
 _PARAMETER_SET = type(pytest.param(None))
 
 
-def covering_product(rows: list, columns: list, ids: Callable[[object, object], str] | None = None) -> list:
+def covering_product(rows: list, columns: list) -> list:
     """Return every (row, column) pair as a pytest parameter, all but a covering few marked slow.
 
     The default run keeps row i with column i mod len(columns) and column j with row j mod
