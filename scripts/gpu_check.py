@@ -252,8 +252,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--device",
         choices=("cuda", "cpu"),
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cuda: NCCL, every part; cpu: gloo, the correctness parts (default: cuda where available)",
+        default=None,
+        help="cuda: NCCL, every part; cpu: gloo alone, the correctness parts (default: cuda where available)",
     )
     parser.add_argument("--share-gpu", action="store_true", help="every rank on device 0 (see the notes above)")
     parser.add_argument(
@@ -336,6 +336,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts = [p for p in args.parts.split(",") if p]
     if "WORLD_SIZE" not in os.environ:
         parser.error("run under torchrun, e.g. torchrun --nproc-per-node 2 scripts/gpu_check.py")
+    if args.device == "cpu":
+        # As on a machine without GPUs, before anything starts CUDA: ranks left on one GPU could
+        # not make the NCCL side of the taccl group (its barrier runs there).
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available (use --device cpu for the correctness parts)")
     if args.share_gpu and args.device != "cuda" or not set(parts) <= set(PARTS) or args.iters < 1:

@@ -58,8 +58,15 @@ def run_on_shared_store(fn: Any, world_size: int, *args: Any) -> list[Any]:
 
 
 def init_taccl_group(rank: int, world_size: int, port: int, library: Any) -> Any:
-    """Replace the launcher's gloo group by a ``taccl`` one on ``library``, on the parent's store; return it."""
+    """Replace the launcher's gloo group by a ``taccl`` one on ``library``, on the parent's store; return it.
+
+    The group keeps to the CPU, as on a machine without GPUs: these tests' ranks would all sit on
+    GPU 0 of a machine with GPUs, where NCCL refuses to make the group's GPU side (its barrier runs there).
+    """
     import datetime
+    import os
+
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything in this rank starts CUDA
 
     import torch.distributed as dist
 

@@ -111,12 +111,35 @@ def test_a_delegated_call_that_fails_raises_from_its_work_and_spares_later_calls
     assert group.allreduce([torch.ones(2)]).wait()  # the worker did not take the caller's error as its own
 
 
+def test_the_gpu_link_warms_up_at_the_first_routed_gpu_call_and_the_cpu_link_never(
+    group: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from taccl_py.runtime.backend import group as group_module
+
+    made: list[Any] = []
+    monkeypatch.setattr(group_module, "Communicator", lambda *args, **kw: made.append(kw["transport"]) or object())
+
+    class Link:
+        def __init__(self, device: str) -> None:
+            self.device, self.warm_ups = torch.device(device), 0
+
+        def warm_up(self) -> None:
+            self.warm_ups += 1
+
+    gpu, cpu = Link("cuda"), Link("cpu")
+    for _ in range(3):
+        group._communicator_on(gpu)
+        group._communicator_on(cpu)
+    assert (gpu.warm_ups, cpu.warm_ups) == (1, 0) and made == [gpu, cpu]
+
+
 def test_barrier_waits_for_the_queued_calls_and_runs_on_the_gpus_where_the_group_has_them(group: Any) -> None:
     release = threading.Event()
     _blocked_routed_call(group, release)
     devices: list[str] = []
     real = group._get_backend
     group._get_backend = lambda device: devices.append(device.type) or real(device)
+    group._has_cuda_backend = False  # as on a machine without CUDA, where the group has gloo alone
     threading.Timer(0.2, release.set).start()
     group.barrier().wait()
     assert group.log == ["routed all_reduce", "barrier"] and devices == ["cpu"]
@@ -184,9 +207,13 @@ def test_a_routed_work_on_a_gpu_waits_on_the_stream_not_the_host() -> None:
     from taccl_py.runtime.backend.work import StreamWork
 
     stream = torch.cuda.Stream()
+    # Made before the sleep: the first launch of a kernel loads its module (CUDA's lazy loading),
+    # which waits for the device, so a fill kernel issued behind the sleep would wait out the sleep.
+    output = torch.ones(1, device="cuda")
+    torch.cuda.synchronize()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time
-        work = StreamWork([torch.ones(1, device="cuda")], stream)
+        work = StreamWork([output], stream)
     assert not work.is_completed() and work.wait()  # the host did not wait
     torch.cuda.synchronize()
     assert work.is_completed() and work.get_future().value()[0].item() == 1.0

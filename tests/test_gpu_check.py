@@ -193,10 +193,12 @@ def test_outside_torchrun_the_check_says_how_to_run_it(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(SystemExit) as done:
         gpu_check.main(["--device", "cpu"])
     assert done.value.code == 2
     assert "torchrun" in capsys.readouterr().err
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # the GPUs are hidden in a rank, not in its caller
 
 
 # -- the check on gloo ranks ----------------------------------------------------------------------------

@@ -150,8 +150,6 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
                     kind, dist.PrefixStore(f"{device_type}/taccl/", store), rank, world_size, timeout
                 )
                 self._links[device_type] = BackendTransport(link, device)
-                if kind == "nccl":  # every rank makes the group together: the one moment all take part
-                    self._links[device_type].warm_up()
         self._set_default_backend(default_type)
         self._order = IssueOrder(f"taccl-pg-rank{rank}", self._has_algorithms)
 
@@ -224,6 +222,11 @@ class TacclProcessGroup(CollectiveEntryPoints, dist.ProcessGroup):
         """Return the group's Communicator for ``link``'s device, made on first use."""
         communicator = self._communicators.get(link.device.type)
         if communicator is None:
+            if link.device.type == "cuda":
+                # NCCL's first batched p2p call needs every rank, and a round may not have them all.
+                # Every rank comes here at the same call, the group's first routed one on the GPU;
+                # as ProcessGroupNCCL, a group whose tensors stay on the CPU never makes the NCCL link.
+                link.warm_up()
             library, topology, nodes, cluster, calibration = self._spec
             communicator = Communicator(
                 self,

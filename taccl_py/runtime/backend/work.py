@@ -144,7 +144,7 @@ class BackendTransport(Transport):
     def warm_up(self) -> None:
         """Run one collective on the backend: NCCL's first batched p2p call needs every rank, a round may not.
 
-        Every rank of the group must call it; the taccl group does, for its NCCL link, as it is made.
+        Every rank of the group must call it; the taccl group does, for its NCCL link, at its first routed GPU call.
         """
         try:
             self._backend.allreduce([torch.zeros(1, device=self.device)]).wait()
