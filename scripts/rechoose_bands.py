@@ -94,7 +94,8 @@ def instance_rows(
         old_chunks = simulate(old, topology, choice.size_bytes, model=WHOLE_CHUNKS) if old is not None else None
         old_now = simulate(old, topology, choice.size_bytes, model=model) if old is not None else None
         band = next(i for i, b in enumerate(rechosen.bands) if b.covers(choice.size_bytes))
-        ours = choice.chosen_result
+        # what runs there: NCCL's own algorithm where the size is left to it (a native band)
+        label = "native" if rechosen.bands[band].native else choice.chosen.name
         rows.append(
             (
                 name,
@@ -104,19 +105,18 @@ def instance_rows(
                 (old.meta("source_algorithm") or old.name) if old is not None else "native",
                 old_chunks.time_us if old_chunks else None,
                 old_now.time_us if old_now else None,
-                f"{collective}-{band}:{choice.chosen.name}",
-                ours.time_us,
+                f"{collective}-{band}:{label}",
+                choice.runs_us,
                 baseline[0].name if baseline else None,
                 baseline[1].time_us if baseline else None,
-                baseline[1].time_us / ours.time_us if baseline else None,
+                baseline[1].time_us / choice.runs_us if baseline else None,
             )
         )
     if write:
         target = REPO / "algorithms" / name / f"n{nodes}" / f"{collective}.library.json"
         old_files = set(target.parent.glob(f"{collective}-*.json.xz"))
         write_library(rechosen, target, compress=True)
-        kept = {target.parent / band.algorithm_file for band in rechosen.bands}
-        kept |= {target.parent / f"{collective}-{i}.json.xz" for i in range(len(rechosen.bands))}
+        kept = {target.parent / f"{collective}-{i}.json.xz" for i, b in enumerate(rechosen.bands) if not b.native}
         for stale in old_files - kept:
             stale.unlink()
     return rows

@@ -140,7 +140,9 @@ def test_export_msccl_writes_every_band_of_a_machines_shipped_libraries(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     libraries = {lib.collective.value: lib for lib in map(read_library, shipped_library_paths("ndv2", nodes))}
     names = {p.name for p in out.iterdir()}
-    bands = {f"ndv2-n{nodes}-{c}-{i}.xml" for c, lib in libraries.items() for i in range(len(lib.bands))}
+    bands = {  # a native band has no file: NCCL's own algorithm runs there
+        f"ndv2-n{nodes}-{c}-{i}.xml" for c, lib in libraries.items() for i, b in enumerate(lib.bands) if not b.native
+    }
     left_to_nccl = {line.split(": ")[0] + ".xml" for line in err if " left to NCCL: " in line}
     out_of_place = bands & names
     assert bands - names <= left_to_nccl, "a band is written unless NCCL is left its sizes"

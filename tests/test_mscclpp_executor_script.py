@@ -54,7 +54,7 @@ def _ndv2_plans(collective: str) -> list[str]:
 )
 def test_every_shipped_ndv2_plan_runs_at_powers_of_two_the_executor_accepts(collective: str) -> None:
     ndv2_plans = _ndv2_plans(collective)
-    assert len(ndv2_plans) >= 8
+    assert len(ndv2_plans) >= 4  # two bands of ours, both placements; from 2 MiB NCCL's 6 rings run (issue 47)
     # (collective, ranks, size) -> each rank's input and expected output bytes; the data is made once
     # a call (up to 8 x 64 MiB), which most plans share
     buffer_bytes = {}
