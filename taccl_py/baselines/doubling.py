@@ -284,7 +284,7 @@ def _reversed_items(items: Sequence[Transfer | LocalCopy], swap: Callable[[int, 
     the mirror's (the gather's output is the reduction's input). The first write into a slot
     overwrites it (nothing was there), the later ones add.
     """
-    written: set[tuple[int, Buffer, int]] = set()
+    written: dict[tuple[int, Buffer], set[int]] = {}
     out: Items = []
     for item in reversed(items):
         if isinstance(item, LocalCopy):
@@ -309,10 +309,13 @@ def _reversed_items(items: Sequence[Transfer | LocalCopy], swap: Callable[[int, 
     return out
 
 
-def _runs(written: set[tuple[int, Buffer, int]], rank: int, dst: Slot, count: int) -> list[tuple[int, int, bool]]:
+def _runs(written: dict[tuple[int, Buffer], set[int]], rank: int, dst: Slot, count: int) -> list[tuple[int, int, bool]]:
     """Return (offset, chunks, already written) runs of ``dst`` on ``rank``, and mark them all written."""
-    flags = [(rank, dst[0], dst[1] + k) in written for k in range(count)]
-    written.update((rank, dst[0], dst[1] + k) for k in range(count))
+    # Chunk offsets per (rank, buffer): a million items make no per-chunk key tuples.
+    seen = written.setdefault((rank, dst[0]), set())
+    first = dst[1]
+    flags = [first + k in seen for k in range(count)]
+    seen.update(range(first, first + count))
     runs: list[tuple[int, int, bool]] = []
     for k, flag in enumerate(flags):
         if runs and runs[-1][2] == flag:

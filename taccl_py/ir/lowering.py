@@ -100,9 +100,13 @@ class _RankState:
         return self.tb_keys[key]
 
 
+# Buffer -> its spelling: an Enum's ``.value`` is a descriptor call, slow over millions of steps.
+_CODES = {buffer: buffer.value for buffer in Buffer}
+
+
 def _slots(slot: Slot, count: int) -> list[tuple[str, int]]:
     """Return the hazard keys of ``count`` chunks from ``slot``."""
-    code = slot[0].value
+    code = _CODES[slot[0]]
     return [(code, slot[1] + i) for i in range(count)]
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from taccl_py.errors import ArgumentError, VerificationError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.ir.dataflow import ActionKind, build_dataflow
+from taccl_py.ir.dataflow import ActionKind
+from taccl_py.ir.flow_cache import dataflow_of
 from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
 from taccl_py.simulate.switch import switch_path
@@ -134,7 +135,7 @@ def prepare_simulation(
             "an algorithm for the topology's rank count",
         )
     protocol_cost(algorithm.protocol, protocol_costs, algorithm.name)  # an unknown protocol is refused first
-    flow = build_dataflow(algorithm)
+    flow = dataflow_of(algorithm)  # built once for verifying and simulating it
     if flow.violations:
         raise VerificationError(algorithm.name, flow.violations)
     sends, switches = [], []
