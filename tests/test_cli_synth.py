@@ -144,7 +144,7 @@ def test_one_size_writes_the_baseline_when_it_is_faster(tmp_path, capsys):
     assert_valid_algorithm(written)
     assert written.name == "ring-2ch-1p" and read_msccl_xml(str(xml)).name == "ring-2ch-1p"
     assert (
-        "synthesize: note: the synthesized algorithm (2598.0 us) is slower than the best baseline ring-2ch-1p "
+        "synthesize: note: the synthesized algorithm (2598.0 us) is slower than the baseline ring-2ch-1p "
         "(2368.3 us) at 64MB; writing ring-2ch-1p instead"
     ) in captured.err
     assert parse_algorithm_provenance(out.read_text()).note.endswith("; writing ring-2ch-1p instead")
@@ -422,3 +422,28 @@ def test_asking_for_xml_writes_the_fastest_point_to_point_schedule_where_a_switc
     assert read_msccl_xml(xml).chunks_per_loop == written.chunks_per_loop
     assert main(args) == 0  # without --xml the switch schedule itself is written
     assert read_algorithm(out).uses_switch
+
+
+def test_the_written_baseline_is_named_when_a_faster_one_cannot_be_written() -> None:
+    # DGX-H100 x64 AllReduce at 64 MB: NCCL's NVLS-Tree (369.8 us, modelled) is the fastest baseline,
+    # the doubling (405.5 us) the fastest writable one; the note named the first and wrote the second.
+    from types import SimpleNamespace
+
+    from taccl_py.cli.synth import choose_written_algorithm
+
+    doubling = SimpleNamespace(name="doubling-2ch-2b-1l", uses_switch=False)
+    choice = SimpleNamespace(
+        baseline_chosen=True,
+        synthesized=SimpleNamespace(time_us=674.24),
+        chosen=doubling,
+        chosen_result=SimpleNamespace(time_us=405.53),
+        baseline_name="nccl-nvls-tree",
+        size_bytes=64 * 10**6,
+    )
+    result = SimpleNamespace(choices=[choice], algorithm=SimpleNamespace(name="c1p2", uses_switch=False))
+    written, note = choose_written_algorithm(result)
+    assert written is doubling
+    assert note == (
+        "note: the synthesized algorithm (674.2 us) is slower than the baseline doubling-2ch-2b-1l (405.5 us) "
+        "at 64MB; writing doubling-2ch-2b-1l instead"
+    )

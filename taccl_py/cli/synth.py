@@ -149,13 +149,14 @@ def choose_written_algorithm(
         )
     if not choice.baseline_chosen or choice.synthesized is None:
         return result.algorithm, None
+    # The chosen baseline is the fastest writable one; the fastest of all (NCCL's NVLS, say) may not be.
     slower = (
-        f"the synthesized algorithm ({choice.synthesized.time_us:.1f} us) is slower than the best baseline "
-        f"{choice.baseline_name} ({choice.chosen_result.time_us:.1f} us) at {format_size(choice.size_bytes)}"
+        f"the synthesized algorithm ({choice.synthesized.time_us:.1f} us) is slower than the baseline "
+        f"{choice.chosen.name} ({choice.chosen_result.time_us:.1f} us) at {format_size(choice.size_bytes)}"
     )
     if xml_limits is not None and not exportable(choice.chosen, xml_limits.runtime.value):
         return result.algorithm, f"note: {slower}, which has no MSCCL XML; writing the synthesized algorithm"
-    return choice.chosen, f"note: {slower}; writing {choice.baseline_name} instead"
+    return choice.chosen, f"note: {slower}; writing {choice.chosen.name} instead"
 
 
 def format_budget_line(result: SynthesisResult, time_limit_s: float | None) -> str:
