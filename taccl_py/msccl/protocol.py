@@ -177,7 +177,7 @@ def choose_protocol(
     >>> band = library.bands[0]
     >>> choice = choose_protocol(band.algorithm, load_topology("ndv2"), band.min_bytes, band.max_bytes)
     >>> choice.protocol, choice.sizes_bytes, [name for name, _ in choice.refused]
-    ('Simple', (1000, 5657, 32000), ['LL128'])
+    ('Simple', (1000, 11314, 128000), ['LL128'])
     >>> choice.total_us("LL") > choice.total_us("Simple")  # LL pays Simple's α with half the data per line
     True
     """
@@ -296,7 +296,7 @@ def band_protocols(
     --------
     >>> from taccl_py.ir.library import read_library, shipped_library_dir
     >>> band_protocols(read_library(shipped_library_dir() / "ndv2" / "n1" / "allgather.library.json"))
-    ('Simple', 'Simple', 'Simple', 'Simple')
+    ('Simple', 'Simple', None)
     """
     choices = band_protocol_choices(library, runtime, rccl_gpu_arch=rccl_gpu_arch)
     return tuple(
