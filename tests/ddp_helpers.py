@@ -29,7 +29,7 @@ __all__ = [
 #: Ranks of every multi-process DDP test.
 WORLD_SIZE = 4
 #: Training steps compared between taccl_py and default DDP.
-STEPS = 20
+STEPS = 10
 #: DDP bucket cap: about 1 kB, so the ~5 kB of gradients fill several uneven buckets.
 BUCKET_CAP_MB = 0.001
 

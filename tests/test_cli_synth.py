@@ -197,6 +197,8 @@ def test_sizes_write_a_library(tmp_path):
         assert (xml.min_bytes, xml.max_bytes or 0) == (band.min_bytes, band.max_bytes or 0)
 
 
+# two machines (3 s); one machine's cap and this line are test_solver_budgets' smoke test
+@pytest.mark.slow
 def test_time_limit_reached_says_so(tmp_path, capsys):
     out = tmp_path / "ag.json"
     assert (

@@ -57,7 +57,7 @@ def test_identical_machines_built_as_a_cluster_synthesize_what_the_builtin_does(
     assert sketches[0].internode_conn == sketches[1].internode_conn and sketches[1].node_relays == ()
     graphs = [build_logical_graph(t, s) for t, s in zip((builtin, cluster), sketches)]
     assert graphs[0].links == graphs[1].links
-    chunking = Chunking(1, 2, SIZE)
+    chunking = Chunking(1, 1, SIZE)
     made = [synthesize_chunking(g, Collective.ALLGATHER, chunking, SolverOptions(), name="ag") for g in graphs]
     assert made[0].algorithm.ranks == made[1].algorithm.ranks
 
