@@ -19,6 +19,7 @@ from taccl_py.stages.tree_packing import pack_trees
 from taccl_py.synth.compose import Chunking, synthesize_chunking
 from taccl_py.topology import load_topology
 from taccl_py.topology.cluster import load_cluster
+from taccl_py.topology.compose import machines_alike
 from taccl_py.topology.model import LinkKind
 
 from helpers import assert_valid_algorithm
@@ -90,6 +91,21 @@ def test_one_nic_down_uses_the_rails_every_machine_has_and_keeps_the_machine_rot
     assert (8, 16) in sketch.symmetry
     graph = build_logical_graph(topology, sketch)
     assert graph.rotations == sketch.symmetry
+    # The graph keeps the rotation, so synthesis learns that the machines differ from the topology.
+    assert not machines_alike(topology)
+
+
+@pytest.mark.parametrize(
+    ("options", "alike"),
+    [
+        ({"topology": "dgx-a100", "nodes": 2}, True),
+        ({"cluster": "dgx-a100:2"}, True),
+        ({"cluster": "dgx-a100:1,dgx-h100:1"}, False),
+        ({"topology": "ndv2", "nodes": 2, "nic_speeds": ["1:nic0:4.76"]}, False),
+    ],
+)
+def test_machines_alike_tells_copies_from_machines_that_differ(options, alike):
+    assert machines_alike(load_cluster(**options)) is alike
 
 
 def test_synthesis_on_machines_that_differ_is_verified_correct_and_within_the_bound(two_nics_down):

@@ -36,11 +36,20 @@ from taccl_py.stages.routing import (
 )
 from taccl_py.stages.tree_packing import TreePacking, pack_trees, packed_routing
 
-__all__ = ["HIERARCHICAL_STATUS", "local_graph", "machine_classes", "machine_packings", "hierarchical_routing"]
+__all__ = [
+    "HIERARCHICAL_STATUS",
+    "STAR_STATUS",
+    "local_graph",
+    "machine_classes",
+    "machine_packings",
+    "hierarchical_routing",
+    "star_inside_machines",
+]
 
 logger = logging.getLogger(__name__)
 
 HIERARCHICAL_STATUS = "hierarchical"  # the ``Routing.status`` of these routes
+STAR_STATUS = "star inside machines"  # appended to the status of ``star_inside_machines``' routes
 
 
 def _same_link(a: LogicalLink, b: LogicalLink) -> bool:
@@ -274,3 +283,49 @@ def hierarchical_routing(
         best.objective_us,
     )
     return best
+
+
+def _star_tree(graph: LogicalGraph, tree: tuple[int, ...], root: int) -> tuple[int, ...] | None:
+    """Return ``tree`` with each machine's part replaced by direct links from where the chunk enters it.
+
+    None where a machine is entered twice or lacks a direct link from its entry to one of its GPUs.
+    """
+    gpn = graph.gpus_per_node
+    crossings = [l for l in tree if graph.links[l].internode]
+    entries = [root] + [graph.links[l].dst for l in crossings]
+    if len({rank // gpn for rank in entries}) < len(entries):
+        return None
+    out: list[int] = []
+    for crossing, entry in zip([None, *crossings], entries):
+        if crossing is not None:
+            out.append(crossing)
+        machine = entry // gpn
+        for gpu in range(machine * gpn, (machine + 1) * gpn):
+            if gpu == entry:
+                continue
+            l = graph.index.get((entry, gpu))
+            if l is None or not graph.links[l].allows(root):
+                return None
+            out.append(l)
+    return tuple(out)
+
+
+def star_inside_machines(routing: Routing, chunk_bytes: float, piece_bytes: float) -> Routing | None:
+    """Return ``routing`` with every chunk broadcast inside each machine straight from the GPU it enters at.
+
+    The crossings between machines stay; inside a machine the chunk goes in one hop to every GPU
+    (NVSwitch), so a piece landed from a NIC is forwarded one NVSwitch transfer after it lands
+    instead of down a path. None where nothing changes or a machine lacks direct links.
+    """
+    graph = routing.graph
+    if graph.num_ranks // graph.gpus_per_node < 2:
+        return None
+    trees = []
+    for c, tree in enumerate(routing.trees):
+        star = _star_tree(graph, tree, routing.root(c))
+        trees.append(tree if star is None else star)
+    trees = tuple(trees)
+    if trees == routing.trees:
+        return None
+    objective = routing_objective_us(graph, trees, routing.chunkup, chunk_bytes, piece_bytes)
+    return replace(routing, trees=trees, objective_us=objective, status=f"{routing.status}, {STAR_STATUS}")

@@ -59,6 +59,7 @@ from taccl_py.synth.outcome import (
     synthesis_provenance,
 )
 from taccl_py.synth.switch_candidates import switch_candidates
+from taccl_py.topology.compose import machines_alike
 from taccl_py.topology.model import Topology
 
 __all__ = [
@@ -197,11 +198,13 @@ def _run_candidate(
     model: ExecutionModel,
     label: str,
     progress: Callable[[str], None] | None,
+    machines_differ: bool = False,
 ) -> list[tuple[Candidate, tuple]]:
     """Return one chunking's candidates (AllReduce: with and without a phase barrier) with their simulated results.
 
     ``deadline_s`` (``time.time()``, comparable across processes) ends the wall-clock safety cap;
-    ``starts`` are the phases' tree packings (``phase_starts``), computed once for all candidates.
+    ``starts`` are the phases' tree packings (``phase_starts``), computed once for all candidates;
+    ``machines_differ``: not ``machines_alike(topology)``.
     """
     if progress is not None:
         progress(f"{label} candidate {chunking.label} (tuned for {chunking.design_bytes} B)")
@@ -216,6 +219,7 @@ def _run_candidate(
         name=name,
         progress=prefixed(progress, f"{label} "),
         starts=starts,
+        machines_differ=machines_differ,
     )
     if progress is not None:
         progress(f"{label} {chunking.label}: verified; routing {candidate.routing_status}; simulating")
@@ -279,6 +283,7 @@ def _run_candidates(
         whole = "each machine" if composed_only(graph, 1) else f"{graph.num_ranks} GPUs"
         progress(f"tree packing on {whole} (the routing MILPs' starting routes)")
     starts = phase_starts(graph, collective, progress) if chunkings else ()
+    machines_differ = bool(chunkings) and not machines_alike(topology)
     work = [
         partial(
             _run_candidate,
@@ -294,6 +299,7 @@ def _run_candidates(
             starts,
             model,
             f"[{index}/{len(chunkings)}]",
+            machines_differ=machines_differ,
         )
         for index, (chunking, near) in enumerate(chunkings, 1)
     ]

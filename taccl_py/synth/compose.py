@@ -31,7 +31,7 @@ from taccl_py.solvers import (
     first_budget_bound,
     prepare_highs_threads,
 )
-from taccl_py.stages.hierarchy import hierarchical_routing, machine_packings
+from taccl_py.stages.hierarchy import hierarchical_routing, machine_packings, star_inside_machines
 from taccl_py.stages.logical import LogicalGraph, phase_graphs
 from taccl_py.stages.lower_schedule import lower_schedule
 from taccl_py.stages.ordering import lacks_machine_rotation, order_sends
@@ -168,6 +168,7 @@ def _schedule_phase(
     cap_s: float | None = None,
     starts: PhaseStarts | None = None,
     progress: Callable[[str], None] | None = None,
+    machines_differ: bool = False,
 ) -> tuple[Schedule, frozenset[str]]:
     """Return the fastest schedule over the candidate routings that MSCCL can load (contiguity MILP on the winner).
 
@@ -177,7 +178,9 @@ def _schedule_phase(
     won. Each MILP has its own node budget (``options``); ``cap_s`` (s) is what is left of the
     wall-clock safety cap for this phase's MILPs (default ``options.time_limit_s``). ``starts``
     are the phase's tree packings when the caller has them already. ``progress`` gets a line per step
-    and, inside the long ones (MILPs, ordering), one every few seconds.
+    and, inside the long ones (MILPs, ordering), one every few seconds. ``machines_differ``: the
+    topology's machines are not copies of one another (``machines_alike``), also where the graph
+    hides it (a NIC down on one machine, its rail left out on all).
     """
     say = progress if progress is not None else no_progress
     deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
@@ -217,13 +220,20 @@ def _schedule_phase(
             progress=progress,
         )
         routings += tuple(r for r in start_routes if all(r.trees != other.trees for other in routings))
+    differ = machines_differ or lacks_machine_rotation(graph)
+    if differ:
+        # Machines that differ: the NICs of the slowest bind, and a piece landed from one must
+        # reach the rest of its machine before the next lands; one NVSwitch hop from where it
+        # enters keeps up where a path inside the machine falls behind.
+        stars = (star_inside_machines(r, chunk_bytes, piece_bytes) for r in routings)
+        routings += tuple(r for r in stars if r is not None)
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
     pipelined = chunking.pipelined_sends
     orderings = [
         order_sends(routing, chunking.pieces, piece_bytes, progress=progress, pipelined=pipelined)
         for routing in routings
     ]
-    if lacks_machine_rotation(graph):
+    if differ:
         # Machines that differ: no one priority rule orders every routing well; keep the faster.
         # Unchained, a NIC takes several senders at once and hides each send's α behind another's
         # bytes (DGX-A100 x2 + DGX-H100 x2 AllGather at 64 MB: 0.78 -> 0.86 of the bound).
@@ -254,14 +264,15 @@ def synthesize_chunking(
     metadata: dict[str, str] | None = None,
     progress: Callable[[str], None] | None = None,
     starts: Sequence[PhaseStarts] | None = None,
+    machines_differ: bool = False,
 ) -> Candidate:
     """Return the verified algorithm of ``collective`` for one chunking on ``graph``.
 
     Every MILP runs to its own node budget (``options``), so the result does not depend on the
     machine's load; ``cap_s`` (s) is what is left of the wall-clock safety cap for all phases
     (default ``options.time_limit_s``). ``starts`` are ``phase_starts(graph, collective)``,
-    shared by a synthesis's candidates (default: packed here). Raises
-    ``VerificationError`` if the result is wrong (a bug, never expected).
+    shared by a synthesis's candidates (default: packed here); ``machines_differ`` as in
+    ``_schedule_phase``. Raises ``VerificationError`` if the result is wrong (a bug, never expected).
     """
     began = time.perf_counter()
     deadline = time.monotonic() + (cap_s if cap_s is not None else options.time_limit_s)
@@ -281,6 +292,7 @@ def synthesize_chunking(
             deadline - time.monotonic(),
             phase_start,
             prefixed(progress, f"{chunking.label} {phase}: "),
+            machines_differ,
         )
         schedules.append(schedule)
         solve_statuses |= statuses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ __all__ = [
     "compose_machines",
     "compose_nodes",
     "local_name",
+    "machines_alike",
     "node_prefix",
 ]
 
@@ -37,6 +39,20 @@ def local_name(topology: Topology, name: str, node: int) -> str:
     """
     prefix = node_prefix(node)
     return name[len(prefix) :] if topology.nodes > 1 and name.startswith(prefix) else name
+
+
+def machines_alike(topology: Topology) -> bool:
+    """Return True when every machine is a copy of machine 0: the same links at the same α and bandwidth.
+
+    False for a cluster of several kinds, a NIC down or a NIC at another speed.
+    """
+    node_of = {v.name: v.node for v in topology.vertices if v.kind is not VertexKind.NET_SWITCH}
+    signatures: list[Counter] = [Counter() for _ in range(topology.nodes)]
+    for link in topology.links:
+        for node in {node_of.get(link.src), node_of.get(link.dst)} - {None}:
+            ends = (local_name(topology, link.src, node), local_name(topology, link.dst, node))
+            signatures[node][(*ends, link.kind, link.alpha_us, link.bandwidth_GBps, link.count)] += 1
+    return all(signature == signatures[0] for signature in signatures[1:])
 
 
 def checked_node_count(nodes: object, source: str | None = None, field: str = "nodes") -> int:
