@@ -222,9 +222,9 @@ def _schedule_phase(
         routings += tuple(r for r in start_routes if all(r.trees != other.trees for other in routings))
     differ = machines_differ or lacks_machine_rotation(graph)
     if differ:
-        # Machines that differ: the NICs of the slowest bind, and a piece landed from one must
-        # reach the rest of its machine before the next lands; one NVSwitch hop from where it
-        # enters keeps up where a path inside the machine falls behind.
+        # Machines that differ: the slowest machine's NICs bind, and a piece one of them lands
+        # must reach the rest of its machine before the next lands; one NVSwitch hop from
+        # where it enters keeps up where a path inside the machine falls behind.
         stars = (star_inside_machines(r, chunk_bytes, piece_bytes) for r in routings)
         routings += tuple(r for r in stars if r is not None)
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
