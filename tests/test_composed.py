@@ -61,3 +61,7 @@ def test_composed_candidates_are_capped_by_their_sends(small_cap, monkeypatch):
     (bound,) = lower_bounds(topology, "allgather", [1024 * MB])
     chunkings = candidate_chunkings(graph, Collective.ALLGATHER, bound)
     assert chunkings and {(c.chunkup, c.pieces) for c in chunkings} <= {(1, 1), (1, 2)}
+    # An AllReduce walks two phases' sends, so it takes half as many pieces.
+    (bound,) = lower_bounds(topology, "allreduce", [1024 * MB])
+    chunkings = candidate_chunkings(graph, Collective.ALLREDUCE, bound)
+    assert {(c.chunkup, c.pieces) for c in chunkings} == {(1, 1)}

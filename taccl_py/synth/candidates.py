@@ -54,7 +54,8 @@ _BANDWIDTH_CHUNKINGS = ((1, 2), (1, 4), (2, 2), (2, 4), (1, 8))
 # rank never divides the power-of-two counts users pass, so MSCCL would never select it.
 _MESH_CHUNKINGS = ((2, 1), (4, 1), (4, 2), (8, 1))
 # Cap on the piece sends of a composed candidate (ranks² x pieces, an AllGather's count), which every later
-# stage (ordering, lowering, verification, simulation) walks: 512 GPUs take one and two pieces per chunk.
+# stage (ordering, lowering, verification, simulation) walks: 512 GPUs take one and two pieces per chunk
+# (AllReduce, two phases: one piece at 512 GPUs, up to four at 256).
 MAX_COMPOSED_SENDS = 2**19
 # One piece per chunk, tried first where the runtime's slice loop pipelines each chunk itself.
 _SLICED_CHUNKINGS = ((1, 1), (2, 1), (4, 1))
@@ -87,11 +88,13 @@ def candidate_chunkings(
             pairs = _SLICED_CHUNKINGS + pairs
     if chunkup is not None:
         pairs = tuple(dict.fromkeys((chunkup, p) for _, p in pairs))
+    # An AllReduce orders, lowers and verifies both phases' sends: half the cap for each.
+    most_sends = MAX_COMPOSED_SENDS // (2 if collective is Collective.ALLREDUCE else 1)
     out = []
     for k, p in pairs:
         if graph.num_ranks * k <= MAX_ROUTED_CHUNKS or chunkup is not None:
             out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
-        elif k == 1 and composed_only(graph, k) and graph.num_ranks**2 * p <= MAX_COMPOSED_SENDS:
+        elif k == 1 and composed_only(graph, k) and graph.num_ranks**2 * p <= most_sends:
             out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
     return tuple(dict.fromkeys(out))
 
