@@ -65,3 +65,13 @@ def test_composed_candidates_are_capped_by_their_sends(small_cap, monkeypatch):
     (bound,) = lower_bounds(topology, "allreduce", [1024 * MB])
     chunkings = candidate_chunkings(graph, Collective.ALLREDUCE, bound)
     assert {(c.chunkup, c.pieces) for c in chunkings} == {(1, 1)}
+    # Where the size's chunkings all pipeline (DGX-H100 x4 at 64 MB: bandwidth-bound, a chunk in
+    # one slice) and the cap takes them all, one piece per chunk is still tried.
+    monkeypatch.setattr("taccl_py.synth.candidates.MAX_COMPOSED_SENDS", 32**2 * 2)
+    topology = load_topology("dgx-h100", nodes=4)
+    graph = build_logical_graph(topology, auto_sketch(topology))
+    (bound,) = lower_bounds(topology, "allreduce", [64 * MB])
+    gathers = candidate_chunkings(graph, Collective.ALLGATHER, bound)
+    assert gathers and all(c.pieces > 1 for c in gathers)
+    chunkings = candidate_chunkings(graph, Collective.ALLREDUCE, bound)
+    assert {(c.chunkup, c.pieces) for c in chunkings} == {(1, 1)}

@@ -96,6 +96,9 @@ def candidate_chunkings(
             out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
         elif k == 1 and composed_only(graph, k) and graph.num_ranks**2 * p <= most_sends:
             out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
+    if not out and composed_only(graph, 1) and graph.num_ranks**2 <= most_sends:
+        # Every pipelined chunking is past the cap: one piece per chunk still puts a synthesis beside the baselines.
+        out.append(Chunking(1, 1, bound.size_bytes, model.pipelined))
     return tuple(dict.fromkeys(out))
 
 
