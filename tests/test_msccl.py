@@ -19,6 +19,7 @@ from taccl_py.msccl import (
     MAX_STEPS_PER_THREADBLOCK,
     MAX_THREADBLOCKS_PER_GPU,
     Dialect,
+    check_msccl_limits,
     generate_msccl_xml,
     parse_msccl_xml,
     read_msccl_xml,
@@ -167,22 +168,25 @@ def test_large_counts_are_split_below_the_runtime_limit() -> None:
     assert_valid_algorithm(parse_msccl_xml(text))
 
 
-def test_limits_raise_naming_rank_and_threadblock() -> None:
+# check_msccl_limits is what synthesis asks of every routing: it must refuse exactly what the export does
+@pytest.mark.parametrize("export", [generate_msccl_xml, check_msccl_limits], ids=["generate", "check"])
+def test_limits_raise_naming_rank_and_threadblock(export) -> None:
     many_steps = (Step(OpType.COPY, I, 0, S, 0),) * (MAX_STEPS_PER_THREADBLOCK + 1)
     long_tb = Algorithm("long", Collective.ALLREDUCE, 1, 1, (RankProgram(0, (Threadblock(0, many_steps),), 1, 1, 1),))
     with pytest.raises(ArgumentError, match=r"long: rank 0 tb 0: 65 steps .*expected at most 64 steps per threadblock"):
-        generate_msccl_xml(long_tb)
+        export(long_tb)
     tbs = tuple(Threadblock(t, (Step(OpType.COPY, I, 0, O, 0),)) for t in range(MAX_THREADBLOCKS_PER_GPU + 1))
     wide = replace(long_tb, name="wide", ranks=(RankProgram(0, tbs, 1, 1),))
     with pytest.raises(ArgumentError, match=r"wide: rank 0: 65 threadblocks; expected at most 64"):
-        generate_msccl_xml(wide)
+        export(wide)
     far = replace(long_tb, name="far", ranks=(RankProgram(0, (Threadblock(0, (), channel=MAX_CHANNELS),), 1, 1),))
     with pytest.raises(ArgumentError, match=r"far: rank 0 tb 0: channel 32; expected a channel in 0..31"):
-        generate_msccl_xml(far)
+        export(far)
     with pytest.raises(ArgumentError, match="dialect"):
         generate_msccl_xml(ring_algorithm(Collective.ALLGATHER, 2), "newest")
     with pytest.raises(ArgumentError, match="protocol"):
-        generate_msccl_xml(replace(ring_algorithm(Collective.ALLGATHER, 2), protocol="LL64"))
+        export(replace(ring_algorithm(Collective.ALLGATHER, 2), protocol="LL64"))
+    export(ring_algorithm(Collective.ALLGATHER, 2))  # and passes what the runtimes load
 
 
 def test_metadata_and_inplace_outofplace_survive() -> None:

@@ -1,14 +1,14 @@
 """MSCCL-IR XML: export an Algorithm for the MSCCL runtimes and import their files.
 
 ``generate_msccl_xml``/``write_msccl_xml`` write either dialect (``"new"`` for
-Azure/msccl-executor-nccl and RCCL, ``"old"`` for microsoft/msccl); ``parse_msccl_xml``/
-``read_msccl_xml`` read both. Export and import are inverse up to normalisation: exporting what
-an import returned reproduces the exported text. ``write_library_xml`` writes a whole library,
-one file per size band.
+Azure/msccl-executor-nccl and RCCL, ``"old"`` for microsoft/msccl), ``check_msccl_limits`` only
+checks that they would; ``parse_msccl_xml``/``read_msccl_xml`` read both. Export and import are
+inverse up to normalisation: exporting what an import returned reproduces the exported text.
+``write_library_xml`` writes a whole library, one file per size band.
 """
 
 from taccl_py.msccl.dialect import COLLECTIVE_SPELLINGS, DIALECTS, Dialect, Protocol, parse_dialect
-from taccl_py.msccl.export import generate_msccl_xml, write_msccl_xml
+from taccl_py.msccl.export import check_msccl_limits, generate_msccl_xml, write_msccl_xml
 from taccl_py.msccl.library import LibraryXml, generate_library_xml, write_library_xml
 from taccl_py.msccl.limits import (
     MAX_CHANNELS,
@@ -25,6 +25,7 @@ __all__ = [
     "DIALECTS",
     "COLLECTIVE_SPELLINGS",
     "generate_msccl_xml",
+    "check_msccl_limits",
     "write_msccl_xml",
     "LibraryXml",
     "generate_library_xml",

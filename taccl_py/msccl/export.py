@@ -54,9 +54,23 @@ from taccl_py.msccl.dialect import (
     pair_transfers,
     parse_dialect,
 )
-from taccl_py.msccl.limits import DEFAULT_RUNTIME, MAX_COUNT, Runtime, check_gpu_limits, runtime_limits
+from taccl_py.msccl.limits import (
+    DEFAULT_RUNTIME,
+    MAX_COUNT,
+    Runtime,
+    RuntimeLimits,
+    check_gpu_limits,
+    runtime_limits,
+)
 
-__all__ = ["generate_msccl_xml", "write_msccl_xml", "msccl_max_bytes", "METADATA_COMMENT", "BOTH_PLACES_KEY"]
+__all__ = [
+    "generate_msccl_xml",
+    "check_msccl_limits",
+    "write_msccl_xml",
+    "msccl_max_bytes",
+    "METADATA_COMMENT",
+    "BOTH_PLACES_KEY",
+]
 
 METADATA_COMMENT = "taccl-metadata"  # <!-- taccl-metadata {json} --> carries Algorithm.metadata
 _MAX_PIECE = MAX_COUNT - 1
@@ -335,34 +349,12 @@ def generate_msccl_xml(
     '<algo name="ag2" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" inplace="0" outofplace="1" minBytes="0" maxBytes="0">'
     """  # noqa: E501
     dialect = parse_dialect(dialect)
-    limits = runtime_limits(runtime)
-    if algorithm.uses_switch:
-        raise ArgumentError(
-            algorithm.name,
-            "step",
-            "switch steps (mrs, ms: NVLink SHARP multimem) have no MSCCL-IR form",
-            "point-to-point steps only; export it as an MSCCL++ plan (taccl export-mscclpp)",
-        )
-    if algorithm.protocol not in {p.value for p in Protocol}:
-        raise ArgumentError(
-            algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol)
-        )
+    programs = _checked_programs(algorithm, runtime_limits(runtime))
     lines = []
     if algorithm.metadata:
         blob = json.dumps(dict(algorithm.metadata), sort_keys=True).replace("--", "-\\u002d")
         lines.append(f"<!-- {METADATA_COMMENT} {blob} -->")
     lines.append(_header(algorithm, dialect))
-    programs = []
-    for prog in algorithm.ranks:
-        tbs = _rank_threadblocks(algorithm, prog)
-        check_gpu_limits(
-            algorithm.name,
-            prog.rank,
-            [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs],
-            limits,
-            algorithm.num_ranks,
-        )
-        programs.append((prog.rank, tbs))
     for prog, (_, tbs) in zip(algorithm.ranks, _with_peer_fields(programs)):
         lines.append(
             f'  <gpu id="{prog.rank}" i_chunks="{prog.input_chunks}" o_chunks="{prog.output_chunks}" '
@@ -377,6 +369,41 @@ def generate_msccl_xml(
         lines.append("  </gpu>")
     lines.append("</algo>")
     return "\n".join(lines) + "\n"
+
+
+def check_msccl_limits(algorithm: Algorithm, *, runtime: Runtime | str = DEFAULT_RUNTIME) -> None:
+    """Raise the ``ArgumentError`` ``generate_msccl_xml`` would raise for ``algorithm``, without writing the text.
+
+    Synthesis asks this of every routing it ranks, where the text (peer fields, lines) cost as much again.
+    """
+    _checked_programs(algorithm, runtime_limits(runtime))
+
+
+def _checked_programs(algorithm: Algorithm, limits: RuntimeLimits) -> list[tuple[int, _Program]]:
+    """Return each rank's (threadblock, XML steps); raise ``ArgumentError`` where MSCCL-IR or ``limits`` refuse it."""
+    if algorithm.uses_switch:
+        raise ArgumentError(
+            algorithm.name,
+            "step",
+            "switch steps (mrs, ms: NVLink SHARP multimem) have no MSCCL-IR form",
+            "point-to-point steps only; export it as an MSCCL++ plan (taccl export-mscclpp)",
+        )
+    if algorithm.protocol not in {p.value for p in Protocol}:
+        raise ArgumentError(
+            algorithm.name, "protocol", f"{algorithm.protocol!r}", "one of " + ", ".join(p.value for p in Protocol)
+        )
+    programs = []
+    for prog in algorithm.ranks:
+        tbs = _rank_threadblocks(algorithm, prog)
+        check_gpu_limits(
+            algorithm.name,
+            prog.rank,
+            [(tb.id, tb.send_peer, tb.recv_peer, tb.channel, len(steps)) for tb, steps in tbs],
+            limits,
+            algorithm.num_ranks,
+        )
+        programs.append((prog.rank, tbs))
+    return programs
 
 
 def write_msccl_xml(

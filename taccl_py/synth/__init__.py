@@ -168,19 +168,21 @@ def _simulated_variants(
 
     Results are None at the sizes outside ``near``; ``progress`` gets a line per simulated size.
     """
-    variants = [candidate]
+
+    def simulated(variant: Candidate) -> tuple[Candidate, tuple]:
+        found = simulate_at(
+            variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near], progress, model
+        )
+        return variant, tuple(dict(zip(near, found)).get(i) for i in range(len(sizes)))
+
+    # Each variant is simulated right after it was verified: the dataflow both need is cached for
+    # the last algorithm only (taccl_py.ir.flow_cache), so building the twin first rebuilt both.
+    out = [simulated(candidate)]
     if candidate.algorithm.collective is Collective.ALLREDUCE:
         name = _algorithm_name(
             Collective.ALLREDUCE, topology, candidate.label + "-barrier", candidate.chunking.design_bytes
         )
-        variants.append(gather_after_reduce(candidate, name))
-    out = []
-    for variant in variants:
-        found = simulate_at(
-            variant.algorithm, topology, [sizes[i] for i in near], [bounds[i] for i in near], progress, model
-        )
-        results = dict(zip(near, found))
-        out.append((variant, tuple(results.get(i) for i in range(len(sizes)))))
+        out.append(simulated(gather_after_reduce(candidate, name)))
     return out
 
 

@@ -137,14 +137,14 @@ def exportable(algorithm: Algorithm, runtime: str = "portable") -> bool:
     Selects: its chunk loop divides power-of-two element counts where some loop can
     (``selectable_for_powers_of_two``).
     """
-    from taccl_py.msccl import generate_msccl_xml
+    from taccl_py.msccl import check_msccl_limits
     from taccl_py.msccl.selection import selectable_for_powers_of_two
 
     if not selectable_for_powers_of_two(algorithm):
         logger.info("%s: %d chunks per loop: MSCCL never selects it", algorithm.name, algorithm.chunks_per_loop)
         return False
     try:
-        generate_msccl_xml(algorithm, runtime=runtime)
+        check_msccl_limits(algorithm, runtime=runtime)
     except ArgumentError as error:
         logger.info("%s: not exportable to MSCCL XML: %s", algorithm.name, error)
         return False

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from taccl_py.errors import ArgumentError, InfeasibleError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.msccl import generate_msccl_xml
+from taccl_py.msccl import check_msccl_limits
 from taccl_py.progress import heartbeat, no_progress, prefixed
 from taccl_py.solvers import (
     BudgetBound,
@@ -154,7 +154,7 @@ def _phase_fits_msccl(schedule: Schedule) -> bool:
     """Return True when ``schedule`` lowered alone (AllGather, or ReduceScatter if reversed) fits MSCCL's limits."""
     collective = Collective.REDUCESCATTER if schedule.routing.graph.reversed else Collective.ALLGATHER
     try:
-        generate_msccl_xml(lower_schedule("phase", collective, [schedule]))
+        check_msccl_limits(lower_schedule("phase", collective, [schedule]))
     except ArgumentError as error:
         logger.debug("routing %s does not fit MSCCL: %s", schedule.routing.status, error)
         return False
