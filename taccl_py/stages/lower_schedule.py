@@ -38,6 +38,7 @@ items to later ones, so they cannot create a deadlock.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -46,7 +47,7 @@ from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK, LocalCopy, Transfer, lower_plan, spread_long_connections
 from taccl_py.stages.scheduling import Schedule
 
-__all__ = ["TimedItem", "lower_schedule"]
+__all__ = ["TimedItem", "lower_schedule", "busiest_threadblocks"]
 
 Item = Transfer | LocalCopy
 Slot = tuple[Buffer, int]
@@ -263,6 +264,24 @@ def lower_schedule(
     items = _split_long_threadblocks(items)
     algorithm = lower_plan(name, collective, num_ranks, chunks, [t.item for t in items], metadata=metadata)
     return _serialize_sends(algorithm, items, barrier_at)
+
+
+def busiest_threadblocks(schedule: Schedule) -> int:
+    """Return the threadblocks of the busiest GPU once ``schedule`` is lowered alone, counted without lowering it.
+
+    ``lower_plan`` gives a GPU one threadblock for its local copies (every rank copies its input
+    first) and one per peer it sends to or receives from, each merged group one transfer;
+    ``spread_long_connections`` adds one per further ``MAX_TRANSFERS_PER_THREADBLOCK`` transfers.
+    """
+    links, sends = schedule.routing.graph.links, schedule.ordering.sends
+    connections = Counter(
+        (links[sends[group[0]].link].src, links[sends[group[0]].link].dst) for group in schedule.groups
+    )
+    per_rank: Counter[int] = Counter()
+    for (src, dst), transfers in connections.items():
+        per_rank[src] += -(-transfers // MAX_TRANSFERS_PER_THREADBLOCK)
+        per_rank[dst] += -(-transfers // MAX_TRANSFERS_PER_THREADBLOCK)
+    return 1 + max(per_rank.values(), default=0)
 
 
 def _split_long_threadblocks(items: list[TimedItem]) -> list[TimedItem]:

@@ -23,6 +23,7 @@ from taccl_py.errors import ArgumentError, InfeasibleError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl import check_msccl_limits
+from taccl_py.msccl.limits import runtime_limits
 from taccl_py.progress import heartbeat, no_progress, prefixed
 from taccl_py.solvers import (
     BudgetBound,
@@ -33,7 +34,7 @@ from taccl_py.solvers import (
 )
 from taccl_py.stages.hierarchy import hierarchical_routing, machine_packings, star_inside_machines
 from taccl_py.stages.logical import LogicalGraph, phase_graphs
-from taccl_py.stages.lower_schedule import lower_schedule
+from taccl_py.stages.lower_schedule import busiest_threadblocks, lower_schedule
 from taccl_py.stages.ordering import lacks_machine_rotation, order_sends
 from taccl_py.stages.routing import Routing, route_candidates
 from taccl_py.stages.scheduling import Schedule, schedule_sends
@@ -153,6 +154,10 @@ def phase_starts(
 def _phase_fits_msccl(schedule: Schedule) -> bool:
     """Return True when ``schedule`` lowered alone (AllGather, or ReduceScatter if reversed) fits MSCCL's limits."""
     collective = Collective.REDUCESCATTER if schedule.routing.graph.reversed else Collective.ALLGATHER
+    # Lowering a 256-GPU phase takes seconds; a routing over the threadblock limit is refused without it.
+    if busiest_threadblocks(schedule) > runtime_limits().max_threadblocks_per_gpu:
+        logger.debug("routing %s needs more threadblocks per GPU than MSCCL allows", schedule.routing.status)
+        return False
     try:
         check_msccl_limits(lower_schedule("phase", collective, [schedule]))
     except ArgumentError as error:
