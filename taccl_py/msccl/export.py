@@ -374,7 +374,7 @@ def generate_msccl_xml(
 def check_msccl_limits(algorithm: Algorithm, *, runtime: Runtime | str = DEFAULT_RUNTIME) -> None:
     """Raise the ``ArgumentError`` ``generate_msccl_xml`` would raise for ``algorithm``, without writing the text.
 
-    Synthesis asks this of every routing it ranks, where the text (peer fields, lines) cost as much again.
+    Synthesis asks this of every routing it ranks; the text (peer fields, lines) costs nearly as much again.
     """
     _checked_programs(algorithm, runtime_limits(runtime))
 
