@@ -101,7 +101,10 @@ def test_workers_take_the_costliest_job_first_and_return_values_in_order():
     assert values == ["a", "b", "c"]
     # Lines from two workers may arrive out of order on a loaded machine: order them by when each job began.
     starts = sorted((float(line.split()[2]), line.split()[1]) for line in lines if line.startswith("start"))
-    assert starts[-1][1] == "a", f"the cheapest job should start last: {starts}"
+    # Two workers can take the last two jobs within microseconds (one freed, one late to start), so
+    # the cheapest job is known to come last by waiting for a free worker, not by its timestamp's rank.
+    began = {name: at for at, name in starts}
+    assert began["a"] - starts[0][0] >= 0.2, f"the cheapest job took a worker before a costlier one: {starts}"
 
 
 # -- no worker outlives its run (issue 43) -----------------------------------------------------------
