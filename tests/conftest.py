@@ -8,12 +8,26 @@ turns it back on inside the ranks that test it.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 
 import pytest
 
 # taccl_py.runtime.communicator.calibration_cache.CALIBRATION_ENV, spelled out: importing it here would import torch
 os.environ["TACCL_CALIBRATION"] = "off"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give every forkserver this process starts the rank launcher's preload (torch imported once).
+
+    A process has one forkserver, and whoever starts it first sets what it preloads: in a worker
+    where a synthesis with jobs ran first, every rank launched later imported torch and
+    torch._dynamo itself (about 100 of the default run's 1,190 CPU-seconds). The launcher's
+    preload only counts when it starts the server, so it is set here, before either does.
+    """
+    from taccl_py.runtime.launch import FORKSERVER_PRELOAD
+
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

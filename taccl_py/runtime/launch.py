@@ -33,7 +33,14 @@ from typing import Any
 
 from taccl_py.errors import ArgumentError, TransportError
 
-__all__ = ["RankOutcome", "launch_local", "run_local", "DEFAULT_JOIN_TIMEOUT_S", "FAILURE_GRACE_S"]
+__all__ = [
+    "RankOutcome",
+    "launch_local",
+    "run_local",
+    "DEFAULT_JOIN_TIMEOUT_S",
+    "FAILURE_GRACE_S",
+    "FORKSERVER_PRELOAD",
+]
 
 #: How long the parent waits for all ranks by default (seconds).
 DEFAULT_JOIN_TIMEOUT_S = 120.0
@@ -42,8 +49,11 @@ FAILURE_GRACE_S = 15.0
 #: How long a hung rank gets to write its stacks before it is terminated (seconds).
 _STACK_DUMP_WAIT_S = 1.0
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
-# torch._dynamo too: DDP imports it in its constructor, seconds per rank on a busy machine, once here
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "taccl_py.runtime"]
+#: What the fork server imports before it forks ranks. torch._dynamo too: DDP imports it in its
+#: constructor, seconds per rank on a busy machine, once here. A process has one fork server and
+#: the first user sets its preload: where a synthesis with jobs started it, ranks import these
+#: themselves (correct, seconds slower each); a caller doing both can set this first.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "taccl_py.runtime"]
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ def _child(
 def _context() -> Any:
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(_PRELOAD)
+        context.set_forkserver_preload(FORKSERVER_PRELOAD)
         return context
     return multiprocessing.get_context("spawn")
 
