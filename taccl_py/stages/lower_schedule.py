@@ -274,13 +274,15 @@ def busiest_threadblocks(schedule: Schedule) -> int:
     ``spread_long_connections`` adds one per further ``MAX_TRANSFERS_PER_THREADBLOCK`` transfers.
     """
     links, sends = schedule.routing.graph.links, schedule.ordering.sends
-    connections = Counter(
-        (links[sends[group[0]].link].src, links[sends[group[0]].link].dst) for group in schedule.groups
-    )
+    transfers: Counter[tuple[int, int]] = Counter()
+    for group in schedule.groups:
+        link = links[sends[group[0]].link]
+        transfers[link.src, link.dst] += 1
     per_rank: Counter[int] = Counter()
-    for (src, dst), transfers in connections.items():
-        per_rank[src] += -(-transfers // MAX_TRANSFERS_PER_THREADBLOCK)
-        per_rank[dst] += -(-transfers // MAX_TRANSFERS_PER_THREADBLOCK)
+    for (src, dst), count in transfers.items():
+        threadblocks = -(-count // MAX_TRANSFERS_PER_THREADBLOCK)
+        per_rank[src] += threadblocks
+        per_rank[dst] += threadblocks
     return 1 + max(per_rank.values(), default=0)
 
 
