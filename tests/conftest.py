@@ -1,4 +1,4 @@
-"""Test policy: tests marked ``slow`` run only with ``--runslow`` (the default run: about 6 minutes on 2 idle cores).
+"""Test policy: tests marked ``slow`` run only with ``--runslow`` (the default run: 6 to 9 minutes on 2 idle cores).
 
 The suite runs with the Communicator's automatic calibration off (TACCL_CALIBRATION=off), set here
 at import, before any rank process starts, so the fork server and every rank inherit it: otherwise
