@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from taccl_py.baselines import build_baseline, compare_baselines
 from taccl_py.baselines.nccl import nccl_best_times
+from taccl_py.errors import InfeasibleError
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.msccl.selection import power_of_two_sizes
 from taccl_py.simulate import simulate_sizes
@@ -25,6 +28,20 @@ def test_nccls_unloadable_built_ring_is_native_and_takes_the_size_it_wins():
     assert native[1].time_us < kept[1].time_us
     (choice,) = choose_per_size((size,), [], (compared,), leave_to_native=True)
     assert choice.native and choice.runs_us == nccl.time_us and choice.chosen is kept[0]
+
+
+def test_a_size_where_no_schedule_loads_is_left_to_nccl_and_a_one_size_run_says_why():
+    """Where every baseline breaks a runtime limit (NDv2 x32 AllReduce) the size is NCCL's, not ``min()`` of nothing."""
+    topology, size = load_topology("ndv2"), 4_096_000
+    (compared,) = compare_baselines(topology, "allgather", (size,), keep=exportable)
+    nothing_loads = replace(compared, kept=None)
+    (choice,) = choose_per_size((size,), [], (nothing_loads,), leave_to_native=True)
+    assert choice.native and choice.runs_us == compared.native[1].time_us
+    assert choice.chosen is compared.fastest[0] and choice.baseline_chosen
+    library = build_library("ndv2", 1, choice.chosen.collective, 8, (choice,), "allgather")
+    assert [band.native for band in library.bands] == [True]
+    with pytest.raises(InfeasibleError, match=f"^synthesis: nothing that may be written runs {size} bytes"):
+        choose_per_size((size,), [], (nothing_loads,))
 
 
 def test_a_loadable_nccl_ring_stays_a_schedule_where_it_is_the_fastest():

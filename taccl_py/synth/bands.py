@@ -18,6 +18,7 @@ from pathlib import Path
 from taccl_py._io import write_text_atomic
 from taccl_py.baselines.choice import ComparedBaseline
 from taccl_py.baselines.nccl import is_schedule, nccl_best_times
+from taccl_py.errors import InfeasibleError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.algorithm_json import generate_algorithm_json
 from taccl_py.ir.collectives import Collective
@@ -48,7 +49,8 @@ class SizeChoice:
     algorithms (``baselines.nccl``: NVLS, PAT), which is compared with but never written.
     ``native`` says a library leaves this size to NCCL: its fastest modelled algorithm (``nccl``)
     is faster than everything a band may hold (``chosen`` is then the fastest of those, not
-    written), whether or not a schedule that may not be written is faster still.
+    written), whether or not a schedule that may not be written is faster still; and where a band
+    may hold nothing at this size (``chosen``: the fastest schedule, not written).
     """
 
     size_bytes: int
@@ -99,6 +101,9 @@ def choose_per_size(
             options.append((best_syn[1][i].time_us, 0, best_syn[0], best_syn[1][i]))
         if base is not None and (competes or not options):
             options.append((base[1].time_us, 1, base[0], base[1]))
+        if not options:
+            choices.append(_left_to_nccl(size, baselines[i], leave_to_native))
+            continue
         _, from_baseline, algorithm, result = min(options, key=lambda o: (o[0], o[1]))
         choices.append(
             SizeChoice(
@@ -115,6 +120,30 @@ def choose_per_size(
             )
         )
     return tuple(choices)
+
+
+def _left_to_nccl(size: int, compared: ComparedBaseline, leave_to_native: bool) -> SizeChoice:
+    """Return the native choice at a size where nothing a band may hold runs (every schedule over a runtime limit).
+
+    ``chosen`` is then the fastest schedule, reported but never written. Raises ``InfeasibleError``
+    where no size may be left to NCCL (a one-size run) or NCCL has no modelled algorithm there.
+    """
+    reference, nccl = compared.fastest, compared.native
+    schedule = next((pair for pair in (reference, nccl) if pair is not None and is_schedule(pair[0])), None)
+    if not leave_to_native or nccl is None or schedule is None:
+        raise InfeasibleError(f"synthesis: nothing that may be written runs {size} bytes; expected a smaller job")
+    return SizeChoice(
+        size,
+        schedule[0],
+        schedule[1],
+        None,
+        None if reference is None else reference[1],
+        None if reference is None else reference[0].name,
+        True,
+        reference is None or is_schedule(reference[0]),
+        True,
+        nccl[1],
+    )
 
 
 def build_library(

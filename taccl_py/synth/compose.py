@@ -208,7 +208,9 @@ def _schedule_phase(
     )
     if composed_only(graph, chunking.chunkup):
         if hierarchical is None:
-            raise InfeasibleError(graph.topology_name, "routing", "machines that do not compose", "alike machines")
+            raise InfeasibleError(
+                f"{graph.topology_name}: routing: machines that do not compose; expected alike machines"
+            )
         routings: tuple[Routing, ...] = (hierarchical,)
     else:
         packed = packed_routing(starts.graph, chunking.chunkup, chunk_bytes, piece_bytes)

@@ -116,7 +116,7 @@ def choose_bands(
     # No synthesized candidate at the largest size (no chunking fits the machine set): the written baseline.
     kept = [compared.kept[0] for compared in reversed(baselines) if compared.kept is not None]
     if not kept:
-        raise InfeasibleError(None, "synthesis", "no candidate and no baseline that may be written", "a smaller job")
+        raise InfeasibleError("synthesis: no candidate and no baseline that may be written; expected a smaller job")
     return choices, kept[0]
 
 
