@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from taccl_py.baselines import build_baseline, compare_baselines
-from taccl_py.baselines.nccl import nccl_best_times
+from taccl_py.baselines.nccl import ModelledBaseline, nccl_best_times
 from taccl_py.errors import InfeasibleError
 from taccl_py.ir.library import read_library, shipped_library_paths
 from taccl_py.msccl.selection import power_of_two_sizes
@@ -37,11 +37,17 @@ def test_a_size_where_no_schedule_loads_is_left_to_nccl_and_a_one_size_run_says_
     nothing_loads = replace(compared, kept=None)
     (choice,) = choose_per_size((size,), [], (nothing_loads,), leave_to_native=True)
     assert choice.native and choice.runs_us == compared.native[1].time_us
-    assert choice.chosen is compared.fastest[0] and choice.baseline_chosen
+    assert choice.chosen is compared.schedule[0] is compared.fastest[0] and choice.baseline_chosen
     library = build_library("ndv2", 1, choice.chosen.collective, 8, (choice,), "allgather")
     assert [band.native for band in library.bands] == [True]
     with pytest.raises(InfeasibleError, match=f"^synthesis: nothing that may be written runs {size} bytes"):
         choose_per_size((size,), [], (nothing_loads,))
+    # Above 64 GPUs NCCL's ring is modelled, not built: the fastest baseline is no schedule (NDv2 x32 at 256 MiB).
+    modelled = (ModelledBaseline("nccl-ring", choice.chosen.collective, 8), compared.native[1])
+    (choice,) = choose_per_size((size,), [], (replace(nothing_loads, fastest=modelled),), leave_to_native=True)
+    assert choice.native and choice.chosen is compared.schedule[0] and not choice.baseline_is_schedule
+    with pytest.raises(InfeasibleError):
+        choose_per_size((size,), [], (replace(nothing_loads, schedule=None),), leave_to_native=True)
 
 
 def test_a_loadable_nccl_ring_stays_a_schedule_where_it_is_the_fastest():

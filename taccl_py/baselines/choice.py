@@ -48,12 +48,14 @@ class ComparedBaseline:
     NCCL's own algorithms, faster than ``fastest`` or not: what a library band left to NCCL runs. Its
     modelled ones, and at 64 GPUs and below its ring and tree (AlltoAll: direct) as built with NCCL's
     channel counts, which ``keep`` may refuse (NDv2's 6-channel ring, DGX-A100's 8-channel one).
+    ``schedule`` is the fastest ``Algorithm`` built, whether ``keep`` accepts it or not.
     """
 
     size_bytes: int
     fastest: tuple[Algorithm | ModelledBaseline, SimulationResult] | None
     kept: tuple[Algorithm, SimulationResult] | None
     native: tuple[Algorithm | ModelledBaseline, SimulationResult] | None = None
+    schedule: tuple[Algorithm, SimulationResult] | None = None
 
 
 def compare_baselines(
@@ -88,6 +90,7 @@ def compare_baselines(
     fastest: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
     kept: dict[int, tuple[Algorithm, SimulationResult]] = {}
     native: dict[int, tuple[Algorithm | ModelledBaseline, SimulationResult]] = {}
+    schedules: dict[int, tuple[Algorithm, SimulationResult]] = {}
     # Above CLOSED_FORM_ABOVE_RANKS GPUs of identical machines the ring and tree are NCCL's in closed
     # form (modelled_results): too many transfers to build; they compete for ``fastest`` only.
     closed = closed_form_applies(topology, collective)
@@ -103,6 +106,7 @@ def compare_baselines(
             )
             results = _simulated(algorithm, topology, group, bounds, model, progress)
             _keep_faster(fastest, algorithm, group, results)
+            _keep_faster(schedules, algorithm, group, results)
             if kind in _NCCLS_OWN:  # built as NCCL runs it (its channels): what a band left to NCCL runs
                 _keep_faster(native, algorithm, group, results)
             if keep is None or keep(algorithm):
@@ -114,6 +118,7 @@ def compare_baselines(
     for size, shipped in zip(sizes, shipped_alternatives(topology, collective, sizes, model)):
         if shipped is not None:
             _keep_faster(fastest, shipped[0], (size,), (shipped[1],))
+            _keep_faster(schedules, shipped[0], (size,), (shipped[1],))
             if keep is None or keep(shipped[0]):
                 _keep_faster(kept, shipped[0], (size,), (shipped[1],))
     for modelled, results in modelled_results(topology, collective, sizes, model, bounds):
@@ -121,7 +126,10 @@ def compare_baselines(
             progress(f"baseline {modelled.name}: modelled from NCCL's tuning, not a schedule")
         _keep_faster(fastest, modelled, [result.size_bytes for result in results], results)
         _keep_faster(native, modelled, [result.size_bytes for result in results], results)
-    return tuple(ComparedBaseline(size, fastest.get(size), kept.get(size), native.get(size)) for size in sizes)
+    return tuple(
+        ComparedBaseline(size, fastest.get(size), kept.get(size), native.get(size), schedules.get(size))
+        for size in sizes
+    )
 
 
 def _simulated(

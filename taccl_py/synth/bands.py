@@ -125,11 +125,11 @@ def choose_per_size(
 def _left_to_nccl(size: int, compared: ComparedBaseline, leave_to_native: bool) -> SizeChoice:
     """Return the native choice at a size where nothing a band may hold runs (every schedule over a runtime limit).
 
-    ``chosen`` is then the fastest schedule, reported but never written. Raises ``InfeasibleError``
-    where no size may be left to NCCL (a one-size run) or NCCL has no modelled algorithm there.
+    ``chosen`` is then the fastest schedule built (``ComparedBaseline.schedule``), reported but never
+    written. Raises ``InfeasibleError`` where no size may be left to NCCL (a one-size run), NCCL has
+    no algorithm there, or no schedule was built.
     """
-    reference, nccl = compared.fastest, compared.native
-    schedule = next((pair for pair in (reference, nccl) if pair is not None and is_schedule(pair[0])), None)
+    reference, nccl, schedule = compared.fastest, compared.native, compared.schedule
     if not leave_to_native or nccl is None or schedule is None:
         raise InfeasibleError(f"synthesis: nothing that may be written runs {size} bytes; expected a smaller job")
     return SizeChoice(
