@@ -49,8 +49,8 @@ class SizeChoice:
     algorithms (``baselines.nccl``: NVLS, PAT), which is compared with but never written.
     ``native`` says a library leaves this size to NCCL: its fastest modelled algorithm (``nccl``)
     is faster than everything a band may hold (``chosen`` is then the fastest of those, not
-    written), whether or not a schedule that may not be written is faster still; and where a band
-    may hold nothing at this size (``chosen``: the fastest schedule, not written).
+    written), whether or not a schedule that may not be written is faster still. Where a band may
+    hold nothing at this size, it is left to NCCL too, and ``chosen`` is the fastest schedule built.
     """
 
     size_bytes: int
@@ -139,10 +139,10 @@ def _left_to_nccl(size: int, compared: ComparedBaseline, leave_to_native: bool) 
         None,
         None if reference is None else reference[1],
         None if reference is None else reference[0].name,
-        True,
-        reference is None or is_schedule(reference[0]),
-        True,
-        nccl[1],
+        baseline_chosen=True,
+        baseline_is_schedule=reference is None or is_schedule(reference[0]),
+        native=True,
+        nccl=nccl[1],
     )
 
 
