@@ -220,7 +220,9 @@ def test_hook_with_a_calibration_matches_default_ddp_and_measured_the_hook_group
         assert calibrated["reduced"] + calibrated["native"] > 0
         measured = calibrated["calibration"]
         assert measured.key.transport == "taccl-gloo" and measured.key.world_size == WORLD_SIZE
-        assert {p.collective for p in measured.points} == {"allreduce"} and len(measured.points) == 6
+        # the model's largest bucket (1 kB cap + a 2.8 kB gradient) fits the smallest default size
+        assert {p.collective for p in measured.points} == {"allreduce"}
+        assert [p.size_bytes for p in measured.points] == [65536]
     assert len({result["calibrated"]["calibration"] for result in hook_results}) == 1  # every rank chose alike
 
 
@@ -403,6 +405,28 @@ def test_register_rejects_a_plain_module() -> None:
         match="taccl_py.runtime.ddp: model: got Linear; expected a torch.nn.parallel.DistributedDataParallel",
     ):
         register(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("cap_mb", "largest_numel", "sizes_kib"),
+    [
+        (25, 10, [64, 256, 1024, 4096, 16384, 65536]),  # DDP's default cap: every default size
+        (1, 768 * 1024, [64, 256, 1024, 4096]),  # 1 MiB + a 3 MiB gradient: up to 4 MiB
+        (0.001, 703, [64]),  # test_ddp's models: the smallest size holds every bucket
+        (100, 10, [64, 256, 1024, 4096, 16384, 65536]),  # past the defaults: all of them, none added
+    ],
+)
+def test_a_calibration_file_is_measured_at_the_sizes_ddp_buckets_take(
+    cap_mb: float, largest_numel: int, sizes_kib: list[int]
+) -> None:
+    from types import SimpleNamespace
+
+    from taccl_py.runtime.ddp import bucket_sizes
+
+    frozen = torch.zeros(10**7, requires_grad=False)  # no gradient, no bucket
+    parameters = [torch.zeros(largest_numel, requires_grad=True), torch.zeros(3, requires_grad=True), frozen]
+    model = SimpleNamespace(bucket_bytes_cap=int(cap_mb * 2**20), parameters=lambda: iter(parameters))
+    assert bucket_sizes(model) == tuple(size * 1024 for size in sizes_kib)
 
 
 def test_hook_state_needs_a_communicator() -> None:

@@ -46,8 +46,9 @@ from taccl_py.runtime.backend.issue_order import IssueOrder
 from taccl_py.runtime.backend.ordered_worker import CLOSE_TIMEOUT_S
 from taccl_py.runtime.backend.work import BackendTransport
 from taccl_py.runtime.communicator import Communicator
+from taccl_py.runtime.communicator.calibration import DEFAULT_CALIBRATION_SIZES
 
-__all__ = ["HookState", "allreduce_hook", "register", "GRADIENT_DTYPES"]
+__all__ = ["HookState", "allreduce_hook", "register", "bucket_sizes", "GRADIENT_DTYPES"]
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,7 @@ def register(
     calibration : bool, None, str or PathLike
         For the Communicator made when ``communicator`` is None: None or True (default) measures
         on the first bucket as the Communicator does by default, False never; a calibration file
-        is read, or measured on the dedicated group and written, before training, and buckets
+        is read, or measured on the dedicated group (at :func:`bucket_sizes`) and written, before training, and buckets
         that run torch's own all-reduce then go to DDP's own group directly, as DDP's default hook
         sends them (``HookState.native_group``).
 
@@ -248,8 +249,8 @@ def register(
         communicator = Communicator(
             owned_group, library, transport=transport, calibration=calibration if automatic else False
         )
-        if not automatic:  # buckets are only ever all-reduced: measure that alone
-            communicator.load_or_calibrate(calibration, collectives=[Collective.ALLREDUCE])
+        if not automatic:  # buckets are only ever all-reduced: measure that alone, at sizes buckets take
+            communicator.load_or_calibrate(calibration, bucket_sizes(model), collectives=[Collective.ALLREDUCE])
     elif library is not None or calibration not in (None, True):
         raise ArgumentError(
             _SOURCE, "library/calibration", "given together with a communicator", "a communicator, or these"
@@ -261,6 +262,18 @@ def register(
     model.register_comm_hook(state, allreduce_hook)
     logger.info("registered the taccl_py all-reduce hook on %d ranks (background=%s)", state.world_size, background)
     return state
+
+
+def bucket_sizes(model: torch.nn.parallel.DistributedDataParallel) -> tuple[int, ...]:
+    """Return the calibration sizes (bytes) for a DDP model's buckets: defaults up to the first past its largest.
+
+    A bucket closes once it reaches ``bucket_bytes_cap``, so none exceeds the cap plus the largest
+    gradient; measuring beyond that would time all-reduces DDP never asks for.
+    """
+    gradients = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+    largest = model.bucket_bytes_cap + max(gradients, default=0)
+    below = [size for size in DEFAULT_CALIBRATION_SIZES if size < largest]
+    return (*below, *[size for size in DEFAULT_CALIBRATION_SIZES if size >= largest][:1])
 
 
 def _dedicated_group(model: torch.nn.parallel.DistributedDataParallel) -> tuple[Any, Any]:
