@@ -23,8 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
     A process has one forkserver, and whoever starts it first sets what it preloads: in a worker
     where a synthesis with jobs ran first, every rank launched later imported torch and
     torch._dynamo itself (about 100 of the default run's 1,190 CPU-seconds). The launcher's
-    preload only counts when it starts the server, so it is set here, before either does.
+    preload only counts when it starts the server, so it is set here, before either does. The
+    xdist controller runs no test, so it skips the import (torch's, about 3 s of CPU).
     """
+    if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
+        return
     from taccl_py.runtime.launch import FORKSERVER_PRELOAD
 
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
