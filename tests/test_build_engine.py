@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from taccl_py.build import FAULTS_ENV, BuildOptions, build_instance, instance_command, list_instances
+from taccl_py.build import FAULTS_ENV, BuildOptions, build_instance, instance_command, list_instances, make_engine
 from taccl_py.cli import main
 from taccl_py.ir.library import read_library
 
@@ -67,6 +67,15 @@ def test_the_serial_build_is_laid_out_as_algorithms(serial: dict[str, bytes], tm
     assert [band.algorithm_file for band in library.bands] == ["allgather-0.json.xz", "allgather-1.json.xz"]
     assert library.provenance.command == instance_command(INSTANCES[1], BuildOptions(sizes=SIZES))
     assert library.provenance.source_commit == COMMIT
+
+
+@pytest.mark.parametrize(("time_limit_s", "timeout_s"), [(None, 3600.0), (600.0, 3600.0), (7200.0, 14400.0)])
+def test_a_local_instance_is_stopped_only_past_twice_its_time_limit(
+    time_limit_s: float | None, timeout_s: float
+) -> None:
+    """A synthesis capped at 2 h still verifies and writes after the cap: the instance's own cap sits above it."""
+    engine = make_engine("local", BuildOptions(sizes=SIZES, time_limit_s=time_limit_s))
+    assert engine.timeout_s == timeout_s
 
 
 def test_local_engine_writes_the_serial_bytes(

@@ -24,15 +24,24 @@ from taccl_py.build.instance import BuildOptions, Instance, InstanceResult
 from taccl_py.build.run import build_instance
 from taccl_py.errors import ArgumentError
 
-__all__ = ["INSTANCE_TIMEOUT_S", "LocalEngine", "main"]
+__all__ = ["INSTANCE_TIMEOUT_S", "LocalEngine", "instance_timeout_s", "main"]
 
 logger = logging.getLogger(__name__)
 
-#: Wall-clock cap per instance (s), above the synthesizer's own safety cap (30 min at 64+ GPUs).
+#: Wall-clock cap per instance (s), twice the synthesizer's own safety cap at 64+ GPUs (30 min).
 INSTANCE_TIMEOUT_S = 3600.0
 _POLL_S = 0.1  # how often the driver looks for finished workers
 _STOP_WAIT_S = 2.0  # how long a worker has to exit after SIGTERM before it gets SIGKILL
 _REQUEST, _RESULT, _LOG = "request.pickle", "result.pickle", "worker.log"
+
+
+def instance_timeout_s(options: BuildOptions) -> float:
+    """Return the wall-clock cap of one instance (s): ``INSTANCE_TIMEOUT_S``, or twice a longer ``time_limit_s``.
+
+    The synthesis stops itself at its time limit and then still verifies and writes; an instance
+    killed before it could do that would be retried from the start and lose the whole run.
+    """
+    return max(INSTANCE_TIMEOUT_S, 2 * (options.time_limit_s or 0.0))
 
 
 @dataclass(eq=False, slots=True)
@@ -52,12 +61,12 @@ class LocalEngine:
 
     name = "local"
 
-    def __init__(self, options: BuildOptions, slots: int = 1, timeout_s: float = INSTANCE_TIMEOUT_S) -> None:
+    def __init__(self, options: BuildOptions, slots: int = 1, timeout_s: float | None = None) -> None:
         if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
             raise ArgumentError(None, "jobs", f"{slots!r} instances at once", "a positive number of worker processes")
         self.options = options
         self.slots = slots
-        self.timeout_s = timeout_s
+        self.timeout_s = instance_timeout_s(options) if timeout_s is None else timeout_s
         self._tasks: set[_Task] = set()
 
     def submit(self, instance: Instance) -> object:
