@@ -423,7 +423,7 @@ def test_a_calibration_file_is_measured_at_the_sizes_ddp_buckets_take(
 
     from taccl_py.runtime.ddp import bucket_sizes
 
-    frozen = torch.zeros(10**7, requires_grad=False)  # no gradient, no bucket
+    frozen = torch.zeros(10**5, requires_grad=False)  # 400 kB, no gradient: no bucket
     parameters = [torch.zeros(largest_numel, requires_grad=True), torch.zeros(3, requires_grad=True), frozen]
     model = SimpleNamespace(bucket_bytes_cap=int(cap_mb * 2**20), parameters=lambda: iter(parameters))
     assert bucket_sizes(model) == tuple(size * 1024 for size in sizes_kib)
