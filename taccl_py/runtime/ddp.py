@@ -34,6 +34,7 @@ group itself, asynchronously, exactly as DDP's default hook would.
 # the hook's annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
 
 import logging
+from bisect import bisect_left
 from functools import partial
 from typing import Any
 
@@ -224,9 +225,9 @@ def register(
     calibration : bool, None, str or PathLike
         For the Communicator made when ``communicator`` is None: None or True (default) measures
         on the first bucket as the Communicator does by default, False never; a calibration file
-        is read, or measured on the dedicated group (at :func:`bucket_sizes`) and written, before training, and buckets
-        that run torch's own all-reduce then go to DDP's own group directly, as DDP's default hook
-        sends them (``HookState.native_group``).
+        is read, or measured on the dedicated group at :func:`bucket_sizes` and written, before
+        training, and buckets that run torch's own all-reduce then go to DDP's own group directly,
+        as DDP's default hook sends them (``HookState.native_group``).
 
     Returns
     -------
@@ -272,8 +273,7 @@ def bucket_sizes(model: torch.nn.parallel.DistributedDataParallel) -> tuple[int,
     """
     gradients = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
     largest = model.bucket_bytes_cap + max(gradients, default=0)
-    below = [size for size in DEFAULT_CALIBRATION_SIZES if size < largest]
-    return (*below, *[size for size in DEFAULT_CALIBRATION_SIZES if size >= largest][:1])
+    return DEFAULT_CALIBRATION_SIZES[: bisect_left(DEFAULT_CALIBRATION_SIZES, largest) + 1]  # ascending sizes
 
 
 def _dedicated_group(model: torch.nn.parallel.DistributedDataParallel) -> tuple[Any, Any]:
