@@ -25,19 +25,23 @@ RANK_PRELOAD = ["pytest", "helpers", "mp_utils", "ddp_helpers", "taccl_py.synth"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Give every forkserver this process starts the rank launcher's preload and the suite's (``RANK_PRELOAD``).
+    """Start this process's forkserver with the rank launcher's preload and the suite's (``RANK_PRELOAD``).
 
-    A process has one forkserver, and whoever starts it first sets what it preloads: in a worker
+    A process has one forkserver, and its preload is whatever was set when it started: in a worker
     where a synthesis with jobs ran first, every rank launched later imported torch and
-    torch._dynamo itself (about 100 of the default run's 1,190 CPU-seconds). The launcher's
-    preload only counts when it starts the server, so it is set here, before either does. The
-    xdist controller runs no test, so it skips the import (torch's, about 3 s of CPU).
+    torch._dynamo itself (about 100 of the default run's 1,190 CPU-seconds). The launcher sets its
+    own list on every launch, so setting the suite's here was undone by the first launch: the server
+    is started here, before either can. The xdist controller runs no test, so it starts none
+    (torch's import, about 3 s of CPU).
     """
     if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
         return
+    from multiprocessing import forkserver
+
     from taccl_py.runtime.launch import FORKSERVER_PRELOAD
 
     multiprocessing.set_forkserver_preload([*FORKSERVER_PRELOAD, *RANK_PRELOAD])
+    forkserver.ensure_running()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -50,9 +50,10 @@ FAILURE_GRACE_S = 15.0
 _STACK_DUMP_WAIT_S = 1.0
 _STACK_SIGNAL = getattr(signal, "SIGUSR1", None)
 #: What the fork server imports before it forks ranks. torch._dynamo too: DDP imports it in its
-#: constructor, seconds per rank on a busy machine, once here. A process has one fork server and
-#: the first user sets its preload: where a synthesis with jobs started it, ranks import these
-#: themselves (correct, seconds slower each); a caller doing both can set this first.
+#: constructor, seconds per rank on a busy machine, once here. A process has one fork server, and
+#: only the preload set when it starts counts: where a synthesis with jobs started it, ranks import
+#: these themselves (correct, seconds slower each). Every launch sets this list, so a caller that
+#: wants more preloaded starts the server itself (``multiprocessing.forkserver.ensure_running``).
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "taccl_py.runtime"]
 
 
