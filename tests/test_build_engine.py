@@ -3,7 +3,8 @@
 Two of the cheapest instances (DGX-H100 and 8-GPU PCIe AllGather at 1 KB and 1 MB, one and two
 bands) are built in this process as the reference, then through the CLI on the local engine and on a
 local Ray. Failures are injected through ``TACCL_BUILD_FAULTS``, which the workers themselves read:
-a raised exception, a worker process that exits, and on Ray a worker that dies mid-task.
+a raised exception, a worker process that exits, one that never finishes (stopped by the engine's cap),
+and on Ray a worker that dies mid-task.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from taccl_py.build import FAULTS_ENV, BuildOptions, build_instance, instance_command, list_instances, make_engine
+from taccl_py.build.driver import run_instances
+from taccl_py.build.local import LocalEngine
 from taccl_py.cli import main
 from taccl_py.ir.library import read_library
 
@@ -78,6 +81,15 @@ def test_a_local_instance_is_stopped_only_past_twice_its_time_limit(
     assert engine.timeout_s == timeout_s
 
 
+def test_a_local_instance_past_its_cap_is_stopped_and_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _faults(tmp_path, monkeypatch, {"pcie-8gpu/n1/allgather": {"fail": 1, "how": "hang"}})
+    engine = LocalEngine(BuildOptions(sizes=SIZES, source_commit=COMMIT), timeout_s=1.0)
+    report = run_instances(engine, INSTANCES[1:], tmp_path / "out", retries=0)
+    assert [outcome.errors for outcome in report.outcomes] == [("timed out after 1 s",)]
+    assert not (tmp_path / "out" / INSTANCES[1].library_file).exists()
+    assert not engine._tasks  # the worker was ended and its folder removed
+
+
 def test_local_engine_writes_the_serial_bytes(
     serial: dict[str, bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -95,17 +107,22 @@ def test_local_engine_writes_the_serial_bytes(
     assert "pcie-8gpu n1 allgather   built         1" in captured.out
 
 
-def test_ray_engine_writes_the_local_bytes_after_a_worker_died(
+def test_ray_engine_writes_the_local_bytes_after_a_worker_died_and_a_task_hung(
     serial: dict[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     pytest.importorskip("ray", reason="Ray is not installed (pip install 'taccl-py[ray]')")
-    _faults(tmp_path, monkeypatch, {"pcie-8gpu/n1/allgather": {"fail": 1, "how": "exit"}})
+    plan = {"pcie-8gpu/n1/allgather": {"fail": 1, "how": "exit"}, "dgx-h100/n1/allgather": {"fail": 1, "how": "hang"}}
+    _faults(tmp_path, monkeypatch, plan)
+    # A cap the hung task reaches soon; an attempt that builds takes a few seconds (a fresh worker each).
+    monkeypatch.setattr("taccl_py.build.instance.INSTANCE_TIMEOUT_S", 20.0)
     out = tmp_path / "out"
     assert main([*BUILD, "-o", str(out), "--engine", "ray", "--jobs", "2"]) == 0
     assert _tree(out) == serial
     err = capsys.readouterr().err
     assert "pcie-8gpu n1 allgather failed (attempt 1 of 3), retrying: WorkerCrashedError" in err
     assert "build: pcie-8gpu n1 allgather built after 1 failed attempt" in err
+    assert "dgx-h100 n1 allgather failed (attempt 1 of 3), retrying: timed out after 20 s" in err
+    assert "build: dgx-h100 n1 allgather built after 1 failed attempt" in err
 
 
 def test_failures_are_retried_and_one_that_never_builds_is_reported(

@@ -24,16 +24,20 @@ from taccl_py.units import parse_sizes
 
 __all__ = [
     "DEFAULT_SIZES",
+    "INSTANCE_TIMEOUT_S",
     "BuildOptions",
     "Instance",
     "InstanceResult",
     "instance_command",
+    "instance_timeout_s",
     "list_instances",
     "source_commit",
 ]
 
 #: The sizes a shipped library is built over (nccl-tests spelling, ``taccl_py.units.parse_sizes``).
 DEFAULT_SIZES = "1KB-1GB"
+#: Wall-clock cap per instance (s), twice the synthesizer's own safety cap at 64+ GPUs (30 min).
+INSTANCE_TIMEOUT_S = 3600.0
 # The source tree a git checkout of taccl_py has above the package; an installed wheel has none.
 _SOURCE_TREE = Path(taccl_py.__file__).resolve().parents[1]
 
@@ -90,6 +94,15 @@ class InstanceResult:
     instance: Instance
     files: Mapping[str, bytes]
     metrics: dict[str, Any] = field(compare=False)
+
+
+def instance_timeout_s(options: BuildOptions) -> float:
+    """Return an instance's cap on either engine (s): the larger of ``INSTANCE_TIMEOUT_S`` and twice ``time_limit_s``.
+
+    The synthesis stops itself at its time limit and then still verifies and writes; an instance
+    stopped before it could do that would be retried from the start and lose the whole run.
+    """
+    return max(INSTANCE_TIMEOUT_S, 2 * (options.time_limit_s or 0.0))
 
 
 def _names(values: Sequence[str], field_name: str) -> tuple[str, ...]:

@@ -20,28 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taccl_py._io import write_bytes_atomic
-from taccl_py.build.instance import BuildOptions, Instance, InstanceResult
+from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s
 from taccl_py.build.run import build_instance
 from taccl_py.errors import ArgumentError
 
-__all__ = ["INSTANCE_TIMEOUT_S", "LocalEngine", "instance_timeout_s", "main"]
+__all__ = ["LocalEngine", "main"]
 
 logger = logging.getLogger(__name__)
 
-#: Wall-clock cap per instance (s), twice the synthesizer's own safety cap at 64+ GPUs (30 min).
-INSTANCE_TIMEOUT_S = 3600.0
 _POLL_S = 0.1  # how often the driver looks for finished workers
 _STOP_WAIT_S = 2.0  # how long a worker has to exit after SIGTERM before it gets SIGKILL
 _REQUEST, _RESULT, _LOG = "request.pickle", "result.pickle", "worker.log"
-
-
-def instance_timeout_s(options: BuildOptions) -> float:
-    """Return the wall-clock cap of one instance (s): ``INSTANCE_TIMEOUT_S``, or twice a longer ``time_limit_s``.
-
-    The synthesis stops itself at its time limit and then still verifies and writes; an instance
-    killed before it could do that would be retried from the start and lose the whole run.
-    """
-    return max(INSTANCE_TIMEOUT_S, 2 * (options.time_limit_s or 0.0))
 
 
 @dataclass(eq=False, slots=True)

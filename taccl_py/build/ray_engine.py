@@ -4,7 +4,9 @@ Without an address it starts a Ray of its own on this machine (``ray.init(num_cp
 dashboard) and shuts it down at the end; with ``HOST:PORT`` it joins a running cluster, whose
 workers must have taccl_py installed. Each task runs in a fresh worker process (``max_calls=1``), so
 its peak memory is its own, and asks for as many CPUs as its synthesis has worker processes. Ray
-retries nothing itself (``max_retries=0``): the driver retries, and reports, every failure alike.
+retries nothing itself (``max_retries=0``): the driver retries, and reports, every failure alike. A
+task still running ``instance_timeout_s`` after it was submitted is cancelled (its worker killed) and
+reported as timed out, as the local engine does with its worker processes.
 Ray is imported only here, when the engine is made, so taccl_py imports without it.
 """
 
@@ -13,10 +15,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from collections.abc import Collection
 from typing import Any
 
-from taccl_py.build.instance import BuildOptions, Instance, InstanceResult
+from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s
 from taccl_py.build.run import FAULTS_ENV, build_instance
 from taccl_py.errors import ArgumentError, install_hint
 from taccl_py.synth.jobs import available_cores
@@ -38,7 +41,14 @@ class RayEngine:
 
     name = "ray"
 
-    def __init__(self, options: BuildOptions, *, address: str | None = None, slots: int | None = None) -> None:
+    def __init__(
+        self,
+        options: BuildOptions,
+        *,
+        address: str | None = None,
+        slots: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
         try:
             import ray
         except ImportError:
@@ -59,36 +69,44 @@ class RayEngine:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         self.slots = slots if slots is not None else max(1, cpus // options.jobs)
         self.options = options
+        self.timeout_s = instance_timeout_s(options) if timeout_s is None else timeout_s
         self._task = ray.remote(num_cpus=options.jobs, max_calls=1, max_retries=0)(_build_task)
-        self._running: set[object] = set()
+        self._deadlines: dict[object, float] = {}  # running task -> time.monotonic() it is cancelled at
         logger.info("Ray with %d CPUs, %d instances at once", cpus, self.slots)
 
     def submit(self, instance: Instance) -> object:
         """Start a Ray task building ``instance``; return its object reference."""
         ref = self._task.remote(instance, self.options)
-        self._running.add(ref)
+        self._deadlines[ref] = time.monotonic() + self.timeout_s
         return ref
 
     def wait(self, handles: Collection[object]) -> list[tuple[object, InstanceResult | str]]:
-        """Block until one or more tasks of ``handles`` finished; return their results or error lines."""
+        """Block until one or more tasks of ``handles`` finished or ran out of time; return their results or errors."""
         ray = self._ray
         refs = list(handles)
-        ready, _ = ray.wait(refs, num_returns=1)
+        first_deadline = min(self._deadlines[ref] for ref in refs)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, first_deadline - time.monotonic()))
         ready += [ref for ref in ray.wait(refs, num_returns=len(refs), timeout=0)[0] if ref not in ready]
         finished: list[tuple[object, InstanceResult | str]] = []
         for ref in ready:
-            self._running.discard(ref)
+            self._deadlines.pop(ref, None)
             try:
                 finished.append((ref, ray.get(ref)))
             except ray.exceptions.RayError as error:
                 finished.append((ref, _error_line(error)))
+        now = time.monotonic()
+        for ref in refs:
+            if ref not in ready and self._deadlines[ref] <= now:
+                ray.cancel(ref, force=True)
+                del self._deadlines[ref]
+                finished.append((ref, f"timed out after {self.timeout_s:g} s"))
         return finished
 
     def close(self) -> None:
         """Cancel the tasks still running; shut Ray down when this engine started it."""
-        for ref in self._running:
+        for ref in self._deadlines:
             self._ray.cancel(ref, force=True)
-        self._running.clear()
+        self._deadlines.clear()
         if self._started:
             self._ray.shutdown()
 

@@ -28,10 +28,12 @@ from taccl_py.units import parse_sizes
 __all__ = ["FAULTS_ENV", "build_instance"]
 
 #: Names a JSON file ``{"ndv2/n1/allgather": {"fail": 1, "how": "raise"}}``: that instance's first ``fail``
-#: attempts raise (``"raise"``) or end their process at once (``"exit"``, as a crashed worker does). The
-#: attempts are counted in marker files beside it, so they add up across processes and machines that share it.
+#: attempts raise (``"raise"``), end their process at once (``"exit"``, as a crashed worker does) or never
+#: finish (``"hang"``, until the engine's cap stops them). The attempts are counted in marker files beside
+#: it, so they add up across processes and machines that share it.
 FAULTS_ENV = "TACCL_BUILD_FAULTS"
 _CRASH_STATUS = 70  # what an injected crash exits with (EX_SOFTWARE)
+_HANG_S = 86400.0  # how long an injected hang sleeps: past any engine's cap
 
 
 def build_instance(
@@ -156,4 +158,6 @@ def _inject_fault(instance: Instance) -> None:
         handle.write("x")
     if fault.get("how") == "exit":
         os._exit(_CRASH_STATUS)
+    if fault.get("how") == "hang":
+        time.sleep(_HANG_S)
     raise RuntimeError(f"{instance.label}: injected failure {attempt + 1} of {fault['fail']} ({FAULTS_ENV})")

@@ -182,7 +182,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="wall-clock safety cap per synthesis, seconds (default by GPU count); the local engine stops an "
+        help="wall-clock safety cap per synthesis, seconds (default by GPU count); either engine stops an "
         "instance after the larger of an hour and twice this",
     )
     parser.add_argument(
