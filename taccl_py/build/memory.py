@@ -5,10 +5,16 @@ workers are not a synthesis's children at all, so a build that wants the memory 
 whole run samples the process tree instead: every ``interval_s`` it lists the root's live
 descendants and reads each one's resident set (VmRSS) and high-water mark (VmHWM). Linux only;
 elsewhere nothing is sampled and the peaks stay 0.
+
+Descendants are found from each thread's ``/proc/PID/task/TID/children`` (Linux 3.5+), so a
+sample reads only the tree's own files. Reading every process's ``stat`` instead costs about
+5 ms a sample with 70 processes and grows with the host's process count (a Ray node runs
+hundreds); it is kept for kernels without those files.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -19,24 +25,51 @@ _PROC = Path("/proc")
 
 def process_tree(root: int) -> list[int]:
     """Return ``root`` and its live descendants' pids (just ``root`` without /proc)."""
-    children: dict[int, list[int]] = {}
-    if _PROC.is_dir():
-        for entry in _PROC.iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:  # the process ended while we listed
-                continue
-            # The command name may hold spaces and parentheses; the fields after it are plain.
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
+    if not _PROC.is_dir():
+        return [root]
+    children = _children_of if _has_children_files() else _scan_children().get
     tree, stack = [], [root]
     while stack:
         pid = stack.pop()
         tree.append(pid)
-        stack.extend(children.get(pid, ()))
+        stack.extend(children(pid) or ())
     return tree
+
+
+def _has_children_files() -> bool:
+    """Return True where the kernel lists each thread's children (CONFIG_PROC_CHILDREN)."""
+    return (_PROC / "self" / "task" / str(os.getpid()) / "children").exists()
+
+
+def _children_of(pid: int) -> list[int]:
+    """Return the children of every thread of ``pid`` (none when it has ended)."""
+    try:
+        tasks = list((_PROC / str(pid) / "task").iterdir())
+    except OSError:
+        return []
+    children = []
+    for task in tasks:
+        try:
+            children.extend(int(child) for child in (task / "children").read_text().split())
+        except OSError:  # the thread ended while we listed
+            continue
+    return children
+
+
+def _scan_children() -> dict[int, list[int]]:
+    """Return every live process's children, by parent pid, from each one's ``stat``."""
+    children: dict[int, list[int]] = {}
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the process ended while we listed
+            continue
+        # The command name may hold spaces and parentheses; the fields after it are plain.
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    return children
 
 
 def _resident_kB(pid: int) -> tuple[int, int]:
