@@ -21,8 +21,8 @@ from taccl_py.build.memory import TreeMemory, process_tree
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="the process tree is read from Linux's /proc")
 
 HELD_MB = 64
-# The grandchild touches every page of its buffer (resident, not just reserved), prints its pid
-# and waits for its parent's stdin to close.
+# The grandchild fills its buffer (resident, not just reserved) before it prints a line; the child
+# then prints the grandchild's pid and waits for its own stdin to close.
 GRANDCHILD = f"import sys; b = bytearray({HELD_MB} << 20); print(flush=True); sys.stdin.read()"
 CHILD = (
     "import subprocess, sys; "
