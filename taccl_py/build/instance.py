@@ -30,6 +30,7 @@ __all__ = [
     "InstanceResult",
     "instance_command",
     "instance_timeout_s",
+    "timed_out_error",
     "list_instances",
     "source_commit",
 ]
@@ -103,6 +104,11 @@ def instance_timeout_s(options: BuildOptions) -> float:
     stopped before it could do that would be retried from the start and lose the whole run.
     """
     return max(INSTANCE_TIMEOUT_S, 2 * (options.time_limit_s or 0.0))
+
+
+def timed_out_error(timeout_s: float) -> str:
+    """Return the error line either engine reports for an instance it stopped at its cap (``timeout_s``, s)."""
+    return f"timed out after {timeout_s:g} s"
 
 
 def _names(values: Sequence[str], field_name: str) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taccl_py._io import write_bytes_atomic
-from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s
+from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s, timed_out_error
 from taccl_py.build.run import build_instance
 from taccl_py.errors import ArgumentError
 
@@ -105,7 +105,7 @@ def _outcome(task: _Task) -> InstanceResult | str:
     if status == 0 and (task.folder / _RESULT).is_file():
         return pickle.loads((task.folder / _RESULT).read_bytes())
     if task.timed_out:
-        return f"timed out after {task.timeout_s:g} s"
+        return timed_out_error(task.timeout_s)
     how = f"killed by signal {-status}" if status < 0 else f"exit status {status}"
     last = _last_line(task.folder / _LOG)
     return f"worker {how}: {last}" if last else f"worker {how}"

@@ -19,7 +19,7 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s
+from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s, timed_out_error
 from taccl_py.build.run import FAULTS_ENV, build_instance
 from taccl_py.errors import ArgumentError, install_hint
 from taccl_py.synth.jobs import available_cores
@@ -99,7 +99,7 @@ class RayEngine:
             if ref not in ready and self._deadlines[ref] <= now:
                 ray.cancel(ref, force=True)
                 del self._deadlines[ref]
-                finished.append((ref, f"timed out after {self.timeout_s:g} s"))
+                finished.append((ref, timed_out_error(self.timeout_s)))
         return finished
 
     def close(self) -> None:
