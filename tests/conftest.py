@@ -13,6 +13,8 @@ import os
 
 import pytest
 
+from taccl_py.gc_tuning import collect_cycles_rarely
+
 # taccl_py.runtime.communicator.calibration_cache.CALIBRATION_ENV, spelled out: importing it here would import torch
 os.environ["TACCL_CALIBRATION"] = "off"
 
@@ -34,6 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     is started here, before either can. The xdist controller runs no test, so it starts none
     (torch's import, about 3 s of CPU).
     """
+    collect_cycles_rarely()  # as the taccl command does: the workers synthesize in-process
     if getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput"):
         return
     from multiprocessing import forkserver

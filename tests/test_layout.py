@@ -26,10 +26,10 @@ import taccl_py
 PACKAGE_DIR = Path(taccl_py.__file__).parent
 REPO_DIR = PACKAGE_DIR.parent
 # The package's face, the CLI entry, and the cross-cutting helpers; everything else lives in a stage package.
-ROOT_MODULES = {"__init__", "__main__", "_io", "_xml", "errors", "files", "progress", "units"}
+ROOT_MODULES = {"__init__", "__main__", "_io", "_xml", "errors", "files", "gc_tuning", "progress", "units"}
 # Bottom to top: a module may import its own top-level package and the floors below its own.
 FLOORS = (
-    ("taccl_py", "taccl_py.errors", "taccl_py.progress"),
+    ("taccl_py", "taccl_py.errors", "taccl_py.progress", "taccl_py.gc_tuning"),
     ("taccl_py.units", "taccl_py._xml"),
     ("taccl_py._io",),
     ("taccl_py.topology",),

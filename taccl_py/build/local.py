@@ -23,6 +23,7 @@ from taccl_py._io import write_bytes_atomic
 from taccl_py.build.instance import BuildOptions, Instance, InstanceResult, instance_timeout_s, timed_out_error
 from taccl_py.build.run import build_instance
 from taccl_py.errors import ArgumentError
+from taccl_py.gc_tuning import collect_cycles_rarely
 
 __all__ = ["LocalEngine", "main"]
 
@@ -134,6 +135,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build the instance a worker folder asks for and leave its result there; return the exit status."""
+    collect_cycles_rarely()
     folder = Path((sys.argv[1:] if argv is None else argv)[0])
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     instance, options = pickle.loads((folder / _REQUEST).read_bytes())

@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from taccl_py import __version__
 from taccl_py.errors import CUDA_INSTALL_HINT, ArgumentError, TacclError, install_hint
+from taccl_py.gc_tuning import collect_cycles_rarely
 
 __all__ = [
     "COMMANDS",
@@ -186,6 +187,7 @@ def _signals_as_exceptions() -> Iterator[None]:
 
 
 def _run(argv: Sequence[str] | None) -> int:
+    collect_cycles_rarely()
     argv = list(sys.argv[1:] if argv is None else argv)
     command = build_parser().parse_known_args(argv)[0].command
     args = build_parser(command).parse_args(argv)

@@ -29,6 +29,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import TypeVar
 
 from taccl_py.errors import ArgumentError
+from taccl_py.gc_tuning import collect_cycles_rarely
 
 __all__ = ["Job", "available_cores", "check_jobs", "run_jobs"]
 
@@ -61,13 +62,14 @@ def _reporting(job: Job, lines: object | None) -> object:
 
 
 def _prepare_worker() -> None:
-    """Make this worker ignore Ctrl-C (the parent reports it, once, and ends us) and exit when its parent dies.
+    """Make this worker ignore Ctrl-C (the parent reports it, once, and ends us), collect rarely, exit with its parent.
 
     A forkserver worker's parent process is the forkserver, which outlives the caller while any worker
     lives, so the kernel's parent-death signal cannot help; multiprocessing's parent sentinel is a pipe
     the caller holds open, readable once the caller is gone.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    collect_cycles_rarely()
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_exit_with_parent, args=(parent.sentinel,), name="parent-watch", daemon=True).start()
