@@ -2,8 +2,9 @@
 
 Synthesis keeps millions of small objects alive at once (topology graphs, dataflows, the simulator's
 transfers) and makes few reference cycles, yet CPython walks every live object in each full
-collection, by default after every tenth middle one. Ten times rarer saved 14 % of a DGX-H100 x16
-AllGather's CPU with the same bytes and peak memory (BENCHMARKS.md, "Rarer full garbage collections").
+collection, by default after every tenth middle one. Ten times rarer: a DGX-H100 x16 AllGather in
+67.2 CPU-s instead of 76.3, the same bytes, peak 358 MB against 348 (BENCHMARKS.md, "Rarer full
+garbage collections").
 
 Only the ``taccl`` command and the worker processes it starts (builds, ``--jobs``) call it: an API
 call inside a user's program leaves that program's collector as it was.
