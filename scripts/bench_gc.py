@@ -42,8 +42,8 @@ tuning.FULL_COLLECTION_EVERY = int(sys.argv[1])
 from taccl_py.cli import main
 status = main(sys.argv[2:])
 usage = resource.getrusage(resource.RUSAGE_SELF)
-print(json.dumps({"status": status, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}),
-      file=sys.stderr)
+print(json.dumps({"cpu_s": usage.ru_utime + usage.ru_stime, "peak_mb": usage.ru_maxrss / 1024}), file=sys.stderr)
+sys.exit(status)
 """
 
 

@@ -9,7 +9,8 @@ to the machine's other GPUs; ReduceScatter is its mirror and AllReduce the two (
 
 Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved
 it implements its collective (``build.py``). ``compare_baselines`` (``choice.py``) simulates the
-applicable ones and gives, per size, the fastest: what every result is compared with. NCCL's
+applicable ones and gives, per size, the fastest: what every result is compared with. It builds
+them unverified and proves only the ones it returns, since most lose at every size. NCCL's
 algorithms that no schedule expresses (NVLS, NVLS-Tree, PAT: ``nccl.py``) are modelled and compete
 for the fastest too, never for what may be written; ``nccl_best_times`` gives NCCL's best per size.
 """

@@ -49,7 +49,7 @@ def _check_ranks(topology: Topology) -> None:
         raise ArgumentError(topology.name, "num_ranks", f"{topology.num_ranks} GPU", "at least 2 GPUs")
 
 
-def direct_alltoall_algorithm(topology: Topology) -> Algorithm:
+def direct_alltoall_algorithm(topology: Topology, *, verify: bool = True) -> Algorithm:
     """Return the verified direct AlltoAll: rank r sends block j straight to rank j, all at once.
 
     Sends go out by rank offset (r+1, r+2, ...), so at each moment every rank sends to a
@@ -66,7 +66,8 @@ def direct_alltoall_algorithm(topology: Topology) -> Algorithm:
         items += [Transfer(r, (r + offset) % ranks, (I, (r + offset) % ranks), (O, r)) for r in range(ranks)]
     algorithm = lower_plan("direct-1p", Collective.ALLTOALL, ranks, ranks, items)
     metadata = (("baseline", "direct"), ("topology", topology.name))
-    return check_algorithm(replace(algorithm, metadata=metadata))
+    algorithm = replace(algorithm, metadata=metadata)
+    return check_algorithm(algorithm) if verify else algorithm
 
 
 def alltoall_relays(topology: Topology) -> dict[tuple[int, int], tuple[int, int]]:
@@ -166,7 +167,7 @@ def _runs(length: int, pieces: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def hierarchical_alltoall_algorithm(topology: Topology, pieces: int = 1) -> Algorithm:
+def hierarchical_alltoall_algorithm(topology: Topology, pieces: int = 1, *, verify: bool = True) -> Algorithm:
     """Return the verified two-level AlltoAll: gather at a NIC's GPU, cross once per rail, hand on.
 
     Parameters
@@ -225,7 +226,8 @@ def hierarchical_alltoall_algorithm(topology: Topology, pieces: int = 1) -> Algo
         ("rails", str(rails)),
         ("chunks", str(pieces)),
     )
-    return check_algorithm(replace(algorithm, name=f"hierarchical-{rails}rail-{pieces}p", metadata=metadata))
+    algorithm = replace(algorithm, name=f"hierarchical-{rails}rail-{pieces}p", metadata=metadata)
+    return check_algorithm(algorithm) if verify else algorithm
 
 
 def hierarchical_alltoall_pieces_by_size(topology: Topology, sizes: Sequence[int]) -> dict[int, list[int]]:

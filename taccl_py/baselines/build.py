@@ -1,7 +1,8 @@
 """The baseline families and how each is built: which apply to a collective on a topology, and one built.
 
 Every baseline is built with ``lower_plan`` and returned only after ``check_algorithm`` proved it
-implements its collective; ``taccl_py.baselines.choice`` simulates them and picks the fastest.
+implements its collective (unless asked with ``verify=False``, as ``taccl_py.baselines.choice``
+does: it simulates them, picks the fastest and verifies what it returns).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def build_baseline(
     size_bytes: int | None = None,
     packings: Sequence[TreePacking] | None = None,
     max_transfers_per_threadblock: int | None = None,
+    verify: bool = True,
 ) -> Algorithm:
     """Return the verified baseline ``kind`` for ``collective`` on ``topology``.
 
@@ -117,6 +119,9 @@ def build_baseline(
     max_transfers_per_threadblock : int, optional
         Rings and hierarchical only: spread longer runs of sends over more channels
         (``spread_long_connections``), so that MSCCL loads rings of many GPUs.
+    verify : bool, default True
+        False skips the symbolic replay, for a caller that verifies only the baselines it keeps
+        (``compare_baselines``: most it builds lose at every size and are dropped).
 
     Raises
     ------
@@ -153,8 +158,8 @@ def build_baseline(
             if chunks not in (None, 1) or channels is not None:
                 fault = "direct alltoall with chunks or channels"
                 raise ArgumentError(topology.name, "baseline", fault, "neither (one message per pair)")
-            return direct_alltoall_algorithm(topology)
-        return hierarchical_alltoall_algorithm(topology, 1 if chunks is None else chunks)
+            return direct_alltoall_algorithm(topology, verify=verify)
+        return hierarchical_alltoall_algorithm(topology, 1 if chunks is None else chunks, verify=verify)
     if kind is BaselineKind.RING:
         return ring_algorithm(
             topology,
@@ -162,9 +167,12 @@ def build_baseline(
             channels=channels,
             chunks=chunks,
             max_transfers_per_threadblock=max_transfers_per_threadblock,
+            verify=verify,
         )
     if kind is BaselineKind.TREE:
-        return tree_algorithm(topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes)
+        return tree_algorithm(
+            topology, collective, channels=channels, chunks=chunks, size_bytes=size_bytes, verify=verify
+        )
     if kind is BaselineKind.DOUBLING:
         return doubling_algorithm(
             topology,
@@ -172,10 +180,17 @@ def build_baseline(
             channels=channels,
             piece_blocks=chunks,
             max_transfers_per_threadblock=max_transfers_per_threadblock,
+            verify=verify,
         )
     if kind is BaselineKind.TREES:
         return packed_trees_algorithm(
-            topology, collective, chunkup=channels, pieces=chunks, size_bytes=size_bytes, packings=packings
+            topology,
+            collective,
+            chunkup=channels,
+            pieces=chunks,
+            size_bytes=size_bytes,
+            packings=packings,
+            verify=verify,
         )
     return hierarchical_algorithm(
         topology,
@@ -183,6 +198,7 @@ def build_baseline(
         channels=channels,
         chunks=chunks,
         max_transfers_per_threadblock=max_transfers_per_threadblock,
+        verify=verify,
     )
 
 

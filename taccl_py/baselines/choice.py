@@ -30,6 +30,7 @@ from taccl_py.msccl.selection import selectable_for_powers_of_two
 from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
 from taccl_py.simulate.protocol import band_sample_sizes
 from taccl_py.topology.model import Topology
+from taccl_py.verify import check_algorithm
 
 __all__ = ["ComparedBaseline", "compare_baselines", "best_baselines", "best_baseline", "best_baselines_by_band"]
 
@@ -80,7 +81,8 @@ def compare_baselines(
     they are modelled in closed form (``baselines.closed_form``) and compete for ``fastest`` only.
     ``native`` takes NCCL's own: the modelled ones and the ring, tree and direct as built, never a
     reshaped variant (NCCL does not run those), as ``nccl_best_times`` counts them.
-    ``progress`` receives one line per baseline built.
+    ``progress`` receives one line per baseline built. Baselines are built unverified and only the
+    schedules returned are verified, once each (``VerificationError`` if one is wrong).
     """
     collective = parse_collective(collective)
     sizes = tuple(sizes_bytes)
@@ -102,7 +104,14 @@ def compare_baselines(
         channels, groups = size_groups(kind, topology, collective, sizes, packings)
         for chunks, group in groups.items():
             algorithm = build_baseline(
-                kind, topology, collective, chunks, channels=channels, size_bytes=group[-1], packings=packings
+                kind,
+                topology,
+                collective,
+                chunks,
+                channels=channels,
+                size_bytes=group[-1],
+                packings=packings,
+                verify=False,
             )
             results = _simulated(algorithm, topology, group, bounds, model, progress)
             _keep_faster(fastest, algorithm, group, results)
@@ -126,10 +135,26 @@ def compare_baselines(
             progress(f"baseline {modelled.name}: modelled from NCCL's tuning, not a schedule")
         _keep_faster(fastest, modelled, [result.size_bytes for result in results], results)
         _keep_faster(native, modelled, [result.size_bytes for result in results], results)
-    return tuple(
+    compared = tuple(
         ComparedBaseline(size, fastest.get(size), kept.get(size), native.get(size), schedules.get(size))
         for size in sizes
     )
+    _verify_returned(compared)
+    return compared
+
+
+def _verify_returned(compared: Sequence[ComparedBaseline]) -> None:
+    """Verify each schedule ``compared`` holds, once: the baselines were built unverified.
+
+    Most baselines built lose at every size; only what is returned is printed, compared with or
+    written, so only that is replayed. A fault is a bug in a builder and raises ``VerificationError``.
+    """
+    seen: set[int] = set()
+    for entry in compared:
+        for held in (entry.fastest, entry.kept, entry.native, entry.schedule):
+            if held is not None and isinstance(held[0], Algorithm) and id(held[0]) not in seen:
+                seen.add(id(held[0]))
+                check_algorithm(held[0])
 
 
 def _simulated(
@@ -204,7 +229,9 @@ def _loadable_variant(
     # Dependency nops count against MSCCL's steps too, so spread whatever spreading would change.
     if kind is not BaselineKind.TREE and longest > MAX_TRANSFERS_PER_THREADBLOCK:
         spread = MAX_TRANSFERS_PER_THREADBLOCK
-        algorithm = build_baseline(kind, topology, collective, chunks, max_transfers_per_threadblock=spread)
+        algorithm = build_baseline(
+            kind, topology, collective, chunks, max_transfers_per_threadblock=spread, verify=False
+        )
         if keep(algorithm):
             return algorithm
     most = _most_threadblocks(algorithm)
@@ -224,6 +251,7 @@ def _loadable_variant(
             channels=fewer_channels,
             size_bytes=size_bytes,
             max_transfers_per_threadblock=spread,
+            verify=False,
         )
         if keep(fewer):
             return fewer

@@ -156,6 +156,7 @@ def hierarchical_algorithm(
     channels: int | None = None,
     chunks: int | None = None,
     max_transfers_per_threadblock: int | None = None,
+    verify: bool = True,
 ) -> Algorithm:
     """Return a verified hierarchical (intra-machine rings + cross-machine rings) algorithm.
 
@@ -217,7 +218,8 @@ def hierarchical_algorithm(
             name += f"-tb{max_transfers_per_threadblock}"
             metadata += (("transfers_per_threadblock", str(max_transfers_per_threadblock)),)
     algorithm = lower_plan(name, collective, topology.num_ranks, total, items)
-    return check_algorithm(replace(algorithm, metadata=metadata))
+    algorithm = replace(algorithm, metadata=metadata)
+    return check_algorithm(algorithm) if verify else algorithm
 
 
 def _rings_text(rings: tuple[tuple[tuple[int, ...], ...], ...]) -> str:

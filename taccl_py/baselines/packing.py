@@ -107,6 +107,7 @@ def packed_trees_algorithm(
     pieces: int | None = None,
     size_bytes: int | None = None,
     packings: Sequence[TreePacking] | None = None,
+    verify: bool = True,
 ) -> Algorithm:
     """Return the verified tree-packing algorithm of ``collective`` on ``topology``.
 
@@ -144,8 +145,7 @@ def packed_trees_algorithm(
     name = f"trees-c{k}-{pieces}p"
     metadata = (("baseline", "trees"), ("topology", topology.name), ("chunkup", str(k)), ("pieces", str(pieces)))
     algorithm = lower_schedule(name, collective, schedules, metadata=metadata)
-    check_algorithm(algorithm)
-    return algorithm
+    return check_algorithm(algorithm) if verify else algorithm
 
 
 def packing_pieces_by_size(

@@ -148,6 +148,7 @@ def tree_algorithm(
     channels: int | None = None,
     chunks: int | None = None,
     size_bytes: int | None = None,
+    verify: bool = True,
 ) -> Algorithm:
     """Return a verified NCCL-like double binary tree AllReduce on ``topology``.
 
@@ -195,4 +196,4 @@ def tree_algorithm(
         items += tree_allreduce_items(tree_parents(topology, channel), pieces, O, channel)
     metadata = (("baseline", "tree"), ("topology", topology.name), ("channels", str(count)), ("chunks", str(chunks)))
     algorithm = lower_plan(f"tree-{count}ch-{chunks}p", collective, n, count * chunks, items, metadata=metadata)
-    return check_algorithm(algorithm)
+    return check_algorithm(algorithm) if verify else algorithm
