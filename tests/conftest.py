@@ -1,4 +1,7 @@
-"""Test policy: tests marked ``slow`` run only with ``--runslow`` (the default run: 6 to 9 minutes on 2 idle cores).
+"""Test policy: tests marked ``slow`` run only with ``--runslow`` (the default run: 6 to 8 minutes on 2 idle cores).
+
+So do the sweep parameters named in ``runslow_params.py``: each covers no branch of taccl_py that the
+rest of the default run misses (``scripts/choose_runslow_params.py`` chose them from a coverage run).
 
 The suite runs with the Communicator's automatic calibration off (TACCL_CALIBRATION=off), set here
 at import, before any rank process starts, so the fork server and every rank inherit it: otherwise
@@ -14,6 +17,8 @@ import os
 import pytest
 
 from taccl_py.gc_tuning import collect_cycles_rarely
+
+from runslow_params import RUNSLOW_PARAMS
 
 # taccl_py.runtime.communicator.calibration_cache.CALIBRATION_ENV, spelled out: importing it here would import torch
 os.environ["TACCL_CALIBRATION"] = "off"
@@ -61,7 +66,26 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, cores * 3 // 2)
 
 
+def mark_runslow_params(items: list[pytest.Item]) -> None:
+    """Mark slow the parameters ``RUNSLOW_PARAMS`` names; raise where a name matches no collected parameter.
+
+    A sweep is checked only where it was collected, so a run of a few files or ``-m smoke`` passes.
+    """
+    by_id = {item.nodeid: item for item in items}
+    collected = {nodeid.split("[")[0] for nodeid in by_id}
+    for sweep, params in RUNSLOW_PARAMS.items():
+        if sweep not in collected:
+            continue
+        for param in params:
+            item = by_id.get(f"{sweep}[{param}]")
+            if item is None:
+                raise pytest.UsageError(f"tests/runslow_params.py: {sweep}[{param}] is no longer collected")
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect, so every parameter of a collected sweep is there
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_runslow_params(items)
     if config.getoption("--runslow"):
         return
     skip_slow = pytest.mark.skip(reason="slow: run with --runslow")
