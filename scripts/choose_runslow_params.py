@@ -4,8 +4,9 @@ A sweep runs one test over many parameters; most parameters take the same lines 
 ``taccl_py`` as another. From a default run measured with per-test coverage contexts, this script
 walks the sweeps' parameters from the slowest and moves one to ``--runslow`` when every branch arc
 it covers is still covered by some test left in the default run. Each sweep keeps at least one
-parameter. Multi-process tests (their ranks are not measured) and the sweeps in ``KEPT_WHOLE`` stay
-whole. The choice is written to ``tests/runslow_params.py``, which ``tests/conftest.py`` reads.
+parameter. Multi-process tests (their ranks are not measured), smoke tests (``scripts/smoke.sh`` runs
+them on other Pythons and pulps) and the sweeps in ``KEPT_WHOLE`` stay whole. The choice is written
+to ``tests/runslow_params.py``, which ``tests/conftest.py`` reads.
 
     pip install pytest-cov
     python -m pytest -q --cov=taccl_py --cov-branch --cov-context=test --cov-report= --junitxml=run.xml
@@ -67,9 +68,12 @@ def seconds_per_test(junit_xml: Path) -> dict[str, float]:
     return seconds
 
 
-def multiprocess_tests() -> set[str]:
-    """Return the node ids of the tests marked ``multiprocess``: coverage does not see their ranks."""
-    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "multiprocess"]
+def tests_kept_whole() -> set[str]:
+    """Return the node ids of the tests marked ``multiprocess`` or ``smoke``.
+
+    Coverage does not see multi-process tests' ranks; the smoke run checks other Pythons and pulps.
+    """
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-m", "multiprocess or smoke"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
     return {line for line in done.stdout.splitlines() if "::" in line}
 
@@ -138,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     arcs = arcs_per_test(args.coverage_file)
     seconds = seconds_per_test(args.junit_xml)
-    moved = choose_runslow(arcs, seconds, set(KEPT_WHOLE) | multiprocess_tests())
+    moved = choose_runslow(arcs, seconds, set(KEPT_WHOLE) | tests_kept_whole())
     args.output.write_text(render(moved, seconds), encoding="utf-8")
     print(f"{args.output}: {len(moved)} parameters, {sum(seconds[test] for test in moved):.0f} s of the measured run")
 
