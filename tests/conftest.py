@@ -66,10 +66,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, cores * 3 // 2)
 
 
-def mark_runslow_params(items: list[pytest.Item]) -> None:
+def mark_runslow_params(items: list[pytest.Item], *, whole_sweeps: bool = True) -> None:
     """Mark slow the parameters ``RUNSLOW_PARAMS`` names; raise where a name matches no collected parameter.
 
-    A sweep is checked only where it was collected, so a run of a few files or ``-m smoke`` passes.
+    A sweep is checked only where it was collected, so a run of a few files or ``-m smoke`` passes;
+    ``whole_sweeps`` False (the run names tests by node id) checks none.
     """
     by_id = {item.nodeid: item for item in items}
     collected = {nodeid.split("[")[0] for nodeid in by_id}
@@ -78,14 +79,15 @@ def mark_runslow_params(items: list[pytest.Item]) -> None:
             continue
         for param in params:
             item = by_id.get(f"{sweep}[{param}]")
-            if item is None:
+            if item is not None:
+                item.add_marker(pytest.mark.slow)
+            elif whole_sweeps:
                 raise pytest.UsageError(f"tests/runslow_params.py: {sweep}[{param}] is no longer collected")
-            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect, so every parameter of a collected sweep is there
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    mark_runslow_params(items)
+    mark_runslow_params(items, whole_sweeps=not any("::" in arg for arg in config.args))
     if config.getoption("--runslow"):
         return
     skip_slow = pytest.mark.skip(reason="slow: run with --runslow")

@@ -56,8 +56,10 @@ def test_conftest_marks_the_named_parameters_slow_and_stops_at_a_stale_name(monk
     items = [_item("t.py::sweep[a]"), _item("t.py::sweep[b]")]
     mark_runslow_params(items)  # u.py was not collected: its name is not checked
     assert [[mark.name for mark in item.markers] for item in items] == [[], ["slow"]]
+    stale = [_item("t.py::sweep[a]"), _item("t.py::sweep[c]")]
     with pytest.raises(pytest.UsageError, match=r"t.py::sweep\[b\] is no longer collected"):
-        mark_runslow_params([_item("t.py::sweep[a]"), _item("t.py::sweep[c]")])
+        mark_runslow_params(stale)
+    mark_runslow_params(stale, whole_sweeps=False)  # tests named by node id: the rest of a sweep is not there
 
 
 def test_the_shipped_list_names_parameters_of_sweeps_only() -> None:
