@@ -22,6 +22,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
 from collections import Counter, defaultdict
+from contextlib import closing
 from datetime import date
 from pathlib import Path
 
@@ -47,11 +48,11 @@ def arcs_per_test(coverage_file: Path) -> dict[str, set[tuple[int, int, int]]]:
 
     Reads the coverage data file's SQLite tables; it must hold branch data with test contexts.
     """
-    db = sqlite3.connect(coverage_file)
-    names = {cid: context.rsplit("|", 1)[0] for cid, context in db.execute("select id, context from context")}
     arcs: dict[str, set[tuple[int, int, int]]] = defaultdict(set)
-    for cid, fid, start, end in db.execute("select context_id, file_id, fromno, tono from arc"):
-        arcs[names[cid]].add((fid, start, end))
+    with closing(sqlite3.connect(coverage_file)) as db:
+        names = {cid: context.rsplit("|", 1)[0] for cid, context in db.execute("select id, context from context")}
+        for cid, fid, start, end in db.execute("select context_id, file_id, fromno, tono from arc"):
+            arcs[names[cid]].add((fid, start, end))
     if not arcs:
         raise SystemExit(
             f"{coverage_file}: no branch arcs with test contexts (run with --cov-branch --cov-context=test)"
