@@ -13,6 +13,10 @@ how much re-synthesis buys (``resynth gain``: that algorithm's time over ours).
 A run of some clusters or collectives keeps the CSV's rows of the others (the table shows both).
 
     python scripts/bench_cluster.py --explain --sizes 64MB                # what bounds AllGather, no synthesis
+    python scripts/bench_cluster.py --sizes 64MB --model msccl-net --no-write  # under another model
+
+The CSV and the BENCHMARKS section hold the default model's (``msccl``) figures, so a run under
+another model writes neither.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from bench_harness import (
 from taccl_py.baselines.shipped import shipped_alternatives
 from taccl_py.bounds import lower_bound
 from taccl_py.ir.collectives import Collective
-from taccl_py.simulate import simulate
+from taccl_py.simulate import EXECUTION_MODELS, MSCCL_LOOP, ExecutionModel, execution_model, simulate
 from taccl_py.solvers import SolverOptions
 from taccl_py.stages.logical import build_logical_graph
 from taccl_py.stages.lower_schedule import lower_schedule
@@ -109,14 +113,16 @@ def _cell(value: object) -> str:
     return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def bench_case(case: ClusterCase, collective: Collective, sizes: tuple[int, ...], jobs: int) -> list[tuple]:
+def bench_case(
+    case: ClusterCase, collective: Collective, sizes: tuple[int, ...], jobs: int, model: ExecutionModel = MSCCL_LOOP
+) -> list[tuple]:
     """Return the CSV rows of one cluster and collective: synthesize, compare, and time the healthy algorithm."""
     topology = load_cluster(**case.options)
     start = time.perf_counter()
-    result = synthesize(topology, collective, sizes=sizes, jobs=jobs, progress=None)
+    result = synthesize(topology, collective, sizes=sizes, jobs=jobs, progress=None, model=model)
     wall_s = time.perf_counter() - start
     # The healthy cluster's shipped band for each size, run on the degraded one (what its users have).
-    shipped = shipped_alternatives(topology, collective, sizes) if case.degraded else (None,) * len(sizes)
+    shipped = shipped_alternatives(topology, collective, sizes, model) if case.degraded else (None,) * len(sizes)
     healthy = [None if found is None else found[1].time_us for found in shipped]
     rows = []
     for choice, healthy_us in zip(result.choices, healthy):
@@ -226,9 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     add_jobs_argument(parser)
     add_no_write_argument(parser)
     parser.add_argument(
+        "--model", choices=tuple(EXECUTION_MODELS), default=MSCCL_LOOP.name, help="execution model (default msccl)"
+    )
+    parser.add_argument(
         "--explain", action="store_true", help="print what bounds AllGather at each size (explain); synthesize nothing"
     )
     args = parser.parse_args(argv)
+    model = execution_model(args.model)
+    if model is not MSCCL_LOOP and not args.no_write:
+        parser.error(f"--model {args.model} needs --no-write: the CSV and BENCHMARKS hold {MSCCL_LOOP.name}'s figures")
     sizes = tuple(parse_sizes(args.sizes))
     wanted = args.clusters.split(",")
     if args.explain:
@@ -238,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for case in (c for c in CASES if c.key in wanted):
         for name in split_names(args.collectives):
-            log(f"== {case.label} {name} {args.sizes}")
-            case_rows = bench_case(case, Collective(name), sizes, args.jobs)
+            log(f"== {case.label} {name} {args.sizes} ({model.name})")
+            case_rows = bench_case(case, Collective(name), sizes, args.jobs, model)
             for row in case_rows:
                 log("   " + " | ".join(_cell(value) for value in row))
             rows.extend(case_rows)

@@ -25,11 +25,12 @@ with D the deeper tree's depth in machines (``binary_tree_parents``: about log2 
 G the GPUs per machine. Rings and trees are those ``ring_orders`` and ``tree_parents`` build, on a
 representative of a few machines (``representative``): with identical machines every machine's
 hops and link loads are the same, so the many-machine schedule needs no routes across all of
-them. Pipelined sends (``MSCCL_PIPELINED``) overlap α, so there the serialized form is an upper
-bound. ``tests/test_nccl_scale.py`` holds the forms to the replay on 2-8 machines: the ring exactly
-(``RING_AGREEMENT``), the tree within ``TREE_AGREEMENT``: its pipeline's fill is charged with each hop
-alone on its links and its steady pace with every edge sharing them, which undercuts the replay
-(channels climbing together share GPU ports during the fill) by 10% at 1 GiB to 40% at 1 MiB.
+them. Pipelined sends (``MSCCL_PIPELINED``; ``msccl-net`` between machines) overlap α, so there the
+serialized form is an upper bound. ``tests/test_nccl_scale.py`` holds the forms to the replay on
+2-8 machines: the ring exactly (``RING_AGREEMENT``), the tree within ``TREE_AGREEMENT``: its
+pipeline's fill is charged with each hop alone on its links and its steady pace with every edge
+sharing them, which undercuts the replay (channels climbing together share GPU ports during the
+fill) by 10% at 1 GiB to 40% at 1 MiB.
 An optimistic baseline never flatters a result compared with it.
 
 NCCL's own latency model, cited (NVIDIA/nccl ``src/graph/tuning.cc`` @5067397c, master of

@@ -81,7 +81,7 @@ def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> To
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--model {chunks,msccl,pipelined}`` (default msccl): which execution model times a schedule."""
+    """Add ``--model {chunks,msccl,pipelined,msccl-net}`` (default msccl): which execution model times a schedule."""
     described = "; ".join(f"{name}: {model.description}" for name, model in EXECUTION_MODELS.items())
     parser.add_argument(
         "--model",

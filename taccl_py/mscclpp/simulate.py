@@ -19,7 +19,7 @@ flushes, packet reads after their writes) becomes the engine's actions
   receiving threadblock signals once on entry and the sender waits for it before its first put)
   is a 0-byte transfer costing its route's α;
 * MSCCL++ has no connection FIFO (a put writes the peer's memory, paced only by the plan's own
-  signals), so under the ``pipelined`` model no SEND waits for a slot;
+  signals), so under the ``pipelined`` and ``msccl-net`` models no SEND waits for a slot;
 * a chunk holds ``size_bytes / C`` bytes, C the chunks per loop of the plan's collective
   (``taccl_py.ir.collectives.chunk_layout``), so a plan and the Algorithm it was exported from
   move the same bytes.

@@ -18,6 +18,7 @@ from taccl_py.simulate.engine import ReplayOutcome, replay
 from taccl_py.simulate.model import (
     EXECUTION_MODELS,
     MSCCL_LOOP,
+    MSCCL_NETWORK_PIPELINED,
     MSCCL_PIPELINED,
     WHOLE_CHUNKS,
     ExecutionModel,
@@ -39,6 +40,7 @@ __all__ = [
     "EXECUTION_MODELS",
     "MSCCL_LOOP",
     "MSCCL_PIPELINED",
+    "MSCCL_NETWORK_PIPELINED",
     "WHOLE_CHUNKS",
     "ExecutionModel",
     "execution_model",
@@ -173,7 +175,8 @@ def simulate(
     model : ExecutionModel or str
         How the runtime runs the program (``taccl_py.simulate.model``): ``msccl`` (default,
         MSCCL's loop over 2 MiB slices, serialized sends), ``pipelined`` (the same with sends
-        overlapping through the connection's slots) or ``chunks`` (whole chunks, as our executor).
+        overlapping through the connection's slots), ``msccl-net`` (overlapping only between
+        machines, as MSCCL's Simple sends run) or ``chunks`` (whole chunks, as our executor).
 
     Returns
     -------

@@ -25,7 +25,8 @@ The model
 * The execution model (``taccl_py.simulate.model``) says how the runtime runs the program: once
   over whole chunks, or once per slice as MSCCL's kernel loops (``taccl_py.simulate.passes``);
   with serialized sends as above, or pipelined: a SEND's bytes move as soon as it is ready, the
-  step after it starts when they have left, and its RECV has them α later.
+  step after it starts when they have left, and its RECV has them α later. A model may pipeline
+  only the sends between machines (``msccl-net``): the plan says per route.
 
 So a lone transfer of b bytes takes α + b / B, two transfers of b bytes started together on one
 link of B both take α + 2b / B, and with serialized sends a threadblock's consecutive sends each
@@ -81,7 +82,7 @@ class _Replay:
     __slots__ = (
         "plan",
         "program",
-        "pipelined",
+        "route_pipelined",
         "flow_bytes",
         "pending",
         "done",
@@ -110,7 +111,7 @@ class _Replay:
         links = len(plan.link_keys)
         self.plan = plan
         self.program = program
-        self.pipelined = plan.model.pipelined
+        self.route_pipelined = plan.route_pipelined
         self.flow_bytes = program.flow_bytes
         self.pending = program.num_predecessors
         self.done = 0  # actions finished, to tell a finished replay from a stuck one
@@ -143,19 +144,19 @@ class _Replay:
         A serialized SEND spends its route's α before its bytes move; a pipelined one moves them
         at once (its RECV gets them α after they have left).
         """
-        send_route, alpha_us, pending, successors = (
+        send_route, alpha_us, pending, successors, pipelined = (
             self.program.send_route,
             self.plan.route_alpha_us,
             self.pending,
             self.program.successors,
+            self.route_pipelined,
         )
         while stack:
             action = stack.pop()
             route_id = send_route[action]
             if route_id >= 0:
                 self.ready_us[action] = now
-                # a switch step has no RECV to take its α later: it pays it before its bytes move
-                if alpha_us[route_id] > 0 and (not self.pipelined or self.program.matched_recv[action] < 0):
+                if alpha_us[route_id] > 0 and not pipelined[route_id]:
                     self.push(now + alpha_us[route_id], _START, action, 0)
                 else:
                     self.start_flow(action, now, stack)
@@ -178,8 +179,9 @@ class _Replay:
         if now > self.time_us:
             self.time_us = now
         pending = self.pending
-        deliver = self.program.matched_recv[action] if self.pipelined else -1
-        alpha_us = self.plan.route_alpha_us[self.program.send_route[action]]
+        route_id = self.program.send_route[action]
+        deliver = self.program.matched_recv[action] if self.route_pipelined[route_id] else -1
+        alpha_us = self.plan.route_alpha_us[route_id]
         for succ in self.program.successors[action]:
             if succ == deliver and alpha_us > 0:
                 self.push(now + alpha_us, _DELIVER, succ, 0)

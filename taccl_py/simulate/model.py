@@ -28,6 +28,20 @@ The figures, from NCCL as Azure/msccl-executor-nccl carries it (``src/init.cc`` 
 
 A Simple slice spans ``MSCCL_CHUNKSTEPS`` = 4 of a connection's 8 steps, so 2 slices fit in its
 FIFO: ``send_slots`` 2 for MSCCL's pipelined model.
+
+Which sends MSCCL pipelines depends on the connection (Azure/msccl-executor-nccl
+``src/device/prims_simple.h`` at 3b40a2a): a Simple send step waits in ``waitPeer`` only until the
+connection's FIFO has a free slot (``connStepCache + NCCL_STEPS < step + StepPerSlice``), copies
+the slice into ``connEltsFifo + (step % NCCL_STEPS) * connStepSize`` and publishes the step in
+``postPeer``; it never waits for the bytes to reach the receiver. Between GPUs of one machine
+with direct NVLink or PCIe writes that copy is the transfer, so the threadblock pays the bytes
+(serialized sends); over a network connection the FIFO is local and NCCL's proxy thread moves
+the bytes afterwards, so the threadblock goes on while they travel (pipelined sends). The
+``msccl-net`` model says that: serialized inside a machine, pipelined between machines. On Ampere
+GPUs joined by NVLink NCCL reads instead of writing (NVIDIA/nccl ``src/transport/p2p.cc``
+``p2pGetInfo`` at 5067397c: "if so we enable P2P Read by default"): the bytes then move when the
+receiver's step reads them, and the sender's threadblock is free as soon as it has posted, which
+no model here follows (DGX-A100 machines are timed as if they wrote).
 """
 
 from __future__ import annotations
@@ -49,6 +63,7 @@ __all__ = [
     "WHOLE_CHUNKS",
     "MSCCL_LOOP",
     "MSCCL_PIPELINED",
+    "MSCCL_NETWORK_PIPELINED",
     "EXECUTION_MODELS",
     "execution_model",
     "slice_sizes",
@@ -73,13 +88,16 @@ class ExecutionModel:
 
     ``send_slots`` None serializes a threadblock's sends (the next step waits for the bytes to
     arrive); an integer k pipelines them, with up to k sends per connection ahead of the receiver.
-    The fields are plain tuples so that a model pickles into synthesis worker processes.
+    ``between_machines_only``: only sends from one machine to another are pipelined; sends inside
+    a machine stay serialized. The fields are plain tuples so that a model pickles into
+    synthesis worker processes.
     """
 
     name: str
     slices: tuple[tuple[str, int], ...] | None
     send_slots: int | None
     description: str
+    between_machines_only: bool = False
 
     def slice_bytes(self, protocol: str) -> int | None:
         """Return the bytes of a chunk one pass moves under ``protocol`` (None: whole chunks)."""
@@ -92,8 +110,17 @@ class ExecutionModel:
 
     @property
     def pipelined(self) -> bool:
-        """Return True when consecutive sends overlap their α."""
+        """Return True when every connection's consecutive sends overlap their α."""
+        return self.send_slots is not None and not self.between_machines_only
+
+    @property
+    def pipelined_between_machines(self) -> bool:
+        """Return True when consecutive sends from one machine to another overlap their α."""
         return self.send_slots is not None
+
+    def pipelines(self, between_machines: bool) -> bool:
+        """Return True when sends over a route between machines (``between_machines``) or inside one are pipelined."""
+        return self.pipelined_between_machines if between_machines else self.pipelined
 
 
 #: Whole chunks, serialized sends: our own executor (and the model of older BENCHMARKS sections).
@@ -104,13 +131,22 @@ MSCCL_LOOP = ExecutionModel("msccl", tuple(MSCCL_SLICE_BYTES.items()), None, "MS
 MSCCL_PIPELINED = ExecutionModel(
     "pipelined", tuple(MSCCL_SLICE_BYTES.items()), MSCCL_SEND_SLOTS, "MSCCL's slices, sends pipelined through 2 slots"
 )
+#: MSCCL's slices as its Simple sends run (module docstring): serialized inside a machine,
+#: pipelined through 2 slots between machines.
+MSCCL_NETWORK_PIPELINED = ExecutionModel(
+    "msccl-net",
+    tuple(MSCCL_SLICE_BYTES.items()),
+    MSCCL_SEND_SLOTS,
+    "MSCCL's slices, sends serialized inside a machine and pipelined through 2 slots between machines",
+    between_machines_only=True,
+)
 EXECUTION_MODELS: Mapping[str, ExecutionModel] = MappingProxyType(
-    {model.name: model for model in (WHOLE_CHUNKS, MSCCL_LOOP, MSCCL_PIPELINED)}
+    {model.name: model for model in (WHOLE_CHUNKS, MSCCL_LOOP, MSCCL_PIPELINED, MSCCL_NETWORK_PIPELINED)}
 )
 
 
 def execution_model(name: str | ExecutionModel) -> ExecutionModel:
-    """Return the model called ``name`` (``chunks``, ``msccl`` or ``pipelined``); a model passes through."""
+    """Return the model called ``name`` (a key of ``EXECUTION_MODELS``); a model passes through."""
     if isinstance(name, ExecutionModel):
         return name
     try:

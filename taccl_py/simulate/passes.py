@@ -9,7 +9,8 @@ chunks span P slices the replay runs P copies of every action, joined as the ker
 * between passes, a threadblock's last action precedes its first action of the next pass (a
   threadblock runs its steps in order, pass after pass, and nothing else waits at a pass's end);
 * with pipelined sends, the k-th SEND on a connection (rank, peer, channel), counted over all
-  passes, also waits for the RECV of the (k - slots)-th: the sender has no free slot before.
+  passes, also waits for the RECV of the (k - slots)-th: the sender has no free slot before
+  (only on the routes the plan pipelines: ``SimulationPlan.route_pipelined``).
 
 Pass p moves ``slices[p]`` bytes of each chunk, so a SEND of ``count`` chunks moves
 ``count × slices[p]`` bytes.
@@ -48,7 +49,7 @@ def unroll(plan, slices: Sequence[float]) -> PassProgram:
     """
     count = len(plan.send_route)
     passes = len(slices)
-    slots = plan.model.send_slots
+    slots = plan.model.send_slots if any(plan.route_pipelined) else None
     if passes == 1 and slots is None:
         return PassProgram(
             1,
@@ -89,7 +90,8 @@ def _add_slot_waits(plan, passes: int, slots: int, successors: list[list[int]], 
     count = len(plan.send_route)
     by_connection: dict[tuple[int, int, int], list[int]] = defaultdict(list)
     for action in plan.send_actions:  # in id order, so in each threadblock's program order
-        if action in plan.send_connection:  # a switch step holds no connection's slots
+        # a switch step holds no connection's slots; a serialized send waits for its bytes anyway
+        if action in plan.send_connection and plan.route_pipelined[plan.send_route[action]]:
             by_connection[plan.send_connection[action]].append(action)
     for sends in by_connection.values():
         per_pass = len(sends)

@@ -84,6 +84,7 @@ class SimulationPlan:
     route ``send_route[a]`` (``route_links`` index into ``link_keys``; capacities in bytes/µs) to
     RECV ``matched_recv[a]`` over connection ``send_connection[a]`` (rank, peer, channel).
     ``threadblock_spans`` hold each threadblock's first and last action, which join passes.
+    ``route_pipelined[r]``: sends over route ``r`` are pipelined under ``model`` (a switch route never).
     ``algorithm`` is the Algorithm simulated, or the ``ProgramSummary`` of another program.
     """
 
@@ -103,6 +104,7 @@ class SimulationPlan:
     send_connection: Mapping[int, tuple[int, int, int]]
     threadblock_spans: tuple[tuple[int, int], ...]
     model: ExecutionModel
+    route_pipelined: tuple[bool, ...]
 
     @property
     def num_transfers(self) -> int:
@@ -196,6 +198,7 @@ def assemble_simulation_plan(
     route_index: dict[tuple[int, int], int] = {}
     route_alpha_us: list[float] = []
     route_links: list[tuple[int, ...]] = []
+    route_pipelined: list[bool] = []
     send_route = [-1] * count
     send_chunks = [0] * count
     matched_recv = [-1] * count
@@ -212,6 +215,7 @@ def assemble_simulation_plan(
             route_index[pair] = len(route_alpha_us)
             route_alpha_us.append(cost.route_alpha_us(path))
             route_links.append(tuple(link_index[link.key] for link in path.links))
+            route_pipelined.append(model.pipelines(topology.node_of(send.src) != topology.node_of(send.dst)))
         send_route[send.action] = route_index[pair]
         send_chunks[send.action] = send.chunks
         matched_recv[send.action] = send.recv
@@ -228,6 +232,7 @@ def assemble_simulation_plan(
             switch_routes[key] = len(route_alpha_us)
             route_alpha_us.append(path.alpha_us)
             route_links.append(tuple(link_index[link_key] for link_key, _ in path.links))
+            route_pipelined.append(False)  # a switch step has no RECV to take its α later
             route_ranks.append((step.rank, step.rank))
         send_route[step.action] = switch_routes[key]
         send_chunks[step.action] = step.chunks
@@ -249,6 +254,7 @@ def assemble_simulation_plan(
         send_connection=send_connection,
         threadblock_spans=tuple(threadblock_spans),
         model=model,
+        route_pipelined=tuple(route_pipelined),
     )
 
 

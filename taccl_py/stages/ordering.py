@@ -73,7 +73,8 @@ class Ordering:
     """Sends in start order, with the piece size (bytes) they were timed for and the send model.
 
     ``pipelined``: timed with pipelined sends (a lane's next send starts when the bytes of the
-    previous have left, not when they have arrived; ``taccl_py.simulate.model``).
+    previous have left, not when they have arrived; ``taccl_py.simulate.model``);
+    ``pipelined_internode``: only the sends between machines were (the ``msccl-net`` model).
     """
 
     routing: Routing
@@ -81,6 +82,11 @@ class Ordering:
     piece_bytes: float
     sends: tuple[Send, ...]
     pipelined: bool = False
+    pipelined_internode: bool = False
+
+    def pipelines(self, link: LogicalLink) -> bool:
+        """Return True when sends on ``link`` were timed as pipelined."""
+        return times_pipelined(link, self.pipelined, self.pipelined_internode)
 
     @property
     def makespan_us(self) -> float:
@@ -194,6 +200,12 @@ class _State:
     res_free: dict[Resource, float]
     sends: list[Send]
     pipelined: bool = False
+    pipelined_internode: bool = False
+
+
+def times_pipelined(link: LogicalLink, pipelined: bool, pipelined_internode: bool) -> bool:
+    """Return True when a send on ``link`` is timed as pipelined: every send, or (internode) those between machines."""
+    return pipelined or (pipelined_internode and link.internode)
 
 
 def occupy_resources(
@@ -235,8 +247,9 @@ def _commit(state: _State, graph: LogicalGraph, lane: tuple, items: list[_Item],
     queue = state.queues[lane]
     start = max(max(item[0] for item in items), queue.free)
     link = graph.links[l]
-    end = occupy_resources(link, start, piece_bytes * len(items), state.res_free, state.pipelined)
-    queue.free = lane_free_us(link, end, state.pipelined)
+    pipelined = times_pipelined(link, state.pipelined, state.pipelined_internode)
+    end = occupy_resources(link, start, piece_bytes * len(items), state.res_free, pipelined)
+    queue.free = lane_free_us(link, end, pipelined)
     first = len(state.sends)
     sends = [
         Send(chunk, piece, l, start, end, None if parent < 0 else parent, lane, first)
@@ -312,6 +325,7 @@ def order_sends(
     progress: Callable[[str], None] | None = None,
     busiest_first: bool = False,
     pipelined: bool = False,
+    pipelined_internode: bool = False,
     chain_hops: bool = True,
 ) -> Ordering:
     """Return the sends of every piece over its chunk's tree, ordered and timed greedily.
@@ -320,7 +334,8 @@ def order_sends(
     ``busiest_first``: a queue toward other machines takes, among its ready pieces, the one whose
     route holds the resource with the most work left (priority breaks ties): on machines that
     differ, the NICs with the most to receive are then served first rather than by path length.
-    ``pipelined``: time sends as the simulator's pipelined model runs them (``occupy_resources``).
+    ``pipelined``: time sends as the simulator's pipelined model runs them (``occupy_resources``);
+    ``pipelined_internode``: only the sends between machines (the ``msccl-net`` model).
     ``chain_hops`` False: every link is its own queue, so a rank's sends to several machines share
     its NIC at once and one's α overlaps another's bytes (machines that differ, where the chained
     queues leave the slower machines' NICs idle for every α; ``send_lane``).
@@ -335,7 +350,7 @@ def order_sends(
     latency_bound = [
         link.alpha_us >= piece_bytes / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in graph.links
     ]
-    state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [], pipelined)
+    state = _State({lane: _Queue(0.0) for lane in lane_of}, {}, [], pipelined, pipelined_internode)
     work_left: dict[Resource, float] = {}
     if busiest_first:
         for tree in routing.trees:
@@ -382,4 +397,4 @@ def order_sends(
                 target.push((send.end_us, priority[send.chunk][nxt], send.piece, send.chunk, nxt, base + offset))
                 _relist(heap, listed, lane_of[nxt], target)
         _relist(heap, listed, lane, queue)
-    return Ordering(routing, pieces, piece_bytes, tuple(state.sends), pipelined)
+    return Ordering(routing, pieces, piece_bytes, tuple(state.sends), pipelined, pipelined_internode)

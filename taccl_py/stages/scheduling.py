@@ -166,8 +166,9 @@ def replay_groups(
         link = graph.links[sends[group[0]].link]
         ready = max((end[sends[i].parent] if sends[i].parent is not None else 0.0) for i in group)
         t0 = max(ready, tb_free.get(sends[group[0]].lane, 0.0))
-        t1 = occupy_resources(link, t0, ordering.piece_bytes * len(group), res_free, ordering.pipelined)
-        tb_free[sends[group[0]].lane] = lane_free_us(link, t1, ordering.pipelined)
+        pipelined = ordering.pipelines(link)
+        t1 = occupy_resources(link, t0, ordering.piece_bytes * len(group), res_free, pipelined)
+        tb_free[sends[group[0]].lane] = lane_free_us(link, t1, pipelined)
         for i in group:
             start[i], end[i] = t0, t1
     return tuple(start), tuple(end)

@@ -147,7 +147,7 @@ def _plan_chunkings(
             run = indices[start : start + SIZES_PER_DESIGN]
             design = geometric_middle(bounds[run[0]].size_bytes, bounds[run[-1]].size_bytes)
             near = tuple(i for i in range(len(bounds)) if run[0] - 1 <= i <= run[-1] + 1)
-            out.append((Chunking(k, p, design, model.pipelined), near))
+            out.append((Chunking(k, p, design, model.pipelined, model.pipelined_between_machines), near))
     return sorted(out, key=lambda item: (item[0].design_bytes, item[0].chunkup, item[0].pieces))
 
 

@@ -90,15 +90,16 @@ def candidate_chunkings(
         pairs = tuple(dict.fromkeys((chunkup, p) for _, p in pairs))
     # An AllReduce orders, lowers and verifies both phases' sends: half the cap for each.
     most_sends = MAX_COMPOSED_SENDS // (2 if collective is Collective.ALLREDUCE else 1)
+    sends = (model.pipelined, model.pipelined_between_machines)  # how the ordering times them
     out = []
     for k, p in pairs:
         if graph.num_ranks * k <= MAX_ROUTED_CHUNKS or chunkup is not None:
-            out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
+            out.append(Chunking(k, p, bound.size_bytes, *sends))
         elif k == 1 and composed_only(graph, k) and graph.num_ranks**2 * p <= most_sends:
-            out.append(Chunking(k, p, bound.size_bytes, model.pipelined))
+            out.append(Chunking(k, p, bound.size_bytes, *sends))
     if not out and composed_only(graph, 1) and graph.num_ranks**2 <= most_sends:
         # Every pipelined chunking is past the cap: one piece per chunk still puts a synthesis beside the baselines.
-        out.append(Chunking(1, 1, bound.size_bytes, model.pipelined))
+        out.append(Chunking(1, 1, bound.size_bytes, *sends))
     return tuple(dict.fromkeys(out))
 
 
