@@ -128,11 +128,13 @@ def _shipped_band_count(name: str, nodes: int, collective: str) -> int:
     return len(json.loads(path.read_text(encoding="utf-8"))["bands"])
 
 
-def render(records: list[dict], elapsed_s: float | None) -> str:
+def render(records: list[dict], elapsed_s: float | None, model: str = "msccl", csv_path: Path = CSV_PATH) -> str:
     """Return the section: per library, bands before and after, and the worst band against the best baseline.
 
     Fractions of the bound are computed here (the CSV holds times), so they follow the current bounds.
+    ``model`` names the execution model the CSV's rows were chosen under (the CSV does not say).
     """
+    how = "2 MiB Simple slices, serialized sends" if model == "msccl" else execution_model(model).description
     bounds: dict = {}
     by_instance = group_records(records, "topology", "nodes", "collective")
     rows = []
@@ -173,8 +175,8 @@ def render(records: list[dict], elapsed_s: float | None) -> str:
         "min of bound ≥1 MB",
     )
     lines = [
-        "Every shipped library's bands chosen again under MSCCL's slice loop (`msccl` model: 2 MiB Simple "
-        "slices, serialized sends) from its own band algorithms and the loadable baselines, simulated at the "
+        f"Every shipped library's bands chosen again under MSCCL's slice loop (`{model}` model: {how}) "
+        "from its own band algorithms and the loadable baselines, simulated at the "
         "library's sizes, from the first size at which the library's own band runs more than one pass; below "
         "it the model changes no band's time and the synthesis's bands stand (`taccl_py.synth.rechoose`: "
         "merging them would lose the LL protocol of the smallest). `sizes re-chosen` counts the sizes whose "
@@ -190,7 +192,9 @@ def render(records: list[dict], elapsed_s: float | None) -> str:
     ]
     if elapsed_s is not None:
         lines.append(f"Run time: {elapsed_s:.0f} s on 2 cores.")
-    lines.append(csv_pointer(CSV_PATH, len(records)))
+    # a CSV outside the repository (``--csv``) gets no link: BENCHMARKS.md never shows it
+    pointer = csv_pointer(CSV_PATH, len(records)) if csv_path == CSV_PATH else f"Full table: {csv_path}."
+    lines.append(pointer)
     return "\n".join(lines)
 
 
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     began = time.perf_counter()
     if args.from_csv:
-        body = render([r for path in args.from_csv_files or [args.csv] for r in read_csv(path)], None)
+        body = render([r for path in args.from_csv_files or [args.csv] for r in read_csv(path)], None, args.model)
     else:
         rows: list[tuple] = []
         for name, nodes in machine_cases(args.topologies, args.nodes):
@@ -246,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += instance_rows(name, nodes, collective, args.model, args.write, args.previous)
                 log(f"{name} x{nodes} {collective}: {time.perf_counter() - start:.0f} s")
         records = write_csv(args.csv, CSV_HEADER, rows)
-        body = render(records, time.perf_counter() - began)
+        body = render(records, time.perf_counter() - began, args.model, args.csv)
     print(body)
     if args.csv == CSV_PATH and not args.no_report:
         title = "Shipped bands under MSCCL's slice loop"
