@@ -239,10 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows: list[tuple] = []
         for name, nodes in machine_cases(args.topologies, args.nodes):
-            source = shipped_library_paths(name, nodes) if args.previous is None else ()
-            names = {p.name for p in source} or {
-                p.name for p in (args.previous / name / f"n{nodes}").glob("*.library.json")
-            }
+            if args.previous is None:  # a machine without libraries at this node count has nothing to choose
+                names = {p.name for p in shipped_library_paths(name, nodes)}
+            else:
+                names = {p.name for p in (args.previous / name / f"n{nodes}").glob("*.library.json")}
             for collective in split_names(args.collectives):
                 if f"{collective}.library.json" not in names:
                     continue
