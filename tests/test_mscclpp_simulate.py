@@ -35,7 +35,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "mscclpp"
 ALPHA_US = 1.0
 SIZE_BYTES = 40_000  # two chunks of 20 kB: 2 µs each at 10 GB/s
 CHUNK_US = SIZE_BYTES / 2 / BYTES_PER_US
-MODELS = ("chunks", "msccl", "pipelined")
+MODELS = ("chunks", "msccl", "pipelined", "msccl-net")  # msccl-net: one machine, so serialized
 # An exported plan may be this much faster than its Algorithm under MSCCL's slice loop: the exporter
 # cuts threadblocks over 64 ops in pieces, and each piece joins its own next pass.
 SLICED_SLACK = 0.01
