@@ -237,16 +237,16 @@ def _schedule_phase(
         stars = (star_inside_machines(r, chunk_bytes, piece_bytes) for r in routings)
         routings += tuple(r for r in stars if r is not None)
     say(f"ordering and scheduling {len(routings)} routings, {chunking.pieces} pieces per chunk")
-    pipelined = {"pipelined": chunking.pipelined_sends, "pipelined_internode": chunking.pipelined_internode}
+    send_timing = {"pipelined": chunking.pipelined_sends, "pipelined_internode": chunking.pipelined_internode}
     orderings = [
-        order_sends(routing, chunking.pieces, piece_bytes, progress=progress, **pipelined) for routing in routings
+        order_sends(routing, chunking.pieces, piece_bytes, progress=progress, **send_timing) for routing in routings
     ]
     if differ:
         # Machines that differ: no one priority rule orders every routing well; keep the faster.
         # Unchained, a NIC takes several senders at once and hides each send's α behind another's
         # bytes (DGX-A100 x2 + DGX-H100 x2 AllGather at 64 MB: 0.78 -> 0.86 of the bound).
         orderings += [
-            order_sends(routing, chunking.pieces, piece_bytes, progress=progress, **pipelined, **variant)
+            order_sends(routing, chunking.pieces, piece_bytes, progress=progress, **send_timing, **variant)
             for variant in ({"busiest_first": True}, {"chain_hops": False})
             for routing in routings
         ]
