@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 start = time.perf_counter()
                 rows += instance_rows(name, nodes, collective, args.model, args.write, args.previous)
+                # written after every library: a whole run takes most of an hour, and a crash kept nothing
+                write_csv(args.csv, CSV_HEADER, rows)
                 log(f"{name} x{nodes} {collective}: {time.perf_counter() - start:.0f} s")
         records = write_csv(args.csv, CSV_HEADER, rows)
         body = render(records, time.perf_counter() - began, args.model, args.csv)
