@@ -134,6 +134,7 @@ def render(records: list[dict], elapsed_s: float | None, model: str = "msccl", c
     Fractions of the bound are computed here (the CSV holds times), so they follow the current bounds.
     ``model`` names the execution model the CSV's rows were chosen under (the CSV does not say).
     """
+    # msccl in the words BENCHMARKS' section already has, so a rerender changes no byte
     how = "2 MiB Simple slices, serialized sends" if model == "msccl" else execution_model(model).description
     bounds: dict = {}
     by_instance = group_records(records, "topology", "nodes", "collective")
