@@ -13,9 +13,9 @@ how much re-synthesis buys (``resynth gain``: that algorithm's time over ours).
 A run of some clusters or collectives keeps the CSV's rows of the others (the table shows both).
 
     python scripts/bench_cluster.py --explain --sizes 64MB                # what bounds AllGather, no synthesis
-    python scripts/bench_cluster.py --sizes 64MB --model msccl-net --no-write  # under another model
+    python scripts/bench_cluster.py --sizes 64MB --model msccl --no-write  # under another model
 
-The CSV and the BENCHMARKS section hold the default model's (``msccl``) figures, so a run under
+The CSV and the BENCHMARKS section hold the default model's (``msccl-net``) figures, so a run under
 another model writes neither.
 """
 
@@ -47,7 +47,7 @@ from bench_harness import (
 from taccl_py.baselines.shipped import shipped_alternatives
 from taccl_py.bounds import lower_bound
 from taccl_py.ir.collectives import Collective
-from taccl_py.simulate import EXECUTION_MODELS, MSCCL_LOOP, ExecutionModel, execution_model, simulate
+from taccl_py.simulate import DEFAULT_MODEL, EXECUTION_MODELS, ExecutionModel, execution_model, simulate
 from taccl_py.solvers import SolverOptions
 from taccl_py.stages.logical import build_logical_graph
 from taccl_py.stages.lower_schedule import lower_schedule
@@ -114,7 +114,7 @@ def _cell(value: object) -> str:
 
 
 def bench_case(
-    case: ClusterCase, collective: Collective, sizes: tuple[int, ...], jobs: int, model: ExecutionModel = MSCCL_LOOP
+    case: ClusterCase, collective: Collective, sizes: tuple[int, ...], jobs: int, model: ExecutionModel = DEFAULT_MODEL
 ) -> list[tuple]:
     """Return the CSV rows of one cluster and collective: synthesize, compare, and time the healthy algorithm."""
     topology = load_cluster(**case.options)
@@ -232,15 +232,20 @@ def main(argv: list[str] | None = None) -> int:
     add_jobs_argument(parser)
     add_no_write_argument(parser)
     parser.add_argument(
-        "--model", choices=tuple(EXECUTION_MODELS), default=MSCCL_LOOP.name, help="execution model (default msccl)"
+        "--model",
+        choices=tuple(EXECUTION_MODELS),
+        default=DEFAULT_MODEL.name,
+        help=f"execution model (default {DEFAULT_MODEL.name})",
     )
     parser.add_argument(
         "--explain", action="store_true", help="print what bounds AllGather at each size (explain); synthesize nothing"
     )
     args = parser.parse_args(argv)
     model = execution_model(args.model)
-    if model is not MSCCL_LOOP and not args.no_write:
-        parser.error(f"--model {args.model} needs --no-write: the CSV and BENCHMARKS hold {MSCCL_LOOP.name}'s figures")
+    if model is not DEFAULT_MODEL and not args.no_write:
+        parser.error(
+            f"--model {args.model} needs --no-write: the CSV and BENCHMARKS hold {DEFAULT_MODEL.name}'s figures"
+        )
     sizes = tuple(parse_sizes(args.sizes))
     wanted = args.clusters.split(",")
     if args.explain:

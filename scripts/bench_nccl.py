@@ -55,7 +55,7 @@ from taccl_py.baselines import nccl_best_times
 from taccl_py.baselines.nvls import nvls_switch_rate
 from taccl_py.bounds.reduction import in_network_reduction_bounds, reducing_switches
 from taccl_py.ir.library import read_library, shipped_library_paths
-from taccl_py.simulate import MSCCL_LOOP
+from taccl_py.simulate import DEFAULT_MODEL
 from taccl_py.simulate.bands import simulate_library
 from taccl_py.topology import load_topology
 from taccl_py.topology.model import Topology
@@ -119,8 +119,8 @@ def case_rows(
     """Return the CSV rows (``CSV_HEADER``) of the ``collective`` library (``_library_path``) on ``nodes`` machines."""
     library = read_library(_library_path(machine, nodes, collective, folder))
     topology = load_topology(machine, nodes=nodes)
-    runs = simulate_library(library, topology, sizes, model=MSCCL_LOOP)
-    nccl = nccl_best_times(topology, library.collective, sizes, model=MSCCL_LOOP)
+    runs = simulate_library(library, topology, sizes, model=DEFAULT_MODEL)
+    nccl = nccl_best_times(topology, library.collective, sizes, model=DEFAULT_MODEL)
     rows = []
     for run, best in zip(runs, nccl):
         native = run.result is None
@@ -384,7 +384,7 @@ def draw_allreduce(records: Sequence[dict], path: Path) -> bool:
 
 
 def _body(records: Sequence[dict], table: str, picture: bool, merged: bool = False) -> str:
-    models = MSCCL_LOOP.name
+    models = DEFAULT_MODEL.name
     relative = PLOT_PATH.relative_to(REPO_ROOT).as_posix()
     image = f"\n\n![AllReduce vs nccl by size]({relative})" if picture else ""
     return f"""Simulated (α-β, max-min fair sharing, execution model `{models}`): at each power of two from 64 KiB

@@ -8,7 +8,7 @@ library's sizes, keeps the fastest per size (``taccl_py.synth.rechoose``), write
 back (``--write``) and reports, per size from 1 MB up, the chosen band against the best of all
 our baselines (ring, trees, hierarchical, packed trees: loadable or not) simulated the same way.
 
-    python scripts/rechoose_bands.py --write                    # every shipped library, msccl model
+    python scripts/rechoose_bands.py --write                    # every shipped library, default model
     python scripts/rechoose_bands.py --topologies ndv2 --nodes 1 --collectives allgather
     python scripts/rechoose_bands.py --from-csv                 # only render the CSV into BENCHMARKS.md
     python scripts/rechoose_bands.py --write --previous /tmp/old/algorithms   # choose from an older checkout's bands
@@ -49,7 +49,7 @@ from bench_harness import (
 from taccl_py.baselines import best_baselines
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths
-from taccl_py.simulate import WHOLE_CHUNKS, execution_model, simulate
+from taccl_py.simulate import DEFAULT_MODEL, WHOLE_CHUNKS, execution_model, simulate
 from taccl_py.synth.bands import write_library
 from taccl_py.synth.candidates import exportable
 from taccl_py.synth.rechoose import rechoose_bands
@@ -128,7 +128,9 @@ def _shipped_band_count(name: str, nodes: int, collective: str) -> int:
     return len(json.loads(path.read_text(encoding="utf-8"))["bands"])
 
 
-def render(records: list[dict], elapsed_s: float | None, model: str = "msccl", csv_path: Path = CSV_PATH) -> str:
+def render(
+    records: list[dict], elapsed_s: float | None, model: str = DEFAULT_MODEL.name, csv_path: Path = CSV_PATH
+) -> str:
     """Return the section: per library, bands before and after, and the worst band against the best baseline.
 
     Fractions of the bound are computed here (the CSV holds times), so they follow the current bounds.
@@ -226,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     add_topologies_argument(parser)
     add_nodes_argument(parser, "1,2,4,8", what="machine counts with shipped libraries")
     add_collectives_argument(parser, "allgather,reducescatter,allreduce,alltoall")
-    parser.add_argument("--model", default="msccl", help="execution model to choose under (default msccl)")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL.name, help=f"execution model to choose under (default {DEFAULT_MODEL.name})"
+    )
     parser.add_argument("--write", action="store_true", help="write the re-chosen libraries into algorithms/")
     parser.add_argument("--from-csv", action="store_true", help="render the existing CSV; choose nothing")
     parser.add_argument("from_csv_files", nargs="*", type=Path, help="with --from-csv: the CSVs to merge")

@@ -35,7 +35,7 @@ from bench_harness import (
 from build_algorithms import source_commit
 
 from taccl_py.ir.library import read_library, shipped_library_paths
-from taccl_py.simulate import execution_model
+from taccl_py.simulate import DEFAULT_MODEL
 from taccl_py.synth.bands import write_library
 from taccl_py.synth.rechoose import rechoose_bands, refine_native_edges
 from taccl_py.topology import load_topology
@@ -53,7 +53,7 @@ def rechoose_one(
     path = next(p for p in shipped_library_paths(source, nodes) if p.name == f"{collective}.library.json")
     library = read_library(path)
     topology = load_topology(machine, nodes)
-    model = execution_model("msccl")
+    model = DEFAULT_MODEL
     if refine_only:
         rechosen, choices = library, ()
     else:

@@ -106,9 +106,14 @@ def test_relays_sit_next_to_the_nics():
 def test_hierarchical_pieces_follow_the_size():
     topology = load_topology("dgx-a100", nodes=2)
     groups = hierarchical_alltoall_pieces_by_size(topology, [2**20, 2**16 * 2**8, 2**30])
-    # α-bound small; in between, pieces overlap the NIC relay with the gather; at 1 GiB MSCCL's slice
-    # loop already pipelines every parcel, and more pieces only lengthen each pass
-    assert groups[1] == [2**20, 2**30] and 2**24 not in groups[1]
+    # MSCCL pipelines sends between machines (msccl-net), so a parcel's pieces cross the NIC without
+    # paying α each, and gathering overlaps the crossing at every size: the most pieces win
+    assert groups == {8: [2**20, 2**24, 2**30]}
+    serialized = [
+        simulate_sizes(hierarchical_alltoall_algorithm(topology, p), topology, [2**20], model="msccl") for p in (1, 8)
+    ]
+    # with every send serialized the pieces' α make one piece faster at 1 MiB
+    assert serialized[0][0].time_us < serialized[1][0].time_us
     large = hierarchical_alltoall_algorithm(topology, 1)
     assert simulate_sizes(large, topology, [2**30])[0].fraction_of_bound > 0.99
     # over whole chunks (our executor) the 8-piece pipeline is the one that reaches the bound

@@ -44,7 +44,9 @@ def test_a_shipped_library_prints_the_band_its_time_bound_and_nccl_per_size(caps
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     library = read_library(_shipped("dgx-a100", 1, "allgather"))
-    assert lines[0] == f"dgx-a100 n1 allgather library: {len(library.bands)} bands, 8 ranks on dgx-a100 (msccl model)"
+    assert (
+        lines[0] == f"dgx-a100 n1 allgather library: {len(library.bands)} bands, 8 ranks on dgx-a100 (msccl-net model)"
+    )
     assert lines[1].split() == [
         "size",
         "band",

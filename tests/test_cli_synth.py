@@ -121,7 +121,7 @@ def test_builtin_topology_with_xml(tmp_path, capsys):
     )
     assert provenance.sizes == (1000000,) and dict(provenance.solver_options)["time_limit_s"] == 1.0
     assert provenance.sketch == "auto-ndv2" and provenance.solver.startswith("highs (highspy ")
-    assert provenance.execution_model == "msccl" and provenance.taccl_py == __version__
+    assert provenance.execution_model == "msccl-net" and provenance.taccl_py == __version__
     assert provenance.budget_bound in (None, "node limit", "wall-clock cap")
     captured = capsys.readouterr()
     assert "synthesize: wrote" in captured.err and "[1/" in captured.err, "progress per stage on stderr"

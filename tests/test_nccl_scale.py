@@ -9,6 +9,7 @@ from taccl_py.baselines.build import build_baseline, size_groups
 from taccl_py.baselines.closed_form import (
     CLOSED_FORM_ABOVE_RANKS,
     RING_AGREEMENT,
+    RING_PIPELINED_AGREEMENT,
     TREE_AGREEMENT,
     nccl_latency_us,
     representative,
@@ -17,7 +18,7 @@ from taccl_py.baselines.closed_form import (
 )
 from taccl_py.baselines.nccl import nccl_best_times
 from taccl_py.ir.collectives import Collective
-from taccl_py.simulate import MSCCL_LOOP, WHOLE_CHUNKS, prepare_simulation, simulate_plan
+from taccl_py.simulate import MSCCL_LOOP, WHOLE_CHUNKS, execution_model, prepare_simulation, simulate_plan
 from taccl_py.topology import load_topology
 
 SIZES = (2**20, 2**24, 2**26, 2**30)
@@ -41,14 +42,36 @@ def test_ring_closed_form_equals_the_replay(machine, nodes, collective, model):
         assert time_us == pytest.approx(simulate_plan(plan, size).time_us, rel=RING_AGREEMENT)
 
 
-def test_tree_closed_form_is_within_its_stated_range_of_the_replay():
+@pytest.mark.parametrize(
+    ("machine", "nodes", "collective", "model"),
+    [
+        ("dgx-h100", 2, Collective.ALLGATHER, "msccl-net"),
+        ("dgx-h100", 8, Collective.ALLREDUCE, "msccl-net"),
+        ("mi300x", 4, Collective.ALLREDUCE, "msccl-net"),
+        ("ndv2", 3, Collective.REDUCESCATTER, "pipelined"),
+    ],
+)
+def test_pipelined_ring_form_is_within_its_stated_range_of_the_replay(machine, nodes, collective, model):
+    topology = load_topology(machine, nodes=nodes)
+    sizes = (2**20, 2**24, 2**26, 2**30)
+    _, times = ring_closed_form(topology, collective, sizes, execution_model(model))
+    plan = prepare_simulation(build_baseline("ring", topology, collective), topology, model=execution_model(model))
+    serialized = ring_closed_form(topology, collective, sizes, MSCCL_LOOP)[1]
+    low, high = RING_PIPELINED_AGREEMENT
+    for size, time_us, slower in zip(sizes, times, serialized):
+        assert low <= time_us / simulate_plan(plan, size).time_us <= high
+        assert time_us <= slower  # pipelining never slows the ring
+
+
+@pytest.mark.parametrize("model", ["msccl", "msccl-net"])
+def test_tree_closed_form_is_within_its_stated_range_of_the_replay(model):
     topology = load_topology("dgx-h100", nodes=2)
     sizes = (2**20, 2**30)
-    forms = dict(zip(sizes, tree_closed_form(topology, sizes, MSCCL_LOOP)))
+    forms = dict(zip(sizes, tree_closed_form(topology, sizes, execution_model(model))))
     _, groups = size_groups("tree", topology, "allreduce", sizes)
     for chunks, group in groups.items():
         tree = build_baseline("tree", topology, "allreduce", chunks, size_bytes=group[-1])
-        plan = prepare_simulation(tree, topology)
+        plan = prepare_simulation(tree, topology, model=execution_model(model))
         for size in group:
             name, time_us = forms[size]
             assert name == tree.name  # the pipeline depth tree_algorithm picks

@@ -10,7 +10,15 @@ from taccl_py.ir.algorithm import Buffer
 from taccl_py.ir.algorithm_json import parse_algorithm_provenance, read_algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.lowering import Transfer, lower_plan
-from taccl_py.simulate import MSCCL_LOOP, MSCCL_NETWORK_PIPELINED, MSCCL_PIPELINED, execution_model, simulate
+from taccl_py.simulate import (
+    DEFAULT_MODEL,
+    MSCCL_LOOP,
+    MSCCL_NETWORK_PIPELINED,
+    MSCCL_PIPELINED,
+    execution_model,
+    simulate,
+    simulate_sizes,
+)
 from taccl_py.simulate.plan import prepare_simulation
 from taccl_py.stages.logical import LogicalLink, build_logical_graph
 from taccl_py.stages.ordering import Ordering
@@ -22,6 +30,7 @@ from taccl_py.topology.cluster import load_cluster
 from taccl_py.topology.model import Link, LinkKind, Vertex, VertexKind, make_topology
 
 from helpers import ring_algorithm
+from shipped_bands import shipped_band
 
 MIB = 2**20
 BYTES_PER_US = 10_000.0  # 10 GB/s on every link
@@ -52,13 +61,22 @@ def _one_send(src: int, dst: int):
 
 def test_the_model_is_named_and_pipelines_only_between_machines():
     model = execution_model("msccl-net")
-    assert model is MSCCL_NETWORK_PIPELINED
+    assert model is MSCCL_NETWORK_PIPELINED is DEFAULT_MODEL
     assert (model.pipelines(True), model.pipelines(False)) == (True, False)
     assert (MSCCL_PIPELINED.pipelines(True), MSCCL_PIPELINED.pipelines(False)) == (True, True)
     assert (MSCCL_LOOP.pipelines(True), MSCCL_LOOP.pipelines(False)) == (False, False)
     plan = prepare_simulation(ring_algorithm(Collective.ALLGATHER, 4), _two_machines(1.0), model=model)
     crosses = [plan.topology.node_of(src) != plan.topology.node_of(dst) for src, dst in plan.route_ranks]
     assert list(plan.route_pipelined) == crosses and any(crosses) and not all(crosses)
+
+
+def test_on_one_machine_the_default_times_a_schedule_as_msccl_does():
+    # why one machine's libraries, chosen under msccl, need no new choice under the default
+    topology = load_topology("dgx-h100")
+    algorithm = shipped_band("dgx-h100", 1, "allreduce", 1)
+    sizes = (MIB, 64 * MIB, 1024 * MIB)
+    default = [r.time_us for r in simulate_sizes(algorithm, topology, sizes)]
+    assert default == [r.time_us for r in simulate_sizes(algorithm, topology, sizes, model=MSCCL_LOOP)]
 
 
 def test_a_send_inside_a_machine_pays_alpha_per_slice_and_one_between_machines_once():
@@ -96,14 +114,14 @@ def test_candidates_under_the_model_order_only_sends_between_machines_as_pipelin
     assert chunkings and all(c.pipelined_internode and not c.pipelined_sends for c in chunkings)
 
 
-def test_synthesis_under_the_model_records_it_and_times_its_choice_under_it(tmp_path, capsys):
+def test_synthesis_by_default_runs_under_the_model_records_it_and_times_its_choice_under_it(tmp_path, capsys):
     out, size = tmp_path / "ag.json", 4 * MIB
     argv = ["synthesize", "-t", "dgx-h100", "--nodes", "2", "-c", "allgather", "--size", str(size)]
-    assert main([*argv, "--model", "msccl-net", "--jobs", "1", "-o", str(out)]) == 0
+    assert main([*argv, "--jobs", "1", "-o", str(out)]) == 0
     assert "model msccl-net" in capsys.readouterr().out
     assert parse_algorithm_provenance(out.read_text()).execution_model == "msccl-net"
     topology = load_topology("dgx-h100", 2)
-    chosen = synthesize(topology, "allgather", size_bytes=size, model="msccl-net").choices[0].chosen_result
+    chosen = synthesize(topology, "allgather", size_bytes=size).choices[0].chosen_result
     algorithm = read_algorithm(str(out))
     assert (chosen.model, chosen.algorithm) == ("msccl-net", algorithm.name)
     assert chosen.time_us == pytest.approx(simulate(algorithm, topology, size, model="msccl-net").time_us)
@@ -113,8 +131,6 @@ def test_synthesis_under_the_model_records_it_and_times_its_choice_under_it(tmp_
 @pytest.mark.parametrize("cluster", BAR_15)
 @pytest.mark.parametrize("collective", ["allgather", "allreduce"])
 def test_bar_15_clusters_reach_nine_tenths_of_the_bound_at_64_mb_as_msccl_runs_network_sends(cluster, collective):
-    # under msccl (serialized everywhere) these read 0.874-0.887 (BENCHMARKS, bar 15)
-    result = synthesize(
-        load_cluster(**BAR_15[cluster]), collective, size_bytes=64_000_000, model="msccl-net", jobs=None
-    )
+    # under the default model; under msccl (serialized everywhere) these read 0.874-0.887 (BENCHMARKS, bar 15)
+    result = synthesize(load_cluster(**BAR_15[cluster]), collective, size_bytes=64_000_000, jobs=None)
     assert result.choices[0].chosen_result.fraction_of_bound >= 0.9

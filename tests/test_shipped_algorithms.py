@@ -18,7 +18,7 @@ from taccl_py.ir.library import read_library, shipped_library_dir, shipped_libra
 from taccl_py.msccl import generate_library_xml, generate_msccl_xml, parse_msccl_xml
 from taccl_py.msccl.library import library_xml_name
 from taccl_py.msccl.selection import power_of_two_sizes, selection_report
-from taccl_py.simulate import simulate
+from taccl_py.simulate import DEFAULT_MODEL, simulate
 from taccl_py.synth.candidates import exportable
 from taccl_py.topology import builtin_topology_names, load_topology
 
@@ -202,7 +202,7 @@ def test_large_library_is_verified(path):
     _verify(path)
 
 
-# Issue 30: under MSCCL's slice loop no band from 1 MB up is slower than the best of our own
+# Issue 30: under MSCCL's slice loop (the default model) no band from 1 MB up is slower than the best of our own
 # baselines simulated the same way, unless that baseline is one MSCCL cannot load or select (six
 # NVLink rings: a 6-channel loop divides no power-of-two count; a 16-channel tree on 64 GPUs: 65
 # threadblocks). Eight-GPU libraries in the default run.
@@ -217,7 +217,7 @@ def _no_band_slower_than_a_baseline(path) -> None:
         if library.select(size) is None:  # native: NCCL's own algorithm, faster than any band could be
             continue
         ours = simulate(library.select(size), topology, size)
-        assert ours.model == "msccl"
+        assert ours.model == DEFAULT_MODEL.name
         if baseline is not None and ours.time_us > baseline[1].time_us * (1 + 1e-9):
             assert not exportable(baseline[0]), (
                 f"{size} B: ours {ours.time_us:.1f} us, loadable {baseline[0].name} {baseline[1].time_us:.1f} us"

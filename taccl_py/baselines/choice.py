@@ -27,7 +27,13 @@ from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.ir.lowering import MAX_TRANSFERS_PER_THREADBLOCK
 from taccl_py.msccl.limits import runtime_limits
 from taccl_py.msccl.selection import selectable_for_powers_of_two
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate import (
+    DEFAULT_MODEL,
+    ExecutionModel,
+    SimulationResult,
+    prepare_simulation,
+    simulate_plan,
+)
 from taccl_py.simulate.protocol import band_sample_sizes
 from taccl_py.topology.model import Topology
 from taccl_py.verify import check_algorithm
@@ -65,7 +71,7 @@ def compare_baselines(
     sizes_bytes: Iterable[int],
     progress: Callable[[str], None] | None = None,
     keep: Callable[[Algorithm], bool] | None = None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> tuple[ComparedBaseline, ...]:
     """Return, per size, the fastest baseline under ``model`` and the fastest that ``keep`` accepts.
 
@@ -190,7 +196,7 @@ def best_baselines(
     sizes_bytes: Iterable[int],
     progress: Callable[[str], None] | None = None,
     keep: Callable[[Algorithm], bool] | None = None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
     """Return, per size, the fastest baseline ``keep`` accepts (all without it) and its result; None where none.
 
@@ -279,7 +285,7 @@ def best_baseline(
 def best_baselines_by_band(
     library: AlgorithmLibrary,
     topology: Topology,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     keep: Callable[[Algorithm], bool] | None = None,
 ) -> dict[int, tuple[Algorithm, ...]]:
     """Return, per band index of ``library`` with an algorithm, the baselines fastest at some of its sample sizes.

@@ -25,8 +25,17 @@ with D the deeper tree's depth in machines (``binary_tree_parents``: about log2 
 G the GPUs per machine. Rings and trees are those ``ring_orders`` and ``tree_parents`` build, on a
 representative of a few machines (``representative``): with identical machines every machine's
 hops and link loads are the same, so the many-machine schedule needs no routes across all of
-them. Pipelined sends (``MSCCL_PIPELINED``; ``msccl-net`` between machines) overlap α, so there the
-serialized form is an upper bound. ``tests/test_nccl_scale.py`` holds the forms to the replay on
+them.
+
+Where sends pipeline (``pipelined``; ``msccl-net`` between machines, the default) the ring falls out
+of lockstep: a hop's sender is free once its bytes have left, and the steps no longer share one
+pace. The ring is then timed as the longest path through its steps (``_pipelined_ring_time``):
+position i's step k waits for its own step k-1 to leave, for step k-1's data from position i-1
+(α plus bytes), and for position i+1 to have taken its data of ``send_slots`` steps before. Each
+hop's channels are charged their own α and bytes, and the shared links' bytes together, whichever
+is longer, which undercuts the replay where channels' α overlap less than that
+(``RING_PIPELINED_AGREEMENT``). The tree's steady pace charges a pipelined hop its bytes only.
+``tests/test_nccl_scale.py`` holds the forms to the replay on
 2-8 machines: the ring exactly (``RING_AGREEMENT``), the tree within ``TREE_AGREEMENT``: its
 pipeline's fill is charged with each hop alone on its links and its steady pace with every edge
 sharing them, which undercuts the replay (channels climbing together share GPU ports during the
@@ -62,11 +71,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from taccl_py.baselines._plans import binary_tree_parents, complement_tree_parents
 from taccl_py.baselines.ring import ring_orders
 from taccl_py.baselines.tree import default_tree_channels, tree_chunks_for, tree_depth, tree_parents
 from taccl_py.ir.collectives import Collective, parse_collective
-from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel, slice_sizes
+from taccl_py.simulate.model import DEFAULT_MODEL, ExecutionModel, slice_sizes
 from taccl_py.simulate.protocol import SIMPLE
 from taccl_py.topology.compose import NETWORK_SWITCH, compose_machines, local_name
 from taccl_py.topology.fingerprint import node_signatures
@@ -78,6 +89,7 @@ __all__ = [
     "closed_form_applies",
     "closed_form_times",
     "RING_AGREEMENT",
+    "RING_PIPELINED_AGREEMENT",
     "TREE_AGREEMENT",
     "CLOSED_FORM_ABOVE_RANKS",
     "NCCL_BASE_LATENCY_US",
@@ -98,6 +110,10 @@ CLOSED_FORM_ABOVE_RANKS = 64
 #: Where hops share a PCIe switch (pcie-8gpu x2) it is pessimistic by one step's transient, ~6 µs
 #: (4% at 1 MiB, 0.1% at 1 GiB).
 RING_AGREEMENT = 1e-6
+#: The pipelined ring's form over its replay on 2-8 identical machines lies in this range (2026-11-30:
+#: 0.91-1.02 on DGX-H100/A100/B200, DGX-2, DGX-1 under msccl-net; down to 0.69 on PCIe and MI300X
+#: machines, whose channels share GPU ports and overlap their α less; NDv2 0.80 at 1-16 MiB).
+RING_PIPELINED_AGREEMENT = (0.65, 1.02)
 #: The tree's form over its replay on 2-8 machines lies in this range: the fill of its pipeline is
 #: charged unshared, so the form is optimistic (0.60-0.91 of the replay on DGX-H100/A100 x2-x4).
 TREE_AGREEMENT = (0.55, 1.0)
@@ -147,10 +163,14 @@ def nccl_latency_us(
 
 @dataclass(frozen=True)
 class HopCost:
-    """A send's cost in lockstep: ``alpha_us`` plus bytes times ``us_per_byte`` (its busiest link's share)."""
+    """A send's cost in lockstep: ``alpha_us`` plus bytes times ``us_per_byte`` (its busiest link's share).
+
+    ``us_per_byte_alone``: the busiest link's µs per byte with no other send on it.
+    """
 
     alpha_us: float
     us_per_byte: float
+    us_per_byte_alone: float = 0.0
 
     def time_us(self, size_bytes: float) -> float:
         """Return α + size · µs per byte (µs)."""
@@ -209,7 +229,8 @@ def _hop_costs(
     for src, dst in set(edges):
         path = route(topology, src, dst)
         share = max(load[link.key] / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in path.links)
-        costs[(src, dst)] = HopCost(path.alpha_us, share)
+        alone_share = max(1 / (link.bandwidth_GBps * BYTES_PER_US_PER_GBPS) for link in path.links)
+        costs[(src, dst)] = HopCost(path.alpha_us, share, alone_share)
     return costs
 
 
@@ -230,14 +251,72 @@ def ring_closed_form(
         return None
     rings = ring_orders(small, channels)
     edges = [(ring[i], ring[(i + 1) % len(ring)]) for ring in rings for i in range(len(ring))]
-    costs = tuple(_hop_costs(small, edges).values())
+    hop_costs = _hop_costs(small, edges)
     n = topology.num_ranks
     steps = (2 if collective is Collective.ALLREDUCE else 1) * (n - 1)
+    name = f"ring-{len(rings)}ch-1p"
+    if model.pipelined_between_machines:
+        hops = {_ring_hops(small, ring, hop_costs, topology.nodes) for ring in rings}
+        times = []
+        for size in sizes:
+            pieces = slice_sizes(size / (n * len(rings)), model, SIMPLE)
+            times.append(max(_pipelined_ring_time(ring_hops, steps, pieces, model) for ring_hops in hops))
+        return name, tuple(times)
+    costs = tuple(hop_costs.values())
     times = []
     for size in sizes:
         pieces = slice_sizes(size / (n * len(rings)), model, SIMPLE)
         times.append(sum(steps * _slowest(costs, piece) for piece in pieces))
-    return f"ring-{len(rings)}ch-1p", tuple(times)
+    return name, tuple(times)
+
+
+def _ring_hops(
+    small: Topology, ring: Sequence[int], costs: dict[tuple[int, int], HopCost], machines: int
+) -> tuple[tuple[HopCost, bool], ...]:
+    """Return the (cost, between machines) of every hop of ``ring`` stretched to ``machines`` machines.
+
+    The representative's two machines' stretches of the ring (each ending with its hop out) alternate.
+    """
+    size = len(ring)
+    out = [i for i in range(size) if small.node_of(ring[i]) != small.node_of(ring[(i + 1) % size])]
+    start = (out[0] + 1) % size  # the first rank after a hop between machines
+    order = [ring[(start + i) % size] for i in range(size)]
+    hops = [(costs[(a, b)], small.node_of(a) != small.node_of(b)) for a, b in zip(order, order[1:] + order[:1])]
+    half = size // 2
+    stretches = (hops[:half], hops[half:])
+    return tuple(hop for m in range(machines) for hop in stretches[m % 2])
+
+
+def _pipelined_ring_time(
+    hops: Sequence[tuple[HopCost, bool]], steps: int, pieces: Sequence[float], model: ExecutionModel
+) -> float:
+    """Return the ring's time (µs) when some hops pipeline their sends: the longest path of its steps.
+
+    Position i's step k starts when its own step k-1 has left it (a pipelined send's bytes, a
+    serialized send's whole cost), when step k-1's data from position i-1 has arrived (α + bytes),
+    and when position i+1 has taken step k-``send_slots``'s data (its step k+1-``send_slots``
+    began). Passes follow each other on every position; step 0 of a pass waits for no data.
+    """
+    slots = model.send_slots or 1
+    pipelined = np.array([model.pipelines(between) for _, between in hops])
+    alpha = np.array([cost.alpha_us for cost, _ in hops])
+    per_byte = np.array([cost.us_per_byte for cost, _ in hops])
+    alone = np.array([cost.us_per_byte_alone for cost, _ in hops])
+    free = np.zeros(len(hops))  # when each position's previous send has left it
+    for piece in pieces:
+        # out of lockstep one channel's α overlaps another's bytes: a piece lands α plus its own
+        # bytes after it leaves, and a serialized hop's channels together still fill the links
+        arrive = np.where(pipelined, alpha + piece * alone, np.maximum(alpha + piece * alone, piece * per_byte))
+        busy = np.where(pipelined, piece * per_byte, arrive)
+        started: list[np.ndarray] = []
+        landed = None
+        for k in range(steps):
+            start = free if landed is None else np.maximum(free, np.roll(landed, 1))
+            if k >= slots:
+                start = np.maximum(start, np.roll(started[k - slots + 1], -1))
+            started.append(start)
+            free, landed = start + busy, start + arrive
+    return float(landed.max()) if pieces else 0.0
 
 
 def _machine_depth(machines: int) -> int:
@@ -274,7 +353,11 @@ def tree_closed_form(
     alpha_us = max(max(h.alpha_us for h in hops0), 1e-3)
     bandwidth = min(h.bandwidth_GBps for h in hops0) * BYTES_PER_US_PER_GBPS
     depth0 = gpus - 1 + tree_depth(binary_tree_parents(topology.nodes))
-    links = list(shared.values())
+    # past the fill, a hop whose sends pipeline paces the tree by its bytes alone: its α overlaps
+    links = [
+        HopCost(0.0, cost.us_per_byte) if model.pipelines(small.node_of(src) != small.node_of(dst)) else cost
+        for (src, dst), cost in shared.items()
+    ]
     out = []
     for size in sizes:
         chunks = tree_chunks_for(depth0, alpha_us, bandwidth, size / channels)
@@ -305,7 +388,7 @@ def closed_form_applies(topology: Topology, collective: Collective | str) -> boo
 
 
 def closed_form_times(
-    topology: Topology, collective: Collective, sizes: Iterable[int], model: ExecutionModel = MSCCL_LOOP
+    topology: Topology, collective: Collective, sizes: Iterable[int], model: ExecutionModel = DEFAULT_MODEL
 ) -> tuple[tuple[int, str, float], ...] | None:
     """Return (size, name, µs) of the faster of NCCL's ring and tree (AllReduce) per size, in closed form.
 

@@ -59,7 +59,13 @@ from taccl_py.baselines.closed_form import closed_form_applies, closed_form_time
 from taccl_py.baselines.nvls import NVLS, has_nvls, nvls_allreduce_times, nvls_switch_rate
 from taccl_py.bounds import checked_sizes, lower_bounds
 from taccl_py.ir.collectives import Collective, bus_factor, parse_collective
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate import (
+    DEFAULT_MODEL,
+    ExecutionModel,
+    SimulationResult,
+    prepare_simulation,
+    simulate_plan,
+)
 from taccl_py.topology.model import Topology, route
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
@@ -247,7 +253,7 @@ def modelled_results(
     topology: Topology,
     collective: Collective | str,
     sizes_bytes: Iterable[int],
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     bounds_us: Mapping[int, float] | None = None,
 ) -> tuple[tuple[ModelledBaseline, tuple[SimulationResult, ...]], ...]:
     """Return each modelled NCCL algorithm as a ``ModelledBaseline`` with a ``SimulationResult`` per size.
@@ -306,7 +312,7 @@ def nccl_best_times(
     collective: Collective | str,
     sizes_bytes: Iterable[int],
     *,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> tuple[NcclChoice, ...]:
     """Return, per size, NCCL's fastest algorithm among its own and its time (µs).
 

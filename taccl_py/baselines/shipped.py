@@ -15,7 +15,7 @@ from dataclasses import replace
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import read_library, shipped_library_paths, shipped_node_counts
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult, simulate
 from taccl_py.topology.builtins import builtin_topology_names, load_topology
 from taccl_py.topology.fingerprint import cluster_fingerprint, machine_kind
 from taccl_py.topology.model import Topology
@@ -46,7 +46,7 @@ def healthy_machines(topology: Topology) -> tuple[str, ...]:
 
 
 def shipped_alternatives(
-    topology: Topology, collective: Collective, sizes: Sequence[int], model: ExecutionModel = MSCCL_LOOP
+    topology: Topology, collective: Collective, sizes: Sequence[int], model: ExecutionModel = DEFAULT_MODEL
 ) -> tuple[tuple[Algorithm, SimulationResult] | None, ...]:
     """Return, per size, the fastest of the healthy machines' shipped band algorithms, simulated on ``topology``
     under ``model``.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from taccl_py.errors import ArgumentError
-from taccl_py.simulate import EXECUTION_MODELS, MSCCL_LOOP
+from taccl_py.simulate import DEFAULT_MODEL, EXECUTION_MODELS
 from taccl_py.topology.cluster import Cluster, cluster_topology, describe_cluster
 from taccl_py.topology.model import Topology
 
@@ -81,11 +81,11 @@ def topology_from_args(args: argparse.Namespace, nodes: int | None = None) -> To
 
 
 def add_model_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--model {chunks,msccl,pipelined,msccl-net}`` (default msccl): which execution model times a schedule."""
+    """Add ``--model {chunks,msccl,pipelined,msccl-net}`` (default msccl-net): the execution model of a schedule."""
     described = "; ".join(f"{name}: {model.description}" for name, model in EXECUTION_MODELS.items())
     parser.add_argument(
         "--model",
         choices=tuple(EXECUTION_MODELS),
-        default=MSCCL_LOOP.name,
-        help=f"how the runtime runs the program (default {MSCCL_LOOP.name}; {described})",
+        default=DEFAULT_MODEL.name,
+        help=f"how the runtime runs the program (default {DEFAULT_MODEL.name}; {described})",
     )

@@ -18,7 +18,7 @@ from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.mscclpp.export import PLAN_PROTOCOLS
 from taccl_py.mscclpp.files import LibraryPlans, fits_mscclpp, write_library_plans
 from taccl_py.placement.groups import library_topology
-from taccl_py.simulate import MSCCL_LOOP, WHOLE_CHUNKS
+from taccl_py.simulate import DEFAULT_MODEL, WHOLE_CHUNKS
 from taccl_py.simulate.leave_to_nccl import library_probe_sizes
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.topology.model import Topology
@@ -55,7 +55,7 @@ def library_rivals(library: AlgorithmLibrary, topology: Topology) -> dict[int, t
 def library_nccl_times(library: AlgorithmLibrary, topology: Topology) -> dict[int, NcclChoice]:
     """Return NCCL's best (MSCCL's loop) at every probe size of the bands that get plans, by size (bytes)."""
     bands = [(band.min_bytes, band.max_bytes) for band in library.bands if not band.native]
-    best = nccl_best_times(topology, library.collective, library_probe_sizes(bands), model=MSCCL_LOOP)
+    best = nccl_best_times(topology, library.collective, library_probe_sizes(bands), model=DEFAULT_MODEL)
     return {choice.size_bytes: choice for choice in best}
 
 

@@ -58,7 +58,7 @@ from taccl_py.simulate.leave_to_nccl import (
     compare_with_nccl,
     library_probe_sizes,
 )
-from taccl_py.simulate.model import MSCCL_LOOP
+from taccl_py.simulate.model import DEFAULT_MODEL
 from taccl_py.simulate.protocol import PROTOCOL_COST_TABLES
 from taccl_py.topology.builtins import builtin_topology_name, load_topology
 from taccl_py.verify import exported_inplace_form
@@ -266,14 +266,14 @@ def _nccl_comparison(
     bands = [(b.min_bytes, b.max_bytes) for b in library.bands if not b.native and not b.algorithm.uses_switch]
     if not bands:
         return None, None
-    best = nccl_times(topology, library.collective, library_probe_sizes(bands), model=MSCCL_LOOP)
+    best = nccl_times(topology, library.collective, library_probe_sizes(bands), model=DEFAULT_MODEL)
     times = {choice.size_bytes: choice for choice in best}
     costs = PROTOCOL_COST_TABLES[protocol_limits(runtime, rccl_gpu_arch=rccl_gpu_arch).cost_table]
 
     def compare(band: SizeBand, protocol: str) -> NcclVerdict:
         algorithm = replace(band.algorithm, protocol=protocol)
         return compare_with_nccl(
-            algorithm, band.min_bytes, band.max_bytes, topology, times, model=MSCCL_LOOP, protocol_costs=costs
+            algorithm, band.min_bytes, band.max_bytes, topology, times, model=DEFAULT_MODEL, protocol_costs=costs
         )
 
     return compare, None

@@ -56,7 +56,7 @@ from taccl_py.mscclpp.replay_graph import (
     violation_at,
 )
 from taccl_py.simulate import (
-    MSCCL_LOOP,
+    DEFAULT_MODEL,
     NCCL_PROTOCOL_COSTS,
     ExecutionModel,
     ProtocolCost,
@@ -122,7 +122,7 @@ def prepare_plan_simulation(
     plan: ExecutionPlan,
     topology: Topology,
     *,
-    model: ExecutionModel | str = MSCCL_LOOP,
+    model: ExecutionModel | str = DEFAULT_MODEL,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
 ) -> SimulationPlan:
     """Return the replay's tables for ``plan`` on ``topology``; reuse them to simulate several sizes.
@@ -193,7 +193,7 @@ def simulate_mscclpp_plan(
     topology: Topology,
     sizes_bytes: Iterable[int],
     *,
-    model: ExecutionModel | str = MSCCL_LOOP,
+    model: ExecutionModel | str = DEFAULT_MODEL,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
 ) -> tuple[SimulationResult, ...]:
     """Return the simulated run (time µs, bandwidths GB/s, bound ratio) of ``plan`` at each nccl-tests size.

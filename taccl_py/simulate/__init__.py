@@ -16,6 +16,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import bus_factor
 from taccl_py.simulate.engine import ReplayOutcome, replay
 from taccl_py.simulate.model import (
+    DEFAULT_MODEL,
     EXECUTION_MODELS,
     MSCCL_LOOP,
     MSCCL_NETWORK_PIPELINED,
@@ -37,6 +38,7 @@ from taccl_py.topology.model import Topology
 from taccl_py.units import BYTES_PER_US_PER_GBPS
 
 __all__ = [
+    "DEFAULT_MODEL",
     "EXECUTION_MODELS",
     "MSCCL_LOOP",
     "MSCCL_PIPELINED",
@@ -152,7 +154,7 @@ def simulate(
     record_timeline: bool = False,
     bound_time_us: float | None = None,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
-    model: ExecutionModel | str = MSCCL_LOOP,
+    model: ExecutionModel | str = DEFAULT_MODEL,
 ) -> SimulationResult:
     """Return the simulated time (µs), bandwidths (GB/s), bound ratio and link usage of one run.
 
@@ -227,7 +229,7 @@ def simulate_sizes(
     *,
     record_timeline: bool = False,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
-    model: ExecutionModel | str = MSCCL_LOOP,
+    model: ExecutionModel | str = DEFAULT_MODEL,
 ) -> tuple[SimulationResult, ...]:
     """Return ``simulate`` at each size, preparing the plan and the lower bounds once."""
     sizes = tuple(_check_size(algorithm.name, size) for size in sizes_bytes)

@@ -15,7 +15,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary
 from taccl_py.simulate import (
-    MSCCL_LOOP,
+    DEFAULT_MODEL,
     NCCL_PROTOCOL_COSTS,
     ExecutionModel,
     ProtocolCost,
@@ -89,7 +89,7 @@ def simulate_library(
     topology: Topology,
     sizes_bytes: Iterable[int],
     *,
-    model: ExecutionModel | str = MSCCL_LOOP,
+    model: ExecutionModel | str = DEFAULT_MODEL,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
 ) -> tuple[BandRun, ...]:
     """Return, per size, the band ``library`` runs there and its simulated time on ``topology``.

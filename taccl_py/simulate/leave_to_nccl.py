@@ -23,7 +23,7 @@ from typing import Protocol
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.simulate.engine import replay
-from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel
+from taccl_py.simulate.model import DEFAULT_MODEL, ExecutionModel
 from taccl_py.simulate.plan import prepare_simulation
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost
 from taccl_py.topology.model import Topology
@@ -163,7 +163,7 @@ def compare_with_nccl(
     topology: Topology,
     nccl_times: Mapping[int, NcclTime],
     *,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
 ) -> NcclVerdict:
     """Return ``algorithm`` over the band [min_bytes, max_bytes) against NCCL's best: probes, kept ranges, runs left.

@@ -64,6 +64,7 @@ __all__ = [
     "MSCCL_LOOP",
     "MSCCL_PIPELINED",
     "MSCCL_NETWORK_PIPELINED",
+    "DEFAULT_MODEL",
     "EXECUTION_MODELS",
     "execution_model",
     "slice_sizes",
@@ -125,7 +126,8 @@ class ExecutionModel:
 
 #: Whole chunks, serialized sends: our own executor (and the model of older BENCHMARKS sections).
 WHOLE_CHUNKS = ExecutionModel("chunks", None, None, "whole chunks, serialized sends (taccl_py's executor)")
-#: MSCCL's kernel loop over slices, serialized sends: what the synthesizer chooses bands under.
+#: MSCCL's kernel loop over slices, every send serialized (the default until 2026-11-30, and the
+#: model of BENCHMARKS sections that name ``msccl``).
 MSCCL_LOOP = ExecutionModel("msccl", tuple(MSCCL_SLICE_BYTES.items()), None, "MSCCL's slices, serialized sends")
 #: MSCCL's slices with sends pipelined through the connection's slots (NCCL's proxy).
 MSCCL_PIPELINED = ExecutionModel(
@@ -140,6 +142,9 @@ MSCCL_NETWORK_PIPELINED = ExecutionModel(
     "MSCCL's slices, sends serialized inside a machine and pipelined through 2 slots between machines",
     between_machines_only=True,
 )
+#: What synthesis, ``simulate``, band choice and the export's leave-to-NCCL assume unless told:
+#: MSCCL's sends as its source runs them. On one machine it times every schedule as ``msccl`` does.
+DEFAULT_MODEL = MSCCL_NETWORK_PIPELINED
 EXECUTION_MODELS: Mapping[str, ExecutionModel] = MappingProxyType(
     {model.name: model for model in (WHOLE_CHUNKS, MSCCL_LOOP, MSCCL_PIPELINED, MSCCL_NETWORK_PIPELINED)}
 )

@@ -17,7 +17,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.dataflow import ActionKind
 from taccl_py.ir.flow_cache import dataflow_of
-from taccl_py.simulate.model import MSCCL_LOOP, ExecutionModel
+from taccl_py.simulate.model import DEFAULT_MODEL, ExecutionModel
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, ProtocolCost, protocol_cost
 from taccl_py.simulate.switch import switch_path
 from taccl_py.topology.model import Topology, route
@@ -117,7 +117,7 @@ def prepare_simulation(
     topology: Topology,
     *,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> SimulationPlan:
     """Return the integer tables the replay needs; reuse them to simulate several sizes.
 
@@ -175,7 +175,7 @@ def assemble_simulation_plan(
     threadblock_spans: Sequence[tuple[int, int]],
     *,
     protocol_costs: Mapping[str, ProtocolCost] = NCCL_PROTOCOL_COSTS,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     switches: Sequence[PlannedSwitch] = (),
 ) -> SimulationPlan:
     """Return the replay's tables for a program given as actions; every action not in ``sends`` takes 0 µs.

@@ -77,7 +77,7 @@ class SimulationResult:
     num_transfers: int
     link_usage: tuple[LinkUsage, ...]
     timeline: tuple[TimelineRecord, ...] | None = None
-    model: str = "msccl"
+    model: str = "msccl-net"  # simulate.model.DEFAULT_MODEL's name (result imports no model)
     num_passes: int = 1
 
 

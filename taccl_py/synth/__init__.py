@@ -27,7 +27,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.progress import prefixed
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, execution_model
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, execution_model
 from taccl_py.solvers import (
     BudgetBound,
     SolverOptions,
@@ -341,7 +341,7 @@ def synthesize(
     *,
     node_limit: int | None = None,
     jobs: int | None = 1,
-    model: ExecutionModel | str = MSCCL_LOOP,
+    model: ExecutionModel | str = DEFAULT_MODEL,
     loadable_in: str | None = None,
 ) -> SynthesisResult:
     """Return a verified algorithm for ``collective`` on ``topology``, fastest under the simulator.

@@ -31,7 +31,7 @@ from taccl_py.ir.library import (
     generate_library,
 )
 from taccl_py.msccl.selection import power_of_two_sizes
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate_sizes
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult, simulate_sizes
 from taccl_py.synth.candidates import geometric_middle
 from taccl_py.topology.model import Topology
 
@@ -157,7 +157,7 @@ def build_library(
     cluster: ClusterRecord | None = None,
     *,
     topology: Topology | None = None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> AlgorithmLibrary:
     """Return the library whose bands cover all sizes, one band per run of equal winners.
 
@@ -191,7 +191,9 @@ def build_library(
     return AlgorithmLibrary(topology_name, nodes, collective, num_ranks, tuple(bands), provenance, cluster)
 
 
-def crossover_edge(below: SizeChoice, above: SizeChoice, topology: Topology, model: ExecutionModel = MSCCL_LOOP) -> int:
+def crossover_edge(
+    below: SizeChoice, above: SizeChoice, topology: Topology, model: ExecutionModel = DEFAULT_MODEL
+) -> int:
     """Return the edge (bytes) between the band of ``below`` and the next one, of ``above``, where the two cross.
 
     Both are timed at each power of two between their sizes (a native band at NCCL's best time,

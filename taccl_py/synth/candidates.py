@@ -22,7 +22,13 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.progress import ProgressTicker, heartbeat
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, prepare_simulation, simulate_plan
+from taccl_py.simulate import (
+    DEFAULT_MODEL,
+    ExecutionModel,
+    SimulationResult,
+    prepare_simulation,
+    simulate_plan,
+)
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.simulate.protocol import SIMPLE
 from taccl_py.stages.logical import LogicalGraph
@@ -71,7 +77,7 @@ def candidate_chunkings(
     collective: Collective,
     bound: LowerBound,
     chunkup: int | None = None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> tuple[Chunking, ...]:
     """Return the chunkings worth synthesizing for one size (``bound`` holds the size) under ``model``.
 
@@ -114,7 +120,7 @@ def simulate_at(
     sizes: Sequence[int],
     bounds: Sequence[LowerBound],
     progress: Callable[[str], None] | None = None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> tuple[SimulationResult, ...]:
     """Return the simulated runs of ``algorithm`` at ``sizes`` under ``model`` (bounds given, computed once).
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.collectives import Collective, parse_collective
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel
 from taccl_py.solvers import SolverOptions
 from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.bands import choose_per_size
@@ -36,7 +36,7 @@ def choose_designs(
     collective: Collective | str,
     sizes: Sequence[int],
     *,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     progress: Callable[[str], None] | None = None,
 ) -> SynthesisResult:
     """Return the library (and per-size choices) of the switch designs and baselines at ``sizes`` (bytes).

@@ -18,7 +18,7 @@ from taccl_py.errors import InfeasibleError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.ir.library import AlgorithmLibrary, Provenance, cluster_record
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel
 from taccl_py.solvers import BudgetBound, SolverOptions, describe_solver, prepare_highs_threads, solver_settings
 from taccl_py.stages.sketch.model import Sketch
 from taccl_py.synth.bands import SizeChoice, build_library, choose_per_size
@@ -68,7 +68,7 @@ def best_baselines_per_size(
     options: SolverOptions,
     loadable_only: bool | str,
     progress: Callable[[str], None] | None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> tuple[ComparedBaseline, ...]:
     """Return, per size, the baseline results are compared with and the one that may be written instead.
 
@@ -125,7 +125,7 @@ def synthesis_provenance(
     sketch: Sketch,
     options: SolverOptions,
     budget_bound: BudgetBound | None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> Provenance:
     """Return how a synthesis at ``sizes`` (bytes) was made: version, solver and its budgets, sketch, model."""
     return Provenance(
@@ -148,7 +148,7 @@ def library_of(
     options: SolverOptions,
     choices: tuple[SizeChoice, ...],
     budget_bound: BudgetBound | None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> AlgorithmLibrary:
     """Return the library of size bands of ``choices``, with its provenance (``model``: chosen under it).
 

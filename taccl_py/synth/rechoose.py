@@ -26,7 +26,7 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, cluster_record
 from taccl_py.msccl.selection import power_of_two_sizes
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult, simulate, simulate_sizes
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult, simulate, simulate_sizes
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.solvers import SolverOptions
 from taccl_py.synth.bands import SizeChoice, build_library
@@ -59,7 +59,7 @@ def rechoose_bands(
     library: AlgorithmLibrary,
     topology: Topology,
     *,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     progress: Callable[[str], None] | None = None,
     machine: str | None = None,
 ) -> tuple[AlgorithmLibrary, tuple[SizeChoice, ...]]:
@@ -206,7 +206,7 @@ def _clipped(band: SizeBand, low: int, high: int | None) -> SizeBand:
 
 
 def refine_native_edges(
-    library: AlgorithmLibrary, topology: Topology, *, model: ExecutionModel = MSCCL_LOOP
+    library: AlgorithmLibrary, topology: Topology, *, model: ExecutionModel = DEFAULT_MODEL
 ) -> AlgorithmLibrary:
     """Return ``library`` with each edge between a band of ours and a native band moved to where NCCL takes over.
 

@@ -18,7 +18,7 @@ from taccl_py.bounds.reduction import schedule_bounds
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.selection import selectable_for_powers_of_two
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult
 from taccl_py.synth.candidates import simulate_at
 from taccl_py.synth.switch_designs import has_switch_designs, multicast_allgather, split_allreduce, switch_allreduce
 from taccl_py.topology.model import Topology
@@ -41,7 +41,7 @@ def switch_candidates(
     sizes: Sequence[int],
     p2p_parts: Sequence[Algorithm] = (),
     *,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
     progress: Callable[[str], None] | None = None,
 ) -> list[tuple[Algorithm, tuple[SimulationResult, ...]]]:
     """Return the switch designs for ``collective`` on ``topology``, each verified, with its results at ``sizes``.

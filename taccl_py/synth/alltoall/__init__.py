@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from taccl_py.bounds import LowerBound, lower_bounds
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
-from taccl_py.simulate import MSCCL_LOOP, ExecutionModel, SimulationResult
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult
 from taccl_py.solvers import (
     BudgetBound,
     SolverOptions,
@@ -95,7 +95,7 @@ def alltoall_candidates(
     bounds: Sequence[LowerBound],
     options: SolverOptions | None = None,
     progress: Callable[[str], None] | None = None,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> list[AlltoallCandidate]:
     """Return the verified synthesized AlltoAll candidates for ``topology``, simulated at ``sizes`` (bytes).
 
@@ -173,7 +173,7 @@ def synthesize_alltoall(
     options: SolverOptions,
     progress: Callable[[str], None] | None,
     began: float,
-    model: ExecutionModel = MSCCL_LOOP,
+    model: ExecutionModel = DEFAULT_MODEL,
 ) -> SynthesisResult:
     """Return the AlltoAll synthesis: the LP-routed candidates against the baselines, per size, under ``model``.
 
