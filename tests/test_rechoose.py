@@ -10,9 +10,9 @@ import pytest
 from taccl_py.baselines import compare_baselines
 from taccl_py.errors import ArgumentError
 from taccl_py.ir.library import read_library, shipped_library_dir, shipped_library_paths
-from taccl_py.simulate import DEFAULT_MODEL, MSCCL_LOOP, WHOLE_CHUNKS, simulate
+from taccl_py.simulate import DEFAULT_MODEL, MSCCL_LOOP, WHOLE_CHUNKS, execution_model, simulate
 from taccl_py.synth.candidates import exportable
-from taccl_py.synth.rechoose import band_algorithms, rechoose_bands
+from taccl_py.synth.rechoose import band_algorithms, rechoose_bands, times_one_pass_alike
 from taccl_py.topology import builtin_topology_names, load_topology
 
 
@@ -114,3 +114,14 @@ def test_edges_to_native_bands_move_to_where_nccl_takes_over():
     for size, us, them in zip(probes, mine, nccl):
         assert (refined.select(size) is not None) == (us <= them), size
     assert refined.bands[0].max_bytes == refined.bands[1].min_bytes != edge
+
+
+def test_a_model_that_times_network_sends_otherwise_re_chooses_every_size():
+    two = load_topology("dgx-h100", nodes=2)
+    net = execution_model("msccl-net")
+    # msccl serializes sends between machines and msccl-net pipelines them: a single pass differs
+    assert not times_one_pass_alike("msccl", net, two)
+    assert times_one_pass_alike("msccl-net", net, two)
+    # inside one machine both serialize, as whole chunks (a library recording no model) do
+    assert times_one_pass_alike("msccl", net, load_topology("dgx-h100"))
+    assert times_one_pass_alike(None, execution_model("msccl"), two)

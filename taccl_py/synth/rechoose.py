@@ -26,7 +26,15 @@ from taccl_py.errors import ArgumentError
 from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.library import AlgorithmLibrary, SizeBand, cluster_record
 from taccl_py.msccl.selection import power_of_two_sizes
-from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult, simulate, simulate_sizes
+from taccl_py.simulate import (
+    DEFAULT_MODEL,
+    WHOLE_CHUNKS,
+    ExecutionModel,
+    SimulationResult,
+    execution_model,
+    simulate,
+    simulate_sizes,
+)
 from taccl_py.simulate.model import slice_sizes
 from taccl_py.solvers import SolverOptions
 from taccl_py.synth.bands import SizeChoice, build_library
@@ -70,7 +78,8 @@ def rechoose_bands(
     baselines that a band may hold, simulated on ``topology`` at the sizes in the library's
     provenance; sizes where NCCL's modelled algorithms are faster become native bands.
     ``choices`` hold the choice at every size; below ``single_pass_limit`` the returned library
-    keeps its own bands instead (``keep_bands_below``), whose times the model does not change.
+    keeps its own bands instead (``keep_bands_below``), whose times the model does not change when
+    the library's own model timed one pass alike (``times_one_pass_alike``; else every size anew).
     ``machine`` names another built-in machine of the same GPU graph (dgx-b200 for a dgx-h100
     library): its bands are then chosen from the library's algorithms on ``topology``'s rates,
     every size anew, and the result is that machine's library.
@@ -120,8 +129,10 @@ def rechoose_bands(
         cluster_record(topology) if derived else library.cluster,
     )
     # Bands the model leaves alone are kept, unless the choice now holds what the library could not:
-    # a switch design, a size left to NCCL, or another machine's rates.
+    # a switch design, a size left to NCCL, or another machine's rates, or the library's own model
+    # timed a single pass otherwise (msccl's sends between machines wait; msccl-net's do not).
     anew = derived or any(choice.native or choice.chosen.uses_switch for choice in choices)
+    anew = anew or not times_one_pass_alike(library.provenance.execution_model, model, topology)
     if not anew and limit is None:  # every band runs one pass at every size: the model changes no band's time
         rechosen = replace(rechosen, bands=library.bands)
     elif not anew:
@@ -136,6 +147,16 @@ def rechoose_bands(
         len(library.bands),
     )
     return rechosen, choices
+
+
+def times_one_pass_alike(previous: str | None, model: ExecutionModel, topology: Topology) -> bool:
+    """Return True when ``previous`` (a model's name; None: whole chunks) and ``model`` time one pass alike.
+
+    They differ only in slicing when every send on ``topology`` is serialized or pipelined alike under both.
+    """
+    before = execution_model(previous or WHOLE_CHUNKS.name)
+    crossings = (False, True) if topology.nodes > 1 else (False,)
+    return all(before.pipelines(between) == model.pipelines(between) for between in crossings)
 
 
 def single_pass_limit(library: AlgorithmLibrary, model: ExecutionModel) -> int | None:
