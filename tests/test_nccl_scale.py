@@ -79,6 +79,16 @@ def test_tree_closed_form_is_within_its_stated_range_of_the_replay(model):
             assert low <= time_us / simulate_plan(plan, size).time_us <= high
 
 
+def test_a_ring_inside_one_rack_has_a_pipelined_form_too():
+    rack = load_topology("gb200-nvl72")  # 72 GPUs, one machine: closed form, no hop between machines
+    sizes = (2**20, 2**30)
+    for collective in (Collective.ALLGATHER, Collective.ALLREDUCE):
+        net = ring_closed_form(rack, collective, sizes, execution_model("msccl-net"))
+        assert net == ring_closed_form(rack, collective, sizes, MSCCL_LOOP)  # nothing to pipeline inside a rack
+        piped = ring_closed_form(rack, collective, sizes, execution_model("pipelined"))[1]
+        assert all(p <= s for p, s in zip(piped, net[1]))
+
+
 def test_representative_joins_copies_of_the_machine_and_refuses_differing_ones():
     big = load_topology("dgx-h100", nodes=5)
     small = representative(big, 2)

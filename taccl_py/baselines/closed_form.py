@@ -255,7 +255,7 @@ def ring_closed_form(
     n = topology.num_ranks
     steps = (2 if collective is Collective.ALLREDUCE else 1) * (n - 1)
     name = f"ring-{len(rings)}ch-1p"
-    if model.pipelined_between_machines:
+    if model.pipelines(topology.nodes > 1):  # some hop pipelines: out of lockstep
         hops = {_ring_hops(small, ring, hop_costs, topology.nodes) for ring in rings}
         times = []
         for size in sizes:
@@ -275,13 +275,16 @@ def _ring_hops(
 ) -> tuple[tuple[HopCost, bool], ...]:
     """Return the (cost, between machines) of every hop of ``ring`` stretched to ``machines`` machines.
 
-    The representative's two machines' stretches of the ring (each ending with its hop out) alternate.
+    The representative's two machines' stretches of the ring (each ending with its hop out) alternate;
+    a ring inside one machine (a GB200 NVL72 rack) is its own hops.
     """
     size = len(ring)
     out = [i for i in range(size) if small.node_of(ring[i]) != small.node_of(ring[(i + 1) % size])]
-    start = (out[0] + 1) % size  # the first rank after a hop between machines
+    start = (out[0] + 1) % size if out else 0  # the first rank after a hop between machines
     order = [ring[(start + i) % size] for i in range(size)]
     hops = [(costs[(a, b)], small.node_of(a) != small.node_of(b)) for a, b in zip(order, order[1:] + order[:1])]
+    if not out:
+        return tuple(hops)
     half = size // 2
     stretches = (hops[:half], hops[half:])
     return tuple(hop for m in range(machines) for hop in stretches[m % 2])
