@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taccl_py.ir.collectives import Collective
+from taccl_py.simulate.model import DEFAULT_MODEL
 
 __all__ = ["LinkUsage", "TimelineRecord", "SimulationResult", "simulation_result_to_dict", "resource_label"]
 
@@ -77,7 +78,7 @@ class SimulationResult:
     num_transfers: int
     link_usage: tuple[LinkUsage, ...]
     timeline: tuple[TimelineRecord, ...] | None = None
-    model: str = "msccl-net"  # simulate.model.DEFAULT_MODEL's name (result imports no model)
+    model: str = DEFAULT_MODEL.name
     num_passes: int = 1
 
 
