@@ -20,6 +20,7 @@ from taccl_py.cli._output import format_ratio, progress_to_stderr
         (1 - 1e-9, "0.999999x"),
         (1 + 1e-9, "1.000001x"),
         (1.0, "1.00x"),
+        (1 - 2e-16, "1.00x"),  # a replay and a closed form of one ring, a bit apart: a tie
         (2.5, "2.50x"),
     ],
 )

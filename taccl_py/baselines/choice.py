@@ -43,6 +43,11 @@ __all__ = ["ComparedBaseline", "compare_baselines", "best_baselines", "best_base
 # The kinds built as NCCL runs them (``nccl_best_times``): its ring, double binary tree and direct AlltoAll.
 _NCCLS_OWN = frozenset({BaselineKind.RING, BaselineKind.TREE, BaselineKind.DIRECT})
 
+# Above CLOSED_FORM_ABOVE_RANKS GPUs NCCL's ring is timed in closed form; up to this many it is also
+# built, in the variant MSCCL loads, to compete for ``kept``: on 128 H100s at 1 GB it is the fastest
+# schedule MSCCL runs (doubling 0.90x). A ring of 256 GPUs is 520k transfers, minutes per size.
+LOADABLE_RING_MAX_RANKS = 128
+
 
 @dataclass(frozen=True)
 class ComparedBaseline:
@@ -84,7 +89,8 @@ def compare_baselines(
     hierarchical, trees (AlltoAll: direct, hierarchical), and all of them to NCCL's modelled
     algorithms (``modelled_results``: NVLS, NVLS-Tree, PAT), which compete for ``fastest`` only.
     Above ``CLOSED_FORM_ABOVE_RANKS`` GPUs of identical machines the ring and tree are not built:
-    they are modelled in closed form (``baselines.closed_form``) and compete for ``fastest`` only.
+    they are modelled in closed form (``baselines.closed_form``) and compete for ``fastest`` only;
+    with ``keep``, up to ``LOADABLE_RING_MAX_RANKS`` GPUs, the ring's loadable variant competes for ``kept``.
     ``native`` takes NCCL's own: the modelled ones and the ring, tree and direct as built, never a
     reshaped variant (NCCL does not run those), as ``nccl_best_times`` counts them.
     ``progress`` receives one line per baseline built. Baselines are built unverified and only the
@@ -104,6 +110,12 @@ def compare_baselines(
     closed = closed_form_applies(topology, collective)
     for kind in applicable_kinds(topology, collective):
         if closed and kind in (BaselineKind.RING, BaselineKind.TREE):
+            if kind is BaselineKind.RING and keep is not None and topology.num_ranks <= LOADABLE_RING_MAX_RANKS:
+                ring = _loadable_ring(topology, collective, keep)
+                if ring is not None:
+                    results = _simulated(ring, topology, sizes, bounds, model, progress)
+                    _keep_faster(kept, ring, sizes, results)
+                    _keep_faster(schedules, ring, sizes, results)
             continue
         # Packed trees of every pipeline depth share one packing (seconds on 64 GPUs).
         packings = phase_packings(topology, collective) if kind is BaselineKind.TREES else None
@@ -218,7 +230,8 @@ def _loadable_variant(
 
     Three refusals have a cure. Steps per threadblock: rings, hierarchical and doubling algorithms
     spread their longer runs of sends over more channels (an AllReduce ring of 64 GPUs sends 126
-    times on one; doubling's AllReduce on two channels forwards 126 blocks to a peer at 512 GPUs).
+    times on one; doubling's AllReduce on two channels forwards 126 blocks to a peer at 512 GPUs),
+    28 sends a threadblock or, where that needs more than MSCCL's channels, the runtime's step limit.
     Threadblocks per GPU: rings, trees, hierarchical and doubling algorithms take the most channels
     under the original's that fit (16 trees on 64 GPUs need 69 threadblocks, over the 64 MSCCL
     loads). A chunk loop MSCCL never selects (6 rings on NDv2: 48 chunks, which divide no
@@ -240,6 +253,19 @@ def _loadable_variant(
         )
         if keep(algorithm):
             return algorithm
+        # At our pace a ring of 128 GPUs needs 40 channels, over MSCCL's 32; at the runtime's own
+        # step limit (no dependency nops in a ring) it needs 16.
+        if longest > limits.max_steps_per_threadblock:
+            runtime_paced = build_baseline(
+                kind,
+                topology,
+                collective,
+                chunks,
+                max_transfers_per_threadblock=limits.max_steps_per_threadblock,
+                verify=False,
+            )
+            if keep(runtime_paced):
+                return runtime_paced
     most = _most_threadblocks(algorithm)
     if most <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(algorithm):
         return None
@@ -264,6 +290,14 @@ def _loadable_variant(
         if _most_threadblocks(fewer) <= limits.max_threadblocks_per_gpu and selectable_for_powers_of_two(fewer):
             return None
     return None
+
+
+def _loadable_ring(topology: Topology, collective: Collective, keep: Callable[[Algorithm], bool]) -> Algorithm | None:
+    """Return NCCL's ring on ``topology`` as ``keep`` accepts it, spread or with fewer channels; None if no form is."""
+    ring = build_baseline(BaselineKind.RING, topology, collective, verify=False)
+    if keep(ring):
+        return ring
+    return _loadable_variant(ring, keep, BaselineKind.RING, topology, collective, None, 0)  # a ring takes no size
 
 
 def _most_threadblocks(algorithm: Algorithm) -> int:

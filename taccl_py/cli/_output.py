@@ -6,6 +6,8 @@ import math
 import sys
 from collections.abc import Sequence
 
+from taccl_py.simulate.result import FLOAT_TIE
+
 __all__ = [
     "ALGORITHM_FILE_HELP",
     "NVLS_HEADERS",
@@ -27,11 +29,13 @@ def format_ratio(ratio: float) -> str:
     """Return ``ratio`` as ``"1.07x"``, with the decimals it takes to stay on its side of 1.
 
     A ratio other than 1 never reads ``1.00x``: 433.5 µs against 431.4 µs is ``0.995x``, and a
-    ratio within 1e-6 of 1 is rounded away from 1 (``0.999999x``).
+    ratio within 1e-6 of 1 is rounded away from 1 (``0.999999x``); within ``FLOAT_TIE`` it is a tie.
 
-    >>> format_ratio(1.0704), format_ratio(431.4 / 433.5), format_ratio(1.0), format_ratio(1 - 1e-9)
+    >>> format_ratio(1.0704), format_ratio(431.4 / 433.5), format_ratio(1 - 1e-16), format_ratio(1 - 1e-9)
     ('1.07x', '0.995x', '1.00x', '0.999999x')
     """
+    if abs(ratio - 1) <= FLOAT_TIE:
+        ratio = 1.0
     for decimals in range(_RATIO_DECIMALS, _RATIO_MAX_DECIMALS + 1):
         text = f"{ratio:.{decimals}f}"
         if ratio == 1 or float(text) != 1:

@@ -19,6 +19,7 @@ from taccl_py.ir.algorithm import Algorithm
 from taccl_py.ir.collectives import Collective
 from taccl_py.msccl.limits import RuntimeLimits
 from taccl_py.placement.parallel import GroupKind, parallel_groups, parse_parallel, parse_ranks, read_placement
+from taccl_py.simulate import faster
 from taccl_py.simulate.bands import IN_NETWORK_BOUND_LABEL, library_bound_label, library_bounds
 from taccl_py.solvers import SOLVERS, BudgetBound
 from taccl_py.stages.sketch import read_sketch
@@ -111,7 +112,7 @@ def unwritable_baseline_notes(result: SynthesisResult) -> list[str]:
     notes = []
     for choice in result.choices:
         base, chosen = choice.baseline, choice.chosen_result
-        if base is None or base.time_us >= chosen.time_us:
+        if base is None or not faster(base.time_us, chosen.time_us):
             continue
         unloadable = "but does not load in the MSCCL runtimes"
         modelled = "but is NCCL's own algorithm, modelled, which no schedule can express"

@@ -28,9 +28,11 @@ from taccl_py.simulate.model import (
 from taccl_py.simulate.plan import ProgramSummary, SimulationPlan, prepare_simulation
 from taccl_py.simulate.protocol import NCCL_PROTOCOL_COSTS, PROTOCOLS, RCCL_PROTOCOL_COSTS, ProtocolCost
 from taccl_py.simulate.result import (
+    FLOAT_TIE,
     LinkUsage,
     SimulationResult,
     TimelineRecord,
+    faster,
     resource_label,
     simulation_result_to_dict,
 )
@@ -50,10 +52,12 @@ __all__ = [
     "PROTOCOLS",
     "RCCL_PROTOCOL_COSTS",
     "ProtocolCost",
+    "FLOAT_TIE",
     "LinkUsage",
     "SimulationPlan",
     "SimulationResult",
     "TimelineRecord",
+    "faster",
     "prepare_simulation",
     "resource_label",
     "simulate",

@@ -31,7 +31,7 @@ from taccl_py.ir.library import (
     generate_library,
 )
 from taccl_py.msccl.selection import power_of_two_sizes
-from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult, simulate_sizes
+from taccl_py.simulate import DEFAULT_MODEL, ExecutionModel, SimulationResult, faster, simulate_sizes
 from taccl_py.synth.candidates import geometric_middle
 from taccl_py.topology.model import Topology
 
@@ -48,9 +48,10 @@ class SizeChoice:
     ``baseline_is_schedule`` is False where the fastest baseline is one of NCCL's modelled
     algorithms (``baselines.nccl``: NVLS, PAT), which is compared with but never written.
     ``native`` says a library leaves this size to NCCL: its fastest modelled algorithm (``nccl``)
-    is faster than everything a band may hold (``chosen`` is then the fastest of those, not
-    written), whether or not a schedule that may not be written is faster still. Where a band may
-    hold nothing at this size, it is left to NCCL too, and ``chosen`` is the fastest schedule built.
+    is faster than everything a band may hold, by more than rounding (``faster``; ``chosen`` is then
+    the fastest of those, not written), whether or not a schedule that may not be written is faster
+    still. Where a band may hold nothing at this size, it is left to NCCL too, and ``chosen`` is the
+    fastest schedule built.
     """
 
     size_bytes: int
@@ -115,7 +116,7 @@ def choose_per_size(
                 None if reference is None else reference[0].name,
                 from_baseline == 1,
                 reference is None or is_schedule(reference[0]),
-                leave_to_native and nccl is not None and nccl[1].time_us < result.time_us,
+                leave_to_native and nccl is not None and faster(nccl[1].time_us, result.time_us),
                 None if nccl is None else nccl[1],
             )
         )
