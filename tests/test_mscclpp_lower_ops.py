@@ -84,9 +84,9 @@ def _band(name: str, nodes: int, collective: str, index: int):
 
 
 def test_a_rank_just_over_the_limit_fits_by_gathering_alone(monkeypatch) -> None:
-    # NDv2 x2 AllGather band 4: rank 0 needs 14 threadblocks as written, 13 with its gates gathered
+    # NDv2 x2 AllGather band 5 (c1p2-d131072000): rank 0 needs 14 threadblocks as written, 13 with its gates gathered
     topology = load_topology("ndv2", nodes=2)
-    algorithm = _band("ndv2", 2, "allgather", 4)
+    algorithm = _band("ndv2", 2, "allgather", 5)
     assert max(len(gpu["threadblocks"]) for gpu in generate_mscclpp_plan(algorithm, topology)["gpus"]) == 14
     monkeypatch.setattr("taccl_py.mscclpp.export.MAX_THREADBLOCKS_PER_GPU", 13)
     monkeypatch.setattr("test_mscclpp_export.MAX_THREADBLOCKS_PER_GPU", 13)
