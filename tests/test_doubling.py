@@ -125,3 +125,19 @@ def test_a_doubling_over_the_threadblock_limit_competes_with_fewer_channels():
     assert one is not None and keep(one)
     assert verify_algorithm(one).ok
     assert _loadable_variant(two, keep, BaselineKind.DOUBLING, topology, Collective.ALLGATHER, 2, 64 * MiB) is None
+
+
+@pytest.mark.parametrize("collective", ["reducescatter", "allreduce"])
+@pytest.mark.parametrize(("machine", "nodes", "piece_blocks"), [("one-gpu", 4, None), ("ndv2", 2, 1)])
+def test_doubling_reductions_are_right_in_place(tmp_path, collective, machine, nodes, piece_blocks):
+    """PyTorch's all_reduce runs in place: each rank's sums start from its own input, never overwrite it."""
+    from taccl_py.ir.inplace import serves_both_placements
+    from taccl_py.verify import exported_inplace_form
+
+    name = write_one_gpu_machine(tmp_path) if machine == "one-gpu" else machine
+    topology = load_topology(name, nodes=nodes)
+    algorithm = doubling_algorithm(topology, collective, piece_blocks=piece_blocks)
+    variant, why_not = exported_inplace_form(algorithm)
+    assert why_not is None and variant is not None and verify_algorithm(variant).ok
+    # the own-input copies that seed the sums copy a chunk onto itself in place, and go
+    assert not serves_both_placements(algorithm, variant)

@@ -277,14 +277,19 @@ def _allgather_items(grid: _Grid, own: Callable[[int, int], Slot]) -> Items:
     return items
 
 
-def _reversed_items(items: Sequence[Transfer | LocalCopy], swap: Callable[[int, Slot], Slot]) -> Items:
+def _reversed_items(
+    items: Sequence[Transfer | LocalCopy],
+    swap: Callable[[int, Slot], Slot],
+    written: dict[tuple[int, Buffer], set[int]] | None = None,
+) -> Items:
     """Return ``items`` run backwards with every copy an addition: the mirror collective's items.
 
     A copy from x to y becomes y's partial sum added into x; ``swap(rank, slot)`` maps each slot to
     the mirror's (the gather's output is the reduction's input). The first write into a slot
-    overwrites it (nothing was there), the later ones add.
+    overwrites it (nothing was there), the later ones add; ``written`` marks (rank, buffer) chunk
+    offsets that already hold data, so every write there adds.
     """
-    written: dict[tuple[int, Buffer], set[int]] = {}
+    written = {} if written is None else written
     out: Items = []
     for item in reversed(items):
         if isinstance(item, LocalCopy):
@@ -334,7 +339,7 @@ def _plan(topology: Topology, collective: Collective, shape: _Shape) -> Items:
     gather = _allgather_items(_Grid(topology, shape, 0, direction=-1), lambda rank, c: (I, c * parts))
     if collective is Collective.REDUCESCATTER:
         swap = {I: O, O: I, S: S}
-        return _reversed_items(gather, lambda rank, slot: (swap[slot[0]], slot[1]))
+        return _mirrored(gather, lambda rank, slot: (swap[slot[0]], slot[1]))
     # AllReduce: the reduce-scatter leaves rank r's sums in its output at r's block, read back by the gather.
     # Its copies take channels of their own beside the reduce-scatter's.
     grid = _Grid(topology, shape, shape.channels * topology.nodes * parts, copy_base=MAX_DOUBLING_CHANNELS + 1)
@@ -344,8 +349,28 @@ def _plan(topology: Topology, collective: Collective, shape: _Shape) -> Items:
             return (O, grid.block(rank, 0) + slot[1])
         return (I, slot[1]) if slot[0] is O else slot
 
-    items = _reversed_items(gather, swap_allreduce)
+    items = _mirrored(gather, swap_allreduce)
     return items + _allgather_items(grid, lambda rank, c: (O, grid.block(rank, c)))
+
+
+def _mirrored(gather: Items, swap: Callable[[int, Slot], Slot]) -> Items:
+    """Return the mirror of ``gather`` (``_reversed_items``) that stays right in place.
+
+    Mirrored as is, the first receive where a rank's sums gather would overwrite, and its own input
+    be added last; in place (PyTorch's all_reduce) that receive overwrites the very input. So the
+    own input is copied there first (in place a copy onto itself, dropped), every receive adds,
+    and the closing addition goes.
+    """
+    own = [item for item in gather if isinstance(item, LocalCopy) and item.src[0] is I and item.dst[0] is O]
+    seeds = [
+        LocalCopy(item.rank, swap(item.rank, item.dst), swap(item.rank, item.src), item.count, False, item.channel)
+        for item in own
+    ]
+    ready: dict[tuple[int, Buffer], set[int]] = {}
+    for seed in seeds:
+        ready.setdefault((seed.rank, seed.dst[0]), set()).update(range(seed.dst[1], seed.dst[1] + seed.count))
+    copied = {id(item) for item in own}
+    return seeds + _reversed_items([item for item in gather if id(item) not in copied], swap, ready)
 
 
 def doubling_algorithm(
