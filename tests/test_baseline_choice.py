@@ -84,7 +84,7 @@ def test_a_ring_spread_over_more_channels_than_allowed_loads_at_the_runtimes_ste
     assert max(len(tb.steps) for program in variant.ranks for tb in program.threadblocks) == 64
 
 
-@pytest.mark.slow  # two minutes: a ring of 130k transfers built three times, verified, and the baselines at 128 GPUs
+@pytest.mark.slow  # a minute: a ring of 130k transfers built three times, verified, and the baselines at 128 GPUs
 def test_the_loadable_ring_is_kept_at_1_gb_on_128_h100s_and_ties_nccls() -> None:
     """Issue 47, done-when 1: the XML at 1 GB is NCCL's ring as MSCCL loads it, as fast as NCCL's (closed form)."""
     from taccl_py.synth.candidates import exportable
