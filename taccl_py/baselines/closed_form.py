@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -311,13 +312,14 @@ def _pipelined_ring_time(
         # bytes after it leaves, and a serialized hop's channels together still fill the links
         arrive = np.where(pipelined, alpha + piece * alone, np.maximum(alpha + piece * alone, piece * per_byte))
         busy = np.where(pipelined, piece * per_byte, arrive)
-        started: list[np.ndarray] = []
+        # the starts of the last slots - 1 steps: the oldest is when each position freed a slot
+        recent: deque[np.ndarray] = deque(maxlen=slots - 1)
         landed = None
         for k in range(steps):
             start = free if landed is None else np.maximum(free, np.roll(landed, 1))
             if k >= slots:
-                start = np.maximum(start, np.roll(started[k - slots + 1], -1))
-            started.append(start)
+                start = np.maximum(start, np.roll(recent[0], -1))
+            recent.append(start)
             free, landed = start + busy, start + arrive
     return float(landed.max()) if pieces else 0.0
 
